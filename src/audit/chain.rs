@@ -1,0 +1,455 @@
+//! The hash chain, pure: canonical encoding of a record, its hash, its MAC, the anchor MAC and the
+//! exact line format. Owns the bytes that are hashed and sealed. Must not touch files, clocks,
+//! environment or keys on disk (the writer and the verifier bring those).
+//!
+//! # Canonical encoding (what `hash` covers)
+//!
+//! `hash = lowercase hex of SHA-256(C)` where `C` is the record **without** `hash` and `mac`,
+//! encoded as compact JSON with object keys sorted, at every depth:
+//!
+//! ```text
+//! {"data":D,"epoch":E,"prev":"P","run":"R","seq":N,"time":"T","type":"Y","v":1}
+//! ```
+//!
+//! * Objects: keys sorted by their UTF-8 bytes (Rust `str` order), `{"k":v,...}`, no whitespace.
+//! * Arrays: `[a,b]`, no whitespace. `null`, `true`, `false` as such.
+//! * Strings: as `serde_json` writes them: UTF-8 as is; only `"`, `\` and control characters are
+//!   escaped (`\"` `\\` `\b` `\f` `\n` `\r` `\t`, other controls as `\u00xx`, lowercase hex).
+//! * Numbers: integers only, in decimal without sign for non-negative values, `-` for negative
+//!   ones. A non-integer number is refused ([`ChainError::NonIntegerNumber`]): floats have no
+//!   text form that every JSON implementation reproduces, so a verifier could not recompute
+//!   the hash. Write durations in whole milliseconds, ratios as strings.
+//!
+//! # MACs
+//!
+//! * Record: `mac = lowercase hex of HMAC-SHA256(key, the 32 raw bytes of the hash)`.
+//! * Anchor: `mac = lowercase hex of HMAC-SHA256(key, ASCII "SEQ:HASH")`, e.g. `"12:9f…"` with the
+//!   hash in lowercase hex. The two messages differ in length (32 vs ≥ 66 bytes), so a record MAC
+//!   can never stand in for an anchor MAC.
+//!
+//! # Line format
+//!
+//! One record per line, ending in `\n`, fields in this order, `data` in canonical encoding:
+//!
+//! ```text
+//! {"v":1,"seq":N,"time":"T","type":"Y","run":"R","epoch":E,"prev":"P","data":D,"hash":"H","mac":"M"}
+//! ```
+//!
+//! The verifier re-renders each parsed record and requires the exact same bytes, so duplicate
+//! keys, escapes that decode to the same text, or extra whitespace are reported even though they
+//! would parse to the same values.
+
+use hmac::{Hmac, KeyInit, Mac};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::fmt;
+
+/// The record format version written in `v`.
+pub const FORMAT_VERSION: u64 = 1;
+
+/// `prev` of the first record of a log (seq 1): 64 zeros.
+pub const GENESIS_PREV: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Why a record cannot be encoded or sealed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChainError {
+    #[error("non-integer number {0} in record data (the canonical encoding accepts integers only)")]
+    NonIntegerNumber(String),
+    #[error("{field} is not 64 lowercase hex digits: {value:?}")]
+    BadHex { field: &'static str, value: String },
+    #[error("not a valid record: {0}")]
+    Parse(String),
+}
+
+/// The per-user secret that seals records and anchors. 32 bytes; never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AuditKey([u8; AuditKey::LEN]);
+
+impl AuditKey {
+    pub const LEN: usize = 32;
+
+    pub fn from_bytes(bytes: [u8; AuditKey::LEN]) -> Self {
+        AuditKey(bytes)
+    }
+
+    fn hmac(&self) -> HmacSha256 {
+        // HMAC accepts keys of any length; 32 bytes cannot fail.
+        <HmacSha256 as KeyInit>::new_from_slice(&self.0).expect("HMAC accepts any key length")
+    }
+}
+
+impl fmt::Debug for AuditKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AuditKey(<redacted>)")
+    }
+}
+
+/// One audit record as it appears on a line. `hash` and `mac` are empty until [`Record::seal`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Record {
+    pub v: u64,
+    pub seq: u64,
+    /// RFC 3339, UTC, milliseconds: `2025-06-01T12:00:00.123Z`.
+    pub time: String,
+    #[serde(rename = "type")]
+    pub record_type: String,
+    /// The agent run id (minted when the host connection starts).
+    pub run: String,
+    /// The execution epoch current when the record was written, if any.
+    pub epoch: Option<String>,
+    /// `hash` of the previous record, or [`GENESIS_PREV`] for seq 1.
+    pub prev: String,
+    pub data: Value,
+    pub hash: String,
+    pub mac: String,
+}
+
+impl Record {
+    /// Parses one line (without its `\n`). Unknown or duplicate fields are refused.
+    pub fn from_line(line: &str) -> Result<Record, ChainError> {
+        serde_json::from_str(line).map_err(|e| ChainError::Parse(e.to_string()))
+    }
+
+    /// The canonical encoding that `hash` covers (see the module doc).
+    pub fn canonical_body(&self) -> Result<Vec<u8>, ChainError> {
+        let mut data = Vec::with_capacity(256);
+        canonical_json(&self.data, &mut data)?;
+        Ok(self.body_with_data(&data))
+    }
+
+    fn body_with_data(&self, data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(data.len() + 256);
+        out.extend_from_slice(b"{\"data\":");
+        out.extend_from_slice(data);
+        out.extend_from_slice(b",\"epoch\":");
+        match &self.epoch {
+            Some(epoch) => write_string(epoch, &mut out),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"prev\":");
+        write_string(&self.prev, &mut out);
+        out.extend_from_slice(b",\"run\":");
+        write_string(&self.run, &mut out);
+        out.extend_from_slice(b",\"seq\":");
+        out.extend_from_slice(self.seq.to_string().as_bytes());
+        out.extend_from_slice(b",\"time\":");
+        write_string(&self.time, &mut out);
+        out.extend_from_slice(b",\"type\":");
+        write_string(&self.record_type, &mut out);
+        out.extend_from_slice(b",\"v\":");
+        out.extend_from_slice(self.v.to_string().as_bytes());
+        out.push(b'}');
+        out
+    }
+
+    /// The hash this record should carry: hex SHA-256 of [`Record::canonical_body`].
+    pub fn compute_hash(&self) -> Result<String, ChainError> {
+        Ok(hex::encode(Sha256::digest(self.canonical_body()?)))
+    }
+
+    /// Sets `hash` and `mac` from the other fields.
+    pub fn seal(&mut self, key: &AuditKey) -> Result<(), ChainError> {
+        self.seal_to_line(key).map(|_| ())
+    }
+
+    /// Seals and renders in one pass (the writer's hot path encodes `data` once).
+    pub(crate) fn seal_to_line(&mut self, key: &AuditKey) -> Result<Vec<u8>, ChainError> {
+        let mut data = Vec::with_capacity(256);
+        canonical_json(&self.data, &mut data)?;
+        let digest = Sha256::digest(self.body_with_data(&data));
+        self.hash = hex::encode(digest);
+        let mut mac = key.hmac();
+        mac.update(&digest);
+        self.mac = hex::encode(mac.finalize().into_bytes());
+        Ok(self.line_with_data(&data))
+    }
+
+    /// The record's line, without the trailing `\n` (see the module doc for the field order).
+    pub fn to_line(&self) -> Result<Vec<u8>, ChainError> {
+        let mut data = Vec::with_capacity(256);
+        canonical_json(&self.data, &mut data)?;
+        Ok(self.line_with_data(&data))
+    }
+
+    fn line_with_data(&self, data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(data.len() + 400);
+        out.extend_from_slice(b"{\"v\":");
+        out.extend_from_slice(self.v.to_string().as_bytes());
+        out.extend_from_slice(b",\"seq\":");
+        out.extend_from_slice(self.seq.to_string().as_bytes());
+        out.extend_from_slice(b",\"time\":");
+        write_string(&self.time, &mut out);
+        out.extend_from_slice(b",\"type\":");
+        write_string(&self.record_type, &mut out);
+        out.extend_from_slice(b",\"run\":");
+        write_string(&self.run, &mut out);
+        out.extend_from_slice(b",\"epoch\":");
+        match &self.epoch {
+            Some(epoch) => write_string(epoch, &mut out),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"prev\":");
+        write_string(&self.prev, &mut out);
+        out.extend_from_slice(b",\"data\":");
+        out.extend_from_slice(data);
+        out.extend_from_slice(b",\"hash\":");
+        write_string(&self.hash, &mut out);
+        out.extend_from_slice(b",\"mac\":");
+        write_string(&self.mac, &mut out);
+        out.push(b'}');
+        out
+    }
+}
+
+/// Whether `s` is a SHA-256 digest in lowercase hex (the only spelling the writer produces).
+pub fn is_digest_hex(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+fn decode_digest(field: &'static str, value: &str) -> Result<[u8; 32], ChainError> {
+    let bad = || ChainError::BadHex { field, value: value.to_owned() };
+    if !is_digest_hex(value) {
+        return Err(bad());
+    }
+    let mut out = [0u8; 32];
+    hex::decode_to_slice(value, &mut out).map_err(|_| bad())?;
+    Ok(out)
+}
+
+/// `mac` for a record whose hash is `hash_hex`.
+pub fn record_mac(key: &AuditKey, hash_hex: &str) -> Result<String, ChainError> {
+    let digest = decode_digest("hash", hash_hex)?;
+    let mut mac = key.hmac();
+    mac.update(&digest);
+    Ok(hex::encode(mac.finalize().into_bytes()))
+}
+
+/// Checks a record MAC in constant time. Malformed hex in either field is an error.
+pub fn verify_record_mac(key: &AuditKey, hash_hex: &str, mac_hex: &str) -> Result<bool, ChainError> {
+    let digest = decode_digest("hash", hash_hex)?;
+    let tag = decode_digest("mac", mac_hex)?;
+    let mut mac = key.hmac();
+    mac.update(&digest);
+    Ok(mac.verify_slice(&tag).is_ok())
+}
+
+/// `mac` of an anchor naming head `seq` with hash `hash_hex`.
+pub fn anchor_mac(key: &AuditKey, seq: u64, hash_hex: &str) -> String {
+    let mut mac = key.hmac();
+    mac.update(format!("{seq}:{hash_hex}").as_bytes());
+    hex::encode(mac.finalize().into_bytes())
+}
+
+/// Checks an anchor MAC in constant time.
+pub fn verify_anchor_mac(key: &AuditKey, seq: u64, hash_hex: &str, mac_hex: &str) -> Result<bool, ChainError> {
+    let tag = decode_digest("anchor mac", mac_hex)?;
+    let mut mac = key.hmac();
+    mac.update(format!("{seq}:{hash_hex}").as_bytes());
+    Ok(mac.verify_slice(&tag).is_ok())
+}
+
+/// Appends the canonical encoding of `value` to `out` (see the module doc).
+pub fn canonical_json(value: &Value, out: &mut Vec<u8>) -> Result<(), ChainError> {
+    match value {
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(true) => out.extend_from_slice(b"true"),
+        Value::Bool(false) => out.extend_from_slice(b"false"),
+        Value::Number(n) => {
+            if let Some(u) = n.as_u64() {
+                out.extend_from_slice(u.to_string().as_bytes());
+            } else if let Some(i) = n.as_i64() {
+                out.extend_from_slice(i.to_string().as_bytes());
+            } else {
+                return Err(ChainError::NonIntegerNumber(n.to_string()));
+            }
+        }
+        Value::String(s) => write_string(s, out),
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                canonical_json(item, out)?;
+            }
+            out.push(b']');
+        }
+        Value::Object(map) => {
+            // Sort explicitly: serde_json's map is insertion-ordered when another crate in the
+            // build enables its `preserve_order` feature.
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            out.push(b'{');
+            for (i, (k, v)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_string(k, out);
+                out.push(b':');
+                canonical_json(v, out)?;
+            }
+            out.push(b'}');
+        }
+    }
+    Ok(())
+}
+
+fn write_string(s: &str, out: &mut Vec<u8>) {
+    // Writing a &str into a Vec cannot fail.
+    serde_json::to_writer(&mut *out, s).expect("serializing a str into a Vec is infallible");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn sample() -> Record {
+        Record {
+            v: FORMAT_VERSION,
+            seq: 1,
+            time: "2025-06-01T12:00:00.123Z".into(),
+            record_type: "tool_called".into(),
+            run: "run-1".into(),
+            epoch: Some("E1".into()),
+            prev: GENESIS_PREV.into(),
+            data: json!({"tool": "write", "callId": 7, "b": [true, null, -3]}),
+            hash: String::new(),
+            mac: String::new(),
+        }
+    }
+
+    const SAMPLE_BODY: &str = concat!(
+        r#"{"data":{"b":[true,null,-3],"callId":7,"tool":"write"},"epoch":"E1","prev":""#,
+        "0000000000000000000000000000000000000000000000000000000000000000",
+        r#"","run":"run-1","seq":1,"time":"2025-06-01T12:00:00.123Z","type":"tool_called","v":1}"#
+    );
+
+    #[test]
+    fn canonical_body_is_sorted_compact_json() {
+        let body = sample().canonical_body().unwrap();
+        assert_eq!(std::str::from_utf8(&body).unwrap(), SAMPLE_BODY);
+    }
+
+    #[test]
+    fn body_agrees_with_generic_canonical_encoder() {
+        let r = sample();
+        let as_value = json!({
+            "v": r.v, "seq": r.seq, "time": r.time, "type": r.record_type, "run": r.run,
+            "epoch": r.epoch, "prev": r.prev, "data": r.data,
+        });
+        let mut generic = Vec::new();
+        canonical_json(&as_value, &mut generic).unwrap();
+        assert_eq!(generic, r.canonical_body().unwrap());
+    }
+
+    #[test]
+    fn hash_is_pinned() {
+        // Pinned so that any change to the canonical encoding is a deliberate format change.
+        let h = sample().compute_hash().unwrap();
+        assert_eq!(h, hex::encode(Sha256::digest(SAMPLE_BODY.as_bytes())));
+        assert_eq!(h, "51c8d7b81c4f9f473bb471eddfaf6f3b8aca131532636f39b0f1416f45886117");
+    }
+
+    #[test]
+    fn nested_keys_sort_bytewise_and_strings_escape() {
+        let mut out = Vec::new();
+        canonical_json(&json!({"b": {"z": 1, "a": "x\"y\n\u{1}é"}, "B": 0, "a": []}), &mut out).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"B":0,"a":[],"b":{"a":"x\"y\n\u0001é","z":1}}"#
+        );
+    }
+
+    #[test]
+    fn floats_are_refused_even_when_nested() {
+        let mut out = Vec::new();
+        let err = canonical_json(&json!({"a": [{"d": 1.5}]}), &mut out).unwrap_err();
+        assert_eq!(err, ChainError::NonIntegerNumber("1.5".into()));
+        let mut r = sample();
+        r.data = json!({"durationMs": 0.25});
+        assert!(matches!(r.seal(&AuditKey::from_bytes([1; 32])), Err(ChainError::NonIntegerNumber(_))));
+    }
+
+    #[test]
+    fn extreme_integers_encode_exactly() {
+        let mut out = Vec::new();
+        canonical_json(&json!([u64::MAX, i64::MIN, 0]), &mut out).unwrap();
+        assert_eq!(out, format!("[{},{},0]", u64::MAX, i64::MIN).into_bytes());
+    }
+
+    #[test]
+    fn seal_then_parse_round_trips_and_macs_verify() {
+        let key = AuditKey::from_bytes([7; 32]);
+        let mut r = sample();
+        let line = r.seal_to_line(&key).unwrap();
+        assert_eq!(line, r.to_line().unwrap());
+        assert!(line.starts_with(br#"{"v":1,"seq":1,"time":"#));
+        let parsed = Record::from_line(std::str::from_utf8(&line).unwrap()).unwrap();
+        assert_eq!(parsed, r);
+        assert_eq!(parsed.compute_hash().unwrap(), r.hash);
+        assert_eq!(record_mac(&key, &r.hash).unwrap(), r.mac);
+        assert!(verify_record_mac(&key, &r.hash, &r.mac).unwrap());
+        assert!(!verify_record_mac(&AuditKey::from_bytes([8; 32]), &r.hash, &r.mac).unwrap());
+    }
+
+    #[test]
+    fn changing_any_hashed_field_changes_the_hash() {
+        let base = sample().compute_hash().unwrap();
+        let mutations: Vec<Box<dyn Fn(&mut Record)>> = vec![
+            Box::new(|r| r.v = 2),
+            Box::new(|r| r.seq = 2),
+            Box::new(|r| r.time.push('0')),
+            Box::new(|r| r.record_type = "tool_result".into()),
+            Box::new(|r| r.run = "run-2".into()),
+            Box::new(|r| r.epoch = None),
+            Box::new(|r| r.prev = "1".repeat(64)),
+            Box::new(|r| r.data["tool"] = json!("read")),
+        ];
+        for (i, m) in mutations.iter().enumerate() {
+            let mut r = sample();
+            m(&mut r);
+            assert_ne!(r.compute_hash().unwrap(), base, "mutation {i} did not change the hash");
+        }
+    }
+
+    #[test]
+    fn parse_refuses_unknown_and_duplicate_fields() {
+        let key = AuditKey::from_bytes([7; 32]);
+        let mut r = sample();
+        let line = String::from_utf8(r.seal_to_line(&key).unwrap()).unwrap();
+        let extra = line.replacen("{\"v\":1,", "{\"v\":1,\"x\":0,", 1);
+        assert!(Record::from_line(&extra).unwrap_err().to_string().contains("unknown field"));
+        let dup = line.replacen("{\"v\":1,", "{\"v\":1,\"v\":1,", 1);
+        assert!(Record::from_line(&dup).unwrap_err().to_string().contains("duplicate field"));
+    }
+
+    #[test]
+    fn anchor_mac_binds_seq_and_hash() {
+        let key = AuditKey::from_bytes([3; 32]);
+        let h = "a".repeat(64);
+        let m = anchor_mac(&key, 12, &h);
+        assert!(verify_anchor_mac(&key, 12, &h, &m).unwrap());
+        assert!(!verify_anchor_mac(&key, 13, &h, &m).unwrap());
+        assert!(!verify_anchor_mac(&key, 12, &"b".repeat(64), &m).unwrap());
+        assert_ne!(m, record_mac(&key, &h).unwrap());
+    }
+
+    #[test]
+    fn malformed_hex_is_an_error_not_a_mismatch() {
+        let key = AuditKey::from_bytes([3; 32]);
+        assert!(matches!(record_mac(&key, "ABC"), Err(ChainError::BadHex { field: "hash", .. })));
+        let upper = "A".repeat(64);
+        assert!(!is_digest_hex(&upper));
+        assert!(verify_record_mac(&key, &"a".repeat(64), &upper).is_err());
+    }
+
+    #[test]
+    fn key_debug_is_redacted() {
+        assert_eq!(format!("{:?}", AuditKey::from_bytes([0x41; 32])), "AuditKey(<redacted>)");
+    }
+}

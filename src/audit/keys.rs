@@ -1,0 +1,417 @@
+//! The per-user audit key and the head anchors, both kept outside the log.
+//!
+//! Owns the state directory layout:
+//!
+//! ```text
+//! <dir>/audit.key                       32 random bytes, mode 0600, owned by the current user
+//! <dir>/anchors/<H>.json                {"log": path, "seq": N, "hash": hex, "mac": hex}
+//! ```
+//!
+//! `<dir>` is `$CARGO_MCP_DEV_HOME`, else `$XDG_STATE_HOME/cargo-mcp-dev`, else
+//! `$HOME/.local/state/cargo-mcp-dev`. `<H>` is the lowercase hex SHA-256 of the bytes of the
+//! log's canonicalized absolute path. The anchor `mac` is defined in [`super::chain`].
+//! Must not touch: log files (the writer and verifier own those) and the process environment
+//! beyond reading it in [`KeyStore::from_env`].
+//!
+//! Security checks: directories we create are 0700; an existing state directory must belong to
+//! the current user and not be writable by group or others (whoever can write it can replace
+//! the key). The key file must be a regular file (not a symlink), owned by the current user,
+//! with no permission bits for group or others, and exactly 32 bytes long.
+
+use super::AuditError;
+use super::chain::AuditKey;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::ffi::OsString;
+use std::fs::{DirBuilder, File, OpenOptions};
+use std::io::{ErrorKind, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// Environment variable naming the state directory explicitly.
+pub const HOME_ENV: &str = "CARGO_MCP_DEV_HOME";
+
+const KEY_FILE: &str = "audit.key";
+const ANCHORS_DIR: &str = "anchors";
+
+/// The head of a log as last recorded by a writer, sealed with the key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Anchor {
+    /// The canonical path of the log (informative; the file name already binds it).
+    pub log: String,
+    pub seq: u64,
+    pub hash: String,
+    /// See [`super::chain::anchor_mac`].
+    pub mac: String,
+}
+
+/// Where the audit key and anchors live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyStore {
+    dir: PathBuf,
+}
+
+impl KeyStore {
+    /// The store an explicit directory (tests, `--state-dir`-like options). Nothing is created
+    /// until a key is needed.
+    pub fn at(dir: impl Into<PathBuf>) -> KeyStore {
+        KeyStore { dir: dir.into() }
+    }
+
+    /// The store named by the environment (see the module doc).
+    pub fn from_env() -> Result<KeyStore, AuditError> {
+        let var = |name: &str| std::env::var_os(name);
+        state_dir_from(var(HOME_ENV), var("XDG_STATE_HOME"), var("HOME"))
+            .map(KeyStore::at)
+            .ok_or(AuditError::NoStateDir)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn key_path(&self) -> PathBuf {
+        self.dir.join(KEY_FILE)
+    }
+
+    /// The key, created (32 random bytes from the kernel, mode 0600) if there is none yet.
+    pub fn load_or_create_key(&self) -> Result<AuditKey, AuditError> {
+        match self.load_key() {
+            Err(AuditError::KeyMissing { .. }) => {
+                self.create_key()?;
+                self.load_key()
+            }
+            other => other,
+        }
+    }
+
+    /// The existing key; [`AuditError::KeyMissing`] if there is none (a verifier must never
+    /// create a key: a fresh key verifies nothing).
+    pub fn load_key(&self) -> Result<AuditKey, AuditError> {
+        let path = self.key_path();
+        let mut file = match OpenOptions::new().read(true).custom_flags(nofollow()).open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Err(AuditError::KeyMissing { path }),
+            Err(e) if is_eloop(&e) => {
+                return Err(AuditError::InsecureKey { path, reason: "it is a symbolic link".into() });
+            }
+            Err(e) => return Err(AuditError::io("open audit key", path)(e)),
+        };
+        let meta = file.metadata().map_err(AuditError::io("inspect audit key", &path))?;
+        if !meta.file_type().is_file() {
+            return Err(AuditError::InsecureKey { path, reason: "not a regular file".into() });
+        }
+        let uid = rustix::process::geteuid().as_raw();
+        if meta.uid() != uid {
+            let reason = format!("owned by uid {}, not by the current user (uid {uid})", meta.uid());
+            return Err(AuditError::InsecureKey { path, reason });
+        }
+        let mode = meta.mode() & 0o777;
+        if mode & 0o077 != 0 {
+            let reason = format!(
+                "mode {mode:04o} gives group/others access; it must be 0600 (chmod 600 {})",
+                path.display()
+            );
+            return Err(AuditError::InsecureKey { path, reason });
+        }
+        let mut bytes = Vec::with_capacity(AuditKey::LEN + 1);
+        (&mut file)
+            .take(AuditKey::LEN as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(AuditError::io("read audit key", &path))?;
+        let bytes: [u8; AuditKey::LEN] = bytes.as_slice().try_into().map_err(|_| AuditError::BadKey {
+            path: path.clone(),
+            reason: format!("expected {} bytes, found {}", AuditKey::LEN, meta.len()),
+        })?;
+        Ok(AuditKey::from_bytes(bytes))
+    }
+
+    fn create_key(&self) -> Result<(), AuditError> {
+        ensure_private_dir(&self.dir)?;
+        let mut bytes = [0u8; AuditKey::LEN];
+        fill_random(&mut bytes).map_err(AuditError::io("read random bytes for", self.key_path()))?;
+        // Write a private temporary file, then hard-link it into place: link() fails if another
+        // process created the key meanwhile, so two supervisors starting together agree on one
+        // key and nobody ever reads a half-written key.
+        // The temporary name is unique (pid + random) and opened with O_EXCL, so two threads
+        // creating the key at once never write into each other's file.
+        let mut nonce = [0u8; 8];
+        fill_random(&mut nonce).map_err(AuditError::io("read random bytes for", self.key_path()))?;
+        let tmp = self.dir.join(format!(".{KEY_FILE}.{}.{}.tmp", std::process::id(), hex::encode(nonce)));
+        let write = || -> std::io::Result<()> {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(nofollow())
+                .open(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()
+        };
+        let result = write().and_then(|()| match std::fs::hard_link(&tmp, self.key_path()) {
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
+            other => other,
+        });
+        let _ = std::fs::remove_file(&tmp);
+        result.map_err(AuditError::io("create audit key", self.key_path()))
+    }
+
+    fn anchors_dir(&self) -> PathBuf {
+        self.dir.join(ANCHORS_DIR)
+    }
+
+    /// Where the anchor of `log` lives. `log` must exist (its path is canonicalized).
+    pub fn anchor_path(&self, log: &Path) -> Result<PathBuf, AuditError> {
+        let canonical = std::fs::canonicalize(log).map_err(AuditError::io("resolve the path of", log))?;
+        Ok(self.anchor_path_for_canonical(&canonical))
+    }
+
+    pub(crate) fn anchor_path_for_canonical(&self, canonical: &Path) -> PathBuf {
+        let name = hex::encode(Sha256::digest(canonical.as_os_str().as_bytes()));
+        self.anchors_dir().join(format!("{name}.json"))
+    }
+
+    /// Creates the state directory and its `anchors` directory (0700) if needed.
+    pub(crate) fn ensure_anchor_dir(&self) -> Result<(), AuditError> {
+        ensure_private_dir(&self.dir)?;
+        ensure_private_dir(&self.anchors_dir())
+    }
+
+    /// The anchor of `log`, or `None` if there is none.
+    pub fn read_anchor(&self, log: &Path) -> Result<Option<Anchor>, AuditError> {
+        read_anchor_at(&self.anchor_path(log)?)
+    }
+}
+
+/// Reads an anchor file; `Ok(None)` if it does not exist.
+pub(crate) fn read_anchor_at(path: &Path) -> Result<Option<Anchor>, AuditError> {
+    let mut file = match OpenOptions::new().read(true).custom_flags(nofollow()).open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(AuditError::io("open anchor", path)(e)),
+    };
+    let mut text = String::new();
+    file.read_to_string(&mut text).map_err(AuditError::io("read anchor", path))?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| AuditError::BadAnchor { path: path.to_owned(), reason: e.to_string() })
+}
+
+/// Replaces an anchor file atomically (temporary file + rename). Callers hold the log's lock,
+/// so one temporary name per anchor is enough. Not fsynced (see [`super::log`]).
+pub(crate) fn write_anchor_at(path: &Path, anchor: &Anchor) -> Result<(), AuditError> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let json = serde_json::to_vec(anchor).expect("an anchor always serializes");
+    let write = || -> std::io::Result<()> {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(nofollow())
+            .open(&tmp)?;
+        f.write_all(&json)?;
+        drop(f);
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(AuditError::io("update anchor", path))
+}
+
+/// Resolves the state directory from the three variables (pure, so it is testable without
+/// touching the process environment). Empty values count as unset; a relative
+/// `XDG_STATE_HOME` is ignored, as the XDG spec requires.
+pub fn state_dir_from(home_env: Option<OsString>, xdg_state_home: Option<OsString>, home: Option<OsString>) -> Option<PathBuf> {
+    let set = |v: Option<OsString>| v.filter(|v| !v.is_empty()).map(PathBuf::from);
+    if let Some(dir) = set(home_env) {
+        return Some(dir);
+    }
+    if let Some(xdg) = set(xdg_state_home).filter(|p| p.is_absolute()) {
+        return Some(xdg.join("cargo-mcp-dev"));
+    }
+    set(home).map(|h| h.join(".local/state/cargo-mcp-dev"))
+}
+
+/// Creates `dir` (and missing parents) with mode 0700, then checks an existing `dir` is ours and
+/// not writable by group or others.
+pub(crate) fn ensure_private_dir(dir: &Path) -> Result<(), AuditError> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(AuditError::io("create directory", dir))?;
+    let meta = std::fs::metadata(dir).map_err(AuditError::io("inspect directory", dir))?;
+    let uid = rustix::process::geteuid().as_raw();
+    if meta.uid() != uid {
+        let reason = format!("owned by uid {}, not by the current user (uid {uid})", meta.uid());
+        return Err(AuditError::InsecureDir { path: dir.to_owned(), reason });
+    }
+    let mode = meta.mode() & 0o777;
+    if mode & 0o022 != 0 {
+        let reason = format!("mode {mode:04o} lets group/others write it; expected 0700");
+        return Err(AuditError::InsecureDir { path: dir.to_owned(), reason });
+    }
+    Ok(())
+}
+
+fn fill_random(buf: &mut [u8]) -> std::io::Result<()> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match rustix::rand::getrandom(&mut buf[filled..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn nofollow() -> i32 {
+    (rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC).bits() as i32
+}
+
+pub(crate) fn is_eloop(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error())
+}
+
+/// Opens an existing file for reading without following a final symlink.
+pub(crate) fn open_nofollow(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new().read(true).custom_flags(nofollow()).open(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode_of(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().mode() & 0o777
+    }
+
+    #[test]
+    fn state_dir_precedence() {
+        let s = |v: &str| Some(OsString::from(v));
+        assert_eq!(state_dir_from(s("/x"), s("/xdg"), s("/home/u")), Some(PathBuf::from("/x")));
+        assert_eq!(state_dir_from(s(""), s("/xdg"), s("/home/u")), Some(PathBuf::from("/xdg/cargo-mcp-dev")));
+        assert_eq!(
+            state_dir_from(None, s("relative"), s("/home/u")),
+            Some(PathBuf::from("/home/u/.local/state/cargo-mcp-dev"))
+        );
+        assert_eq!(state_dir_from(None, None, None), None);
+        assert_eq!(state_dir_from(None, s(""), s("")), None);
+    }
+
+    #[test]
+    fn key_is_created_private_once_and_reloaded() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = KeyStore::at(tmp.path().join("state/nested"));
+        assert!(matches!(store.load_key(), Err(AuditError::KeyMissing { .. })));
+        let k1 = store.load_or_create_key().unwrap();
+        let k2 = store.load_or_create_key().unwrap();
+        assert_eq!(k1, k2);
+        assert_ne!(k1, AuditKey::from_bytes([0; 32]));
+        assert_eq!(mode_of(&store.key_path()), 0o600);
+        assert_eq!(mode_of(store.dir()), 0o700);
+        assert_eq!(std::fs::metadata(store.key_path()).unwrap().len(), 32);
+        // No temporary file left behind.
+        let names: Vec<_> = std::fs::read_dir(store.dir()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, vec![OsString::from("audit.key")]);
+    }
+
+    #[test]
+    fn two_stores_get_different_keys() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        assert_ne!(
+            KeyStore::at(a.path()).load_or_create_key().unwrap(),
+            KeyStore::at(b.path()).load_or_create_key().unwrap()
+        );
+    }
+
+    #[test]
+    fn readable_key_is_refused_with_its_mode() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = KeyStore::at(tmp.path());
+        store.load_or_create_key().unwrap();
+        std::fs::set_permissions(store.key_path(), std::fs::Permissions::from_mode(0o640)).unwrap();
+        let err = store.load_or_create_key().unwrap_err();
+        assert!(matches!(err, AuditError::InsecureKey { .. }), "{err:?}");
+        assert!(err.to_string().contains("mode 0640"), "{err}");
+    }
+
+    #[test]
+    fn key_owned_by_someone_else_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = KeyStore::at(tmp.path());
+        store.load_or_create_key().unwrap();
+        let me = rustix::process::geteuid().as_raw();
+        if me != 0 {
+            return; // only root can give a file away; the check itself is exercised above
+        }
+        let other = rustix::process::Uid::from_raw(4242);
+        rustix::fs::chown(&store.key_path(), Some(other), None).unwrap();
+        let err = store.load_key().unwrap_err();
+        assert!(err.to_string().contains("owned by uid 4242"), "{err}");
+    }
+
+    #[test]
+    fn symlinked_or_short_key_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = KeyStore::at(tmp.path());
+        let real = tmp.path().join("elsewhere");
+        std::fs::write(&real, [0u8; 32]).unwrap();
+        std::os::unix::fs::symlink(&real, store.key_path()).unwrap();
+        let err = store.load_or_create_key().unwrap_err();
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+
+        std::fs::remove_file(store.key_path()).unwrap();
+        std::fs::write(store.key_path(), [1u8; 31]).unwrap();
+        std::fs::set_permissions(store.key_path(), std::fs::Permissions::from_mode(0o600)).unwrap();
+        let err = store.load_key().unwrap_err();
+        assert!(matches!(err, AuditError::BadKey { .. }) && err.to_string().contains("found 31"), "{err}");
+    }
+
+    #[test]
+    fn group_writable_state_dir_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("state");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o770)).unwrap();
+        let err = KeyStore::at(&dir).load_or_create_key().unwrap_err();
+        assert!(matches!(err, AuditError::InsecureDir { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn anchor_path_is_keyed_by_canonical_log_path() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = KeyStore::at(tmp.path().join("state"));
+        let log = tmp.path().join("a.jsonl");
+        std::fs::write(&log, b"").unwrap();
+        let via_dots = tmp.path().join("sub/../a.jsonl");
+        std::fs::create_dir(tmp.path().join("sub")).unwrap();
+        let p = store.anchor_path(&log).unwrap();
+        assert_eq!(p, store.anchor_path(&via_dots).unwrap());
+        let canonical = std::fs::canonicalize(&log).unwrap();
+        let expected = hex::encode(Sha256::digest(canonical.as_os_str().as_bytes()));
+        assert_eq!(p, store.dir().join("anchors").join(format!("{expected}.json")));
+        assert!(store.anchor_path(&tmp.path().join("missing.jsonl")).is_err());
+    }
+
+    #[test]
+    fn anchor_round_trips_and_missing_is_none() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = KeyStore::at(tmp.path().join("state"));
+        store.ensure_anchor_dir().unwrap();
+        let path = store.anchors_dir().join("x.json");
+        assert_eq!(read_anchor_at(&path).unwrap(), None);
+        let a = Anchor { log: "/l".into(), seq: 3, hash: "a".repeat(64), mac: "b".repeat(64) };
+        write_anchor_at(&path, &a).unwrap();
+        assert_eq!(read_anchor_at(&path).unwrap(), Some(a));
+        assert_eq!(mode_of(&path), 0o600);
+        std::fs::write(&path, b"{\"seq\":1}").unwrap();
+        assert!(matches!(read_anchor_at(&path), Err(AuditError::BadAnchor { .. })));
+    }
+}

@@ -1,0 +1,139 @@
+//! The audit log: chained, sealed records that prove which code (execution epoch) handled every
+//! call and who authorized it; verification; the session and activity journals.
+//!
+//! Owns: the record format ([`chain`], pure), the per-user key and the head anchors ([`keys`]),
+//! the append-only writer ([`log`]), the verifier ([`verify`]) and the journals ([`journal`]).
+//! Must not touch: policy (whether a call is allowed is decided elsewhere; this module records the
+//! decision), stdout, and other modules of the crate.
+//!
+//! A log is a JSONL file. Every line is one record:
+//! `{"v":1,"seq":N,"time":…,"type":…,"run":…,"epoch":…|null,"prev":…,"data":{…},"hash":…,"mac":…}`.
+//! `seq` is global to the file (several runs and several supervisors may append to one file);
+//! `prev` links to the previous record's `hash`; `hash` covers a canonical encoding of the record
+//! (see [`chain`]); `mac` seals the hash with a key kept outside the log (see [`keys`]), and the
+//! newest head is anchored outside the log so that a truncated tail is detected.
+
+pub mod chain;
+pub mod journal;
+pub mod keys;
+pub mod log;
+pub mod verify;
+
+use std::path::PathBuf;
+
+pub use chain::{
+    AuditKey, ChainError, FORMAT_VERSION, GENESIS_PREV, Record, anchor_mac, canonical_json, is_digest_hex,
+    record_mac, verify_anchor_mac, verify_record_mac,
+};
+pub use journal::{
+    CallEntry, CallOutcome, ClientInfo, EpochEntry, GrantEntry, JournalView, Journals, RunEntry, SessionJournal,
+};
+pub use keys::{Anchor, HOME_ENV, KeyStore};
+pub use log::{AppendedRecord, AuditLog};
+pub use record_type::*;
+pub use verify::{VerifyFailure, VerifyReport, read_records, verify};
+
+/// Record type names (the `type` field) and the `data` fields the journals read. `data` is free
+/// JSON chosen by the caller (integers only, see [`chain`]); fields not listed are kept and
+/// ignored by the journals. Never put secret values in `data`: scope names and digests only.
+pub mod record_type {
+    /// The launch record of a server process.
+    /// `{epoch, pid, identityDigest, executableSha256, argv:[..], label}`
+    pub const SERVER_STARTED: &str = "server_started";
+    /// A build finished (free data, e.g. `{profile, artifact, durationMs, changed}`).
+    pub const BUILD_COMPLETED: &str = "build_completed";
+    /// The tool catalog was fetched again. `{revision, digest, summary}`
+    pub const CATALOG_REFRESHED: &str = "catalog_refreshed";
+    /// A new epoch replaced the old one. `{oldEpoch, newEpoch, pid}`
+    pub const SERVER_REPLACED: &str = "server_replaced";
+    /// `{grant:{id, agentRun, serverLabel, executionEpoch, toolScope:[..], credentialScope:[..],
+    /// issuedAt, expiresWhen}}`
+    pub const APPROVAL_GRANTED: &str = "approval_granted";
+    /// `{grantId}`
+    pub const APPROVAL_REVOKED: &str = "approval_revoked";
+    /// Written and flushed before the call is forwarded.
+    /// `{callId, tool, grant:id|null (null = ungated), credentialScopes:[..], argumentsDigest}`
+    pub const TOOL_CALLED: &str = "tool_called";
+    /// `{callId, tool, isError, durationMs}`
+    pub const TOOL_RESULT: &str = "tool_result";
+    /// `{callId, tool, reason, approvedEpoch|null, currentEpoch|null}`
+    pub const AUTHORIZATION_DENIED: &str = "authorization_denied";
+    /// An in-flight call answered with an error because the worker changed.
+    /// `{callId, tool, oldEpoch, newEpoch}`
+    pub const CALL_FAILED_EPOCH_TRANSITION: &str = "call_failed_epoch_transition";
+    /// `{agentRun, client:{name, version}|null, gating:"on"|"off", label}`
+    pub const RUN_STARTED: &str = "run_started";
+    /// `{reason}`
+    pub const RUN_ENDED: &str = "run_ended";
+    /// A server process exited. `{epoch, status}` (`status`: free text, e.g. `"exit 1"`,
+    /// `"signal 9"`; the journal also accepts the record's own `epoch`).
+    pub const SERVER_EXITED: &str = "server_exited";
+    /// Gating was turned off for this run (free data, e.g. `{source}`).
+    pub const GATING_DISABLED: &str = "gating_disabled";
+
+    /// Every type above, in the order listed.
+    pub const ALL: &[&str] = &[
+        SERVER_STARTED,
+        BUILD_COMPLETED,
+        CATALOG_REFRESHED,
+        SERVER_REPLACED,
+        APPROVAL_GRANTED,
+        APPROVAL_REVOKED,
+        TOOL_CALLED,
+        TOOL_RESULT,
+        AUTHORIZATION_DENIED,
+        CALL_FAILED_EPOCH_TRANSITION,
+        RUN_STARTED,
+        RUN_ENDED,
+        SERVER_EXITED,
+        GATING_DISABLED,
+    ];
+}
+
+/// Everything that can go wrong while keeping an audit log (verification failures of a log's
+/// content are [`VerifyFailure`]s, wrapped in [`AuditError::Verify`] where a log must be valid).
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("refusing to open audit log {}: it is a symbolic link", path.display())]
+    Symlink { path: PathBuf },
+    #[error("audit log {} is not a regular file", path.display())]
+    NotRegularFile { path: PathBuf },
+    #[error("cannot locate a state directory for the audit key: set {}, XDG_STATE_HOME or HOME", keys::HOME_ENV)]
+    NoStateDir,
+    #[error("refusing audit key {}: {reason}", path.display())]
+    InsecureKey { path: PathBuf, reason: String },
+    #[error("refusing state directory {}: {reason}", path.display())]
+    InsecureDir { path: PathBuf, reason: String },
+    #[error("audit key {} is unusable: {reason}", path.display())]
+    BadKey { path: PathBuf, reason: String },
+    #[error("no audit key at {}: logs can only be checked with the key that sealed them", path.display())]
+    KeyMissing { path: PathBuf },
+    #[error(
+        "audit log {} is damaged ({reason}); refusing to append onto a broken chain \
+         (inspect it with `cargo mcp-dev audit verify`, or move it aside to start a new log)",
+        path.display()
+    )]
+    CorruptTail { path: PathBuf, reason: String },
+    #[error("anchor {} is unusable: {reason}", path.display())]
+    BadAnchor { path: PathBuf, reason: String },
+    #[error("invalid audit record: {0}")]
+    InvalidRecord(String),
+    #[error(transparent)]
+    Chain(#[from] ChainError),
+    #[error("audit log failed verification: {0}")]
+    Verify(#[from] VerifyFailure),
+}
+
+impl AuditError {
+    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> AuditError {
+        let path = path.into();
+        move |source| AuditError::Io { action, path, source }
+    }
+}

@@ -1,0 +1,294 @@
+//! Identity capture: gathers the facts [`crate::fingerprint`] hashes (I/O lives here).
+//!
+//! Reads files (lockfile, extra inputs, wrapper, path-dependency sources, its own executable),
+//! env values (only to digest them) and stores the executable via [`crate::store`]. It never
+//! invokes cargo and never decides whether a difference matters.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use sha2::{Digest, Sha256};
+use walkdir::WalkDir;
+
+use crate::build::profile_name;
+use crate::cli::CargoArgs;
+use crate::fingerprint::{
+    self, DependencyEntry, EnvDigest, Executable, ExtraInput, FileDigest, IdentityInputs, IdentityRecord,
+    Launch, Launcher, PackageRef, Runtime, Wrapper,
+};
+use crate::hashing;
+use crate::store::{Store, StoreError};
+use crate::workspace::{RustcFacts, ServerTarget};
+
+/// Something that keeps identity from being fully captured (`check` fails on each; `build`
+/// reports them as warnings).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CaptureProblem {
+    NoLockfile,
+    EnvUnset(String),
+    ExtraInputMissing(String),
+    WrapperMissing(String),
+    UnknownConfigKeys(Vec<String>),
+    UnpinnedGit(Vec<String>),
+}
+
+impl std::fmt::Display for CaptureProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CaptureProblem::NoLockfile => write!(f, "no Cargo.lock: the dependency versions that will run are not pinned (run `cargo generate-lockfile` and commit it)"),
+            CaptureProblem::EnvUnset(n) => write!(f, "declared identity env var `{n}` is not set"),
+            CaptureProblem::ExtraInputMissing(p) => write!(f, "declared extra input `{p}` does not exist"),
+            CaptureProblem::WrapperMissing(p) => write!(f, "configured wrapper `{p}` does not exist or is not executable"),
+            CaptureProblem::UnknownConfigKeys(k) => write!(f, "unknown keys in [package.metadata.mcp-dev]: {}", k.join(", ")),
+            CaptureProblem::UnpinnedGit(d) => write!(f, "git dependencies without a pinned revision in Cargo.lock: {}", d.join(", ")),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("could not read `{path}`: {source}")]
+    Io { path: PathBuf, source: io::Error },
+}
+
+/// What identity capture needs besides the built executable.
+pub struct CaptureContext<'a> {
+    pub target: &'a ServerTarget,
+    pub args: &'a CargoArgs,
+    pub rustc: &'a RustcFacts,
+    pub server_args: &'a [String],
+    pub cwd: PathBuf,
+}
+
+pub struct Captured {
+    pub record: IdentityRecord,
+    pub problems: Vec<CaptureProblem>,
+}
+
+/// Stores the executable (retrying once if it moved during the copy) and builds the record.
+pub fn capture(ctx: &CaptureContext<'_>, executable: &Path, store: &Store) -> Result<Captured, CaptureError> {
+    let stored = match store.capture(executable) {
+        Err(StoreError::ChangedDuringCapture { .. }) => store.capture(executable)?,
+        other => other?,
+    };
+    let t = ctx.target;
+    let r = &t.resolved;
+    let cfg = &t.config.config;
+    let mut problems = Vec::new();
+
+    let lockfile = if r.lockfile.is_file() {
+        let (sha256, _) = hashing::sha256_file(&r.lockfile).map_err(io_err(&r.lockfile))?;
+        Some(FileDigest { path: t.display_path(&r.lockfile), sha256 })
+    } else {
+        problems.push(CaptureProblem::NoLockfile);
+        None
+    };
+
+    let mut dependencies = Vec::with_capacity(r.dependencies.len());
+    for d in &r.dependencies {
+        let source_digest = match &d.local_root {
+            Some(root) => Some(tree_digest(root, true).map_err(io_err(root))?.0),
+            None => None,
+        };
+        dependencies.push(DependencyEntry {
+            id: d.id.clone(),
+            name: d.name.clone(),
+            version: d.version.clone(),
+            source: d.source.clone(),
+            checksum: d.checksum.clone(),
+            features: d.features.clone(),
+            source_digest,
+        });
+    }
+    let unpinned = crate::workspace::unpinned_git_dependencies(&r.dependencies);
+    if !unpinned.is_empty() {
+        problems.push(CaptureProblem::UnpinnedGit(unpinned));
+    }
+
+    let env: Vec<EnvDigest> = cfg
+        .env
+        .iter()
+        .map(|name| {
+            let value = std::env::var(name).ok();
+            if value.is_none() {
+                problems.push(CaptureProblem::EnvUnset(name.clone()));
+            }
+            EnvDigest { name: name.clone(), sha256: value.map(|v| fingerprint::env_value_digest(name, &v)) }
+        })
+        .collect();
+
+    let mut extra_inputs = Vec::new();
+    for rel in &cfg.extra_inputs {
+        let p = r.package_root.join(rel);
+        if p.is_dir() {
+            let (sha256, files) = tree_digest(&p, false).map_err(io_err(&p))?;
+            extra_inputs.push(ExtraInput { path: rel.clone(), kind: "dir".into(), sha256, files });
+        } else if p.is_file() {
+            let (sha256, _) = hashing::sha256_file(&p).map_err(io_err(&p))?;
+            extra_inputs.push(ExtraInput { path: rel.clone(), kind: "file".into(), sha256, files: 1 });
+        } else {
+            problems.push(CaptureProblem::ExtraInputMissing(rel.clone()));
+            extra_inputs.push(ExtraInput { path: rel.clone(), kind: "missing".into(), sha256: "missing".into(), files: 0 });
+        }
+    }
+
+    let store_path = stored.store_path.display().to_string();
+    let mut argv = Vec::new();
+    let wrapper = match &cfg.wrapper {
+        Some(rel) => {
+            let p = r.package_root.join(rel);
+            if is_executable_file(&p) {
+                let (sha256, _) = hashing::sha256_file(&p).map_err(io_err(&p))?;
+                argv.push(p.display().to_string());
+                Some(Wrapper { path: rel.clone(), sha256, starts: store_path.clone() })
+            } else {
+                problems.push(CaptureProblem::WrapperMissing(rel.clone()));
+                None
+            }
+        }
+        None => None,
+    };
+    argv.push(store_path.clone());
+    argv.extend(ctx.server_args.iter().cloned());
+
+    if !t.config.unknown_keys.is_empty() {
+        problems.push(CaptureProblem::UnknownConfigKeys(t.config.unknown_keys.clone()));
+    }
+
+    let a = ctx.args;
+    let mut features = Vec::new();
+    if !a.features.is_empty() {
+        features.push(format!("--features={}", a.features.join(",")));
+    }
+    if a.all_features {
+        features.push("--all-features".into());
+    }
+    if a.no_default_features {
+        features.push("--no-default-features".into());
+    }
+    let cwd_relative = ctx
+        .cwd
+        .strip_prefix(&r.workspace_root)
+        .ok()
+        .map(|p| if p.as_os_str().is_empty() { ".".to_string() } else { p.display().to_string() });
+
+    let inputs = IdentityInputs {
+        label: t.label.clone(),
+        package: PackageRef { id: r.package_id.clone(), name: r.package_name.clone(), version: r.package_version.clone() },
+        bin: t.bin.clone(),
+        launch: Launch { argv, cwd: ctx.cwd.display().to_string(), cwd_relative },
+        executable: Executable { path: t.display_path(executable), size: stored.size, sha256: stored.sha256, store_path },
+        lockfile,
+        dependencies,
+        runtime: Runtime {
+            rustc_release: ctx.rustc.release.clone(),
+            rustc_commit: ctx.rustc.commit_hash.clone(),
+            host: ctx.rustc.host.clone(),
+            target: a.target.clone().unwrap_or_else(|| ctx.rustc.host.clone()),
+            profile: profile_name(a),
+            rustflags: std::env::var("RUSTFLAGS").ok(),
+            encoded_rustflags: std::env::var("CARGO_ENCODED_RUSTFLAGS").ok(),
+            features,
+        },
+        config: t.config.raw.clone(),
+        unknown_config_keys: t.config.unknown_keys.clone(),
+        env,
+        extra_inputs,
+        wrapper,
+        launcher: launcher(),
+        workspace_root: r.workspace_root.display().to_string(),
+        target_dir: r.target_dir.display().to_string(),
+        captured_at: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+    };
+    Ok(Captured { record: fingerprint::identity_record(inputs), problems })
+}
+
+fn io_err(p: &Path) -> impl FnOnce(io::Error) -> CaptureError + '_ {
+    move |source| CaptureError::Io { path: p.to_path_buf(), source }
+}
+
+fn is_executable_file(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+}
+
+/// cargo-mcp-dev itself: version and the digest of its own executable (computed once).
+pub fn launcher() -> Launcher {
+    static DIGEST: OnceLock<String> = OnceLock::new();
+    let sha256 = DIGEST
+        .get_or_init(|| {
+            std::env::current_exe()
+                .and_then(|p| hashing::sha256_file(&p))
+                .map(|(d, _)| d)
+                .unwrap_or_else(|e| format!("unavailable: {e}"))
+        })
+        .clone();
+    Launcher { name: env!("CARGO_PKG_NAME").into(), version: env!("CARGO_PKG_VERSION").into(), sha256 }
+}
+
+/// Digest of a directory tree: sorted relative paths with their contents. With `package_sources`
+/// it skips what cargo never compiles from (target dirs, hidden dirs, nested packages).
+/// Returns (digest, file count).
+pub fn tree_digest(root: &Path, package_sources: bool) -> io::Result<(String, usize)> {
+    let mut hasher = Sha256::new();
+    let mut files = 0usize;
+    let walker = WalkDir::new(root).follow_links(false).sort_by_file_name().into_iter().filter_entry(|e| {
+        if e.depth() == 0 || !e.file_type().is_dir() {
+            return true;
+        }
+        let name = e.file_name().to_string_lossy();
+        if !package_sources {
+            return true;
+        }
+        !(name == "target" || name.starts_with('.') || e.path().join("Cargo.toml").is_file())
+    });
+    for entry in walker {
+        let entry = entry.map_err(|e| io::Error::other(e.to_string()))?;
+        let ft = entry.file_type();
+        if ft.is_dir() {
+            continue;
+        }
+        let rel = entry.path().strip_prefix(root).unwrap_or(entry.path());
+        hasher.update(rel.as_os_str().as_encoded_bytes());
+        hasher.update([0u8]);
+        if ft.is_symlink() {
+            let target = std::fs::read_link(entry.path())?;
+            hasher.update(b"symlink\0");
+            hasher.update(target.as_os_str().as_encoded_bytes());
+        } else {
+            let (d, len) = hashing::sha256_file(entry.path())?;
+            hasher.update(len.to_le_bytes());
+            hasher.update(d.as_bytes());
+        }
+        hasher.update([0u8]);
+        files += 1;
+    }
+    Ok((hashing::prefixed(&hasher.finalize()), files))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tree_digest_tracks_names_and_contents_not_target() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("src")).unwrap();
+        std::fs::create_dir_all(d.path().join("target/debug")).unwrap();
+        std::fs::write(d.path().join("src/lib.rs"), "pub fn a() {}").unwrap();
+        let (a, n) = tree_digest(d.path(), true).unwrap();
+        assert_eq!(n, 1);
+        std::fs::write(d.path().join("target/debug/junk"), "x").unwrap();
+        std::fs::create_dir_all(d.path().join(".git")).unwrap();
+        std::fs::write(d.path().join(".git/HEAD"), "x").unwrap();
+        assert_eq!(tree_digest(d.path(), true).unwrap().0, a, "target/ and .git are not sources");
+        std::fs::write(d.path().join("src/lib.rs"), "pub fn b() {}").unwrap();
+        let (b, _) = tree_digest(d.path(), true).unwrap();
+        assert_ne!(a, b);
+        std::fs::rename(d.path().join("src/lib.rs"), d.path().join("src/other.rs")).unwrap();
+        assert_ne!(tree_digest(d.path(), true).unwrap().0, b, "a rename changes the digest");
+    }
+}

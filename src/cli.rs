@@ -1,0 +1,369 @@
+//! Command-line types (clap derive), cargo-style.
+//!
+//! Owns flag names, help text and parsing only: no hashing, JSON-RPC or spawning. Cargo invokes
+//! a subcommand binary as `cargo-mcp-dev mcp-dev ARGS…`, hence `bin_name = "cargo"` and the outer
+//! [`Cargo::McpDev`] wrapper (the nextest layout).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(name = "cargo", bin_name = "cargo", styles = clap_cargo_styles())]
+pub enum Cargo {
+    /// Build, fingerprint, supervise and hot-swap an MCP server (run `cargo mcp-dev --help`).
+    #[command(name = "mcp-dev", version, after_long_help = after_help())]
+    McpDev(McpDev),
+}
+
+/// `cargo mcp-dev`: cargo run for MCP servers, with execution epochs, catalog revisions and
+/// approvals that do not carry over to code nobody approved.
+#[derive(Debug, Args)]
+#[command(
+    about = "cargo run for MCP servers: build, fingerprint, supervise and hot-swap with execution epochs",
+    long_about = "cargo run for MCP servers.\n\n\
+        Point your MCP host at `cargo mcp-dev run` instead of `cargo run`: it builds the server, \
+        captures the identity of exactly what will run, starts it under supervision, proxies the \
+        host's JSON-RPC, rebuilds on change and makes each rebuild visible: a new execution epoch \
+        for new code, a new catalog revision when the tool metadata changes, and approvals that do \
+        not silently carry over to code nobody approved. Status goes to stderr; stdout of `run` \
+        belongs to JSON-RPC."
+)]
+pub struct McpDev {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct GlobalArgs {
+    /// Use verbose output (-vv very verbose).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Do not print cargo log messages or progress (status lines are still printed).
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+    /// Coloring: auto, always, never (default from CARGO_TERM_COLOR, else auto).
+    #[arg(long, global = true, value_name = "WHEN", env = "CARGO_TERM_COLOR")]
+    pub color: Option<ColorChoice>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ColorChoice {
+    Auto,
+    Always,
+    Never,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum MessageFormat {
+    /// Status lines on stderr.
+    #[default]
+    Human,
+    /// One JSON object per event on stdout (`run`: on stderr, since stdout is JSON-RPC).
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RestartMode {
+    /// Keep the host connection, replace the child, publish the new epoch and gate calls until
+    /// catalog and grants are current.
+    Supervise,
+    /// On a new build, fail in-flight calls and close the connection: the host must reconnect.
+    Disconnect,
+    /// Never restart by itself; `cargo mcp-dev restart` applies the latest build.
+    Manual,
+}
+
+impl RestartMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RestartMode::Supervise => "supervise",
+            RestartMode::Disconnect => "disconnect",
+            RestartMode::Manual => "manual",
+        }
+    }
+}
+
+/// The cargo flags passed through to `cargo build` / `cargo metadata`.
+#[derive(Debug, Args, Clone, Default)]
+#[command(next_help_heading = "Cargo options")]
+pub struct CargoArgs {
+    /// Path to Cargo.toml.
+    #[arg(long, value_name = "PATH")]
+    pub manifest_path: Option<PathBuf>,
+    /// Package with the server binary.
+    #[arg(short, long, value_name = "SPEC")]
+    pub package: Option<String>,
+    /// Name of the server binary target (default: `bin` from [package.metadata.mcp-dev], else the only bin).
+    #[arg(long, value_name = "NAME")]
+    pub bin: Option<String>,
+    /// Build with the release profile.
+    #[arg(short = 'r', long, conflicts_with = "profile")]
+    pub release: bool,
+    /// Build with the given profile.
+    #[arg(long, value_name = "PROFILE-NAME")]
+    pub profile: Option<String>,
+    /// Space or comma separated list of features to activate.
+    #[arg(short = 'F', long, value_name = "FEATURES")]
+    pub features: Vec<String>,
+    /// Activate all available features.
+    #[arg(long)]
+    pub all_features: bool,
+    /// Do not activate the `default` feature.
+    #[arg(long)]
+    pub no_default_features: bool,
+    /// Build for the target triple.
+    #[arg(long, value_name = "TRIPLE")]
+    pub target: Option<String>,
+    /// Directory for all generated artifacts.
+    #[arg(long, value_name = "DIRECTORY")]
+    pub target_dir: Option<PathBuf>,
+    /// Assert that Cargo.lock will remain unchanged.
+    #[arg(long)]
+    pub locked: bool,
+    /// Run without accessing the network.
+    #[arg(long)]
+    pub offline: bool,
+    /// Equivalent to specifying both --locked and --offline.
+    #[arg(long)]
+    pub frozen: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Build the server, capture its identity and print the status line (for bacon, cargo-watch, watchexec).
+    Build(BuildArgs),
+    /// Print the identity record of the current build (`--json`, `--deps`, `--diff OLD.json`).
+    Identity(IdentityArgs),
+    /// CI gate: build with --locked and fail when identity cannot be captured or differs from --expect.
+    Check(CheckArgs),
+    /// Build, start and supervise the server, proxying the host's JSON-RPC on stdin/stdout.
+    Run(RunArgs),
+    /// Ask the running supervisor to apply the latest build now (restart mode `manual`).
+    Restart(ControlArgs),
+    /// Approve tools for the current execution epoch of the running supervisor (human channel).
+    Approve(ApproveArgs),
+    /// Show the running supervisor's state: epoch, catalog revisions, grants, recent denials.
+    Status(StatusArgs),
+    /// Verify or show the audit log.
+    #[command(subcommand)]
+    Audit(AuditCommand),
+    /// Add cargo mcp-dev configuration, host snippets and CI templates to an existing server package.
+    Init(InitArgs),
+    /// Create a new MCP server package (rmcp) ready for `cargo mcp-dev run`.
+    New(NewArgs),
+    /// Play a whole session on a throwaway server: approve, call, rebuild, stale denial, re-approve, audit.
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BuildArgs {
+    #[command(flatten)]
+    pub cargo: CargoArgs,
+    /// Output format for build events.
+    #[arg(long, value_enum, default_value_t = MessageFormat::Human, value_name = "FMT")]
+    pub message_format: MessageFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct IdentityArgs {
+    #[command(flatten)]
+    pub cargo: CargoArgs,
+    /// Print the whole record as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// List the resolved dependency set (package id, version, source, checksum, features).
+    #[arg(long)]
+    pub deps: bool,
+    /// Say what changed between OLD.json and the current identity (or NEW with --against).
+    #[arg(long, value_name = "OLD.json")]
+    pub diff: Option<PathBuf>,
+    /// With --diff: compare against this record instead of building.
+    #[arg(long, value_name = "NEW.json", requires = "diff")]
+    pub against: Option<PathBuf>,
+    /// Read the last recorded identity instead of building.
+    #[arg(long)]
+    pub no_build: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub cargo: CargoArgs,
+    /// Fail unless the identity equals this record (names the differing components).
+    #[arg(long, value_name = "FILE")]
+    pub expect: Option<PathBuf>,
+    /// Write the captured identity record here (for CI artifacts).
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Do not pass --locked to cargo (the lockfile must still exist).
+    #[arg(long)]
+    pub no_locked: bool,
+    /// Output format for check events.
+    #[arg(long, value_enum, default_value_t = MessageFormat::Human, value_name = "FMT")]
+    pub message_format: MessageFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub cargo: CargoArgs,
+    /// What to do when a new build changes the identity.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub restart: Option<RestartMode>,
+    /// Quiet period after the last file change before rebuilding, in milliseconds.
+    #[arg(long, value_name = "MS")]
+    pub debounce: Option<u64>,
+    /// Do not watch sources (build once, restart only on `cargo mcp-dev restart`).
+    #[arg(long)]
+    pub no_watch: bool,
+    /// Gate no tool (recorded in the status line and the audit log).
+    #[arg(long)]
+    pub no_gating: bool,
+    /// Audit log path (default: target/mcp-dev/audit/<label>.jsonl).
+    #[arg(long, value_name = "PATH")]
+    pub audit_log: Option<PathBuf>,
+    /// Status events as JSON lines on stderr instead of human lines.
+    #[arg(long, value_enum, default_value_t = MessageFormat::Human, value_name = "FMT")]
+    pub message_format: MessageFormat,
+    /// Arguments passed to the server.
+    #[arg(last = true, value_name = "ARGS")]
+    pub server_args: Vec<String>,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct ControlArgs {
+    /// Path to Cargo.toml of the server package.
+    #[arg(long, value_name = "PATH")]
+    pub manifest_path: Option<PathBuf>,
+    /// Package with the server binary.
+    #[arg(short, long, value_name = "SPEC")]
+    pub package: Option<String>,
+    /// Server label (default: from the package's configuration).
+    #[arg(long, value_name = "LABEL")]
+    pub label: Option<String>,
+    /// Directory for all generated artifacts (where the supervisor's status file lives).
+    #[arg(long, value_name = "DIRECTORY")]
+    pub target_dir: Option<PathBuf>,
+    /// Connect to this control socket instead of finding it from the status file.
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ApproveArgs {
+    #[command(flatten)]
+    pub control: ControlArgs,
+    /// Approve without asking (scripted use).
+    #[arg(short, long)]
+    pub yes: bool,
+    /// Tool to approve (repeatable; default: the tools requested by pending denials).
+    #[arg(long = "tool", value_name = "NAME")]
+    pub tools: Vec<String>,
+    /// Credential scope to approve (repeatable; default: the scopes the approved tools use).
+    #[arg(long = "credential-scope", value_name = "SCOPE")]
+    pub credential_scopes: Vec<String>,
+    /// List live grants instead of approving.
+    #[arg(long, conflicts_with_all = ["revoke", "tools"])]
+    pub list: bool,
+    /// Revoke a grant by id (or `all`).
+    #[arg(long, value_name = "GRANT")]
+    pub revoke: Option<String>,
+    /// Print the result as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub control: ControlArgs,
+    /// Print the status as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// Verify chain, MACs and anchor; names the first bad record.
+    Verify(AuditPathArgs),
+    /// Print the session journal (runs, epochs, grants) and the activity journal (calls and epochs).
+    Show(AuditShowArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AuditPathArgs {
+    /// Audit log (default: the package's log under target/mcp-dev/audit/).
+    pub path: Option<PathBuf>,
+    #[command(flatten)]
+    pub control: ControlArgs,
+    /// Print the result as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct AuditShowArgs {
+    #[command(flatten)]
+    pub log: AuditPathArgs,
+    /// Which journal to show.
+    #[arg(long, value_enum, default_value_t = Journal::Both)]
+    pub journal: Journal,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Journal {
+    Session,
+    Activity,
+    Both,
+}
+
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    /// Path to Cargo.toml of the server package.
+    #[arg(long, value_name = "PATH")]
+    pub manifest_path: Option<PathBuf>,
+    /// Overwrite files that already exist.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct NewArgs {
+    /// Package name (also the directory created).
+    pub name: String,
+    /// Create the package here instead of ./NAME.
+    #[arg(long, value_name = "DIR")]
+    pub path: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Keep the generated project (its path is printed) instead of deleting it.
+    #[arg(long)]
+    pub keep: bool,
+    /// Create the demo project here instead of a temporary directory.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Target directory to reuse between demos (default: inside the project).
+    #[arg(long, value_name = "DIRECTORY")]
+    pub target_dir: Option<PathBuf>,
+}
+
+fn after_help() -> String {
+    format!(
+        "{}\nDocumentation: README.md in the cargo-mcp-dev repository.",
+        crate::exit_codes::help_table()
+    )
+}
+
+fn clap_cargo_styles() -> clap::builder::Styles {
+    use clap::builder::styling::{AnsiColor, Effects, Styles};
+    Styles::styled()
+        .header(AnsiColor::Green.on_default() | Effects::BOLD)
+        .usage(AnsiColor::Green.on_default() | Effects::BOLD)
+        .literal(AnsiColor::Cyan.on_default() | Effects::BOLD)
+        .placeholder(AnsiColor::Cyan.on_default())
+}

@@ -1,0 +1,35 @@
+//! `cargo mcp-dev build`: build + identity + status line, for watch loops (bacon, cargo-watch,
+//! watchexec). Records the identity under `target/mcp-dev/identity/`.
+
+use crate::capture::CaptureProblem;
+use crate::cli::{BuildArgs, MessageFormat};
+use crate::cycle::{self, CycleOutcome, Prepared};
+use crate::error::CmdResult;
+use crate::{exit_codes, output, status};
+
+pub fn execute(args: BuildArgs) -> CmdResult {
+    let prep = Prepared::new(&args.cargo)?;
+    let json = args.message_format == MessageFormat::Json;
+    let outcome = cycle::run_cycle(&prep, &[], !status::quiet())?;
+    report(&prep, &outcome, json)?;
+    Ok(match outcome {
+        CycleOutcome::Complete { .. } => exit_codes::OK,
+        CycleOutcome::Failed { .. } => exit_codes::BUILD_FAILED,
+    })
+}
+
+/// Prints the status line (human, stderr) or the event (JSON, stdout), and capture warnings.
+pub fn report(prep: &Prepared, outcome: &CycleOutcome, json: bool) -> std::io::Result<()> {
+    if json {
+        output::stdout_line(&cycle::event_json(prep, outcome).to_string())?;
+        return Ok(());
+    }
+    status::line(&cycle::status_line(prep, outcome));
+    if let CycleOutcome::Complete { problems, .. } = outcome {
+        // Unknown config keys were already reported when the configuration was read.
+        for p in problems.iter().filter(|p| !matches!(p, CaptureProblem::UnknownConfigKeys(_))) {
+            status::warn(&p.to_string());
+        }
+    }
+    Ok(())
+}

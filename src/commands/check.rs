@@ -1,0 +1,87 @@
+//! `cargo mcp-dev check`: the CI gate. Builds with `--locked` and fails, one sentence per
+//! problem, when identity cannot be captured or differs from `--expect`.
+
+use crate::cli::{CheckArgs, MessageFormat};
+use crate::cycle::{self, CycleOutcome, Prepared};
+use crate::error::{CmdResult, Failure};
+use crate::fingerprint;
+use crate::hashing::short;
+use crate::{exit_codes, output, status};
+
+pub fn execute(args: CheckArgs) -> CmdResult {
+    let mut cargo = args.cargo.clone();
+    if !args.no_locked {
+        cargo.locked = true;
+    }
+    let json = args.message_format == MessageFormat::Json;
+    let expect = match &args.expect {
+        Some(p) => Some(cycle::read_record(p)?),
+        None => None,
+    };
+    let prep = Prepared::new(&cargo).map_err(lockfile_sentence)?;
+    if !prep.target.resolved.lockfile.is_file() {
+        return Err(Failure::new(exit_codes::IDENTITY_NOT_CAPTURED, "no Cargo.lock: the dependency versions that will run are not pinned (run `cargo generate-lockfile` and commit it)"));
+    }
+    let outcome = cycle::run_cycle(&prep, &[], !status::quiet()).map_err(lockfile_sentence)?;
+    super::build::report(&prep, &outcome, json)?;
+    let (record, problems) = match outcome {
+        CycleOutcome::Failed { summary, .. } => {
+            if let Some(s) = summary.filter(|s| s.contains("--locked")) {
+                return Err(lockfile_sentence(Failure::error(s)));
+            }
+            return Err(Failure::new(exit_codes::BUILD_FAILED, "build failed: identity not captured"));
+        }
+        CycleOutcome::Complete { record, problems, .. } => (record, problems),
+    };
+    if let Some(out) = &args.out {
+        cycle::write_record(out, &record)?;
+        status::verbose_line(&format!("wrote identity record to {}", out.display()));
+    }
+    if !problems.is_empty() {
+        let mut f = Failure::new(
+            exit_codes::IDENTITY_NOT_CAPTURED,
+            format!("identity not captured completely ({} problem{})", problems.len(), if problems.len() == 1 { "" } else { "s" }),
+        );
+        for p in &problems {
+            f = f.with_note(p.to_string());
+        }
+        return Err(f);
+    }
+    if let Some(expected) = expect {
+        let changed = fingerprint::changed_components(&expected, &record);
+        if !changed.is_empty() {
+            let mut f = Failure::new(
+                exit_codes::IDENTITY_DIFFERS,
+                format!(
+                    "identity differs from the expected record ({} -> {}): {}",
+                    short(&expected.identity_digest),
+                    short(&record.identity_digest),
+                    fingerprint::component_list(&changed)
+                ),
+            );
+            for d in fingerprint::dependency_changes(&expected, &record) {
+                f = f.with_note(format!("dependency {d}"));
+            }
+            return Err(f);
+        }
+    }
+    if json {
+        output::stdout_line(&serde_json::json!({"event": "check-passed", "identity": record.identity_digest}).to_string())?;
+    } else {
+        status::line(&format!("check passed: identity {}", short(&record.identity_digest)));
+    }
+    Ok(exit_codes::OK)
+}
+
+/// cargo's `--locked` refusals become one specific sentence with the identity exit code.
+fn lockfile_sentence(f: Failure) -> Failure {
+    if f.message.contains("--locked") {
+        let sentence = if f.message.contains("cannot create the lock file") {
+            "no Cargo.lock: the dependency versions that will run are not pinned (run `cargo generate-lockfile` and commit it)"
+        } else {
+            "Cargo.lock is out of date: cargo would have to change it to build (run `cargo update --workspace` and commit Cargo.lock)"
+        };
+        return Failure::new(exit_codes::IDENTITY_NOT_CAPTURED, sentence).with_note(f.message);
+    }
+    f
+}

@@ -1,0 +1,239 @@
+//! One build cycle: build, capture identity, compare with the last recorded identity, persist.
+//!
+//! Shared by `build`, `check`, `identity` and the `run` loop. Owns the last-identity file under
+//! the target directory and the wording of the `build complete|failed` status line. It does not
+//! start servers.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::build::{self, BuildOutcome, BuildRequest};
+use crate::capture::{self, CaptureContext, CaptureProblem};
+use crate::cli::CargoArgs;
+use crate::error::Failure;
+use crate::exit_codes;
+use crate::fingerprint::{self, Component, IdentityRecord};
+use crate::hashing::short;
+use crate::store::{self, Store};
+use crate::workspace::{self, RustcFacts, ServerTarget};
+
+/// Everything resolved before building: cargo, rustc facts, the server target.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub cargo: PathBuf,
+    pub rustc: RustcFacts,
+    pub target: ServerTarget,
+    pub args: CargoArgs,
+}
+
+impl Prepared {
+    /// Finds cargo and rustc and resolves the package (from the metadata cache when current).
+    pub fn new(args: &CargoArgs) -> Result<Prepared, Failure> {
+        let cargo = workspace::find_cargo()?;
+        let rustc = workspace::rustc_facts(&workspace::find_rustc(&cargo))?;
+        let target = workspace::resolve(&cargo, &rustc.host, args)?;
+        for key in &target.config.unknown_keys {
+            crate::status::warn(&format!(
+                "unknown key `{key}` in [package.metadata.mcp-dev] of {} (known keys: {})",
+                target.resolved.manifest_path.display(),
+                crate::config::KNOWN_KEYS.join(", ")
+            ));
+        }
+        Ok(Prepared { cargo, rustc, target, args: args.clone() })
+    }
+
+    /// Re-resolves after manifests may have changed (cheap when the cache still matches).
+    pub fn refresh(&self) -> Result<Prepared, Failure> {
+        let target = workspace::resolve(&self.cargo, &self.rustc.host, &self.args)?;
+        Ok(Prepared { target, ..self.clone() })
+    }
+
+    pub fn profile(&self) -> String {
+        build::profile_name(&self.args)
+    }
+
+    pub fn identity_file(&self) -> PathBuf {
+        self.target.layout().identity_file(&self.target.label, &self.profile())
+    }
+
+    pub fn store(&self) -> Store {
+        Store::new(self.target.layout().store_dir())
+    }
+
+    /// The last recorded (successful) identity for this label and profile.
+    pub fn last_identity(&self) -> Option<IdentityRecord> {
+        read_record(&self.identity_file()).ok()
+    }
+
+    /// The executable path as humans see it in status lines (`target/debug/inventory`).
+    pub fn executable_display(&self, exe: &Path) -> String {
+        self.target.display_path(exe)
+    }
+
+    fn request(&self, relay_stderr: bool) -> BuildRequest {
+        BuildRequest {
+            cargo: self.cargo.clone(),
+            args: self.args.clone(),
+            manifest_path: self.target.resolved.manifest_path.clone(),
+            package_id: self.target.resolved.package_id.clone(),
+            package_name: self.target.resolved.package_name.clone(),
+            bin: self.target.bin.clone(),
+            expected_units: self.target.resolved.dependencies.len() as u64 + 1,
+            relay_stderr,
+        }
+    }
+}
+
+pub fn read_record(path: &Path) -> Result<IdentityRecord, Failure> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Failure::error(format!("could not read identity record `{}`: {e}", path.display())))?;
+    serde_json::from_str(&text)
+        .map_err(|e| Failure::error(format!("`{}` is not an identity record: {e}", path.display())))
+}
+
+pub fn write_record(path: &Path, record: &IdentityRecord) -> Result<(), Failure> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let text = serde_json::to_string_pretty(record).expect("record serializes");
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, text + "\n")?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+/// The result of one cycle.
+#[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)] // one per build; boxing would only add noise at every use
+pub enum CycleOutcome {
+    Complete {
+        record: IdentityRecord,
+        previous: Option<IdentityRecord>,
+        changed: Vec<Component>,
+        problems: Vec<CaptureProblem>,
+        executable: PathBuf,
+        duration: Duration,
+    },
+    Failed {
+        errors: usize,
+        first_file: Option<String>,
+        summary: Option<String>,
+        last_good: Option<IdentityRecord>,
+        duration: Duration,
+    },
+}
+
+impl CycleOutcome {
+    pub fn is_changed(&self) -> bool {
+        matches!(self, CycleOutcome::Complete { changed, .. } if !changed.is_empty())
+    }
+}
+
+/// Builds, captures, compares and (on success) records the new identity.
+pub fn run_cycle(prep: &Prepared, server_args: &[String], relay_stderr: bool) -> Result<CycleOutcome, Failure> {
+    let previous = prep.last_identity();
+    match build::run_build(&prep.request(relay_stderr))? {
+        BuildOutcome::Failed { errors, first_file, summary, duration } => {
+            Ok(CycleOutcome::Failed { errors, first_file, summary, last_good: previous, duration })
+        }
+        BuildOutcome::Built { executable, duration, .. } => {
+            let store = prep.store();
+            let ctx = CaptureContext {
+                target: &prep.target,
+                args: &prep.args,
+                rustc: &prep.rustc,
+                server_args,
+                cwd: std::env::current_dir()?,
+            };
+            let captured = capture::capture(&ctx, &executable, &store)
+                .map_err(|e| Failure::new(exit_codes::IDENTITY_NOT_CAPTURED, e.to_string()))?;
+            let record = captured.record;
+            let changed = match &previous {
+                Some(p) => fingerprint::changed_components(p, &record),
+                None => Component::ALL.to_vec(),
+            };
+            write_record(&prep.identity_file(), &record)?;
+            let mut keep: Vec<&str> = vec![&record.executable.sha256];
+            if let Some(p) = &previous {
+                keep.push(&p.executable.sha256);
+            }
+            store.gc(store::DEFAULT_KEEP, &keep);
+            Ok(CycleOutcome::Complete {
+                record,
+                previous,
+                changed,
+                problems: captured.problems,
+                executable,
+                duration,
+            })
+        }
+    }
+}
+
+/// The `build complete: …` / `build failed: …` status line.
+pub fn status_line(prep: &Prepared, outcome: &CycleOutcome) -> String {
+    match outcome {
+        CycleOutcome::Complete { record, previous, changed, executable, .. } => {
+            let exe = prep.executable_display(executable);
+            match previous {
+                None => format!(
+                    "build complete: {exe} changed (none -> {}; no previous identity)",
+                    short(&record.identity_digest)
+                ),
+                Some(_) if changed.is_empty() => {
+                    format!("build complete: {exe} unchanged ({})", short(&record.identity_digest))
+                }
+                Some(p) => format!(
+                    "build complete: {exe} changed ({} -> {}; {})",
+                    short(&p.identity_digest),
+                    short(&record.identity_digest),
+                    fingerprint::component_list(changed)
+                ),
+            }
+        }
+        CycleOutcome::Failed { errors, first_file, summary, last_good, .. } => {
+            let what = match (first_file, summary) {
+                (Some(f), _) => format!("{errors} error{} in {f}", plural(*errors)),
+                (None, Some(s)) if *errors <= 1 => s.trim_start_matches("error: ").to_string(),
+                _ => format!("{errors} error{}", plural(*errors)),
+            };
+            let last = last_good.as_ref().map(|r| short(&r.identity_digest)).unwrap_or_else(|| "none".into());
+            format!("build failed: {what} (last good: {last})")
+        }
+    }
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// The same cycle as one JSON event (for `--message-format json`).
+pub fn event_json(prep: &Prepared, outcome: &CycleOutcome) -> serde_json::Value {
+    match outcome {
+        CycleOutcome::Complete { record, previous, changed, problems, executable, duration } => json!({
+            "event": "build-complete",
+            "label": prep.target.label,
+            "executable": prep.executable_display(executable),
+            "outcome": if previous.is_some() && changed.is_empty() { "unchanged" } else { "changed" },
+            "identity": record.identity_digest,
+            "previousIdentity": previous.as_ref().map(|p| &p.identity_digest),
+            "executableSha256": record.executable.sha256,
+            "storePath": record.executable.store_path,
+            "changed": changed.iter().map(|c| c.name()).collect::<Vec<_>>(),
+            "problems": problems.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+            "durationMs": duration.as_millis() as u64,
+            "message": status_line(prep, outcome),
+        }),
+        CycleOutcome::Failed { errors, first_file, last_good, duration, .. } => json!({
+            "event": "build-failed",
+            "label": prep.target.label,
+            "errors": errors,
+            "file": first_file,
+            "lastGood": last_good.as_ref().map(|r| &r.identity_digest),
+            "durationMs": duration.as_millis() as u64,
+            "message": status_line(prep, outcome),
+        }),
+    }
+}

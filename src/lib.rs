@@ -1,0 +1,55 @@
+//! `cargo mcp-dev`: cargo run for MCP servers, with execution epochs, catalog revisions and
+//! epoch-bound approvals.
+//!
+//! Layout: the pure core (`fingerprint`, `epoch`, `catalog`, `approval`, `audit::chain`) knows
+//! nothing of processes, terminals or clap; adapters (`workspace`, `build`, `store`, `supervisor`,
+//! `proxy`, `watch`, `control`, `status`) do the I/O; `session` wires them for `run`; `commands`
+//! holds one orchestrator per subcommand.
+
+pub mod build;
+pub mod capture;
+pub mod cli;
+pub mod commands;
+pub mod config;
+pub mod cycle;
+pub mod error;
+pub mod exit_codes;
+pub mod fingerprint;
+pub mod hashing;
+pub mod output;
+pub mod paths;
+pub mod status;
+pub mod store;
+pub mod workspace;
+
+use clap::Parser;
+
+/// Entry point of the binary: parses arguments (accepting both `cargo mcp-dev …` and a direct
+/// `cargo-mcp-dev …`), runs the command and returns the exit code.
+pub fn main_entry() -> i32 {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // Invoked directly (`cargo-mcp-dev build`) rather than by cargo (`cargo-mcp-dev mcp-dev build`):
+    // insert the subcommand name so both spellings parse the same way.
+    if args.get(1).map(|a| a != "mcp-dev").unwrap_or(true) {
+        args.insert(1, "mcp-dev".into());
+    }
+    let cli::Cargo::McpDev(cmd) = match cli::Cargo::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { exit_codes::USAGE } else { exit_codes::OK };
+            let _ = e.print();
+            return code;
+        }
+    };
+    status::init(&cmd.global);
+    match commands::dispatch(cmd) {
+        Ok(code) => code,
+        Err(failure) => {
+            status::error(&failure.message);
+            for note in &failure.notes {
+                status::note(note);
+            }
+            failure.code
+        }
+    }
+}

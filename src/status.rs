@@ -1,0 +1,120 @@
+//! Human status on stderr: the status pair, warnings, errors, and progress bars on a TTY only.
+//!
+//! Owns how status looks (cargo-style `error:`/`warning:` prefixes, colour per `--color` and
+//! `CARGO_TERM_COLOR`); it never writes to stdout and never decides anything.
+
+use std::io::{IsTerminal, Write};
+use std::sync::OnceLock;
+
+use console::Style;
+
+use crate::cli::{ColorChoice, GlobalArgs};
+
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    color: bool,
+    quiet: bool,
+    verbose: u8,
+    stderr_tty: bool,
+}
+
+static SETTINGS: OnceLock<Settings> = OnceLock::new();
+
+fn settings() -> Settings {
+    *SETTINGS.get_or_init(|| Settings {
+        color: false,
+        quiet: false,
+        verbose: 0,
+        stderr_tty: std::io::stderr().is_terminal(),
+    })
+}
+
+/// Reads `--color`, `-q`, `-v` once at start-up.
+pub fn init(global: &GlobalArgs) {
+    let stderr_tty = std::io::stderr().is_terminal();
+    let color = match global.color.unwrap_or(ColorChoice::Auto) {
+        ColorChoice::Always => true,
+        ColorChoice::Never => false,
+        ColorChoice::Auto => stderr_tty && std::env::var_os("NO_COLOR").is_none(),
+    };
+    console::set_colors_enabled_stderr(color);
+    let _ = SETTINGS.set(Settings { color, quiet: global.quiet, verbose: global.verbose, stderr_tty });
+}
+
+pub fn color_enabled() -> bool {
+    settings().color
+}
+pub fn quiet() -> bool {
+    settings().quiet
+}
+pub fn verbose() -> u8 {
+    settings().verbose
+}
+/// Progress bars only on an interactive stderr, never when quiet.
+pub fn progress_enabled() -> bool {
+    let s = settings();
+    s.stderr_tty && !s.quiet
+}
+
+fn write_stderr(text: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(text.as_bytes());
+    let _ = err.write_all(b"\n");
+    let _ = err.flush();
+}
+
+/// A status line exactly as documented (the status pair and friends). Printed even with `-q`.
+pub fn line(text: &str) {
+    let s = settings();
+    if s.color {
+        // Colour only the leading verb phrase (up to the first ':'); the text stays greppable.
+        if let Some((head, tail)) = text.split_once(':') {
+            let style = if head.contains("failed") || head.contains("closed") {
+                Style::new().red().bold()
+            } else if head.contains("unchanged") {
+                Style::new().yellow().bold()
+            } else {
+                Style::new().green().bold()
+            };
+            write_stderr(&format!("{}:{}", style.apply_to(head), tail));
+            return;
+        }
+    }
+    write_stderr(text);
+}
+
+/// A detail line under a status line (indented), hidden with `-q`.
+pub fn detail(text: &str) {
+    if !quiet() {
+        write_stderr(&format!("  {text}"));
+    }
+}
+
+/// Raw passthrough (cargo's own stderr, the server's stderr).
+pub fn raw(text: &str) {
+    write_stderr(text);
+}
+
+pub fn error(msg: &str) {
+    prefixed("error", Style::new().red().bold(), msg);
+}
+pub fn warn(msg: &str) {
+    prefixed("warning", Style::new().yellow().bold(), msg);
+}
+pub fn note(msg: &str) {
+    prefixed("note", Style::new().cyan().bold(), msg);
+}
+/// Informational line shown with `-v`.
+pub fn verbose_line(msg: &str) {
+    if verbose() > 0 {
+        write_stderr(msg);
+    }
+}
+
+fn prefixed(word: &str, style: Style, msg: &str) {
+    if color_enabled() {
+        write_stderr(&format!("{}: {msg}", style.apply_to(word)));
+    } else {
+        write_stderr(&format!("{word}: {msg}"));
+    }
+}

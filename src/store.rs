@@ -1,0 +1,229 @@
+//! Content-addressed store of executables: `<target>/mcp-dev/store/sha256-<hex>`, read-only.
+//!
+//! "Exec what you hashed": the executable is copied into the store in the same pass that hashes
+//! it, and the store copy is what gets executed, so a rebuild that rewrites `target/debug/<bin>`
+//! between hashing and exec cannot change what runs. Entries are immutable; old ones are garbage-
+//! collected with a bound. Owns the store directory only.
+
+use std::fs::{self, File};
+use std::io;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::hashing;
+
+/// How many entries `gc` keeps by default (besides the ones in use).
+pub const DEFAULT_KEEP: usize = 8;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredExecutable {
+    pub sha256: String,
+    pub size: u64,
+    pub store_path: PathBuf,
+    /// False when an identical entry was already present (nothing was written).
+    pub newly_stored: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("executable `{0}` is missing")]
+    Missing(PathBuf),
+    #[error("executable `{path}` changed while being captured (size or mtime moved during the copy)")]
+    ChangedDuringCapture { path: PathBuf },
+    #[error("store entry `{path}` is corrupt (its content hashes to {actual})")]
+    Corrupt { path: PathBuf, actual: String },
+    #[error("store I/O on `{path}`: {source}")]
+    Io { path: PathBuf, source: io::Error },
+}
+
+#[derive(Debug, Clone)]
+pub struct Store {
+    dir: PathBuf,
+}
+
+/// Fingerprint of a file's metadata, used to detect a rewrite during the copy.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+struct StatStamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: i64,
+    mtime_nsec: i64,
+    ctime: i64,
+    ctime_nsec: i64,
+}
+
+impl StatStamp {
+    fn of(m: &fs::Metadata) -> Self {
+        StatStamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime: m.mtime(),
+            mtime_nsec: m.mtime_nsec(),
+            ctime: m.ctime(),
+            ctime_nsec: m.ctime_nsec(),
+        }
+    }
+}
+
+impl Store {
+    pub fn new(dir: impl Into<PathBuf>) -> Store {
+        Store { dir: dir.into() }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn entry_path(&self, sha256: &str) -> PathBuf {
+        let hex = sha256.strip_prefix("sha256:").unwrap_or(sha256);
+        self.dir.join(format!("sha256-{hex}"))
+    }
+
+    fn io(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
+        move |source| StoreError::Io { path: path.to_path_buf(), source }
+    }
+
+    /// Copies `executable` into the store while hashing it, and returns the entry.
+    ///
+    /// The bytes hashed are the bytes written. If the source's metadata moved during the copy the
+    /// capture is refused ([`StoreError::ChangedDuringCapture`]); callers retry once.
+    pub fn capture(&self, executable: &Path) -> Result<StoredExecutable, StoreError> {
+        let src = match File::open(executable) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(StoreError::Missing(executable.into())),
+            Err(e) => return Err(StoreError::Io { path: executable.into(), source: e }),
+        };
+        let before = StatStamp::of(&src.metadata().map_err(Self::io(executable))?);
+        fs::create_dir_all(&self.dir).map_err(Self::io(&self.dir))?;
+        let tmp = tempfile::Builder::new()
+            .prefix(".incoming-")
+            .tempfile_in(&self.dir)
+            .map_err(Self::io(&self.dir))?;
+        let (sha256, size) = hashing::sha256_copy(&src, tmp.as_file()).map_err(Self::io(executable))?;
+        let after = StatStamp::of(&fs::metadata(executable).map_err(Self::io(executable))?);
+        if before != after || size != before.size {
+            return Err(StoreError::ChangedDuringCapture { path: executable.into() });
+        }
+        let dest = self.entry_path(&sha256);
+        if dest.is_file() {
+            // Same content already stored: keep the existing (immutable) entry, drop the copy.
+            touch(&dest);
+            return Ok(StoredExecutable { sha256, size, store_path: dest, newly_stored: false });
+        }
+        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o555)).map_err(Self::io(tmp.path()))?;
+        // Closing the write handle before the rename matters: exec of a file still open for
+        // writing fails with ETXTBSY.
+        let tmp_path = tmp.into_temp_path();
+        tmp_path.persist(&dest).map_err(|e| StoreError::Io { path: dest.clone(), source: e.error })?;
+        Ok(StoredExecutable { sha256, size, store_path: dest, newly_stored: true })
+    }
+
+    /// Re-hashes an entry and checks it still matches its name (used before exec when paranoid,
+    /// and by tests).
+    pub fn verify(&self, sha256: &str) -> Result<PathBuf, StoreError> {
+        let path = self.entry_path(sha256);
+        let (actual, _) = hashing::sha256_file(&path).map_err(Self::io(&path))?;
+        if actual != sha256 {
+            return Err(StoreError::Corrupt { path, actual });
+        }
+        Ok(path)
+    }
+
+    /// Removes all but the `keep` most recently used entries, never touching `in_use`.
+    /// Returns the removed paths.
+    pub fn gc(&self, keep: usize, in_use: &[&str]) -> Vec<PathBuf> {
+        let Ok(rd) = fs::read_dir(&self.dir) else { return Vec::new() };
+        let protected: Vec<PathBuf> = in_use.iter().map(|d| self.entry_path(d)).collect();
+        let mut entries: Vec<(std::time::SystemTime, PathBuf)> = rd
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().starts_with("sha256-"))
+            .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+            .filter(|(_, p)| !protected.contains(p))
+            .collect();
+        entries.sort_by_key(|e| std::cmp::Reverse(e.0));
+        let mut removed = Vec::new();
+        for (_, p) in entries.into_iter().skip(keep) {
+            if fs::remove_file(&p).is_ok() {
+                removed.push(p);
+            }
+        }
+        removed
+    }
+}
+
+/// Marks an entry as recently used (gc keeps the most recent ones).
+fn touch(path: &Path) {
+    // Entries are read-only; updating times needs no write permission for the owner.
+    if let Ok(f) = File::open(path) {
+        let _ = f.set_modified(std::time::SystemTime::now());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capture_hashes_and_stores_read_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("server");
+        fs::write(&exe, b"#!/bin/sh\necho hi\n").unwrap();
+        let store = Store::new(dir.path().join("store"));
+        let a = store.capture(&exe).unwrap();
+        assert!(a.newly_stored);
+        assert_eq!(a.sha256, hashing::sha256_bytes(b"#!/bin/sh\necho hi\n"));
+        assert_eq!(fs::read(&a.store_path).unwrap(), fs::read(&exe).unwrap());
+        let mode = fs::metadata(&a.store_path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o555);
+        let b = store.capture(&exe).unwrap();
+        assert!(!b.newly_stored);
+        assert_eq!(a.store_path, b.store_path);
+        // The store copy is independent of later rewrites of the source.
+        fs::write(&exe, b"changed").unwrap();
+        assert_eq!(store.verify(&a.sha256).unwrap(), a.store_path);
+        let c = store.capture(&exe).unwrap();
+        assert_ne!(c.sha256, a.sha256);
+    }
+
+    #[test]
+    fn missing_executable_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path().join("store"));
+        assert!(matches!(store.capture(&dir.path().join("nope")), Err(StoreError::Missing(_))));
+    }
+
+    #[test]
+    fn gc_keeps_recent_and_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path().join("store"));
+        let mut digests = Vec::new();
+        for i in 0..5 {
+            let exe = dir.path().join(format!("e{i}"));
+            fs::write(&exe, format!("content {i}")).unwrap();
+            let s = store.capture(&exe).unwrap();
+            let t = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1000 + i);
+            File::open(&s.store_path).unwrap().set_modified(t).unwrap();
+            digests.push(s.sha256);
+        }
+        let removed = store.gc(2, &[&digests[0]]);
+        assert_eq!(removed.len(), 2);
+        assert!(store.entry_path(&digests[0]).exists(), "in use survives");
+        assert!(store.entry_path(&digests[4]).exists());
+        assert!(store.entry_path(&digests[3]).exists());
+        assert!(!store.entry_path(&digests[1]).exists());
+    }
+
+    #[test]
+    fn corrupt_entry_detected() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path().join("store"));
+        let exe = dir.path().join("e");
+        fs::write(&exe, b"abc").unwrap();
+        let s = store.capture(&exe).unwrap();
+        fs::set_permissions(&s.store_path, fs::Permissions::from_mode(0o644)).unwrap();
+        fs::write(&s.store_path, b"tampered").unwrap();
+        assert!(matches!(store.verify(&s.sha256), Err(StoreError::Corrupt { .. })));
+    }
+}

@@ -1,0 +1,643 @@
+//! Which package, binary and target directory: cargo discovery, `cargo metadata`, and its cache.
+//!
+//! Owns finding cargo (honouring `$CARGO`), running `cargo metadata` with the pass-through flags,
+//! selecting the server package and bin, walking the resolved graph of normal and build
+//! dependencies, and caching that result keyed on the digests of every manifest, the lockfile and
+//! cargo config files, so an unchanged project never pays for `cargo metadata` again. It does not
+//! build and never touches the server's processes.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use cargo_metadata::{DependencyKind, Metadata, MetadataCommand, PackageId, TargetKind};
+use serde::{Deserialize, Serialize};
+
+use crate::cli::CargoArgs;
+use crate::config::LoadedConfig;
+use crate::error::Failure;
+use crate::exit_codes;
+use crate::hashing;
+
+/// Bumped whenever [`Resolved`] changes shape, so old cache entries are ignored.
+const CACHE_VERSION: u32 = 1;
+
+/// The cargo executable to run: `$CARGO` (set by cargo for subcommands) or `cargo` on `PATH`.
+pub fn find_cargo() -> Result<PathBuf, Failure> {
+    if let Some(cargo) = std::env::var_os("CARGO") {
+        let p = PathBuf::from(&cargo);
+        if p.is_file() {
+            return Ok(p);
+        }
+        return Err(Failure::new(
+            exit_codes::METADATA_FAILED,
+            format!("$CARGO is set to `{}`, which is not a file", p.display()),
+        ));
+    }
+    find_on_path("cargo").ok_or_else(|| {
+        let path = std::env::var("PATH").unwrap_or_default();
+        Failure::new(
+            exit_codes::METADATA_FAILED,
+            format!("cargo not found on PATH (searched: {})", if path.is_empty() { "<empty>" } else { &path }),
+        )
+        .with_note(
+            "MCP hosts start servers with a minimal environment (HOME, PATH, SHELL, TERM, USER…): \
+             add cargo's directory (e.g. ~/.cargo/bin) to PATH in the host's server entry (\"env\"), \
+             or set CARGO to cargo's absolute path",
+        )
+    })
+}
+
+/// The rustc to ask for version facts: `$RUSTC`, else `rustc` next to cargo, else on PATH.
+pub fn find_rustc(cargo: &Path) -> PathBuf {
+    if let Some(r) = std::env::var_os("RUSTC") {
+        return PathBuf::from(r);
+    }
+    if let Some(dir) = cargo.parent() {
+        let beside = dir.join("rustc");
+        if beside.is_file() {
+            return beside;
+        }
+    }
+    find_on_path("rustc").unwrap_or_else(|| PathBuf::from("rustc"))
+}
+
+pub fn find_on_path(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(program)).find(|p| is_executable(p))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+}
+
+/// `rustc -vV`, parsed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RustcFacts {
+    pub release: String,
+    pub commit_hash: String,
+    pub host: String,
+}
+
+/// Runs `rustc -vV` once per process.
+pub fn rustc_facts(rustc: &Path) -> Result<RustcFacts, Failure> {
+    static FACTS: OnceLock<Result<RustcFacts, String>> = OnceLock::new();
+    FACTS
+        .get_or_init(|| {
+            let out = Command::new(rustc)
+                .arg("-vV")
+                .output()
+                .map_err(|e| format!("could not run `{} -vV`: {e}", rustc.display()))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "`{} -vV` failed: {}",
+                    rustc.display(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+            Ok(parse_rustc_vv(&String::from_utf8_lossy(&out.stdout)))
+        })
+        .clone()
+        .map_err(|m| Failure::new(exit_codes::METADATA_FAILED, m))
+}
+
+pub fn parse_rustc_vv(text: &str) -> RustcFacts {
+    let mut facts = RustcFacts { release: String::new(), commit_hash: String::new(), host: String::new() };
+    for line in text.lines() {
+        if let Some((k, v)) = line.split_once(':') {
+            let v = v.trim().to_string();
+            match k.trim() {
+                "release" => facts.release = v,
+                "commit-hash" => facts.commit_hash = v,
+                "host" => facts.host = v,
+                _ => {}
+            }
+        }
+    }
+    facts
+}
+
+/// A package whose sources live on this machine (workspace member or path dependency).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalPackage {
+    pub id: String,
+    pub name: String,
+    pub version: String,
+    pub root: PathBuf,
+    pub manifest_path: PathBuf,
+    pub has_build_script: bool,
+}
+
+/// One package of the resolved dependency graph (normal and build edges, dev excluded).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolvedDependency {
+    pub id: String,
+    pub name: String,
+    pub version: String,
+    /// `registry+…`, `git+…#rev`, or null for path packages.
+    pub source: Option<String>,
+    /// From Cargo.lock (registry packages only).
+    pub checksum: Option<String>,
+    pub features: Vec<String>,
+    /// For path packages: their root, whose sources identity hashes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub local_root: Option<PathBuf>,
+}
+
+/// What `cargo metadata` told us, reduced to what cargo mcp-dev needs (this is what is cached).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Resolved {
+    pub cache_version: u32,
+    pub workspace_root: PathBuf,
+    pub target_dir: PathBuf,
+    pub lockfile: PathBuf,
+    pub package_id: String,
+    pub package_name: String,
+    pub package_version: String,
+    pub manifest_path: PathBuf,
+    pub package_root: PathBuf,
+    pub bins: Vec<String>,
+    pub has_lib: bool,
+    pub has_build_script: bool,
+    /// `package.metadata` of the server package (holds `mcp-dev`).
+    pub metadata: serde_json::Value,
+    /// The server package and every local package it depends on (watched; path deps hashed).
+    pub local_packages: Vec<LocalPackage>,
+    /// Every package reachable from the server, excluding the server itself.
+    pub dependencies: Vec<ResolvedDependency>,
+    /// Files whose digests key the cache (manifests, lockfile, cargo config files).
+    pub key_files: Vec<PathBuf>,
+    pub key_digest: String,
+}
+
+/// The selected server: package, bin, configuration and target directory.
+#[derive(Debug, Clone)]
+pub struct ServerTarget {
+    pub resolved: Resolved,
+    pub bin: String,
+    pub label: String,
+    pub config: LoadedConfig,
+    /// True when `cargo metadata` was not run because the cache matched.
+    pub from_cache: bool,
+}
+
+impl ServerTarget {
+    pub fn layout(&self) -> crate::paths::Layout {
+        crate::paths::Layout::new(&self.resolved.target_dir)
+    }
+    /// A path relative to the workspace root when it lies inside it (for humans).
+    pub fn display_path(&self, p: &Path) -> String {
+        p.strip_prefix(&self.resolved.workspace_root).unwrap_or(p).display().to_string()
+    }
+}
+
+/// Resolves the server package for these cargo flags, from the cache when it is current.
+pub fn resolve(cargo: &Path, host: &str, args: &CargoArgs) -> Result<ServerTarget, Failure> {
+    let manifest = locate_manifest(args.manifest_path.as_deref())?;
+    let cache_file = cache_file_for(&manifest, args, host);
+    let (resolved, from_cache) = match read_cache(&cache_file) {
+        Some(r) => (r, true),
+        None => {
+            let r = run_metadata(cargo, host, &manifest, args)?;
+            write_cache(&cache_file, &r);
+            (r, false)
+        }
+    };
+    select(resolved, args, from_cache)
+}
+
+fn select(resolved: Resolved, args: &CargoArgs, from_cache: bool) -> Result<ServerTarget, Failure> {
+    let config = LoadedConfig::from_package_metadata(&resolved.metadata).map_err(|e| {
+        Failure::error(format!("{} ({})", e, resolved.manifest_path.display()))
+    })?;
+    let name = &resolved.package_name;
+    let bin = if let Some(b) = &args.bin {
+        if !resolved.bins.contains(b) {
+            return Err(Failure::error(format!(
+                "no bin target named `{b}` in package `{name}`{}",
+                available(&resolved.bins)
+            )));
+        }
+        b.clone()
+    } else if let Some(b) = &config.config.bin {
+        if !resolved.bins.contains(b) {
+            return Err(Failure::error(format!(
+                "[package.metadata.mcp-dev] bin = \"{b}\", but package `{name}` has no such bin target{}",
+                available(&resolved.bins)
+            )));
+        }
+        b.clone()
+    } else {
+        match resolved.bins.as_slice() {
+            [one] => one.clone(),
+            [] if resolved.has_lib => {
+                return Err(Failure::error(format!(
+                    "package `{name}` is a library-only package: an MCP server over stdio needs a binary target (src/main.rs or [[bin]])"
+                )));
+            }
+            [] => {
+                return Err(Failure::error(format!("package `{name}` has no binary target")));
+            }
+            many => {
+                return Err(Failure::error(format!(
+                    "package `{name}` has several binaries ({}): pass --bin NAME or set bin = \"…\" in [package.metadata.mcp-dev]",
+                    many.join(", ")
+                )));
+            }
+        }
+    };
+    let label = config.config.label.clone().unwrap_or_else(|| bin.clone());
+    let mut resolved = resolved;
+    if let Some(td) = &args.target_dir {
+        resolved.target_dir = absolute(td);
+    }
+    Ok(ServerTarget { resolved, bin, label, config, from_cache })
+}
+
+fn available(bins: &[String]) -> String {
+    if bins.is_empty() { String::new() } else { format!(" (available: {})", bins.join(", ")) }
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir().map(|d| d.join(p)).unwrap_or_else(|_| p.to_path_buf())
+    }
+}
+
+/// The manifest cargo would use: `--manifest-path`, else the nearest Cargo.toml upwards.
+pub fn locate_manifest(explicit: Option<&Path>) -> Result<PathBuf, Failure> {
+    if let Some(p) = explicit {
+        let abs = absolute(p);
+        if abs.file_name().map(|n| n != "Cargo.toml").unwrap_or(true) {
+            return Err(Failure::error(format!(
+                "the manifest-path must be a path to a Cargo.toml file: `{}`",
+                p.display()
+            )));
+        }
+        if !abs.is_file() {
+            return Err(Failure::new(
+                exit_codes::METADATA_FAILED,
+                format!("manifest path `{}` does not exist", p.display()),
+            ));
+        }
+        return Ok(abs);
+    }
+    let cwd = std::env::current_dir()?;
+    cwd.ancestors()
+        .map(|d| d.join("Cargo.toml"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            Failure::new(
+                exit_codes::METADATA_FAILED,
+                format!(
+                    "could not find `Cargo.toml` in `{}` or any parent directory (use --manifest-path)",
+                    cwd.display()
+                ),
+            )
+        })
+}
+
+fn cache_dir() -> PathBuf {
+    if let Some(home) = std::env::var_os("CARGO_MCP_DEV_HOME") {
+        return PathBuf::from(home).join("cache");
+    }
+    if let Some(x) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(x).join("cargo-mcp-dev");
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    home.join(".cache").join("cargo-mcp-dev")
+}
+
+/// One cache slot per (manifest, resolution-relevant flags, environment).
+fn cache_file_for(manifest: &Path, args: &CargoArgs, host: &str) -> PathBuf {
+    let env_keys = ["CARGO_TARGET_DIR", "CARGO_BUILD_TARGET", "CARGO_BUILD_TARGET_DIR"];
+    let key = serde_json::json!({
+        "manifest": manifest,
+        "package": args.package,
+        "features": args.features,
+        "allFeatures": args.all_features,
+        "noDefault": args.no_default_features,
+        "target": args.target,
+        "host": host,
+        "env": env_keys.iter().map(|k| std::env::var(k).ok()).collect::<Vec<_>>(),
+    });
+    let digest = hashing::sha256_json(&key);
+    cache_dir().join("metadata").join(format!("{}.json", &digest["sha256:".len()..][..32]))
+}
+
+fn key_digest(files: &[PathBuf]) -> String {
+    let mut parts = Vec::new();
+    for f in files {
+        let content = std::fs::read(f).ok();
+        parts.push(serde_json::json!([f, content.map(|c| hashing::sha256_bytes(&c))]));
+    }
+    hashing::sha256_json(&serde_json::Value::Array(parts))
+}
+
+fn read_cache(path: &Path) -> Option<Resolved> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let r: Resolved = serde_json::from_str(&text).ok()?;
+    if r.cache_version != CACHE_VERSION {
+        return None;
+    }
+    // Valid only while every manifest, the lockfile and cargo config files are byte-identical,
+    // and no new cargo config file appeared above the workspace.
+    let mut files = r.key_files.clone();
+    for extra in config_files(&r.workspace_root) {
+        if !files.contains(&extra) {
+            files.push(extra);
+        }
+    }
+    if key_digest(&files) != r.key_digest {
+        return None;
+    }
+    Some(r)
+}
+
+fn write_cache(path: &Path, r: &Resolved) {
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    if let Ok(text) = serde_json::to_string(r) {
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, text).is_ok() {
+            let _ = std::fs::rename(&tmp, path);
+        }
+    }
+}
+
+/// `.cargo/config(.toml)` files from the workspace root upwards and in CARGO_HOME.
+fn config_files(start: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for dir in start.ancestors() {
+        for name in ["config.toml", "config"] {
+            let p = dir.join(".cargo").join(name);
+            if p.is_file() {
+                out.push(p);
+            }
+        }
+    }
+    if let Some(home) = std::env::var_os("CARGO_HOME") {
+        for name in ["config.toml", "config"] {
+            let p = PathBuf::from(&home).join(name);
+            if p.is_file() && !out.contains(&p) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+fn run_metadata(cargo: &Path, host: &str, manifest: &Path, args: &CargoArgs) -> Result<Resolved, Failure> {
+    let mut cmd = MetadataCommand::new();
+    cmd.cargo_path(cargo).manifest_path(manifest);
+    let mut other: Vec<String> = vec![
+        "--filter-platform".into(),
+        args.target.clone().unwrap_or_else(|| host.to_string()),
+    ];
+    if args.locked {
+        other.push("--locked".into());
+    }
+    if args.offline {
+        other.push("--offline".into());
+    }
+    if args.frozen {
+        other.push("--frozen".into());
+    }
+    if args.all_features {
+        other.push("--all-features".into());
+    }
+    if args.no_default_features {
+        other.push("--no-default-features".into());
+    }
+    for f in &args.features {
+        other.push("--features".into());
+        other.push(f.clone());
+    }
+    cmd.other_options(other);
+    let metadata = cmd.exec().map_err(|e| {
+        Failure::new(exit_codes::METADATA_FAILED, format!("cargo metadata failed: {}", metadata_error(&e)))
+    })?;
+    reduce(&metadata, manifest, args.package.as_deref())
+}
+
+fn metadata_error(e: &cargo_metadata::Error) -> String {
+    match e {
+        cargo_metadata::Error::CargoMetadata { stderr } => stderr.trim().to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// Reduces cargo's metadata to [`Resolved`]: selects the package and walks its graph.
+pub fn reduce(metadata: &Metadata, manifest: &Path, package: Option<&str>) -> Result<Resolved, Failure> {
+    let pkg = select_package(metadata, manifest, package)?;
+    let by_id: BTreeMap<&PackageId, &cargo_metadata::Package> =
+        metadata.packages.iter().map(|p| (&p.id, p)).collect();
+    let resolve = metadata.resolve.as_ref().ok_or_else(|| {
+        Failure::new(exit_codes::METADATA_FAILED, "cargo metadata returned no dependency graph")
+    })?;
+    let nodes: BTreeMap<&PackageId, &cargo_metadata::Node> = resolve.nodes.iter().map(|n| (&n.id, n)).collect();
+    let lockfile = metadata.workspace_root.as_std_path().join("Cargo.lock");
+    let checksums = lock_checksums(&lockfile);
+
+    // Breadth-first over normal and build edges (dev-dependencies never reach the server binary).
+    let mut seen: BTreeSet<&PackageId> = BTreeSet::new();
+    let mut queue = VecDeque::from([&pkg.id]);
+    seen.insert(&pkg.id);
+    while let Some(id) = queue.pop_front() {
+        if let Some(node) = nodes.get(id) {
+            for dep in &node.deps {
+                let used = dep
+                    .dep_kinds
+                    .iter()
+                    .any(|k| matches!(k.kind, DependencyKind::Normal | DependencyKind::Build));
+                if used && seen.insert(&dep.pkg) {
+                    queue.push_back(&dep.pkg);
+                }
+            }
+        }
+    }
+    let mut local_packages = Vec::new();
+    let mut dependencies = Vec::new();
+    for id in &seen {
+        let Some(p) = by_id.get(id) else { continue };
+        let root = p.manifest_path.parent().map(|d| d.as_std_path().to_path_buf()).unwrap_or_default();
+        let has_build_script = p.targets.iter().any(|t| t.kind.contains(&TargetKind::CustomBuild));
+        if p.source.is_none() {
+            local_packages.push(LocalPackage {
+                id: p.id.repr.clone(),
+                name: p.name.to_string(),
+                version: p.version.to_string(),
+                root: root.clone(),
+                manifest_path: p.manifest_path.as_std_path().to_path_buf(),
+                has_build_script,
+            });
+        }
+        if *id == &pkg.id {
+            continue;
+        }
+        let source = p.source.as_ref().map(|s| s.repr.clone());
+        let features = nodes.get(id).map(|n| n.features.iter().map(|f| f.to_string()).collect()).unwrap_or_default();
+        dependencies.push(ResolvedDependency {
+            id: p.id.repr.clone(),
+            name: p.name.to_string(),
+            version: p.version.to_string(),
+            checksum: checksums.get(&(p.name.to_string(), p.version.to_string(), source.clone())).cloned(),
+            source,
+            features,
+            local_root: if p.source.is_none() { Some(root) } else { None },
+        });
+    }
+    dependencies.sort();
+    local_packages.sort_by(|a, b| a.id.cmp(&b.id));
+
+    let mut key_files: Vec<PathBuf> = metadata
+        .workspace_members
+        .iter()
+        .filter_map(|id| by_id.get(id))
+        .map(|p| p.manifest_path.as_std_path().to_path_buf())
+        .chain(local_packages.iter().map(|l| l.manifest_path.clone()))
+        .chain([metadata.workspace_root.as_std_path().join("Cargo.toml"), lockfile.clone()])
+        .collect();
+    key_files.sort();
+    key_files.dedup();
+    let workspace_root = metadata.workspace_root.as_std_path().to_path_buf();
+    let mut digest_files = key_files.clone();
+    for f in config_files(&workspace_root) {
+        if !digest_files.contains(&f) {
+            digest_files.push(f);
+        }
+    }
+    let key_digest = key_digest(&digest_files);
+    Ok(Resolved {
+        cache_version: CACHE_VERSION,
+        workspace_root,
+        target_dir: metadata.target_directory.as_std_path().to_path_buf(),
+        lockfile,
+        package_id: pkg.id.repr.clone(),
+        package_name: pkg.name.to_string(),
+        package_version: pkg.version.to_string(),
+        manifest_path: pkg.manifest_path.as_std_path().to_path_buf(),
+        package_root: pkg.manifest_path.parent().map(|d| d.as_std_path().to_path_buf()).unwrap_or_default(),
+        bins: pkg.targets.iter().filter(|t| t.kind.contains(&TargetKind::Bin)).map(|t| t.name.clone()).collect(),
+        has_lib: pkg.targets.iter().any(|t| {
+            t.kind.iter().any(|k| matches!(k, TargetKind::Lib | TargetKind::RLib | TargetKind::DyLib | TargetKind::CDyLib | TargetKind::StaticLib | TargetKind::ProcMacro))
+        }),
+        has_build_script: pkg.targets.iter().any(|t| t.kind.contains(&TargetKind::CustomBuild)),
+        metadata: pkg.metadata.clone(),
+        local_packages,
+        dependencies,
+        key_files,
+        key_digest,
+    })
+}
+
+fn select_package<'m>(
+    metadata: &'m Metadata,
+    manifest: &Path,
+    spec: Option<&str>,
+) -> Result<&'m cargo_metadata::Package, Failure> {
+    let members: Vec<&cargo_metadata::Package> = metadata
+        .packages
+        .iter()
+        .filter(|p| metadata.workspace_members.contains(&p.id))
+        .collect();
+    if let Some(spec) = spec {
+        let (name, version) = spec.split_once('@').map(|(n, v)| (n, Some(v))).unwrap_or((spec, None));
+        return members
+            .iter()
+            .copied()
+            .find(|p| p.name.as_str() == name && version.map(|v| p.version.to_string() == v).unwrap_or(true))
+            .ok_or_else(|| {
+                Failure::new(
+                    exit_codes::METADATA_FAILED,
+                    format!(
+                        "package `{spec}` is not a member of the workspace (members: {})",
+                        members.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ")
+                    ),
+                )
+            });
+    }
+    if let Some(p) = members.iter().copied().find(|p| p.manifest_path.as_std_path() == manifest) {
+        return Ok(p);
+    }
+    let with_bins: Vec<_> = members
+        .iter()
+        .copied()
+        .filter(|p| p.targets.iter().any(|t| t.kind.contains(&TargetKind::Bin)))
+        .collect();
+    match with_bins.as_slice() {
+        [one] => Ok(one),
+        [] => Err(Failure::error("no package in this workspace has a binary target")),
+        many => Err(Failure::error(format!(
+            "this is a virtual workspace with several server candidates ({}): pass -p/--package",
+            many.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ")
+        ))),
+    }
+}
+
+/// Checksums of registry packages from Cargo.lock, keyed on (name, version, source).
+fn lock_checksums(lockfile: &Path) -> BTreeMap<(String, String, Option<String>), String> {
+    #[derive(Deserialize)]
+    struct Lock {
+        #[serde(default)]
+        package: Vec<LockPackage>,
+    }
+    #[derive(Deserialize)]
+    struct LockPackage {
+        name: String,
+        version: String,
+        source: Option<String>,
+        checksum: Option<String>,
+    }
+    let Ok(text) = std::fs::read_to_string(lockfile) else { return BTreeMap::new() };
+    let Ok(lock) = toml::from_str::<Lock>(&text) else { return BTreeMap::new() };
+    lock.package
+        .into_iter()
+        .filter_map(|p| p.checksum.map(|c| ((p.name, p.version, p.source), c)))
+        .collect()
+}
+
+/// Git dependencies whose lockfile source does not pin a revision (`#<commit>`).
+pub fn unpinned_git_dependencies(deps: &[ResolvedDependency]) -> Vec<String> {
+    deps.iter()
+        .filter(|d| d.source.as_deref().map(|s| s.starts_with("git+") && !s.contains('#')).unwrap_or(false))
+        .map(|d| format!("{} {}", d.name, d.version))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_rustc_vv() {
+        let f = parse_rustc_vv(
+            "rustc 1.95.0 (59807616e 2026-04-14)\nbinary: rustc\ncommit-hash: 59807616e\ncommit-date: 2026-04-14\nhost: x86_64-unknown-linux-gnu\nrelease: 1.95.0\nLLVM version: 20.1\n",
+        );
+        assert_eq!(f.release, "1.95.0");
+        assert_eq!(f.commit_hash, "59807616e");
+        assert_eq!(f.host, "x86_64-unknown-linux-gnu");
+    }
+
+    #[test]
+    fn unpinned_git_detected() {
+        let dep = |s: &str| ResolvedDependency {
+            id: "x".into(),
+            name: "x".into(),
+            version: "1.0.0".into(),
+            source: Some(s.into()),
+            checksum: None,
+            features: vec![],
+            local_root: None,
+        };
+        assert_eq!(unpinned_git_dependencies(&[dep("git+https://h/r?branch=main#abc123")]).len(), 0);
+        assert_eq!(unpinned_git_dependencies(&[dep("git+https://h/r?branch=main")]).len(), 1);
+        assert_eq!(unpinned_git_dependencies(&[dep("registry+https://github.com/rust-lang/crates.io-index")]).len(), 0);
+    }
+}
