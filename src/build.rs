@@ -105,7 +105,11 @@ pub fn cargo_build_args(req: &BuildRequest) -> Vec<String> {
         v.push("--frozen".into());
     }
     v.push("--color".into());
-    v.push(if status::color_enabled() { "always".into() } else { "never".into() });
+    v.push(if status::color_enabled() {
+        "always".into()
+    } else {
+        "never".into()
+    });
     if status::quiet() {
         v.push("--quiet".into());
     }
@@ -119,7 +123,11 @@ pub fn cargo_build_args(req: &BuildRequest) -> Vec<String> {
 pub fn run_build(req: &BuildRequest) -> Result<BuildOutcome, Failure> {
     let started = Instant::now();
     let args = cargo_build_args(req);
-    status::verbose_line(&format!("     Running `{} {}`", req.cargo.display(), args.join(" ")));
+    status::verbose_line(&format!(
+        "     Running `{} {}`",
+        req.cargo.display(),
+        args.join(" ")
+    ));
     let mut child = Command::new(&req.cargo)
         .args(&args)
         .stdin(Stdio::null())
@@ -127,7 +135,10 @@ pub fn run_build(req: &BuildRequest) -> Result<BuildOutcome, Failure> {
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| {
-            Failure::new(exit_codes::METADATA_FAILED, format!("could not run `{}`: {e}", req.cargo.display()))
+            Failure::new(
+                exit_codes::METADATA_FAILED,
+                format!("could not run `{}`: {e}", req.cargo.display()),
+            )
         })?;
 
     let progress = Progress::new(req.expected_units);
@@ -135,7 +146,8 @@ pub fn run_build(req: &BuildRequest) -> Result<BuildOutcome, Failure> {
     let relay = req.relay_stderr;
     let bar = progress.bar.clone();
     // cargo's stderr carries Compiling lines and rendered diagnostics: relay it and count errors.
-    let stderr_thread = std::thread::spawn(move || scan_cargo_stderr(BufReader::new(stderr), relay, bar.as_ref()));
+    let stderr_thread =
+        std::thread::spawn(move || scan_cargo_stderr(BufReader::new(stderr), relay, bar.as_ref()));
 
     let stdout = child.stdout.take().expect("piped");
     let mut executable: Option<PathBuf> = None;
@@ -175,10 +187,18 @@ pub fn run_build(req: &BuildRequest) -> Result<BuildOutcome, Failure> {
     let executable = executable.ok_or_else(|| {
         Failure::new(
             exit_codes::IDENTITY_NOT_CAPTURED,
-            format!("cargo reported no executable for bin `{}` of `{}`", req.bin, req.package_name),
+            format!(
+                "cargo reported no executable for bin `{}` of `{}`",
+                req.bin, req.package_name
+            ),
         )
     })?;
-    Ok(BuildOutcome::Built { executable, fresh, warnings: scan.warnings, duration })
+    Ok(BuildOutcome::Built {
+        executable,
+        fresh,
+        warnings: scan.warnings,
+        duration,
+    })
 }
 
 #[derive(Debug, Default)]
@@ -190,7 +210,11 @@ struct StderrScan {
     last_error: Option<String>,
 }
 
-fn scan_cargo_stderr(reader: impl BufRead, relay: bool, bar: Option<&indicatif::ProgressBar>) -> StderrScan {
+fn scan_cargo_stderr(
+    reader: impl BufRead,
+    relay: bool,
+    bar: Option<&indicatif::ProgressBar>,
+) -> StderrScan {
     let mut scan = StderrScan::default();
     for line in reader.split(b'\n') {
         let Ok(line) = line else { break };
@@ -236,7 +260,10 @@ fn scan_cargo_stderr(reader: impl BufRead, relay: bool, bar: Option<&indicatif::
 fn previous_errors(line: &str) -> Option<usize> {
     let idx = line.find("due to ")?;
     let rest = &line[idx + "due to ".len()..];
-    let rest = rest.strip_prefix("a previous error").map(|_| "1").unwrap_or(rest);
+    let rest = rest
+        .strip_prefix("a previous error")
+        .map(|_| "1")
+        .unwrap_or(rest);
     rest.split(' ').next()?.parse().ok()
 }
 
@@ -298,9 +325,20 @@ mod tests {
 
     #[test]
     fn counts_errors_from_cargo_summary() {
-        assert_eq!(previous_errors(": could not compile `x` (bin \"x\") due to 3 previous errors"), Some(3));
-        assert_eq!(previous_errors(": could not compile `x` (bin \"x\") due to 1 previous error; 2 warnings emitted"), Some(1));
-        assert_eq!(previous_errors(": could not compile `x` due to a previous error"), Some(1));
+        assert_eq!(
+            previous_errors(": could not compile `x` (bin \"x\") due to 3 previous errors"),
+            Some(3)
+        );
+        assert_eq!(
+            previous_errors(
+                ": could not compile `x` (bin \"x\") due to 1 previous error; 2 warnings emitted"
+            ),
+            Some(1)
+        );
+        assert_eq!(
+            previous_errors(": could not compile `x` due to a previous error"),
+            Some(1)
+        );
     }
 
     #[test]

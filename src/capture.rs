@@ -14,8 +14,8 @@ use walkdir::WalkDir;
 use crate::build::profile_name;
 use crate::cli::CargoArgs;
 use crate::fingerprint::{
-    self, DependencyEntry, EnvDigest, Executable, ExtraInput, FileDigest, IdentityInputs, IdentityRecord,
-    Launch, Launcher, PackageRef, Runtime, Wrapper,
+    self, DependencyEntry, EnvDigest, Executable, ExtraInput, FileDigest, IdentityInputs,
+    IdentityRecord, Launch, Launcher, PackageRef, Runtime, Wrapper,
 };
 use crate::hashing;
 use crate::store::{Store, StoreError};
@@ -36,12 +36,28 @@ pub enum CaptureProblem {
 impl std::fmt::Display for CaptureProblem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            CaptureProblem::NoLockfile => write!(f, "no Cargo.lock: the dependency versions that will run are not pinned (run `cargo generate-lockfile` and commit it)"),
+            CaptureProblem::NoLockfile => write!(
+                f,
+                "no Cargo.lock: the dependency versions that will run are not pinned (run `cargo generate-lockfile` and commit it)"
+            ),
             CaptureProblem::EnvUnset(n) => write!(f, "declared identity env var `{n}` is not set"),
-            CaptureProblem::ExtraInputMissing(p) => write!(f, "declared extra input `{p}` does not exist"),
-            CaptureProblem::WrapperMissing(p) => write!(f, "configured wrapper `{p}` does not exist or is not executable"),
-            CaptureProblem::UnknownConfigKeys(k) => write!(f, "unknown keys in [package.metadata.mcp-dev]: {}", k.join(", ")),
-            CaptureProblem::UnpinnedGit(d) => write!(f, "git dependencies without a pinned revision in Cargo.lock: {}", d.join(", ")),
+            CaptureProblem::ExtraInputMissing(p) => {
+                write!(f, "declared extra input `{p}` does not exist")
+            }
+            CaptureProblem::WrapperMissing(p) => write!(
+                f,
+                "configured wrapper `{p}` does not exist or is not executable"
+            ),
+            CaptureProblem::UnknownConfigKeys(k) => write!(
+                f,
+                "unknown keys in [package.metadata.mcp-dev]: {}",
+                k.join(", ")
+            ),
+            CaptureProblem::UnpinnedGit(d) => write!(
+                f,
+                "git dependencies without a pinned revision in Cargo.lock: {}",
+                d.join(", ")
+            ),
         }
     }
 }
@@ -69,7 +85,11 @@ pub struct Captured {
 }
 
 /// Stores the executable (retrying once if it moved during the copy) and builds the record.
-pub fn capture(ctx: &CaptureContext<'_>, executable: &Path, store: &Store) -> Result<Captured, CaptureError> {
+pub fn capture(
+    ctx: &CaptureContext<'_>,
+    executable: &Path,
+    store: &Store,
+) -> Result<Captured, CaptureError> {
     let stored = match store.capture(executable) {
         Err(StoreError::ChangedDuringCapture { .. }) => store.capture(executable)?,
         other => other?,
@@ -81,7 +101,10 @@ pub fn capture(ctx: &CaptureContext<'_>, executable: &Path, store: &Store) -> Re
 
     let lockfile = if r.lockfile.is_file() {
         let (sha256, _) = hashing::sha256_file(&r.lockfile).map_err(io_err(&r.lockfile))?;
-        Some(FileDigest { path: t.display_path(&r.lockfile), sha256 })
+        Some(FileDigest {
+            path: t.display_path(&r.lockfile),
+            sha256,
+        })
     } else {
         problems.push(CaptureProblem::NoLockfile);
         None
@@ -116,7 +139,10 @@ pub fn capture(ctx: &CaptureContext<'_>, executable: &Path, store: &Store) -> Re
             if value.is_none() {
                 problems.push(CaptureProblem::EnvUnset(name.clone()));
             }
-            EnvDigest { name: name.clone(), sha256: value.map(|v| fingerprint::env_value_digest(name, &v)) }
+            EnvDigest {
+                name: name.clone(),
+                sha256: value.map(|v| fingerprint::env_value_digest(name, &v)),
+            }
         })
         .collect();
 
@@ -125,13 +151,28 @@ pub fn capture(ctx: &CaptureContext<'_>, executable: &Path, store: &Store) -> Re
         let p = r.package_root.join(rel);
         if p.is_dir() {
             let (sha256, files) = tree_digest(&p, false).map_err(io_err(&p))?;
-            extra_inputs.push(ExtraInput { path: rel.clone(), kind: "dir".into(), sha256, files });
+            extra_inputs.push(ExtraInput {
+                path: rel.clone(),
+                kind: "dir".into(),
+                sha256,
+                files,
+            });
         } else if p.is_file() {
             let (sha256, _) = hashing::sha256_file(&p).map_err(io_err(&p))?;
-            extra_inputs.push(ExtraInput { path: rel.clone(), kind: "file".into(), sha256, files: 1 });
+            extra_inputs.push(ExtraInput {
+                path: rel.clone(),
+                kind: "file".into(),
+                sha256,
+                files: 1,
+            });
         } else {
             problems.push(CaptureProblem::ExtraInputMissing(rel.clone()));
-            extra_inputs.push(ExtraInput { path: rel.clone(), kind: "missing".into(), sha256: "missing".into(), files: 0 });
+            extra_inputs.push(ExtraInput {
+                path: rel.clone(),
+                kind: "missing".into(),
+                sha256: "missing".into(),
+                files: 0,
+            });
         }
     }
 
@@ -143,7 +184,11 @@ pub fn capture(ctx: &CaptureContext<'_>, executable: &Path, store: &Store) -> Re
             if is_executable_file(&p) {
                 let (sha256, _) = hashing::sha256_file(&p).map_err(io_err(&p))?;
                 argv.push(p.display().to_string());
-                Some(Wrapper { path: rel.clone(), sha256, starts: store_path.clone() })
+                Some(Wrapper {
+                    path: rel.clone(),
+                    sha256,
+                    starts: store_path.clone(),
+                })
             } else {
                 problems.push(CaptureProblem::WrapperMissing(rel.clone()));
                 None
@@ -155,7 +200,9 @@ pub fn capture(ctx: &CaptureContext<'_>, executable: &Path, store: &Store) -> Re
     argv.extend(ctx.server_args.iter().cloned());
 
     if !t.config.unknown_keys.is_empty() {
-        problems.push(CaptureProblem::UnknownConfigKeys(t.config.unknown_keys.clone()));
+        problems.push(CaptureProblem::UnknownConfigKeys(
+            t.config.unknown_keys.clone(),
+        ));
     }
 
     let a = ctx.args;
@@ -169,18 +216,33 @@ pub fn capture(ctx: &CaptureContext<'_>, executable: &Path, store: &Store) -> Re
     if a.no_default_features {
         features.push("--no-default-features".into());
     }
-    let cwd_relative = ctx
-        .cwd
-        .strip_prefix(&r.workspace_root)
-        .ok()
-        .map(|p| if p.as_os_str().is_empty() { ".".to_string() } else { p.display().to_string() });
+    let cwd_relative = ctx.cwd.strip_prefix(&r.workspace_root).ok().map(|p| {
+        if p.as_os_str().is_empty() {
+            ".".to_string()
+        } else {
+            p.display().to_string()
+        }
+    });
 
     let inputs = IdentityInputs {
         label: t.label.clone(),
-        package: PackageRef { id: r.package_id.clone(), name: r.package_name.clone(), version: r.package_version.clone() },
+        package: PackageRef {
+            id: r.package_id.clone(),
+            name: r.package_name.clone(),
+            version: r.package_version.clone(),
+        },
         bin: t.bin.clone(),
-        launch: Launch { argv, cwd: ctx.cwd.display().to_string(), cwd_relative },
-        executable: Executable { path: t.display_path(executable), size: stored.size, sha256: stored.sha256, store_path },
+        launch: Launch {
+            argv,
+            cwd: ctx.cwd.display().to_string(),
+            cwd_relative,
+        },
+        executable: Executable {
+            path: t.display_path(executable),
+            size: stored.size,
+            sha256: stored.sha256,
+            store_path,
+        },
         lockfile,
         dependencies,
         runtime: Runtime {
@@ -203,16 +265,24 @@ pub fn capture(ctx: &CaptureContext<'_>, executable: &Path, store: &Store) -> Re
         target_dir: r.target_dir.display().to_string(),
         captured_at: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
     };
-    Ok(Captured { record: fingerprint::identity_record(inputs), problems })
+    Ok(Captured {
+        record: fingerprint::identity_record(inputs),
+        problems,
+    })
 }
 
 fn io_err(p: &Path) -> impl FnOnce(io::Error) -> CaptureError + '_ {
-    move |source| CaptureError::Io { path: p.to_path_buf(), source }
+    move |source| CaptureError::Io {
+        path: p.to_path_buf(),
+        source,
+    }
 }
 
 fn is_executable_file(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+    std::fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
 }
 
 /// cargo-mcp-dev itself: version and the digest of its own executable (computed once).
@@ -226,7 +296,11 @@ pub fn launcher() -> Launcher {
                 .unwrap_or_else(|e| format!("unavailable: {e}"))
         })
         .clone();
-    Launcher { name: env!("CARGO_PKG_NAME").into(), version: env!("CARGO_PKG_VERSION").into(), sha256 }
+    Launcher {
+        name: env!("CARGO_PKG_NAME").into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        sha256,
+    }
 }
 
 /// Digest of a directory tree: sorted relative paths with their contents. With `package_sources`
@@ -235,16 +309,20 @@ pub fn launcher() -> Launcher {
 pub fn tree_digest(root: &Path, package_sources: bool) -> io::Result<(String, usize)> {
     let mut hasher = Sha256::new();
     let mut files = 0usize;
-    let walker = WalkDir::new(root).follow_links(false).sort_by_file_name().into_iter().filter_entry(|e| {
-        if e.depth() == 0 || !e.file_type().is_dir() {
-            return true;
-        }
-        let name = e.file_name().to_string_lossy();
-        if !package_sources {
-            return true;
-        }
-        !(name == "target" || name.starts_with('.') || e.path().join("Cargo.toml").is_file())
-    });
+    let walker = WalkDir::new(root)
+        .follow_links(false)
+        .sort_by_file_name()
+        .into_iter()
+        .filter_entry(|e| {
+            if e.depth() == 0 || !e.file_type().is_dir() {
+                return true;
+            }
+            let name = e.file_name().to_string_lossy();
+            if !package_sources {
+                return true;
+            }
+            !(name == "target" || name.starts_with('.') || e.path().join("Cargo.toml").is_file())
+        });
     for entry in walker {
         let entry = entry.map_err(|e| io::Error::other(e.to_string()))?;
         let ft = entry.file_type();
@@ -284,11 +362,19 @@ mod tests {
         std::fs::write(d.path().join("target/debug/junk"), "x").unwrap();
         std::fs::create_dir_all(d.path().join(".git")).unwrap();
         std::fs::write(d.path().join(".git/HEAD"), "x").unwrap();
-        assert_eq!(tree_digest(d.path(), true).unwrap().0, a, "target/ and .git are not sources");
+        assert_eq!(
+            tree_digest(d.path(), true).unwrap().0,
+            a,
+            "target/ and .git are not sources"
+        );
         std::fs::write(d.path().join("src/lib.rs"), "pub fn b() {}").unwrap();
         let (b, _) = tree_digest(d.path(), true).unwrap();
         assert_ne!(a, b);
         std::fs::rename(d.path().join("src/lib.rs"), d.path().join("src/other.rs")).unwrap();
-        assert_ne!(tree_digest(d.path(), true).unwrap().0, b, "a rename changes the digest");
+        assert_ne!(
+            tree_digest(d.path(), true).unwrap().0,
+            b,
+            "a rename changes the digest"
+        );
     }
 }

@@ -121,22 +121,30 @@ impl LoadedConfig {
             Some(Value::Object(map)) => map,
             Some(other) => return Err(ConfigError::NotATable(json_kind(other))),
         };
-        let unknown_keys: Vec<String> =
-            table.keys().filter(|k| !KNOWN_KEYS.contains(&k.as_str())).cloned().collect();
+        let unknown_keys: Vec<String> = table
+            .keys()
+            .filter(|k| !KNOWN_KEYS.contains(&k.as_str()))
+            .cloned()
+            .collect();
         let mut known = table.clone();
         known.retain(|k, _| KNOWN_KEYS.contains(&k.as_str()));
-        let config: McpDevConfig = serde_json::from_value(Value::Object(known.clone())).map_err(|e| {
-            // Name the offending key: serde's message alone does not.
-            let key = known.iter().find(|(k, v)| {
-                let one = serde_json::Map::from_iter([((*k).clone(), (*v).clone())]);
-                serde_json::from_value::<McpDevConfig>(Value::Object(one)).is_err()
-            });
-            match key {
-                Some((k, _)) => ConfigError::Invalid(format!("`{k}`: {e}")),
-                None => ConfigError::Invalid(e.to_string()),
-            }
-        })?;
-        let loaded = LoadedConfig { config, unknown_keys, raw: Value::Object(table.clone()) };
+        let config: McpDevConfig =
+            serde_json::from_value(Value::Object(known.clone())).map_err(|e| {
+                // Name the offending key: serde's message alone does not.
+                let key = known.iter().find(|(k, v)| {
+                    let one = serde_json::Map::from_iter([((*k).clone(), (*v).clone())]);
+                    serde_json::from_value::<McpDevConfig>(Value::Object(one)).is_err()
+                });
+                match key {
+                    Some((k, _)) => ConfigError::Invalid(format!("`{k}`: {e}")),
+                    None => ConfigError::Invalid(e.to_string()),
+                }
+            })?;
+        let loaded = LoadedConfig {
+            config,
+            unknown_keys,
+            raw: Value::Object(table.clone()),
+        };
         loaded.validate()?;
         Ok(loaded)
     }
@@ -144,7 +152,10 @@ impl LoadedConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         let c = &self.config;
         if let Some(label) = &c.label
-            && (label.is_empty() || !label.chars().all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch)))
+            && (label.is_empty()
+                || !label
+                    .chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch)))
         {
             return Err(ConfigError::Invalid(format!(
                 "label `{label}` must be non-empty and use only letters, digits, `-`, `_` or `.`"
@@ -157,7 +168,9 @@ impl LoadedConfig {
             && a != "per-epoch"
             && a != "per-call"
         {
-            return Err(ConfigError::Invalid(format!("approval = \"{a}\": expected \"per-epoch\" or \"per-call\"")));
+            return Err(ConfigError::Invalid(format!(
+                "approval = \"{a}\": expected \"per-epoch\" or \"per-call\""
+            )));
         }
         if let Some(GateSetting::Keyword(k)) = &c.gate
             && k != "all"
@@ -169,7 +182,9 @@ impl LoadedConfig {
         }
         for name in &c.env {
             if name.is_empty() || name.contains('=') {
-                return Err(ConfigError::Invalid(format!("env: `{name}` is not a variable name")));
+                return Err(ConfigError::Invalid(format!(
+                    "env: `{name}` is not a variable name"
+                )));
             }
         }
         for (scope, sc) in &c.credential_scopes {
@@ -183,12 +198,19 @@ impl LoadedConfig {
     }
 
     pub fn restart_mode(&self) -> Option<RestartMode> {
-        self.config.restart.as_deref().and_then(|r| parse_restart(r).ok())
+        self.config
+            .restart
+            .as_deref()
+            .and_then(|r| parse_restart(r).ok())
     }
 
     /// Names of every env var that carries a credential (their values are never written anywhere).
     pub fn credential_env_vars(&self) -> BTreeSet<String> {
-        self.config.credential_scopes.values().flat_map(|s| s.env.iter().cloned()).collect()
+        self.config
+            .credential_scopes
+            .values()
+            .flat_map(|s| s.env.iter().cloned())
+            .collect()
     }
 }
 
@@ -238,26 +260,49 @@ mod tests {
         }});
         let c = LoadedConfig::from_package_metadata(&m).unwrap();
         assert_eq!(c.config.label.as_deref(), Some("inventory"));
-        assert_eq!(c.config.gate, Some(GateSetting::Tools(vec!["write_item".into()])));
+        assert_eq!(
+            c.config.gate,
+            Some(GateSetting::Tools(vec!["write_item".into()]))
+        );
         assert_eq!(c.restart_mode(), Some(RestartMode::Manual));
-        assert_eq!(c.unknown_keys, vec!["colour".to_string(), "labl".to_string()]);
-        assert_eq!(c.credential_env_vars().into_iter().collect::<Vec<_>>(), vec!["TOKEN"]);
+        assert_eq!(
+            c.unknown_keys,
+            vec!["colour".to_string(), "labl".to_string()]
+        );
+        assert_eq!(
+            c.credential_env_vars().into_iter().collect::<Vec<_>>(),
+            vec!["TOKEN"]
+        );
     }
 
     #[test]
     fn rejects_bad_values_with_the_key_named() {
         for (m, needle) in [
             (json!({"mcp-dev": "x"}), "must be a table"),
-            (json!({"mcp-dev": {"restart": "sometimes"}}), "restart = \"sometimes\""),
+            (
+                json!({"mcp-dev": {"restart": "sometimes"}}),
+                "restart = \"sometimes\"",
+            ),
             (json!({"mcp-dev": {"gate": "some"}}), "gate = \"some\""),
-            (json!({"mcp-dev": {"approval": "forever"}}), "approval = \"forever\""),
+            (
+                json!({"mcp-dev": {"approval": "forever"}}),
+                "approval = \"forever\"",
+            ),
             (json!({"mcp-dev": {"label": "a b"}}), "label `a b`"),
             (json!({"mcp-dev": {"env": ["A=B"]}}), "env: `A=B`"),
             (json!({"mcp-dev": {"debounce-ms": "fast"}}), "debounce-ms"),
-            (json!({"mcp-dev": {"credential-scopes": {"s": {"tools": ["t"]}}}}), "credential-scopes.s"),
-            (json!({"mcp-dev": {"credential-scopes": {"s": {"env": ["T"], "tool": []}}}}), "unknown field"),
+            (
+                json!({"mcp-dev": {"credential-scopes": {"s": {"tools": ["t"]}}}}),
+                "credential-scopes.s",
+            ),
+            (
+                json!({"mcp-dev": {"credential-scopes": {"s": {"env": ["T"], "tool": []}}}}),
+                "unknown field",
+            ),
         ] {
-            let err = LoadedConfig::from_package_metadata(&m).unwrap_err().to_string();
+            let err = LoadedConfig::from_package_metadata(&m)
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(needle), "{err} should mention {needle}");
         }
     }

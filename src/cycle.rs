@@ -41,13 +41,21 @@ impl Prepared {
                 crate::config::KNOWN_KEYS.join(", ")
             ));
         }
-        Ok(Prepared { cargo, rustc, target, args: args.clone() })
+        Ok(Prepared {
+            cargo,
+            rustc,
+            target,
+            args: args.clone(),
+        })
     }
 
     /// Re-resolves after manifests may have changed (cheap when the cache still matches).
     pub fn refresh(&self) -> Result<Prepared, Failure> {
         let target = workspace::resolve(&self.cargo, &self.rustc.host, &self.args)?;
-        Ok(Prepared { target, ..self.clone() })
+        Ok(Prepared {
+            target,
+            ..self.clone()
+        })
     }
 
     pub fn profile(&self) -> String {
@@ -55,7 +63,9 @@ impl Prepared {
     }
 
     pub fn identity_file(&self) -> PathBuf {
-        self.target.layout().identity_file(&self.target.label, &self.profile())
+        self.target
+            .layout()
+            .identity_file(&self.target.label, &self.profile())
     }
 
     pub fn store(&self) -> Store {
@@ -87,10 +97,18 @@ impl Prepared {
 }
 
 pub fn read_record(path: &Path) -> Result<IdentityRecord, Failure> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Failure::error(format!("could not read identity record `{}`: {e}", path.display())))?;
-    serde_json::from_str(&text)
-        .map_err(|e| Failure::error(format!("`{}` is not an identity record: {e}", path.display())))
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Failure::error(format!(
+            "could not read identity record `{}`: {e}",
+            path.display()
+        ))
+    })?;
+    serde_json::from_str(&text).map_err(|e| {
+        Failure::error(format!(
+            "`{}` is not an identity record: {e}",
+            path.display()
+        ))
+    })
 }
 
 pub fn write_record(path: &Path, record: &IdentityRecord) -> Result<(), Failure> {
@@ -132,13 +150,30 @@ impl CycleOutcome {
 }
 
 /// Builds, captures, compares and (on success) records the new identity.
-pub fn run_cycle(prep: &Prepared, server_args: &[String], relay_stderr: bool) -> Result<CycleOutcome, Failure> {
+pub fn run_cycle(
+    prep: &Prepared,
+    server_args: &[String],
+    relay_stderr: bool,
+) -> Result<CycleOutcome, Failure> {
     let previous = prep.last_identity();
     match build::run_build(&prep.request(relay_stderr))? {
-        BuildOutcome::Failed { errors, first_file, summary, duration } => {
-            Ok(CycleOutcome::Failed { errors, first_file, summary, last_good: previous, duration })
-        }
-        BuildOutcome::Built { executable, duration, .. } => {
+        BuildOutcome::Failed {
+            errors,
+            first_file,
+            summary,
+            duration,
+        } => Ok(CycleOutcome::Failed {
+            errors,
+            first_file,
+            summary,
+            last_good: previous,
+            duration,
+        }),
+        BuildOutcome::Built {
+            executable,
+            duration,
+            ..
+        } => {
             let store = prep.store();
             let ctx = CaptureContext {
                 target: &prep.target,
@@ -175,7 +210,13 @@ pub fn run_cycle(prep: &Prepared, server_args: &[String], relay_stderr: bool) ->
 /// The `build complete: …` / `build failed: …` status line.
 pub fn status_line(prep: &Prepared, outcome: &CycleOutcome) -> String {
     match outcome {
-        CycleOutcome::Complete { record, previous, changed, executable, .. } => {
+        CycleOutcome::Complete {
+            record,
+            previous,
+            changed,
+            executable,
+            ..
+        } => {
             let exe = prep.executable_display(executable);
             match previous {
                 None => format!(
@@ -183,7 +224,10 @@ pub fn status_line(prep: &Prepared, outcome: &CycleOutcome) -> String {
                     short(&record.identity_digest)
                 ),
                 Some(_) if changed.is_empty() => {
-                    format!("build complete: {exe} unchanged ({})", short(&record.identity_digest))
+                    format!(
+                        "build complete: {exe} unchanged ({})",
+                        short(&record.identity_digest)
+                    )
                 }
                 Some(p) => format!(
                     "build complete: {exe} changed ({} -> {}; {})",
@@ -193,13 +237,22 @@ pub fn status_line(prep: &Prepared, outcome: &CycleOutcome) -> String {
                 ),
             }
         }
-        CycleOutcome::Failed { errors, first_file, summary, last_good, .. } => {
+        CycleOutcome::Failed {
+            errors,
+            first_file,
+            summary,
+            last_good,
+            ..
+        } => {
             let what = match (first_file, summary) {
                 (Some(f), _) => format!("{errors} error{} in {f}", plural(*errors)),
                 (None, Some(s)) if *errors <= 1 => s.trim_start_matches("error: ").to_string(),
                 _ => format!("{errors} error{}", plural(*errors)),
             };
-            let last = last_good.as_ref().map(|r| short(&r.identity_digest)).unwrap_or_else(|| "none".into());
+            let last = last_good
+                .as_ref()
+                .map(|r| short(&r.identity_digest))
+                .unwrap_or_else(|| "none".into());
             format!("build failed: {what} (last good: {last})")
         }
     }
@@ -212,7 +265,14 @@ fn plural(n: usize) -> &'static str {
 /// The same cycle as one JSON event (for `--message-format json`).
 pub fn event_json(prep: &Prepared, outcome: &CycleOutcome) -> serde_json::Value {
     match outcome {
-        CycleOutcome::Complete { record, previous, changed, problems, executable, duration } => json!({
+        CycleOutcome::Complete {
+            record,
+            previous,
+            changed,
+            problems,
+            executable,
+            duration,
+        } => json!({
             "event": "build-complete",
             "label": prep.target.label,
             "executable": prep.executable_display(executable),
@@ -226,7 +286,13 @@ pub fn event_json(prep: &Prepared, outcome: &CycleOutcome) -> serde_json::Value 
             "durationMs": duration.as_millis() as u64,
             "message": status_line(prep, outcome),
         }),
-        CycleOutcome::Failed { errors, first_file, last_good, duration, .. } => json!({
+        CycleOutcome::Failed {
+            errors,
+            first_file,
+            last_good,
+            duration,
+            ..
+        } => json!({
             "event": "build-failed",
             "label": prep.target.label,
             "errors": errors,

@@ -14,7 +14,11 @@ pub struct Failure {
 
 impl Failure {
     pub fn new(code: i32, message: impl Into<String>) -> Self {
-        Failure { code, message: message.into(), notes: Vec::new() }
+        Failure {
+            code,
+            message: message.into(),
+            notes: Vec::new(),
+        }
     }
     pub fn error(message: impl Into<String>) -> Self {
         Self::new(exit_codes::ERROR, message)

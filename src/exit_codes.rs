@@ -33,12 +33,18 @@ pub const TABLE: &[(i32, &str)] = &[
     (ERROR, "error (message on stderr)"),
     (USAGE, "bad command-line usage"),
     (BUILD_FAILED, "cargo build failed (diagnostics shown)"),
-    (METADATA_FAILED, "cargo metadata failed or cargo could not be run"),
+    (
+        METADATA_FAILED,
+        "cargo metadata failed or cargo could not be run",
+    ),
     (IDENTITY_NOT_CAPTURED, "identity could not be captured"),
     (IDENTITY_DIFFERS, "identity differs from --expect"),
     (AUDIT_INVALID, "audit log failed verification"),
     (NO_SUPERVISOR, "no running supervisor on the control socket"),
-    (CONNECTION_CLOSED, "run closed the host connection on purpose"),
+    (
+        CONNECTION_CLOSED,
+        "run closed the host connection on purpose",
+    ),
     (DEMO_FAILED, "a demo step did not behave as narrated"),
 ];
 

@@ -283,12 +283,24 @@ fn component_values(i: &IdentityInputs) -> BTreeMap<Component, Value> {
         .launch
         .argv
         .iter()
-        .map(|a| if *a == i.executable.store_path { EXECUTABLE_PLACEHOLDER } else { a.as_str() })
+        .map(|a| {
+            if *a == i.executable.store_path {
+                EXECUTABLE_PLACEHOLDER
+            } else {
+                a.as_str()
+            }
+        })
         .collect();
     let mut m = BTreeMap::new();
     m.insert(Component::Executable, json!(i.executable.sha256));
-    m.insert(Component::Lockfile, json!(i.lockfile.as_ref().map(|l| &l.sha256)));
-    m.insert(Component::DependencyTree, json!(dependency_digest(&i.dependencies)));
+    m.insert(
+        Component::Lockfile,
+        json!(i.lockfile.as_ref().map(|l| &l.sha256)),
+    );
+    m.insert(
+        Component::DependencyTree,
+        json!(dependency_digest(&i.dependencies)),
+    );
     let r = &i.runtime;
     m.insert(
         Component::Runtime,
@@ -297,23 +309,49 @@ fn component_values(i: &IdentityInputs) -> BTreeMap<Component, Value> {
                "features": r.features}),
     );
     m.insert(Component::Config, i.config.clone());
-    m.insert(Component::Env, json!(i.env.iter().map(|e| json!([e.name, e.sha256])).collect::<Vec<_>>()));
+    m.insert(
+        Component::Env,
+        json!(
+            i.env
+                .iter()
+                .map(|e| json!([e.name, e.sha256]))
+                .collect::<Vec<_>>()
+        ),
+    );
     m.insert(
         Component::ExtraInputs,
-        json!(i.extra_inputs.iter().map(|e| json!([e.path, e.kind, e.sha256])).collect::<Vec<_>>()),
+        json!(
+            i.extra_inputs
+                .iter()
+                .map(|e| json!([e.path, e.kind, e.sha256]))
+                .collect::<Vec<_>>()
+        ),
     );
-    m.insert(Component::Wrapper, json!(i.wrapper.as_ref().map(|w| json!([w.path, w.sha256]))));
-    m.insert(Component::Launcher, json!({"version": i.launcher.version, "sha256": i.launcher.sha256}));
-    let cwd = i.launch.cwd_relative.clone().unwrap_or_else(|| i.launch.cwd.clone());
+    m.insert(
+        Component::Wrapper,
+        json!(i.wrapper.as_ref().map(|w| json!([w.path, w.sha256]))),
+    );
+    m.insert(
+        Component::Launcher,
+        json!({"version": i.launcher.version, "sha256": i.launcher.sha256}),
+    );
+    let cwd = i
+        .launch
+        .cwd_relative
+        .clone()
+        .unwrap_or_else(|| i.launch.cwd.clone());
     m.insert(Component::Launch, json!({"argv": hashed_argv, "cwd": cwd}));
     m
 }
 
 /// Builds the record: component digests and the overall identity digest.
 pub fn identity_record(i: IdentityInputs) -> IdentityRecord {
-    let components: BTreeMap<String, String> =
-        component_values(&i).into_iter().map(|(c, v)| (c.name().to_string(), sha256_json(&v))).collect();
-    let identity_digest = sha256_json(&json!({"schema": SCHEMA, "label": i.label, "components": components}));
+    let components: BTreeMap<String, String> = component_values(&i)
+        .into_iter()
+        .map(|(c, v)| (c.name().to_string(), sha256_json(&v)))
+        .collect();
+    let identity_digest =
+        sha256_json(&json!({"schema": SCHEMA, "label": i.label, "components": components}));
     let mut dependencies = i.dependencies;
     dependencies.sort();
     IdentityRecord {
@@ -323,7 +361,10 @@ pub fn identity_record(i: IdentityInputs) -> IdentityRecord {
             packages: dependencies.len(),
             list: dependencies,
         },
-        config: ConfigDigest { sha256: sha256_json(&i.config), unknown_keys: i.unknown_config_keys },
+        config: ConfigDigest {
+            sha256: sha256_json(&i.config),
+            unknown_keys: i.unknown_config_keys,
+        },
         label: i.label,
         package: i.package,
         bin: i.bin,
@@ -354,20 +395,38 @@ pub fn changed_components(old: &IdentityRecord, new: &IdentityRecord) -> Vec<Com
 
 /// Human list: `executable, dependency tree`.
 pub fn component_list(components: &[Component]) -> String {
-    components.iter().map(|c| c.name()).collect::<Vec<_>>().join(", ")
+    components
+        .iter()
+        .map(|c| c.name())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Which dependencies were added, removed or changed between two records (for `--diff`).
 pub fn dependency_changes(old: &IdentityRecord, new: &IdentityRecord) -> Vec<String> {
     let key = |d: &DependencyEntry| (d.name.clone(), d.source.clone().unwrap_or_default());
-    let olds: BTreeMap<_, _> = old.dependency_tree.list.iter().map(|d| (key(d), d)).collect();
-    let news: BTreeMap<_, _> = new.dependency_tree.list.iter().map(|d| (key(d), d)).collect();
+    let olds: BTreeMap<_, _> = old
+        .dependency_tree
+        .list
+        .iter()
+        .map(|d| (key(d), d))
+        .collect();
+    let news: BTreeMap<_, _> = new
+        .dependency_tree
+        .list
+        .iter()
+        .map(|d| (key(d), d))
+        .collect();
     let mut out = Vec::new();
     for (k, n) in &news {
         match olds.get(k) {
             None => out.push(format!("+ {} {}", n.name, n.version)),
-            Some(o) if o.version != n.version => out.push(format!("~ {} {} -> {}", n.name, o.version, n.version)),
-            Some(o) if o.source_digest != n.source_digest => out.push(format!("~ {} {} (sources changed)", n.name, n.version)),
+            Some(o) if o.version != n.version => {
+                out.push(format!("~ {} {} -> {}", n.name, o.version, n.version))
+            }
+            Some(o) if o.source_digest != n.source_digest => {
+                out.push(format!("~ {} {} (sources changed)", n.name, n.version))
+            }
             Some(o) if o.features != n.features => out.push(format!(
                 "~ {} {} features [{}] -> [{}]",
                 n.name,
@@ -375,7 +434,9 @@ pub fn dependency_changes(old: &IdentityRecord, new: &IdentityRecord) -> Vec<Str
                 o.features.join(", "),
                 n.features.join(", ")
             )),
-            Some(o) if o.checksum != n.checksum => out.push(format!("~ {} {} (checksum changed)", n.name, n.version)),
+            Some(o) if o.checksum != n.checksum => {
+                out.push(format!("~ {} {} (checksum changed)", n.name, n.version))
+            }
             _ => {}
         }
     }
@@ -394,7 +455,11 @@ mod tests {
     fn inputs() -> IdentityInputs {
         IdentityInputs {
             label: "inventory".into(),
-            package: PackageRef { id: "path+file:///w#inventory@0.1.0".into(), name: "inventory".into(), version: "0.1.0".into() },
+            package: PackageRef {
+                id: "path+file:///w#inventory@0.1.0".into(),
+                name: "inventory".into(),
+                version: "0.1.0".into(),
+            },
             bin: "inventory".into(),
             launch: Launch {
                 argv: vec!["/w/target/mcp-dev/store/sha256-aa".into(), "--flag".into()],
@@ -407,7 +472,10 @@ mod tests {
                 sha256: "sha256:aa".into(),
                 store_path: "/w/target/mcp-dev/store/sha256-aa".into(),
             },
-            lockfile: Some(FileDigest { path: "Cargo.lock".into(), sha256: "sha256:11".into() }),
+            lockfile: Some(FileDigest {
+                path: "Cargo.lock".into(),
+                sha256: "sha256:11".into(),
+            }),
             dependencies: vec![DependencyEntry {
                 id: "path+file:///w/core#core@0.1.0".into(),
                 name: "core".into(),
@@ -429,10 +497,17 @@ mod tests {
             },
             config: json!({"label": "inventory"}),
             unknown_config_keys: vec![],
-            env: vec![EnvDigest { name: "MODE".into(), sha256: Some(env_value_digest("MODE", "a")) }],
+            env: vec![EnvDigest {
+                name: "MODE".into(),
+                sha256: Some(env_value_digest("MODE", "a")),
+            }],
             extra_inputs: vec![],
             wrapper: None,
-            launcher: Launcher { name: "cargo-mcp-dev".into(), version: "0.1.0".into(), sha256: "sha256:ee".into() },
+            launcher: Launcher {
+                name: "cargo-mcp-dev".into(),
+                version: "0.1.0".into(),
+                sha256: "sha256:ee".into(),
+            },
             workspace_root: "/w".into(),
             target_dir: "/w/target".into(),
             captured_at: "2026-01-01T00:00:00Z".into(),
@@ -445,51 +520,98 @@ mod tests {
         mutate(&mut i);
         let b = identity_record(i);
         let c = changed_components(&a, &b);
-        assert_eq!(c.is_empty(), a.identity_digest == b.identity_digest, "digest agrees with components");
+        assert_eq!(
+            c.is_empty(),
+            a.identity_digest == b.identity_digest,
+            "digest agrees with components"
+        );
         c
     }
 
     #[test]
     fn each_input_moves_its_own_component() {
-        assert_eq!(changed(|i| i.executable.sha256 = "sha256:bb".into()), vec![Component::Executable]);
+        assert_eq!(
+            changed(|i| i.executable.sha256 = "sha256:bb".into()),
+            vec![Component::Executable]
+        );
         assert_eq!(changed(|i| i.lockfile = None), vec![Component::Lockfile]);
-        assert_eq!(changed(|i| i.dependencies[0].source_digest = Some("sha256:c2".into())), vec![Component::DependencyTree]);
-        assert_eq!(changed(|i| i.dependencies[0].version = "0.2.0".into()), vec![Component::DependencyTree]);
-        assert_eq!(changed(|i| i.dependencies[0].features = vec!["x".into()]), vec![Component::DependencyTree]);
-        assert_eq!(changed(|i| i.runtime.profile = "release".into()), vec![Component::Runtime]);
-        assert_eq!(changed(|i| i.runtime.rustflags = Some("-Copt-level=1".into())), vec![Component::Runtime]);
-        assert_eq!(changed(|i| i.config = json!({"label": "x"})), vec![Component::Config]);
+        assert_eq!(
+            changed(|i| i.dependencies[0].source_digest = Some("sha256:c2".into())),
+            vec![Component::DependencyTree]
+        );
+        assert_eq!(
+            changed(|i| i.dependencies[0].version = "0.2.0".into()),
+            vec![Component::DependencyTree]
+        );
+        assert_eq!(
+            changed(|i| i.dependencies[0].features = vec!["x".into()]),
+            vec![Component::DependencyTree]
+        );
+        assert_eq!(
+            changed(|i| i.runtime.profile = "release".into()),
+            vec![Component::Runtime]
+        );
+        assert_eq!(
+            changed(|i| i.runtime.rustflags = Some("-Copt-level=1".into())),
+            vec![Component::Runtime]
+        );
+        assert_eq!(
+            changed(|i| i.config = json!({"label": "x"})),
+            vec![Component::Config]
+        );
         assert_eq!(changed(|i| i.env[0].sha256 = None), vec![Component::Env]);
         assert_eq!(
-            changed(|i| i.extra_inputs.push(ExtraInput { path: "data".into(), kind: "dir".into(), sha256: "sha256:d".into(), files: 1 })),
+            changed(|i| i.extra_inputs.push(ExtraInput {
+                path: "data".into(),
+                kind: "dir".into(),
+                sha256: "sha256:d".into(),
+                files: 1
+            })),
             vec![Component::ExtraInputs]
         );
         assert_eq!(
-            changed(|i| i.wrapper = Some(Wrapper { path: "s.sh".into(), sha256: "sha256:5".into(), starts: "x".into() })),
+            changed(|i| i.wrapper = Some(Wrapper {
+                path: "s.sh".into(),
+                sha256: "sha256:5".into(),
+                starts: "x".into()
+            })),
             vec![Component::Wrapper]
         );
-        assert_eq!(changed(|i| i.launcher.sha256 = "sha256:ff".into()), vec![Component::Launcher]);
-        assert_eq!(changed(|i| i.launch.argv.push("--more".into())), vec![Component::Launch]);
-        assert_eq!(changed(|i| i.launch.cwd_relative = Some("sub".into())), vec![Component::Launch]);
+        assert_eq!(
+            changed(|i| i.launcher.sha256 = "sha256:ff".into()),
+            vec![Component::Launcher]
+        );
+        assert_eq!(
+            changed(|i| i.launch.argv.push("--more".into())),
+            vec![Component::Launch]
+        );
+        assert_eq!(
+            changed(|i| i.launch.cwd_relative = Some("sub".into())),
+            vec![Component::Launch]
+        );
     }
 
     #[test]
     fn volatile_facts_do_not_move_the_digest() {
         // Timestamps, where target/ lives, and the absolute workspace location are not identity.
         assert!(changed(|i| i.captured_at = "2030-01-01T00:00:00Z".into()).is_empty());
-        assert!(changed(|i| {
-            i.target_dir = "/elsewhere/target".into();
-            i.executable.store_path = "/elsewhere/target/mcp-dev/store/sha256-aa".into();
-            i.launch.argv[0] = i.executable.store_path.clone();
-            i.executable.path = "/elsewhere/target/debug/inventory".into();
-        })
-        .is_empty());
-        assert!(changed(|i| {
-            i.workspace_root = "/moved".into();
-            i.launch.cwd = "/moved".into();
-            i.dependencies[0].id = "path+file:///moved/core#core@0.1.0".into();
-        })
-        .is_empty());
+        assert!(
+            changed(|i| {
+                i.target_dir = "/elsewhere/target".into();
+                i.executable.store_path = "/elsewhere/target/mcp-dev/store/sha256-aa".into();
+                i.launch.argv[0] = i.executable.store_path.clone();
+                i.executable.path = "/elsewhere/target/debug/inventory".into();
+            })
+            .is_empty()
+        );
+        assert!(
+            changed(|i| {
+                i.workspace_root = "/moved".into();
+                i.launch.cwd = "/moved".into();
+                i.dependencies[0].id = "path+file:///moved/core#core@0.1.0".into();
+            })
+            .is_empty()
+        );
         assert!(changed(|i| i.dependencies.reverse()).is_empty());
     }
 
@@ -528,7 +650,10 @@ mod tests {
         });
         let b = identity_record(i);
         let ch = dependency_changes(&a, &b);
-        assert!(ch.contains(&"~ core 0.1.0 (sources changed)".to_string()), "{ch:?}");
+        assert!(
+            ch.contains(&"~ core 0.1.0 (sources changed)".to_string()),
+            "{ch:?}"
+        );
         assert!(ch.contains(&"+ serde 1.0.0".to_string()), "{ch:?}");
     }
 }

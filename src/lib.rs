@@ -6,20 +6,29 @@
 //! `proxy`, `watch`, `control`, `status`) do the I/O; `session` wires them for `run`; `commands`
 //! holds one orchestrator per subcommand.
 
+pub mod approval;
+pub mod audit;
 pub mod build;
 pub mod capture;
+pub mod catalog;
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod control;
 pub mod cycle;
+pub mod epoch;
 pub mod error;
 pub mod exit_codes;
 pub mod fingerprint;
 pub mod hashing;
 pub mod output;
 pub mod paths;
+pub mod proxy;
+pub mod session;
 pub mod status;
 pub mod store;
+pub mod supervisor;
+pub mod watch;
 pub mod workspace;
 
 use clap::Parser;
@@ -36,7 +45,11 @@ pub fn main_entry() -> i32 {
     let cli::Cargo::McpDev(cmd) = match cli::Cargo::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
-            let code = if e.use_stderr() { exit_codes::USAGE } else { exit_codes::OK };
+            let code = if e.use_stderr() {
+                exit_codes::USAGE
+            } else {
+                exit_codes::OK
+            };
             let _ = e.print();
             return code;
         }

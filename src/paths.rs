@@ -12,7 +12,9 @@ pub struct Layout {
 
 impl Layout {
     pub fn new(target_dir: &Path) -> Self {
-        Layout { root: target_dir.join("mcp-dev") }
+        Layout {
+            root: target_dir.join("mcp-dev"),
+        }
     }
     pub fn root(&self) -> &Path {
         &self.root
@@ -23,7 +25,9 @@ impl Layout {
     }
     /// Last recorded identity per label/profile (what `changed`/`unchanged` is relative to).
     pub fn identity_file(&self, label: &str, profile: &str) -> PathBuf {
-        self.root.join("identity").join(format!("{label}.{profile}.json"))
+        self.root
+            .join("identity")
+            .join(format!("{label}.{profile}.json"))
     }
     /// Last successful build's identity is kept in the same file; a failed build does not touch it.
     pub fn launch_dir(&self, label: &str) -> PathBuf {

@@ -38,7 +38,12 @@ pub fn init(global: &GlobalArgs) {
         ColorChoice::Auto => stderr_tty && std::env::var_os("NO_COLOR").is_none(),
     };
     console::set_colors_enabled_stderr(color);
-    let _ = SETTINGS.set(Settings { color, quiet: global.quiet, verbose: global.verbose, stderr_tty });
+    let _ = SETTINGS.set(Settings {
+        color,
+        quiet: global.quiet,
+        verbose: global.verbose,
+        stderr_tty,
+    });
 }
 
 pub fn color_enabled() -> bool {

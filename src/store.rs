@@ -28,7 +28,9 @@ pub struct StoredExecutable {
 pub enum StoreError {
     #[error("executable `{0}` is missing")]
     Missing(PathBuf),
-    #[error("executable `{path}` changed while being captured (size or mtime moved during the copy)")]
+    #[error(
+        "executable `{path}` changed while being captured (size or mtime moved during the copy)"
+    )]
     ChangedDuringCapture { path: PathBuf },
     #[error("store entry `{path}` is corrupt (its content hashes to {actual})")]
     Corrupt { path: PathBuf, actual: String },
@@ -82,7 +84,10 @@ impl Store {
     }
 
     fn io(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
-        move |source| StoreError::Io { path: path.to_path_buf(), source }
+        move |source| StoreError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
     }
 
     /// Copies `executable` into the store while hashing it, and returns the entry.
@@ -92,8 +97,15 @@ impl Store {
     pub fn capture(&self, executable: &Path) -> Result<StoredExecutable, StoreError> {
         let src = match File::open(executable) {
             Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(StoreError::Missing(executable.into())),
-            Err(e) => return Err(StoreError::Io { path: executable.into(), source: e }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(StoreError::Missing(executable.into()));
+            }
+            Err(e) => {
+                return Err(StoreError::Io {
+                    path: executable.into(),
+                    source: e,
+                });
+            }
         };
         let before = StatStamp::of(&src.metadata().map_err(Self::io(executable))?);
         fs::create_dir_all(&self.dir).map_err(Self::io(&self.dir))?;
@@ -101,23 +113,40 @@ impl Store {
             .prefix(".incoming-")
             .tempfile_in(&self.dir)
             .map_err(Self::io(&self.dir))?;
-        let (sha256, size) = hashing::sha256_copy(&src, tmp.as_file()).map_err(Self::io(executable))?;
+        let (sha256, size) =
+            hashing::sha256_copy(&src, tmp.as_file()).map_err(Self::io(executable))?;
         let after = StatStamp::of(&fs::metadata(executable).map_err(Self::io(executable))?);
         if before != after || size != before.size {
-            return Err(StoreError::ChangedDuringCapture { path: executable.into() });
+            return Err(StoreError::ChangedDuringCapture {
+                path: executable.into(),
+            });
         }
         let dest = self.entry_path(&sha256);
         if dest.is_file() {
             // Same content already stored: keep the existing (immutable) entry, drop the copy.
             touch(&dest);
-            return Ok(StoredExecutable { sha256, size, store_path: dest, newly_stored: false });
+            return Ok(StoredExecutable {
+                sha256,
+                size,
+                store_path: dest,
+                newly_stored: false,
+            });
         }
-        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o555)).map_err(Self::io(tmp.path()))?;
+        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o555))
+            .map_err(Self::io(tmp.path()))?;
         // Closing the write handle before the rename matters: exec of a file still open for
         // writing fails with ETXTBSY.
         let tmp_path = tmp.into_temp_path();
-        tmp_path.persist(&dest).map_err(|e| StoreError::Io { path: dest.clone(), source: e.error })?;
-        Ok(StoredExecutable { sha256, size, store_path: dest, newly_stored: true })
+        tmp_path.persist(&dest).map_err(|e| StoreError::Io {
+            path: dest.clone(),
+            source: e.error,
+        })?;
+        Ok(StoredExecutable {
+            sha256,
+            size,
+            store_path: dest,
+            newly_stored: true,
+        })
     }
 
     /// Re-hashes an entry and checks it still matches its name (used before exec when paranoid,
@@ -134,7 +163,9 @@ impl Store {
     /// Removes all but the `keep` most recently used entries, never touching `in_use`.
     /// Returns the removed paths.
     pub fn gc(&self, keep: usize, in_use: &[&str]) -> Vec<PathBuf> {
-        let Ok(rd) = fs::read_dir(&self.dir) else { return Vec::new() };
+        let Ok(rd) = fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
         let protected: Vec<PathBuf> = in_use.iter().map(|d| self.entry_path(d)).collect();
         let mut entries: Vec<(std::time::SystemTime, PathBuf)> = rd
             .filter_map(Result::ok)
@@ -191,7 +222,10 @@ mod tests {
     fn missing_executable_is_reported() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::new(dir.path().join("store"));
-        assert!(matches!(store.capture(&dir.path().join("nope")), Err(StoreError::Missing(_))));
+        assert!(matches!(
+            store.capture(&dir.path().join("nope")),
+            Err(StoreError::Missing(_))
+        ));
     }
 
     #[test]
@@ -224,6 +258,9 @@ mod tests {
         let s = store.capture(&exe).unwrap();
         fs::set_permissions(&s.store_path, fs::Permissions::from_mode(0o644)).unwrap();
         fs::write(&s.store_path, b"tampered").unwrap();
-        assert!(matches!(store.verify(&s.sha256), Err(StoreError::Corrupt { .. })));
+        assert!(matches!(
+            store.verify(&s.sha256),
+            Err(StoreError::Corrupt { .. })
+        ));
     }
 }

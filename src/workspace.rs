@@ -65,12 +65,16 @@ pub fn find_rustc(cargo: &Path) -> PathBuf {
 
 pub fn find_on_path(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(program)).find(|p| is_executable(p))
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| is_executable(p))
 }
 
 fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+    std::fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
 }
 
 /// `rustc -vV`, parsed.
@@ -104,7 +108,11 @@ pub fn rustc_facts(rustc: &Path) -> Result<RustcFacts, Failure> {
 }
 
 pub fn parse_rustc_vv(text: &str) -> RustcFacts {
-    let mut facts = RustcFacts { release: String::new(), commit_hash: String::new(), host: String::new() };
+    let mut facts = RustcFacts {
+        release: String::new(),
+        commit_hash: String::new(),
+        host: String::new(),
+    };
     for line in text.lines() {
         if let Some((k, v)) = line.split_once(':') {
             let v = v.trim().to_string();
@@ -190,7 +198,10 @@ impl ServerTarget {
     }
     /// A path relative to the workspace root when it lies inside it (for humans).
     pub fn display_path(&self, p: &Path) -> String {
-        p.strip_prefix(&self.resolved.workspace_root).unwrap_or(p).display().to_string()
+        p.strip_prefix(&self.resolved.workspace_root)
+            .unwrap_or(p)
+            .display()
+            .to_string()
     }
 }
 
@@ -210,9 +221,8 @@ pub fn resolve(cargo: &Path, host: &str, args: &CargoArgs) -> Result<ServerTarge
 }
 
 fn select(resolved: Resolved, args: &CargoArgs, from_cache: bool) -> Result<ServerTarget, Failure> {
-    let config = LoadedConfig::from_package_metadata(&resolved.metadata).map_err(|e| {
-        Failure::error(format!("{} ({})", e, resolved.manifest_path.display()))
-    })?;
+    let config = LoadedConfig::from_package_metadata(&resolved.metadata)
+        .map_err(|e| Failure::error(format!("{} ({})", e, resolved.manifest_path.display())))?;
     let name = &resolved.package_name;
     let bin = if let Some(b) = &args.bin {
         if !resolved.bins.contains(b) {
@@ -239,7 +249,9 @@ fn select(resolved: Resolved, args: &CargoArgs, from_cache: bool) -> Result<Serv
                 )));
             }
             [] => {
-                return Err(Failure::error(format!("package `{name}` has no binary target")));
+                return Err(Failure::error(format!(
+                    "package `{name}` has no binary target"
+                )));
             }
             many => {
                 return Err(Failure::error(format!(
@@ -254,18 +266,30 @@ fn select(resolved: Resolved, args: &CargoArgs, from_cache: bool) -> Result<Serv
     if let Some(td) = &args.target_dir {
         resolved.target_dir = absolute(td);
     }
-    Ok(ServerTarget { resolved, bin, label, config, from_cache })
+    Ok(ServerTarget {
+        resolved,
+        bin,
+        label,
+        config,
+        from_cache,
+    })
 }
 
 fn available(bins: &[String]) -> String {
-    if bins.is_empty() { String::new() } else { format!(" (available: {})", bins.join(", ")) }
+    if bins.is_empty() {
+        String::new()
+    } else {
+        format!(" (available: {})", bins.join(", "))
+    }
 }
 
 fn absolute(p: &Path) -> PathBuf {
     if p.is_absolute() {
         p.to_path_buf()
     } else {
-        std::env::current_dir().map(|d| d.join(p)).unwrap_or_else(|_| p.to_path_buf())
+        std::env::current_dir()
+            .map(|d| d.join(p))
+            .unwrap_or_else(|_| p.to_path_buf())
     }
 }
 
@@ -309,13 +333,19 @@ fn cache_dir() -> PathBuf {
     if let Some(x) = std::env::var_os("XDG_CACHE_HOME") {
         return PathBuf::from(x).join("cargo-mcp-dev");
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
     home.join(".cache").join("cargo-mcp-dev")
 }
 
 /// One cache slot per (manifest, resolution-relevant flags, environment).
 fn cache_file_for(manifest: &Path, args: &CargoArgs, host: &str) -> PathBuf {
-    let env_keys = ["CARGO_TARGET_DIR", "CARGO_BUILD_TARGET", "CARGO_BUILD_TARGET_DIR"];
+    let env_keys = [
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+        "CARGO_BUILD_TARGET_DIR",
+    ];
     let key = serde_json::json!({
         "manifest": manifest,
         "package": args.package,
@@ -327,14 +357,19 @@ fn cache_file_for(manifest: &Path, args: &CargoArgs, host: &str) -> PathBuf {
         "env": env_keys.iter().map(|k| std::env::var(k).ok()).collect::<Vec<_>>(),
     });
     let digest = hashing::sha256_json(&key);
-    cache_dir().join("metadata").join(format!("{}.json", &digest["sha256:".len()..][..32]))
+    cache_dir()
+        .join("metadata")
+        .join(format!("{}.json", &digest["sha256:".len()..][..32]))
 }
 
 fn key_digest(files: &[PathBuf]) -> String {
     let mut parts = Vec::new();
     for f in files {
         let content = std::fs::read(f).ok();
-        parts.push(serde_json::json!([f, content.map(|c| hashing::sha256_bytes(&c))]));
+        parts.push(serde_json::json!([
+            f,
+            content.map(|c| hashing::sha256_bytes(&c))
+        ]));
     }
     hashing::sha256_json(&serde_json::Value::Array(parts))
 }
@@ -393,7 +428,12 @@ fn config_files(start: &Path) -> Vec<PathBuf> {
     out
 }
 
-fn run_metadata(cargo: &Path, host: &str, manifest: &Path, args: &CargoArgs) -> Result<Resolved, Failure> {
+fn run_metadata(
+    cargo: &Path,
+    host: &str,
+    manifest: &Path,
+    args: &CargoArgs,
+) -> Result<Resolved, Failure> {
     let mut cmd = MetadataCommand::new();
     cmd.cargo_path(cargo).manifest_path(manifest);
     let mut other: Vec<String> = vec![
@@ -421,7 +461,10 @@ fn run_metadata(cargo: &Path, host: &str, manifest: &Path, args: &CargoArgs) -> 
     }
     cmd.other_options(other);
     let metadata = cmd.exec().map_err(|e| {
-        Failure::new(exit_codes::METADATA_FAILED, format!("cargo metadata failed: {}", metadata_error(&e)))
+        Failure::new(
+            exit_codes::METADATA_FAILED,
+            format!("cargo metadata failed: {}", metadata_error(&e)),
+        )
     })?;
     reduce(&metadata, manifest, args.package.as_deref())
 }
@@ -434,14 +477,22 @@ fn metadata_error(e: &cargo_metadata::Error) -> String {
 }
 
 /// Reduces cargo's metadata to [`Resolved`]: selects the package and walks its graph.
-pub fn reduce(metadata: &Metadata, manifest: &Path, package: Option<&str>) -> Result<Resolved, Failure> {
+pub fn reduce(
+    metadata: &Metadata,
+    manifest: &Path,
+    package: Option<&str>,
+) -> Result<Resolved, Failure> {
     let pkg = select_package(metadata, manifest, package)?;
     let by_id: BTreeMap<&PackageId, &cargo_metadata::Package> =
         metadata.packages.iter().map(|p| (&p.id, p)).collect();
     let resolve = metadata.resolve.as_ref().ok_or_else(|| {
-        Failure::new(exit_codes::METADATA_FAILED, "cargo metadata returned no dependency graph")
+        Failure::new(
+            exit_codes::METADATA_FAILED,
+            "cargo metadata returned no dependency graph",
+        )
     })?;
-    let nodes: BTreeMap<&PackageId, &cargo_metadata::Node> = resolve.nodes.iter().map(|n| (&n.id, n)).collect();
+    let nodes: BTreeMap<&PackageId, &cargo_metadata::Node> =
+        resolve.nodes.iter().map(|n| (&n.id, n)).collect();
     let lockfile = metadata.workspace_root.as_std_path().join("Cargo.lock");
     let checksums = lock_checksums(&lockfile);
 
@@ -466,8 +517,15 @@ pub fn reduce(metadata: &Metadata, manifest: &Path, package: Option<&str>) -> Re
     let mut dependencies = Vec::new();
     for id in &seen {
         let Some(p) = by_id.get(id) else { continue };
-        let root = p.manifest_path.parent().map(|d| d.as_std_path().to_path_buf()).unwrap_or_default();
-        let has_build_script = p.targets.iter().any(|t| t.kind.contains(&TargetKind::CustomBuild));
+        let root = p
+            .manifest_path
+            .parent()
+            .map(|d| d.as_std_path().to_path_buf())
+            .unwrap_or_default();
+        let has_build_script = p
+            .targets
+            .iter()
+            .any(|t| t.kind.contains(&TargetKind::CustomBuild));
         if p.source.is_none() {
             local_packages.push(LocalPackage {
                 id: p.id.repr.clone(),
@@ -482,12 +540,17 @@ pub fn reduce(metadata: &Metadata, manifest: &Path, package: Option<&str>) -> Re
             continue;
         }
         let source = p.source.as_ref().map(|s| s.repr.clone());
-        let features = nodes.get(id).map(|n| n.features.iter().map(|f| f.to_string()).collect()).unwrap_or_default();
+        let features = nodes
+            .get(id)
+            .map(|n| n.features.iter().map(|f| f.to_string()).collect())
+            .unwrap_or_default();
         dependencies.push(ResolvedDependency {
             id: p.id.repr.clone(),
             name: p.name.to_string(),
             version: p.version.to_string(),
-            checksum: checksums.get(&(p.name.to_string(), p.version.to_string(), source.clone())).cloned(),
+            checksum: checksums
+                .get(&(p.name.to_string(), p.version.to_string(), source.clone()))
+                .cloned(),
             source,
             features,
             local_root: if p.source.is_none() { Some(root) } else { None },
@@ -502,7 +565,10 @@ pub fn reduce(metadata: &Metadata, manifest: &Path, package: Option<&str>) -> Re
         .filter_map(|id| by_id.get(id))
         .map(|p| p.manifest_path.as_std_path().to_path_buf())
         .chain(local_packages.iter().map(|l| l.manifest_path.clone()))
-        .chain([metadata.workspace_root.as_std_path().join("Cargo.toml"), lockfile.clone()])
+        .chain([
+            metadata.workspace_root.as_std_path().join("Cargo.toml"),
+            lockfile.clone(),
+        ])
         .collect();
     key_files.sort();
     key_files.dedup();
@@ -523,12 +589,34 @@ pub fn reduce(metadata: &Metadata, manifest: &Path, package: Option<&str>) -> Re
         package_name: pkg.name.to_string(),
         package_version: pkg.version.to_string(),
         manifest_path: pkg.manifest_path.as_std_path().to_path_buf(),
-        package_root: pkg.manifest_path.parent().map(|d| d.as_std_path().to_path_buf()).unwrap_or_default(),
-        bins: pkg.targets.iter().filter(|t| t.kind.contains(&TargetKind::Bin)).map(|t| t.name.clone()).collect(),
+        package_root: pkg
+            .manifest_path
+            .parent()
+            .map(|d| d.as_std_path().to_path_buf())
+            .unwrap_or_default(),
+        bins: pkg
+            .targets
+            .iter()
+            .filter(|t| t.kind.contains(&TargetKind::Bin))
+            .map(|t| t.name.clone())
+            .collect(),
         has_lib: pkg.targets.iter().any(|t| {
-            t.kind.iter().any(|k| matches!(k, TargetKind::Lib | TargetKind::RLib | TargetKind::DyLib | TargetKind::CDyLib | TargetKind::StaticLib | TargetKind::ProcMacro))
+            t.kind.iter().any(|k| {
+                matches!(
+                    k,
+                    TargetKind::Lib
+                        | TargetKind::RLib
+                        | TargetKind::DyLib
+                        | TargetKind::CDyLib
+                        | TargetKind::StaticLib
+                        | TargetKind::ProcMacro
+                )
+            })
         }),
-        has_build_script: pkg.targets.iter().any(|t| t.kind.contains(&TargetKind::CustomBuild)),
+        has_build_script: pkg
+            .targets
+            .iter()
+            .any(|t| t.kind.contains(&TargetKind::CustomBuild)),
         metadata: pkg.metadata.clone(),
         local_packages,
         dependencies,
@@ -548,22 +636,36 @@ fn select_package<'m>(
         .filter(|p| metadata.workspace_members.contains(&p.id))
         .collect();
     if let Some(spec) = spec {
-        let (name, version) = spec.split_once('@').map(|(n, v)| (n, Some(v))).unwrap_or((spec, None));
+        let (name, version) = spec
+            .split_once('@')
+            .map(|(n, v)| (n, Some(v)))
+            .unwrap_or((spec, None));
         return members
             .iter()
             .copied()
-            .find(|p| p.name.as_str() == name && version.map(|v| p.version.to_string() == v).unwrap_or(true))
+            .find(|p| {
+                p.name.as_str() == name
+                    && version.map(|v| p.version.to_string() == v).unwrap_or(true)
+            })
             .ok_or_else(|| {
                 Failure::new(
                     exit_codes::METADATA_FAILED,
                     format!(
                         "package `{spec}` is not a member of the workspace (members: {})",
-                        members.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ")
+                        members
+                            .iter()
+                            .map(|p| p.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
                 )
             });
     }
-    if let Some(p) = members.iter().copied().find(|p| p.manifest_path.as_std_path() == manifest) {
+    if let Some(p) = members
+        .iter()
+        .copied()
+        .find(|p| p.manifest_path.as_std_path() == manifest)
+    {
         return Ok(p);
     }
     let with_bins: Vec<_> = members
@@ -573,10 +675,15 @@ fn select_package<'m>(
         .collect();
     match with_bins.as_slice() {
         [one] => Ok(one),
-        [] => Err(Failure::error("no package in this workspace has a binary target")),
+        [] => Err(Failure::error(
+            "no package in this workspace has a binary target",
+        )),
         many => Err(Failure::error(format!(
             "this is a virtual workspace with several server candidates ({}): pass -p/--package",
-            many.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ")
+            many.iter()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         ))),
     }
 }
@@ -595,8 +702,12 @@ fn lock_checksums(lockfile: &Path) -> BTreeMap<(String, String, Option<String>),
         source: Option<String>,
         checksum: Option<String>,
     }
-    let Ok(text) = std::fs::read_to_string(lockfile) else { return BTreeMap::new() };
-    let Ok(lock) = toml::from_str::<Lock>(&text) else { return BTreeMap::new() };
+    let Ok(text) = std::fs::read_to_string(lockfile) else {
+        return BTreeMap::new();
+    };
+    let Ok(lock) = toml::from_str::<Lock>(&text) else {
+        return BTreeMap::new();
+    };
     lock.package
         .into_iter()
         .filter_map(|p| p.checksum.map(|c| ((p.name, p.version, p.source), c)))
@@ -606,7 +717,12 @@ fn lock_checksums(lockfile: &Path) -> BTreeMap<(String, String, Option<String>),
 /// Git dependencies whose lockfile source does not pin a revision (`#<commit>`).
 pub fn unpinned_git_dependencies(deps: &[ResolvedDependency]) -> Vec<String> {
     deps.iter()
-        .filter(|d| d.source.as_deref().map(|s| s.starts_with("git+") && !s.contains('#')).unwrap_or(false))
+        .filter(|d| {
+            d.source
+                .as_deref()
+                .map(|s| s.starts_with("git+") && !s.contains('#'))
+                .unwrap_or(false)
+        })
         .map(|d| format!("{} {}", d.name, d.version))
         .collect()
 }
@@ -636,8 +752,20 @@ mod tests {
             features: vec![],
             local_root: None,
         };
-        assert_eq!(unpinned_git_dependencies(&[dep("git+https://h/r?branch=main#abc123")]).len(), 0);
-        assert_eq!(unpinned_git_dependencies(&[dep("git+https://h/r?branch=main")]).len(), 1);
-        assert_eq!(unpinned_git_dependencies(&[dep("registry+https://github.com/rust-lang/crates.io-index")]).len(), 0);
+        assert_eq!(
+            unpinned_git_dependencies(&[dep("git+https://h/r?branch=main#abc123")]).len(),
+            0
+        );
+        assert_eq!(
+            unpinned_git_dependencies(&[dep("git+https://h/r?branch=main")]).len(),
+            1
+        );
+        assert_eq!(
+            unpinned_git_dependencies(&[dep(
+                "registry+https://github.com/rust-lang/crates.io-index"
+            )])
+            .len(),
+            0
+        );
     }
 }

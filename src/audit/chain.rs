@@ -211,7 +211,10 @@ pub fn is_digest_hex(s: &str) -> bool {
 }
 
 fn decode_digest(field: &'static str, value: &str) -> Result<[u8; 32], ChainError> {
-    let bad = || ChainError::BadHex { field, value: value.to_owned() };
+    let bad = || ChainError::BadHex {
+        field,
+        value: value.to_owned(),
+    };
     if !is_digest_hex(value) {
         return Err(bad());
     }
@@ -229,7 +232,11 @@ pub fn record_mac(key: &AuditKey, hash_hex: &str) -> Result<String, ChainError> 
 }
 
 /// Checks a record MAC in constant time. Malformed hex in either field is an error.
-pub fn verify_record_mac(key: &AuditKey, hash_hex: &str, mac_hex: &str) -> Result<bool, ChainError> {
+pub fn verify_record_mac(
+    key: &AuditKey,
+    hash_hex: &str,
+    mac_hex: &str,
+) -> Result<bool, ChainError> {
     let digest = decode_digest("hash", hash_hex)?;
     let tag = decode_digest("mac", mac_hex)?;
     let mut mac = key.hmac();
@@ -245,7 +252,12 @@ pub fn anchor_mac(key: &AuditKey, seq: u64, hash_hex: &str) -> String {
 }
 
 /// Checks an anchor MAC in constant time.
-pub fn verify_anchor_mac(key: &AuditKey, seq: u64, hash_hex: &str, mac_hex: &str) -> Result<bool, ChainError> {
+pub fn verify_anchor_mac(
+    key: &AuditKey,
+    seq: u64,
+    hash_hex: &str,
+    mac_hex: &str,
+) -> Result<bool, ChainError> {
     let tag = decode_digest("anchor mac", mac_hex)?;
     let mut mac = key.hmac();
     mac.update(format!("{seq}:{hash_hex}").as_bytes());
@@ -352,13 +364,20 @@ mod tests {
         // Pinned so that any change to the canonical encoding is a deliberate format change.
         let h = sample().compute_hash().unwrap();
         assert_eq!(h, hex::encode(Sha256::digest(SAMPLE_BODY.as_bytes())));
-        assert_eq!(h, "51c8d7b81c4f9f473bb471eddfaf6f3b8aca131532636f39b0f1416f45886117");
+        assert_eq!(
+            h,
+            "51c8d7b81c4f9f473bb471eddfaf6f3b8aca131532636f39b0f1416f45886117"
+        );
     }
 
     #[test]
     fn nested_keys_sort_bytewise_and_strings_escape() {
         let mut out = Vec::new();
-        canonical_json(&json!({"b": {"z": 1, "a": "x\"y\n\u{1}é"}, "B": 0, "a": []}), &mut out).unwrap();
+        canonical_json(
+            &json!({"b": {"z": 1, "a": "x\"y\n\u{1}é"}, "B": 0, "a": []}),
+            &mut out,
+        )
+        .unwrap();
         assert_eq!(
             std::str::from_utf8(&out).unwrap(),
             r#"{"B":0,"a":[],"b":{"a":"x\"y\n\u0001é","z":1}}"#
@@ -372,7 +391,10 @@ mod tests {
         assert_eq!(err, ChainError::NonIntegerNumber("1.5".into()));
         let mut r = sample();
         r.data = json!({"durationMs": 0.25});
-        assert!(matches!(r.seal(&AuditKey::from_bytes([1; 32])), Err(ChainError::NonIntegerNumber(_))));
+        assert!(matches!(
+            r.seal(&AuditKey::from_bytes([1; 32])),
+            Err(ChainError::NonIntegerNumber(_))
+        ));
     }
 
     #[test]
@@ -400,7 +422,8 @@ mod tests {
     #[test]
     fn changing_any_hashed_field_changes_the_hash() {
         let base = sample().compute_hash().unwrap();
-        let mutations: Vec<Box<dyn Fn(&mut Record)>> = vec![
+        type Mutation = Box<dyn Fn(&mut Record)>;
+        let mutations: Vec<Mutation> = vec![
             Box::new(|r| r.v = 2),
             Box::new(|r| r.seq = 2),
             Box::new(|r| r.time.push('0')),
@@ -413,7 +436,11 @@ mod tests {
         for (i, m) in mutations.iter().enumerate() {
             let mut r = sample();
             m(&mut r);
-            assert_ne!(r.compute_hash().unwrap(), base, "mutation {i} did not change the hash");
+            assert_ne!(
+                r.compute_hash().unwrap(),
+                base,
+                "mutation {i} did not change the hash"
+            );
         }
     }
 
@@ -423,9 +450,19 @@ mod tests {
         let mut r = sample();
         let line = String::from_utf8(r.seal_to_line(&key).unwrap()).unwrap();
         let extra = line.replacen("{\"v\":1,", "{\"v\":1,\"x\":0,", 1);
-        assert!(Record::from_line(&extra).unwrap_err().to_string().contains("unknown field"));
+        assert!(
+            Record::from_line(&extra)
+                .unwrap_err()
+                .to_string()
+                .contains("unknown field")
+        );
         let dup = line.replacen("{\"v\":1,", "{\"v\":1,\"v\":1,", 1);
-        assert!(Record::from_line(&dup).unwrap_err().to_string().contains("duplicate field"));
+        assert!(
+            Record::from_line(&dup)
+                .unwrap_err()
+                .to_string()
+                .contains("duplicate field")
+        );
     }
 
     #[test]
@@ -442,7 +479,10 @@ mod tests {
     #[test]
     fn malformed_hex_is_an_error_not_a_mismatch() {
         let key = AuditKey::from_bytes([3; 32]);
-        assert!(matches!(record_mac(&key, "ABC"), Err(ChainError::BadHex { field: "hash", .. })));
+        assert!(matches!(
+            record_mac(&key, "ABC"),
+            Err(ChainError::BadHex { field: "hash", .. })
+        ));
         let upper = "A".repeat(64);
         assert!(!is_digest_hex(&upper));
         assert!(verify_record_mac(&key, &"a".repeat(64), &upper).is_err());
@@ -450,6 +490,9 @@ mod tests {
 
     #[test]
     fn key_debug_is_redacted() {
-        assert_eq!(format!("{:?}", AuditKey::from_bytes([0x41; 32])), "AuditKey(<redacted>)");
+        assert_eq!(
+            format!("{:?}", AuditKey::from_bytes([0x41; 32])),
+            "AuditKey(<redacted>)"
+        );
     }
 }

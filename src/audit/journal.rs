@@ -109,14 +109,29 @@ pub struct CallEntry {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "kind", rename_all = "camelCase", rename_all_fields = "camelCase")]
+#[serde(
+    tag = "kind",
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase"
+)]
 pub enum CallOutcome {
     /// Forwarded, no result recorded (still running, or the log ends there).
     Pending,
-    Ok { duration_ms: Option<u64> },
-    Error { duration_ms: Option<u64> },
-    Denied { reason: String, approved_epoch: Option<String>, current_epoch: Option<String> },
-    FailedEpochTransition { old_epoch: Option<String>, new_epoch: Option<String> },
+    Ok {
+        duration_ms: Option<u64>,
+    },
+    Error {
+        duration_ms: Option<u64>,
+    },
+    Denied {
+        reason: String,
+        approved_epoch: Option<String>,
+        current_epoch: Option<String>,
+    },
+    FailedEpochTransition {
+        old_epoch: Option<String>,
+        new_epoch: Option<String>,
+    },
 }
 
 fn s(v: &Value) -> Option<String> {
@@ -124,7 +139,9 @@ fn s(v: &Value) -> Option<String> {
 }
 
 fn strings(v: &Value) -> Vec<String> {
-    v.as_array().map(|a| a.iter().filter_map(s).collect()).unwrap_or_default()
+    v.as_array()
+        .map(|a| a.iter().filter_map(s).collect())
+        .unwrap_or_default()
 }
 
 /// A JSON-RPC id may be a string or a number; show either as text.
@@ -141,8 +158,8 @@ impl Journals {
     /// ([`AuditError::Verify`]); use [`super::read_records`] + [`Journals::from_records`] to look
     /// at it anyway.
     pub fn from_log(path: &Path, keys: &KeyStore) -> Result<Journals, AuditError> {
-        verify::verify(path, keys)?;
-        Ok(Journals::from_records(&verify::read_records(path)?))
+        let (_, records) = verify::verify_and_collect(path, keys)?;
+        Ok(Journals::from_records(&records))
     }
 
     /// Projects records in file order.
@@ -152,7 +169,11 @@ impl Journals {
             b.add(r);
         }
         Journals {
-            session: SessionJournal { runs: b.runs, epochs: b.epochs, grants: b.grants },
+            session: SessionJournal {
+                runs: b.runs,
+                epochs: b.epochs,
+                grants: b.grants,
+            },
             activity: b.calls,
         }
     }
@@ -181,15 +202,29 @@ impl Journals {
         let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
         out.push_str("Runs\n");
         let rows = self.session.runs.iter().map(|r| {
-            let client = r.client.as_ref().map(|c| format!("{} {}", c.name, c.version).trim().to_owned());
+            let client = r
+                .client
+                .as_ref()
+                .map(|c| format!("{} {}", c.name, c.version).trim().to_owned());
             let ended = match (&r.ended, &r.end_reason) {
                 (Some(t), Some(why)) => format!("{t} ({why})"),
                 (Some(t), None) => t.clone(),
                 _ => "-".into(),
             };
-            vec![r.run.clone(), dash(&r.started), ended, dash(&client), dash(&r.gating), dash(&r.label)]
+            vec![
+                r.run.clone(),
+                dash(&r.started),
+                ended,
+                dash(&client),
+                dash(&r.gating),
+                dash(&r.label),
+            ]
         });
-        table(out, &["RUN", "STARTED", "ENDED", "CLIENT", "GATING", "LABEL"], rows.collect());
+        table(
+            out,
+            &["RUN", "STARTED", "ENDED", "CLIENT", "GATING", "LABEL"],
+            rows.collect(),
+        );
 
         out.push_str("\nEpochs\n");
         let rows = self.session.epochs.iter().map(|e| {
@@ -200,14 +235,34 @@ impl Journals {
                 _ => "-".into(),
             };
             let pid = e.pid.map(|p| p.to_string());
-            let identity = e.identity_digest.as_deref().map(|d| d.get(..12).unwrap_or(d).to_owned());
-            vec![e.epoch.clone(), e.started.clone(), dash(&pid), dash(&identity), dash(&e.label), ended]
+            let identity = e
+                .identity_digest
+                .as_deref()
+                .map(|d| d.get(..12).unwrap_or(d).to_owned());
+            vec![
+                e.epoch.clone(),
+                e.started.clone(),
+                dash(&pid),
+                dash(&identity),
+                dash(&e.label),
+                ended,
+            ]
         });
-        table(out, &["EPOCH", "STARTED", "PID", "IDENTITY", "LABEL", "ENDED"], rows.collect());
+        table(
+            out,
+            &["EPOCH", "STARTED", "PID", "IDENTITY", "LABEL", "ENDED"],
+            rows.collect(),
+        );
 
         out.push_str("\nGrants\n");
         let rows = self.session.grants.iter().map(|g| {
-            let list = |v: &[String]| if v.is_empty() { "-".to_owned() } else { v.join(",") };
+            let list = |v: &[String]| {
+                if v.is_empty() {
+                    "-".to_owned()
+                } else {
+                    v.join(",")
+                }
+            };
             vec![
                 g.id.clone(),
                 dash(&g.epoch),
@@ -215,10 +270,19 @@ impl Journals {
                 list(&g.tools),
                 list(&g.credential_scopes),
                 g.granted.clone(),
-                g.revoked.clone().map(|t| format!("revoked {t}")).unwrap_or_else(|| dash(&g.expires_when)),
+                g.revoked
+                    .clone()
+                    .map(|t| format!("revoked {t}"))
+                    .unwrap_or_else(|| dash(&g.expires_when)),
             ]
         });
-        table(out, &["GRANT", "EPOCH", "RUN", "TOOLS", "SCOPES", "GRANTED", "ENDS"], rows.collect());
+        table(
+            out,
+            &[
+                "GRANT", "EPOCH", "RUN", "TOOLS", "SCOPES", "GRANTED", "ENDS",
+            ],
+            rows.collect(),
+        );
     }
 
     fn render_activity(&self, out: &mut String) {
@@ -234,11 +298,20 @@ impl Journals {
                 CallOutcome::Pending => "pending".to_owned(),
                 CallOutcome::Ok { duration_ms } => format!("ok{}", ms(duration_ms)),
                 CallOutcome::Error { duration_ms } => format!("error{}", ms(duration_ms)),
-                CallOutcome::Denied { reason, approved_epoch, current_epoch } => match (approved_epoch, current_epoch) {
-                    (Some(a), Some(cur)) => format!("denied: {reason} (approved {a}, current {cur})"),
+                CallOutcome::Denied {
+                    reason,
+                    approved_epoch,
+                    current_epoch,
+                } => match (approved_epoch, current_epoch) {
+                    (Some(a), Some(cur)) => {
+                        format!("denied: {reason} (approved {a}, current {cur})")
+                    }
                     _ => format!("denied: {reason}"),
                 },
-                CallOutcome::FailedEpochTransition { old_epoch, new_epoch } => format!(
+                CallOutcome::FailedEpochTransition {
+                    old_epoch,
+                    new_epoch,
+                } => format!(
                     "failed: epoch {} -> {}",
                     old_epoch.as_deref().unwrap_or("?"),
                     new_epoch.as_deref().unwrap_or("?")
@@ -254,7 +327,11 @@ impl Journals {
                 outcome,
             ]
         });
-        table(out, &["TIME", "RUN", "CALL", "TOOL", "EPOCH", "GRANT", "OUTCOME"], rows.collect());
+        table(
+            out,
+            &["TIME", "RUN", "CALL", "TOOL", "EPOCH", "GRANT", "OUTCOME"],
+            rows.collect(),
+        );
     }
 }
 
@@ -385,7 +462,9 @@ impl Builder {
             }
             rt::GATING_DISABLED => self.run(&r.run).gating = Some("off".into()),
             rt::SERVER_STARTED => {
-                let Some(id) = s(&d["epoch"]).or_else(|| r.epoch.clone()) else { return };
+                let Some(id) = s(&d["epoch"]).or_else(|| r.epoch.clone()) else {
+                    return;
+                };
                 let e = self.epoch(&id, &r.time);
                 e.started = r.time.clone();
                 e.pid = d["pid"].as_u64().or(e.pid);
@@ -407,7 +486,9 @@ impl Builder {
                 }
             }
             rt::SERVER_EXITED => {
-                let Some(id) = s(&d["epoch"]).or_else(|| r.epoch.clone()) else { return };
+                let Some(id) = s(&d["epoch"]).or_else(|| r.epoch.clone()) else {
+                    return;
+                };
                 let e = self.epoch(&id, &r.time);
                 e.ended.get_or_insert_with(|| r.time.clone());
                 e.exit_status = s(&d["status"]).or_else(|| d.get("status").map(Value::to_string));
@@ -429,7 +510,12 @@ impl Builder {
             }
             rt::APPROVAL_REVOKED => {
                 let id = s(&d["grantId"]);
-                if let Some(g) = self.grants.iter_mut().rev().find(|g| Some(&g.id) == id.as_ref()) {
+                if let Some(g) = self
+                    .grants
+                    .iter_mut()
+                    .rev()
+                    .find(|g| Some(&g.id) == id.as_ref())
+                {
                     g.revoked = Some(r.time.clone());
                 }
             }
@@ -444,8 +530,11 @@ impl Builder {
             rt::TOOL_RESULT => {
                 let duration_ms = d["durationMs"].as_u64();
                 let is_error = d["isError"].as_bool().unwrap_or(false);
-                self.call(r).outcome =
-                    if is_error { CallOutcome::Error { duration_ms } } else { CallOutcome::Ok { duration_ms } };
+                self.call(r).outcome = if is_error {
+                    CallOutcome::Error { duration_ms }
+                } else {
+                    CallOutcome::Ok { duration_ms }
+                };
             }
             rt::AUTHORIZATION_DENIED => {
                 let outcome = CallOutcome::Denied {
@@ -521,7 +610,15 @@ mod tests {
         let records: Vec<Record> = scenario()
             .into_iter()
             .enumerate()
-            .map(|(i, v)| rec(i as u64 + 1, v[0].as_str().unwrap(), v[1].as_str().unwrap(), v[2].as_str(), v[3].clone()))
+            .map(|(i, v)| {
+                rec(
+                    i as u64 + 1,
+                    v[0].as_str().unwrap(),
+                    v[1].as_str().unwrap(),
+                    v[2].as_str(),
+                    v[3].clone(),
+                )
+            })
             .collect();
         Journals::from_records(&records)
     }
@@ -531,16 +628,40 @@ mod tests {
         let j = journals();
         assert_eq!(j.session.runs.len(), 1);
         let run = &j.session.runs[0];
-        assert_eq!(run.client, Some(ClientInfo { name: "claude-code".into(), version: "1.2".into() }));
+        assert_eq!(
+            run.client,
+            Some(ClientInfo {
+                name: "claude-code".into(),
+                version: "1.2".into()
+            })
+        );
         assert_eq!(run.end_reason.as_deref(), Some("host disconnected"));
         assert_eq!(run.gating.as_deref(), Some("on"));
-        let epochs: Vec<_> = j.session.epochs.iter().map(|e| (e.epoch.as_str(), e.pid, e.replaced_by.as_deref())).collect();
-        assert_eq!(epochs, vec![("EA", Some(100), Some("EB")), ("EB", Some(200), None)]);
+        let epochs: Vec<_> = j
+            .session
+            .epochs
+            .iter()
+            .map(|e| (e.epoch.as_str(), e.pid, e.replaced_by.as_deref()))
+            .collect();
+        assert_eq!(
+            epochs,
+            vec![("EA", Some(100), Some("EB")), ("EB", Some(200), None)]
+        );
         assert_eq!(j.session.epochs[1].exit_status.as_deref(), Some("exit 0"));
-        assert_eq!(j.session.epochs[1].identity_digest.as_deref(), Some("bbbbbbbbbbbbbbbbbbbb"));
-        let grants: Vec<_> =
-            j.session.grants.iter().map(|g| (g.id.as_str(), g.epoch.as_deref(), g.revoked.is_some())).collect();
-        assert_eq!(grants, vec![("G1", Some("EA"), true), ("G2", Some("EB"), false)]);
+        assert_eq!(
+            j.session.epochs[1].identity_digest.as_deref(),
+            Some("bbbbbbbbbbbbbbbbbbbb")
+        );
+        let grants: Vec<_> = j
+            .session
+            .grants
+            .iter()
+            .map(|g| (g.id.as_str(), g.epoch.as_deref(), g.revoked.is_some()))
+            .collect();
+        assert_eq!(
+            grants,
+            vec![("G1", Some("EA"), true), ("G2", Some("EB"), false)]
+        );
         assert_eq!(j.session.grants[0].tools, vec!["write"]);
     }
 
@@ -550,18 +671,37 @@ mod tests {
         let calls: Vec<_> = j
             .activity
             .iter()
-            .map(|c| (c.call_id.as_str(), c.tool.as_str(), c.epoch.as_deref(), c.grant.as_deref(), c.outcome.clone()))
+            .map(|c| {
+                (
+                    c.call_id.as_str(),
+                    c.tool.as_str(),
+                    c.epoch.as_deref(),
+                    c.grant.as_deref(),
+                    c.outcome.clone(),
+                )
+            })
             .collect();
         assert_eq!(
             calls,
             vec![
-                ("1", "write", Some("EA"), Some("G1"), CallOutcome::Ok { duration_ms: Some(12) }),
+                (
+                    "1",
+                    "write",
+                    Some("EA"),
+                    Some("G1"),
+                    CallOutcome::Ok {
+                        duration_ms: Some(12)
+                    }
+                ),
                 (
                     "r",
                     "read",
                     Some("EA"),
                     None,
-                    CallOutcome::FailedEpochTransition { old_epoch: Some("EA".into()), new_epoch: Some("EB".into()) }
+                    CallOutcome::FailedEpochTransition {
+                        old_epoch: Some("EA".into()),
+                        new_epoch: Some("EB".into())
+                    }
                 ),
                 (
                     "2",
@@ -574,7 +714,15 @@ mod tests {
                         current_epoch: Some("EB".into())
                     }
                 ),
-                ("3", "write", Some("EB"), Some("G2"), CallOutcome::Error { duration_ms: Some(5) }),
+                (
+                    "3",
+                    "write",
+                    Some("EB"),
+                    Some("G2"),
+                    CallOutcome::Error {
+                        duration_ms: Some(5)
+                    }
+                ),
             ]
         );
     }
@@ -582,13 +730,41 @@ mod tests {
     #[test]
     fn reused_call_ids_start_new_entries() {
         let records = vec![
-            rec(1, "tool_called", "R", Some("E"), json!({"callId": 1, "tool": "a"})),
-            rec(2, "tool_result", "R", Some("E"), json!({"callId": 1, "isError": false})),
-            rec(3, "tool_called", "R", Some("E"), json!({"callId": 1, "tool": "b"})),
-            rec(4, "tool_called", "S", Some("E"), json!({"callId": 1, "tool": "c"})),
+            rec(
+                1,
+                "tool_called",
+                "R",
+                Some("E"),
+                json!({"callId": 1, "tool": "a"}),
+            ),
+            rec(
+                2,
+                "tool_result",
+                "R",
+                Some("E"),
+                json!({"callId": 1, "isError": false}),
+            ),
+            rec(
+                3,
+                "tool_called",
+                "R",
+                Some("E"),
+                json!({"callId": 1, "tool": "b"}),
+            ),
+            rec(
+                4,
+                "tool_called",
+                "S",
+                Some("E"),
+                json!({"callId": 1, "tool": "c"}),
+            ),
         ];
         let j = Journals::from_records(&records);
-        let got: Vec<_> = j.activity.iter().map(|c| (c.tool.as_str(), c.outcome.clone())).collect();
+        let got: Vec<_> = j
+            .activity
+            .iter()
+            .map(|c| (c.tool.as_str(), c.outcome.clone()))
+            .collect();
         assert_eq!(
             got,
             vec![
@@ -631,7 +807,10 @@ mod tests {
         let session = journals().render_human(JournalView::Session);
         assert!(session.contains("claude-code 1.2"));
         assert!(session.contains("(replaced by EB)"));
-        assert!(session.contains("aaaaaaaaaaaa "), "identity shortened to 12: {session}");
+        assert!(
+            session.contains("aaaaaaaaaaaa "),
+            "identity shortened to 12: {session}"
+        );
         assert!(!session.contains("Activity"));
     }
 

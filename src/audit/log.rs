@@ -8,8 +8,9 @@
 //! and the tail is re-read (and checked) to continue the chain from the true head.
 //!
 //! Durability: records are written with one `write` call on an `O_APPEND` descriptor and are
-//! not fsynced (an append costs tens of microseconds, not milliseconds; it sits on the path of
-//! every tool call). Once `append` returns, the record is in the kernel page cache: a crash of
+//! not fsynced, and the anchor is rewritten in place (see [`super::keys`] for why not
+//! temp + rename): an append costs tens of microseconds, not milliseconds; it sits on the path
+//! of every tool call. Once `append` returns, the record is in the kernel page cache: a crash of
 //! the supervisor loses nothing; a power loss may lose the newest records, which `verify` then
 //! reports (truncated tail, or a record that does not match the anchor). Call
 //! [`AuditLog::sync`] where durability matters more than latency (e.g. at run end).
@@ -19,8 +20,11 @@
 //! anchor says: writing onto a broken chain would bury the damage.
 
 use super::AuditError;
-use super::chain::{AuditKey, FORMAT_VERSION, GENESIS_PREV, Record, anchor_mac, verify_anchor_mac, verify_record_mac};
-use super::keys::{self, Anchor, KeyStore};
+use super::chain::{
+    AuditKey, FORMAT_VERSION, GENESIS_PREV, Record, anchor_mac, verify_anchor_mac,
+    verify_record_mac,
+};
+use super::keys::{self, Anchor, AnchorFile, KeyStore};
 use serde_json::Value;
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::Write;
@@ -46,7 +50,7 @@ pub struct AuditLog {
 struct WriterState {
     path: PathBuf,
     canonical_path: String,
-    anchor_path: PathBuf,
+    anchor: AnchorFile,
     key: AuditKey,
     /// File length after this writer's last append or tail read.
     seen_len: u64,
@@ -75,24 +79,34 @@ impl AuditLog {
             .open(path)
             .map_err(|e| {
                 if keys::is_eloop(&e) {
-                    AuditError::Symlink { path: path.to_owned() }
+                    AuditError::Symlink {
+                        path: path.to_owned(),
+                    }
                 } else {
                     AuditError::io("open audit log", path)(e)
                 }
             })?;
-        let meta = file.metadata().map_err(AuditError::io("inspect audit log", path))?;
+        let meta = file
+            .metadata()
+            .map_err(AuditError::io("inspect audit log", path))?;
         if !meta.file_type().is_file() {
-            return Err(AuditError::NotRegularFile { path: path.to_owned() });
+            return Err(AuditError::NotRegularFile {
+                path: path.to_owned(),
+            });
         }
         let key = keys.load_or_create_key()?;
         keys.ensure_anchor_dir()?;
-        let canonical = std::fs::canonicalize(path).map_err(AuditError::io("resolve the path of", path))?;
+        let canonical =
+            std::fs::canonicalize(path).map_err(AuditError::io("resolve the path of", path))?;
+        let canonical_path = canonical.to_string_lossy().into_owned();
+        let anchor =
+            AnchorFile::open(&keys.anchor_path_for_canonical(&canonical), &canonical_path)?;
         let mut log = AuditLog {
             file,
             state: WriterState {
                 path: path.to_owned(),
-                canonical_path: canonical.to_string_lossy().into_owned(),
-                anchor_path: keys.anchor_path_for_canonical(&canonical),
+                canonical_path,
+                anchor,
                 key,
                 seen_len: 0,
                 head: None,
@@ -166,13 +180,18 @@ impl AuditLog {
             mac: anchor_mac(&state.key, seq, &record.hash),
             hash: record.hash.clone(),
         };
-        keys::write_anchor_at(&state.anchor_path, &anchor)?;
-        Ok(AppendedRecord { seq, hash: record.hash })
+        state.anchor.write(&anchor)?;
+        Ok(AppendedRecord {
+            seq,
+            hash: record.hash,
+        })
     }
 
     /// Flushes the log to stable storage (fsync). Not called by `append`.
     pub fn sync(&self) -> Result<(), AuditError> {
-        self.file.sync_data().map_err(AuditError::io("sync audit log", &self.state.path))
+        self.file
+            .sync_data()
+            .map_err(AuditError::io("sync audit log", &self.state.path))
     }
 
     pub fn path(&self) -> &Path {
@@ -187,25 +206,37 @@ impl AuditLog {
 
 impl WriterState {
     fn corrupt(&self, reason: String) -> AuditError {
-        AuditError::CorruptTail { path: self.path.clone(), reason }
+        AuditError::CorruptTail {
+            path: self.path.clone(),
+            reason,
+        }
     }
 
     fn current_len(&self, file: &File) -> Result<u64, AuditError> {
-        Ok(file.metadata().map_err(AuditError::io("inspect audit log", &self.path))?.len())
+        Ok(file
+            .metadata()
+            .map_err(AuditError::io("inspect audit log", &self.path))?
+            .len())
     }
 
     /// Reads and checks the last record and the anchor; sets `head` and `seen_len`. Runs under
     /// the lock.
     fn read_head(&mut self, file: &File, len: u64) -> Result<(), AuditError> {
-        let anchor = keys::read_anchor_at(&self.anchor_path)?;
+        let anchor = keys::read_anchor_at(self.anchor.path())?;
         if let Some(a) = &anchor
             && !verify_anchor_mac(&self.key, a.seq, &a.hash, &a.mac).unwrap_or(false)
         {
-            return Err(self.corrupt(format!("its anchor {} has an invalid MAC", self.anchor_path.display())));
+            return Err(self.corrupt(format!(
+                "its anchor {} has an invalid MAC",
+                self.anchor.path().display()
+            )));
         }
         if len == 0 {
             if let Some(a) = anchor {
-                return Err(self.corrupt(format!("the log is empty but its anchor records head seq {}", a.seq)));
+                return Err(self.corrupt(format!(
+                    "the log is empty but its anchor records head seq {}",
+                    a.seq
+                )));
             }
             self.head = None;
             self.seen_len = 0;
@@ -214,8 +245,10 @@ impl WriterState {
         let line = read_last_line(file, len)
             .map_err(AuditError::io("read audit log", &self.path))?
             .map_err(|reason| self.corrupt(reason))?;
-        let text = std::str::from_utf8(&line).map_err(|_| self.corrupt("the last line is not UTF-8".into()))?;
-        let record = Record::from_line(text).map_err(|e| self.corrupt(format!("the last line: {e}")))?;
+        let text = std::str::from_utf8(&line)
+            .map_err(|_| self.corrupt("the last line is not UTF-8".into()))?;
+        let record =
+            Record::from_line(text).map_err(|e| self.corrupt(format!("the last line: {e}")))?;
         let last = format!("the last record (seq {})", record.seq);
         if record.v != FORMAT_VERSION {
             return Err(self.corrupt(format!("{last} has format version {}", record.v)));
@@ -224,10 +257,17 @@ impl WriterState {
             return Err(self.corrupt(format!("{last} does not match its hash")));
         }
         if !verify_record_mac(&self.key, &record.hash, &record.mac).unwrap_or(false) {
-            return Err(self.corrupt(format!("{last} has an invalid MAC (tampered, or sealed with another key)")));
+            return Err(self.corrupt(format!(
+                "{last} has an invalid MAC (tampered, or sealed with another key)"
+            )));
         }
         match anchor {
-            None => return Err(self.corrupt(format!("it has no anchor at {}", self.anchor_path.display()))),
+            None => {
+                return Err(self.corrupt(format!(
+                    "it has no anchor at {}",
+                    self.anchor.path().display()
+                )));
+            }
             Some(a) if a.seq > record.seq => {
                 return Err(self.corrupt(format!(
                     "truncated: its anchor records head seq {} but the last record is seq {}",
@@ -255,7 +295,9 @@ fn read_last_line(file: &File, len: u64) -> std::io::Result<Result<Vec<u8>, Stri
         let mut buf = vec![0u8; chunk as usize];
         file.read_exact_at(&mut buf, start)?;
         if start + chunk == len && buf.last() != Some(&b'\n') {
-            return Ok(Err("the last line is incomplete (no final newline: an interrupted write?)".into()));
+            return Ok(Err(
+                "the last line is incomplete (no final newline: an interrupted write?)".into(),
+            ));
         }
         let body = &buf[..buf.len() - 1];
         if let Some(pos) = body.iter().rposition(|&b| b == b'\n') {
@@ -268,13 +310,26 @@ fn read_last_line(file: &File, len: u64) -> std::io::Result<Result<Vec<u8>, Stri
     }
 }
 
-/// An exclusive `flock` held until drop.
-struct Lock<'a>(&'a File);
+/// A `flock` on a log, held until drop.
+pub(crate) struct Lock<'a>(&'a File);
 
 impl<'a> Lock<'a> {
     fn exclusive(file: &'a File, path: &Path) -> Result<Lock<'a>, AuditError> {
+        Self::take(file, path, rustix::fs::FlockOperation::LockExclusive)
+    }
+
+    /// For readers (verify): excludes writers, so the log and its anchor are read as one state.
+    pub(crate) fn shared(file: &'a File, path: &Path) -> Result<Lock<'a>, AuditError> {
+        Self::take(file, path, rustix::fs::FlockOperation::LockShared)
+    }
+
+    fn take(
+        file: &'a File,
+        path: &Path,
+        op: rustix::fs::FlockOperation,
+    ) -> Result<Lock<'a>, AuditError> {
         loop {
-            match rustix::fs::flock(file, rustix::fs::FlockOperation::LockExclusive) {
+            match rustix::fs::flock(file, op) {
                 Ok(()) => return Ok(Lock(file)),
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => return Err(AuditError::io("lock audit log", path)(e.into())),
@@ -303,7 +358,11 @@ mod tests {
     }
 
     fn lines(path: &Path) -> Vec<String> {
-        std::fs::read_to_string(path).unwrap().lines().map(str::to_owned).collect()
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect()
     }
 
     #[test]
@@ -311,8 +370,12 @@ mod tests {
         let (_tmp, keys, path) = setup();
         let mut log = AuditLog::open(&path, &keys).unwrap();
         assert_eq!(log.head(), None);
-        let a = log.append("run_started", "R1", None, json!({"agentRun": "R1"})).unwrap();
-        let b = log.append("tool_called", "R1", Some("E1"), json!({"tool": "t"})).unwrap();
+        let a = log
+            .append("run_started", "R1", None, json!({"agentRun": "R1"}))
+            .unwrap();
+        let b = log
+            .append("tool_called", "R1", Some("E1"), json!({"tool": "t"}))
+            .unwrap();
         assert_eq!((a.seq, b.seq), (1, 2));
         assert_eq!(log.head(), Some((2, b.hash.as_str())));
         let l = lines(&path);
@@ -323,7 +386,11 @@ mod tests {
         assert_eq!(r2.prev, a.hash);
         assert_eq!(r2.hash, b.hash);
         assert_eq!(r2.epoch.as_deref(), Some("E1"));
-        assert!(humantime::parse_rfc3339(&r2.time).is_ok() && r2.time.len() == 24, "{}", r2.time);
+        assert!(
+            humantime::parse_rfc3339(&r2.time).is_ok() && r2.time.len() == 24,
+            "{}",
+            r2.time
+        );
         let anchor = keys.read_anchor(&path).unwrap().unwrap();
         assert_eq!((anchor.seq, anchor.hash.as_str()), (2, b.hash.as_str()));
         let key = keys.load_key().unwrap();
@@ -336,10 +403,16 @@ mod tests {
     #[test]
     fn reopening_continues_the_chain() {
         let (_tmp, keys, path) = setup();
-        let first = AuditLog::open(&path, &keys).unwrap().append("run_started", "R1", None, json!({})).unwrap();
+        let first = AuditLog::open(&path, &keys)
+            .unwrap()
+            .append("run_started", "R1", None, json!({}))
+            .unwrap();
         let mut log = AuditLog::open(&path, &keys).unwrap();
         assert_eq!(log.head(), Some((1, first.hash.as_str())));
-        assert_eq!(log.append("run_ended", "R1", None, json!({})).unwrap().seq, 2);
+        assert_eq!(
+            log.append("run_ended", "R1", None, json!({})).unwrap().seq,
+            2
+        );
     }
 
     #[test]
@@ -362,7 +435,9 @@ mod tests {
         log.append("x", "R", None, json!({"n": 2})).unwrap();
         // Tamper with the last record's data (length unchanged would not be noticed by a
         // running writer; a changed length is).
-        let text = std::fs::read_to_string(&path).unwrap().replace("\"n\":2", "\"n\":22");
+        let text = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("\"n\":2", "\"n\":22");
         std::fs::write(&path, text).unwrap();
         let err = log.append("x", "R", None, json!({})).unwrap_err();
         assert!(matches!(err, AuditError::CorruptTail { .. }), "{err:?}");
@@ -376,7 +451,12 @@ mod tests {
         let (_tmp, keys, path) = setup();
         let mut log = AuditLog::open(&path, &keys).unwrap();
         log.append("x", "R", None, json!({})).unwrap();
-        std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(b"{\"v\":1,\"se").unwrap();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"{\"v\":1,\"se")
+            .unwrap();
         let err = log.append("x", "R", None, json!({})).unwrap_err();
         assert!(err.to_string().contains("no final newline"), "{err}");
     }
@@ -392,7 +472,10 @@ mod tests {
         let l = lines(&path);
         std::fs::write(&path, format!("{}\n{}\n", l[0], l[1])).unwrap();
         let err = AuditLog::open(&path, &keys).unwrap_err();
-        assert!(err.to_string().contains("anchor records head seq 3"), "{err}");
+        assert!(
+            err.to_string().contains("anchor records head seq 3"),
+            "{err}"
+        );
         std::fs::write(&path, b"").unwrap();
         let err = AuditLog::open(&path, &keys).unwrap_err();
         assert!(err.to_string().contains("the log is empty"), "{err}");
@@ -401,7 +484,10 @@ mod tests {
     #[test]
     fn other_key_is_refused() {
         let (tmp, keys, path) = setup();
-        AuditLog::open(&path, &keys).unwrap().append("x", "R", None, json!({})).unwrap();
+        AuditLog::open(&path, &keys)
+            .unwrap()
+            .append("x", "R", None, json!({}))
+            .unwrap();
         let err = AuditLog::open(&path, &KeyStore::at(tmp.path().join("other"))).unwrap_err();
         assert!(err.to_string().contains("invalid MAC"), "{err}");
     }
@@ -413,7 +499,10 @@ mod tests {
         std::fs::write(&target, b"").unwrap();
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::os::unix::fs::symlink(&target, &path).unwrap();
-        assert!(matches!(AuditLog::open(&path, &keys), Err(AuditError::Symlink { .. })));
+        assert!(matches!(
+            AuditLog::open(&path, &keys),
+            Err(AuditError::Symlink { .. })
+        ));
         let dir = tmp.path().join("adir");
         std::fs::create_dir(&dir).unwrap();
         assert!(AuditLog::open(&dir, &keys).is_err());
@@ -423,9 +512,18 @@ mod tests {
     fn bad_input_is_refused_before_writing() {
         let (_tmp, keys, path) = setup();
         let mut log = AuditLog::open(&path, &keys).unwrap();
-        assert!(matches!(log.append("", "R", None, json!({})), Err(AuditError::InvalidRecord(_))));
-        assert!(matches!(log.append("x", "", None, json!({})), Err(AuditError::InvalidRecord(_))));
-        assert!(matches!(log.append("x", "R", None, json!({"d": 1.5})), Err(AuditError::Chain(_))));
+        assert!(matches!(
+            log.append("", "R", None, json!({})),
+            Err(AuditError::InvalidRecord(_))
+        ));
+        assert!(matches!(
+            log.append("x", "", None, json!({})),
+            Err(AuditError::InvalidRecord(_))
+        ));
+        assert!(matches!(
+            log.append("x", "R", None, json!({"d": 1.5})),
+            Err(AuditError::Chain(_))
+        ));
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
         // The failed appends left the writer usable.
         assert_eq!(log.append("x", "R", None, json!({})).unwrap().seq, 1);
@@ -435,8 +533,11 @@ mod tests {
     fn long_tail_lines_are_read_across_chunks() {
         let (_tmp, keys, path) = setup();
         let mut log = AuditLog::open(&path, &keys).unwrap();
-        log.append("x", "R", None, json!({"big": "a".repeat(10_000)})).unwrap();
-        let big = log.append("x", "R", None, json!({"big": "b".repeat(20_000)})).unwrap();
+        log.append("x", "R", None, json!({"big": "a".repeat(10_000)}))
+            .unwrap();
+        let big = log
+            .append("x", "R", None, json!({"big": "b".repeat(20_000)}))
+            .unwrap();
         let mut again = AuditLog::open(&path, &keys).unwrap();
         assert_eq!(again.head(), Some((2, big.hash.as_str())));
         assert_eq!(again.append("x", "R", None, json!({})).unwrap().seq, 3);
@@ -453,10 +554,20 @@ mod tests {
             let data = json!({"callId": i, "tool": "write_inventory", "grant": "G1",
                 "credentialScopes": ["inventory-api-staging"], "argumentsDigest": "f".repeat(64)});
             let t = std::time::Instant::now();
-            log.append("tool_called", "01JQ7R4S4S0QJ7GZP1S2", Some("01JQ7R9KQ6K2Y8W4JH0M"), data).unwrap();
+            log.append(
+                "tool_called",
+                "01JQ7R4S4S0QJ7GZP1S2",
+                Some("01JQ7R9KQ6K2Y8W4JH0M"),
+                data,
+            )
+            .unwrap();
             times.push(t.elapsed());
         }
         times.sort();
-        eprintln!("append: median {:?}, p99 {:?}", times[times.len() / 2], times[times.len() * 99 / 100]);
+        eprintln!(
+            "append: median {:?}, p99 {:?}",
+            times[times.len() / 2],
+            times[times.len() * 99 / 100]
+        );
     }
 }

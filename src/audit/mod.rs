@@ -2,7 +2,7 @@
 //! call and who authorized it; verification; the session and activity journals.
 //!
 //! Owns: the record format ([`chain`], pure), the per-user key and the head anchors ([`keys`]),
-//! the append-only writer ([`log`]), the verifier ([`verify`]) and the journals ([`journal`]).
+//! the append-only writer ([`log`]), the verifier ([`mod@verify`]) and the journals ([`journal`]).
 //! Must not touch: policy (whether a call is allowed is decided elsewhere; this module records the
 //! decision), stdout, and other modules of the crate.
 //!
@@ -22,11 +22,12 @@ pub mod verify;
 use std::path::PathBuf;
 
 pub use chain::{
-    AuditKey, ChainError, FORMAT_VERSION, GENESIS_PREV, Record, anchor_mac, canonical_json, is_digest_hex,
-    record_mac, verify_anchor_mac, verify_record_mac,
+    AuditKey, ChainError, FORMAT_VERSION, GENESIS_PREV, Record, anchor_mac, canonical_json,
+    is_digest_hex, record_mac, verify_anchor_mac, verify_record_mac,
 };
 pub use journal::{
-    CallEntry, CallOutcome, ClientInfo, EpochEntry, GrantEntry, JournalView, Journals, RunEntry, SessionJournal,
+    CallEntry, CallOutcome, ClientInfo, EpochEntry, GrantEntry, JournalView, Journals, RunEntry,
+    SessionJournal,
 };
 pub use keys::{Anchor, HOME_ENV, KeyStore};
 pub use log::{AppendedRecord, AuditLog};
@@ -105,7 +106,10 @@ pub enum AuditError {
     Symlink { path: PathBuf },
     #[error("audit log {} is not a regular file", path.display())]
     NotRegularFile { path: PathBuf },
-    #[error("cannot locate a state directory for the audit key: set {}, XDG_STATE_HOME or HOME", keys::HOME_ENV)]
+    #[error(
+        "cannot locate a state directory for the audit key: set {}, XDG_STATE_HOME or HOME",
+        keys::HOME_ENV
+    )]
     NoStateDir,
     #[error("refusing audit key {}: {reason}", path.display())]
     InsecureKey { path: PathBuf, reason: String },
@@ -132,8 +136,15 @@ pub enum AuditError {
 }
 
 impl AuditError {
-    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> AuditError {
+    pub(crate) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> AuditError {
         let path = path.into();
-        move |source| AuditError::Io { action, path, source }
+        move |source| AuditError::Io {
+            action,
+            path,
+            source,
+        }
     }
 }

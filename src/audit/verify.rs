@@ -10,12 +10,17 @@
 //! seq past the last record (truncated tail), and name the hash of the record at its seq.
 
 use super::AuditError;
-use super::chain::{FORMAT_VERSION, GENESIS_PREV, Record, is_digest_hex, verify_anchor_mac, verify_record_mac};
+use super::chain::{
+    FORMAT_VERSION, GENESIS_PREV, Record, is_digest_hex, verify_anchor_mac, verify_record_mac,
+};
 use super::keys::{self, Anchor, KeyStore};
+use super::log::Lock;
 use std::collections::BTreeSet;
 use std::fmt;
+use std::fs::File;
 use std::io::{ErrorKind, Read};
 use std::path::Path;
+use std::path::PathBuf;
 
 /// A log that verified.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,7 +57,11 @@ impl fmt::Display for VerifyFailure {
 impl std::error::Error for VerifyFailure {}
 
 fn fail(line: usize, seq: Option<u64>, reason: impl Into<String>) -> VerifyFailure {
-    VerifyFailure { line, seq, reason: reason.into() }
+    VerifyFailure {
+        line,
+        seq,
+        reason: reason.into(),
+    }
 }
 
 fn short(hash: &str) -> &str {
@@ -61,18 +70,37 @@ fn short(hash: &str) -> &str {
 
 /// Verifies the log at `path` with the key and anchor in `keys`.
 pub fn verify(path: &Path, keys: &KeyStore) -> Result<VerifyReport, VerifyFailure> {
-    let contents = read_log(path).map_err(|e| fail(0, None, e.to_string()))?;
+    verify_and_collect(path, keys).map(|(report, _)| report)
+}
+
+/// [`verify()`], also returning the records it checked (one read of the log, so journals show
+/// exactly what was verified even if a writer appends meanwhile).
+pub(crate) fn verify_and_collect(
+    path: &Path,
+    keys: &KeyStore,
+) -> Result<(VerifyReport, Vec<Record>), VerifyFailure> {
+    let (contents, anchor_path, anchor) =
+        read_log_and_anchor(path, keys).map_err(|e| fail(0, None, e.to_string()))?;
     if contents.is_empty() {
-        return Err(fail(0, None, format!("audit log {} is empty", path.display())));
+        return Err(fail(
+            0,
+            None,
+            format!("audit log {} is empty", path.display()),
+        ));
     }
     let key = keys.load_key().map_err(|e| fail(0, None, e.to_string()))?;
     let mut last: Option<(usize, u64, String)> = None;
     let mut hashes: Vec<String> = Vec::new();
+    let mut records: Vec<Record> = Vec::new();
     let mut runs = BTreeSet::new();
     let mut epochs = BTreeSet::new();
 
     let ends_with_newline = contents.last() == Some(&b'\n');
-    let body = if ends_with_newline { &contents[..contents.len() - 1] } else { &contents[..] };
+    let body = if ends_with_newline {
+        &contents[..contents.len() - 1]
+    } else {
+        &contents[..]
+    };
     let total_lines = body.split(|&b| b == b'\n').count();
     for (i, raw) in body.split(|&b| b == b'\n').enumerate() {
         let line = i + 1;
@@ -82,20 +110,32 @@ pub fn verify(path: &Path, keys: &KeyStore) -> Result<VerifyReport, VerifyFailur
             return Err(fail(line, None, "empty line"));
         }
         let record = Record::from_line(text).map_err(|e| {
-            let seq = serde_json::from_str::<serde_json::Value>(text).ok().and_then(|v| v["seq"].as_u64());
-            let what = if unterminated { "incomplete last line (cut mid-write or truncated)" } else { "malformed" };
+            let seq = serde_json::from_str::<serde_json::Value>(text)
+                .ok()
+                .and_then(|v| v["seq"].as_u64());
+            let what = if unterminated {
+                "incomplete last line (cut mid-write or truncated)"
+            } else {
+                "malformed"
+            };
             fail(line, seq, format!("{what}: {e}"))
         })?;
         let seq = Some(record.seq);
         if record.v != FORMAT_VERSION {
-            return Err(fail(line, seq, format!("unsupported format version {}", record.v)));
+            return Err(fail(
+                line,
+                seq,
+                format!("unsupported format version {}", record.v),
+            ));
         }
         let expected = line as u64;
         if record.seq != expected {
             return Err(fail(
                 line,
                 seq,
-                format!("out of sequence: expected seq {expected} (a record was deleted, inserted or moved)"),
+                format!(
+                    "out of sequence: expected seq {expected} (a record was deleted, inserted or moved)"
+                ),
             ));
         }
         let expected_prev = hashes.last().map(String::as_str).unwrap_or(GENESIS_PREV);
@@ -111,9 +151,15 @@ pub fn verify(path: &Path, keys: &KeyStore) -> Result<VerifyReport, VerifyFailur
             ));
         }
         if !is_digest_hex(&record.hash) {
-            return Err(fail(line, seq, "hash mismatch: hash field is not 64 lowercase hex digits"));
+            return Err(fail(
+                line,
+                seq,
+                "hash mismatch: hash field is not 64 lowercase hex digits",
+            ));
         }
-        let recomputed = record.compute_hash().map_err(|e| fail(line, seq, e.to_string()))?;
+        let recomputed = record
+            .compute_hash()
+            .map_err(|e| fail(line, seq, e.to_string()))?;
         if recomputed != record.hash {
             return Err(fail(
                 line,
@@ -128,13 +174,23 @@ pub fn verify(path: &Path, keys: &KeyStore) -> Result<VerifyReport, VerifyFailur
         match verify_record_mac(&key, &record.hash, &record.mac) {
             Ok(true) => {}
             Ok(false) => {
-                return Err(fail(line, seq, "MAC invalid: not sealed with this key (tampered or re-chained)"));
+                return Err(fail(
+                    line,
+                    seq,
+                    "MAC invalid: not sealed with this key (tampered or re-chained)",
+                ));
             }
             Err(e) => return Err(fail(line, seq, format!("MAC invalid: {e}"))),
         }
-        let rendered = record.to_line().map_err(|e| fail(line, seq, e.to_string()))?;
+        let rendered = record
+            .to_line()
+            .map_err(|e| fail(line, seq, e.to_string()))?;
         if rendered != raw {
-            return Err(fail(line, seq, "not in canonical form (the line differs from the writer's rendering)"));
+            return Err(fail(
+                line,
+                seq,
+                "not in canonical form (the line differs from the writer's rendering)",
+            ));
         }
         if unterminated {
             return Err(fail(line, seq, "incomplete last line: no final newline"));
@@ -144,12 +200,12 @@ pub fn verify(path: &Path, keys: &KeyStore) -> Result<VerifyReport, VerifyFailur
             epochs.insert(e.clone());
         }
         hashes.push(record.hash.clone());
-        last = Some((line, record.seq, record.hash));
+        last = Some((line, record.seq, record.hash.clone()));
+        records.push(record);
     }
     let (last_line, head_seq, head_hash) = last.expect("a non-empty log has at least one line");
 
-    let anchor_path = keys.anchor_path(path).map_err(|e| fail(0, None, e.to_string()))?;
-    let anchor: Anchor = match keys::read_anchor_at(&anchor_path) {
+    let anchor: Anchor = match anchor {
         Ok(Some(a)) => a,
         Ok(None) => {
             return Err(fail(
@@ -164,7 +220,11 @@ pub fn verify(path: &Path, keys: &KeyStore) -> Result<VerifyReport, VerifyFailur
         Err(e) => return Err(fail(0, None, e.to_string())),
     };
     if !verify_anchor_mac(&key, anchor.seq, &anchor.hash, &anchor.mac).unwrap_or(false) {
-        return Err(fail(0, None, format!("anchor {} has an invalid MAC", anchor_path.display())));
+        return Err(fail(
+            0,
+            None,
+            format!("anchor {} has an invalid MAC", anchor_path.display()),
+        ));
     }
     if anchor.seq > head_seq {
         return Err(fail(
@@ -178,29 +238,70 @@ pub fn verify(path: &Path, keys: &KeyStore) -> Result<VerifyReport, VerifyFailur
         ));
     }
     // seq == line number was checked above, so the record at seq N is hashes[N - 1].
-    let anchored = anchor.seq.checked_sub(1).and_then(|i| hashes.get(i as usize));
+    let anchored = anchor
+        .seq
+        .checked_sub(1)
+        .and_then(|i| hashes.get(i as usize));
     match anchored {
         Some(h) if *h == anchor.hash => {}
         _ => {
             return Err(fail(
                 anchor.seq as usize,
                 Some(anchor.seq),
-                format!("does not match the anchor (anchor hash {}…)", short(&anchor.hash)),
+                format!(
+                    "does not match the anchor (anchor hash {}…)",
+                    short(&anchor.hash)
+                ),
             ));
         }
     }
-    Ok(VerifyReport { records: head_seq, runs: runs.len(), epochs: epochs.len(), head_seq, head_hash })
+    let report = VerifyReport {
+        records: head_seq,
+        runs: runs.len(),
+        epochs: epochs.len(),
+        head_seq,
+        head_hash,
+    };
+    Ok((report, records))
+}
+
+fn open_log(path: &Path) -> Result<File, AuditError> {
+    keys::open_nofollow(path).map_err(|e| match e.kind() {
+        ErrorKind::NotFound => AuditError::Io {
+            action: "read audit log",
+            path: path.to_owned(),
+            source: e,
+        },
+        _ if keys::is_eloop(&e) => AuditError::Symlink {
+            path: path.to_owned(),
+        },
+        _ => AuditError::io("open audit log", path)(e),
+    })
 }
 
 fn read_log(path: &Path) -> Result<Vec<u8>, AuditError> {
-    let mut file = keys::open_nofollow(path).map_err(|e| match e.kind() {
-        ErrorKind::NotFound => AuditError::Io { action: "read audit log", path: path.to_owned(), source: e },
-        _ if keys::is_eloop(&e) => AuditError::Symlink { path: path.to_owned() },
-        _ => AuditError::io("open audit log", path)(e),
-    })?;
     let mut contents = Vec::new();
-    file.read_to_end(&mut contents).map_err(AuditError::io("read audit log", path))?;
+    open_log(path)?
+        .read_to_end(&mut contents)
+        .map_err(AuditError::io("read audit log", path))?;
     Ok(contents)
+}
+
+/// The log's bytes and its anchor, read under a shared lock so that no append happens between
+/// the two reads. The anchor result is kept as is: line problems are reported before anchor ones.
+type LogAndAnchor = (Vec<u8>, PathBuf, Result<Option<Anchor>, AuditError>);
+
+fn read_log_and_anchor(path: &Path, keys: &KeyStore) -> Result<LogAndAnchor, AuditError> {
+    let file = open_log(path)?;
+    let anchor_path = keys.anchor_path(path)?;
+    let lock = Lock::shared(&file, path)?;
+    let mut contents = Vec::new();
+    (&file)
+        .read_to_end(&mut contents)
+        .map_err(AuditError::io("read audit log", path))?;
+    let anchor = keys::read_anchor_at(&anchor_path);
+    drop(lock);
+    Ok((contents, anchor_path, anchor))
 }
 
 /// Parses every record of a log without verifying anything beyond syntax (for `audit show` of a
@@ -212,7 +313,8 @@ pub fn read_records(path: &Path) -> Result<Vec<Record>, AuditError> {
     text.lines()
         .enumerate()
         .map(|(i, line)| {
-            Record::from_line(line).map_err(|e| AuditError::InvalidRecord(format!("line {}: {e}", i + 1)))
+            Record::from_line(line)
+                .map_err(|e| AuditError::InvalidRecord(format!("line {}: {e}", i + 1)))
         })
         .collect()
 }
@@ -230,7 +332,13 @@ mod tests {
         let mut log = AuditLog::open(&path, &keys).unwrap();
         for i in 0..n {
             let epoch = if i % 2 == 0 { "E1" } else { "E2" };
-            log.append("tool_called", if i < 3 { "R1" } else { "R2" }, Some(epoch), json!({"i": i})).unwrap();
+            log.append(
+                "tool_called",
+                if i < 3 { "R1" } else { "R2" },
+                Some(epoch),
+                json!({"i": i}),
+            )
+            .unwrap();
         }
         (tmp, keys, path)
     }
@@ -250,10 +358,18 @@ mod tests {
         let missing = tmp.path().join("nope.jsonl");
         let f = verify(&missing, &keys).unwrap_err();
         assert_eq!(f.line, 0);
-        assert!(f.to_string().contains("nope.jsonl") && f.to_string().contains("No such file"), "{f}");
+        assert!(
+            f.to_string().contains("nope.jsonl") && f.to_string().contains("No such file"),
+            "{f}"
+        );
         let empty = tmp.path().join("empty.jsonl");
         std::fs::write(&empty, b"").unwrap();
-        assert!(verify(&empty, &keys).unwrap_err().to_string().ends_with("is empty"));
+        assert!(
+            verify(&empty, &keys)
+                .unwrap_err()
+                .to_string()
+                .ends_with("is empty")
+        );
     }
 
     #[test]
@@ -274,14 +390,23 @@ mod tests {
 
         a.seq = 2; // behind the tail but with the head's hash: MAC no longer matches
         std::fs::write(&anchor_path, serde_json::to_string(&a).unwrap()).unwrap();
-        assert!(verify(&path, &keys).unwrap_err().reason.contains("invalid MAC"));
+        assert!(
+            verify(&path, &keys)
+                .unwrap_err()
+                .reason
+                .contains("invalid MAC")
+        );
 
         let key = keys.load_key().unwrap();
         a.mac = crate::audit::chain::anchor_mac(&key, 2, &a.hash); // validly sealed, wrong hash for seq 2
         std::fs::write(&anchor_path, serde_json::to_string(&a).unwrap()).unwrap();
         let f = verify(&path, &keys).unwrap_err();
         assert_eq!((f.line, f.seq), (2, Some(2)), "{f}");
-        assert!(f.to_string().starts_with("record 2 (line 2): does not match the anchor"), "{f}");
+        assert!(
+            f.to_string()
+                .starts_with("record 2 (line 2): does not match the anchor"),
+            "{f}"
+        );
 
         std::fs::remove_file(&anchor_path).unwrap();
         let f = verify(&path, &keys).unwrap_err();
@@ -294,8 +419,16 @@ mod tests {
         let (_t, keys, path) = build(3);
         let text = std::fs::read_to_string(&path).unwrap();
         // "\u0074ool_called" parses to the same string as "tool_called": hash and MAC still match.
-        let changed = text.replacen("\"type\":\"tool_called\"", "\"type\":\"\\u0074ool_called\"", 2);
-        let changed = changed.replacen("\"type\":\"\\u0074ool_called\"", "\"type\":\"tool_called\"", 1);
+        let changed = text.replacen(
+            "\"type\":\"tool_called\"",
+            "\"type\":\"\\u0074ool_called\"",
+            2,
+        );
+        let changed = changed.replacen(
+            "\"type\":\"\\u0074ool_called\"",
+            "\"type\":\"tool_called\"",
+            1,
+        );
         std::fs::write(&path, changed).unwrap();
         let f = verify(&path, &keys).unwrap_err();
         assert_eq!(f.line, 2);
@@ -304,8 +437,14 @@ mod tests {
 
     #[test]
     fn failure_display_forms() {
-        assert_eq!(fail(7, Some(7), "hash mismatch: x").to_string(), "record 7 (line 7): hash mismatch: x");
-        assert_eq!(fail(3, None, "empty line").to_string(), "line 3: empty line");
+        assert_eq!(
+            fail(7, Some(7), "hash mismatch: x").to_string(),
+            "record 7 (line 7): hash mismatch: x"
+        );
+        assert_eq!(
+            fail(3, None, "empty line").to_string(),
+            "line 3: empty line"
+        );
         assert_eq!(fail(0, None, "no anchor").to_string(), "no anchor");
     }
 
@@ -313,8 +452,16 @@ mod tests {
     fn read_records_parses_without_verifying() {
         let (_t, _keys, path) = build(3);
         let records = read_records(&path).unwrap();
-        assert_eq!(records.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![1, 2, 3]);
+        assert_eq!(
+            records.iter().map(|r| r.seq).collect::<Vec<_>>(),
+            vec![1, 2, 3]
+        );
         std::fs::write(&path, b"{}\n").unwrap();
-        assert!(read_records(&path).unwrap_err().to_string().contains("line 1"));
+        assert!(
+            read_records(&path)
+                .unwrap_err()
+                .to_string()
+                .contains("line 1")
+        );
     }
 }

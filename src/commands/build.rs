@@ -27,7 +27,10 @@ pub fn report(prep: &Prepared, outcome: &CycleOutcome, json: bool) -> std::io::R
     status::line(&cycle::status_line(prep, outcome));
     if let CycleOutcome::Complete { problems, .. } = outcome {
         // Unknown config keys were already reported when the configuration was read.
-        for p in problems.iter().filter(|p| !matches!(p, CaptureProblem::UnknownConfigKeys(_))) {
+        for p in problems
+            .iter()
+            .filter(|p| !matches!(p, CaptureProblem::UnknownConfigKeys(_)))
+        {
             status::warn(&p.to_string());
         }
     }

@@ -20,7 +20,10 @@ pub fn execute(args: CheckArgs) -> CmdResult {
     };
     let prep = Prepared::new(&cargo).map_err(lockfile_sentence)?;
     if !prep.target.resolved.lockfile.is_file() {
-        return Err(Failure::new(exit_codes::IDENTITY_NOT_CAPTURED, "no Cargo.lock: the dependency versions that will run are not pinned (run `cargo generate-lockfile` and commit it)"));
+        return Err(Failure::new(
+            exit_codes::IDENTITY_NOT_CAPTURED,
+            "no Cargo.lock: the dependency versions that will run are not pinned (run `cargo generate-lockfile` and commit it)",
+        ));
     }
     let outcome = cycle::run_cycle(&prep, &[], !status::quiet()).map_err(lockfile_sentence)?;
     super::build::report(&prep, &outcome, json)?;
@@ -29,9 +32,14 @@ pub fn execute(args: CheckArgs) -> CmdResult {
             if let Some(s) = summary.filter(|s| s.contains("--locked")) {
                 return Err(lockfile_sentence(Failure::error(s)));
             }
-            return Err(Failure::new(exit_codes::BUILD_FAILED, "build failed: identity not captured"));
+            return Err(Failure::new(
+                exit_codes::BUILD_FAILED,
+                "build failed: identity not captured",
+            ));
         }
-        CycleOutcome::Complete { record, problems, .. } => (record, problems),
+        CycleOutcome::Complete {
+            record, problems, ..
+        } => (record, problems),
     };
     if let Some(out) = &args.out {
         cycle::write_record(out, &record)?;
@@ -40,7 +48,11 @@ pub fn execute(args: CheckArgs) -> CmdResult {
     if !problems.is_empty() {
         let mut f = Failure::new(
             exit_codes::IDENTITY_NOT_CAPTURED,
-            format!("identity not captured completely ({} problem{})", problems.len(), if problems.len() == 1 { "" } else { "s" }),
+            format!(
+                "identity not captured completely ({} problem{})",
+                problems.len(),
+                if problems.len() == 1 { "" } else { "s" }
+            ),
         );
         for p in &problems {
             f = f.with_note(p.to_string());
@@ -66,9 +78,15 @@ pub fn execute(args: CheckArgs) -> CmdResult {
         }
     }
     if json {
-        output::stdout_line(&serde_json::json!({"event": "check-passed", "identity": record.identity_digest}).to_string())?;
+        output::stdout_line(
+            &serde_json::json!({"event": "check-passed", "identity": record.identity_digest})
+                .to_string(),
+        )?;
     } else {
-        status::line(&format!("check passed: identity {}", short(&record.identity_digest)));
+        status::line(&format!(
+            "check passed: identity {}",
+            short(&record.identity_digest)
+        ));
     }
     Ok(exit_codes::OK)
 }

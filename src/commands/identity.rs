@@ -35,7 +35,10 @@ fn current(args: &IdentityArgs) -> Result<IdentityRecord, Failure> {
         return prep.last_identity().ok_or_else(|| {
             Failure::new(
                 exit_codes::IDENTITY_NOT_CAPTURED,
-                format!("no identity recorded yet for `{}` (run `cargo mcp-dev build`)", prep.target.label),
+                format!(
+                    "no identity recorded yet for `{}` (run `cargo mcp-dev build`)",
+                    prep.target.label
+                ),
             )
         });
     }
@@ -43,7 +46,10 @@ fn current(args: &IdentityArgs) -> Result<IdentityRecord, Failure> {
     status::line(&cycle::status_line(&prep, &outcome));
     match outcome {
         CycleOutcome::Complete { record, .. } => Ok(record),
-        CycleOutcome::Failed { .. } => Err(Failure::new(exit_codes::BUILD_FAILED, "build failed; no identity captured")),
+        CycleOutcome::Failed { .. } => Err(Failure::new(
+            exit_codes::BUILD_FAILED,
+            "build failed; no identity captured",
+        )),
     }
 }
 
@@ -58,7 +64,10 @@ fn print_diff(old: &IdentityRecord, new: &IdentityRecord, json: bool) -> CmdResu
         });
         output::stdout_line(&v.to_string())?;
     } else if changed.is_empty() {
-        output::stdout_line(&format!("identity unchanged ({})", short(&new.identity_digest)))?;
+        output::stdout_line(&format!(
+            "identity unchanged ({})",
+            short(&new.identity_digest)
+        ))?;
     } else {
         let mut text = format!(
             "identity changed ({} -> {}): {}\n",
@@ -67,7 +76,11 @@ fn print_diff(old: &IdentityRecord, new: &IdentityRecord, json: bool) -> CmdResu
             fingerprint::component_list(&changed)
         );
         for c in &changed {
-            text.push_str(&format!("  {}: {}\n", c.name(), describe_change(*c, old, new)));
+            text.push_str(&format!(
+                "  {}: {}\n",
+                c.name(),
+                describe_change(*c, old, new)
+            ));
         }
         for d in deps {
             text.push_str(&format!("    {d}\n"));
@@ -77,16 +90,33 @@ fn print_diff(old: &IdentityRecord, new: &IdentityRecord, json: bool) -> CmdResu
     Ok(exit_codes::OK)
 }
 
-fn describe_change(c: fingerprint::Component, old: &IdentityRecord, new: &IdentityRecord) -> String {
+fn describe_change(
+    c: fingerprint::Component,
+    old: &IdentityRecord,
+    new: &IdentityRecord,
+) -> String {
     use fingerprint::Component::*;
     match c {
-        Executable => format!("{} -> {}", short(&old.executable.sha256), short(&new.executable.sha256)),
+        Executable => format!(
+            "{} -> {}",
+            short(&old.executable.sha256),
+            short(&new.executable.sha256)
+        ),
         Lockfile => format!(
             "{} -> {}",
-            old.lockfile.as_ref().map(|l| short(&l.sha256)).unwrap_or_else(|| "none".into()),
-            new.lockfile.as_ref().map(|l| short(&l.sha256)).unwrap_or_else(|| "none".into())
+            old.lockfile
+                .as_ref()
+                .map(|l| short(&l.sha256))
+                .unwrap_or_else(|| "none".into()),
+            new.lockfile
+                .as_ref()
+                .map(|l| short(&l.sha256))
+                .unwrap_or_else(|| "none".into())
         ),
-        DependencyTree => format!("{} packages -> {} packages", old.dependency_tree.packages, new.dependency_tree.packages),
+        DependencyTree => format!(
+            "{} packages -> {} packages",
+            old.dependency_tree.packages, new.dependency_tree.packages
+        ),
         Runtime => {
             let (o, n) = (&old.runtime, &new.runtime);
             let mut parts = Vec::new();
@@ -127,20 +157,48 @@ fn describe_change(c: fingerprint::Component, old: &IdentityRecord, new: &Identi
         }
         Wrapper => format!(
             "{} -> {}",
-            old.wrapper.as_ref().map(|w| format!("{} {}", w.path, short(&w.sha256))).unwrap_or_else(|| "none".into()),
-            new.wrapper.as_ref().map(|w| format!("{} {}", w.path, short(&w.sha256))).unwrap_or_else(|| "none".into())
+            old.wrapper
+                .as_ref()
+                .map(|w| format!("{} {}", w.path, short(&w.sha256)))
+                .unwrap_or_else(|| "none".into()),
+            new.wrapper
+                .as_ref()
+                .map(|w| format!("{} {}", w.path, short(&w.sha256)))
+                .unwrap_or_else(|| "none".into())
         ),
-        Launcher => format!("{} {} -> {} {}", old.launcher.version, short(&old.launcher.sha256), new.launcher.version, short(&new.launcher.sha256)),
-        Config => format!("{} -> {}", short(&old.config.sha256), short(&new.config.sha256)),
-        Launch => format!("argv {:?} cwd {} -> argv {:?} cwd {}", old.launch.argv.len(), old.launch.cwd, new.launch.argv.len(), new.launch.cwd),
+        Launcher => format!(
+            "{} {} -> {} {}",
+            old.launcher.version,
+            short(&old.launcher.sha256),
+            new.launcher.version,
+            short(&new.launcher.sha256)
+        ),
+        Config => format!(
+            "{} -> {}",
+            short(&old.config.sha256),
+            short(&new.config.sha256)
+        ),
+        Launch => format!(
+            "argv {:?} cwd {} -> argv {:?} cwd {}",
+            old.launch.argv.len(),
+            old.launch.cwd,
+            new.launch.argv.len(),
+            new.launch.cwd
+        ),
     }
 }
 
 pub fn summary_text(r: &IdentityRecord) -> String {
     let mut s = String::new();
     s.push_str(&format!("identity   {}\n", r.identity_digest));
-    s.push_str(&format!("label      {} ({} {}, bin {})\n", r.label, r.package.name, r.package.version, r.bin));
-    s.push_str(&format!("executable {} ({} bytes, {})\n", r.executable.path, r.executable.size, r.executable.sha256));
+    s.push_str(&format!(
+        "label      {} ({} {}, bin {})\n",
+        r.label, r.package.name, r.package.version, r.bin
+    ));
+    s.push_str(&format!(
+        "executable {} ({} bytes, {})\n",
+        r.executable.path, r.executable.size, r.executable.sha256
+    ));
     s.push_str(&format!("runs as    {}\n", r.launch.argv.join(" ")));
     s.push_str(&format!("cwd        {}\n", r.launch.cwd));
     match &r.lockfile {
@@ -159,25 +217,44 @@ pub fn summary_text(r: &IdentityRecord) -> String {
         rt.host,
         rt.target,
         rt.profile,
-        rt.rustflags.as_ref().map(|f| format!(" RUSTFLAGS={f:?}")).unwrap_or_default()
+        rt.rustflags
+            .as_ref()
+            .map(|f| format!(" RUSTFLAGS={f:?}"))
+            .unwrap_or_default()
     ));
     s.push_str(&format!("config     {}\n", r.config.sha256));
     for e in &r.env {
-        s.push_str(&format!("env        {} {}\n", e.name, e.sha256.as_deref().unwrap_or("unset")));
+        s.push_str(&format!(
+            "env        {} {}\n",
+            e.name,
+            e.sha256.as_deref().unwrap_or("unset")
+        ));
     }
     for x in &r.extra_inputs {
-        s.push_str(&format!("extra      {} ({}, {} files, {})\n", x.path, x.kind, x.files, x.sha256));
+        s.push_str(&format!(
+            "extra      {} ({}, {} files, {})\n",
+            x.path, x.kind, x.files, x.sha256
+        ));
     }
     if let Some(w) = &r.wrapper {
-        s.push_str(&format!("wrapper    {} ({}) starts {}\n", w.path, w.sha256, w.starts));
+        s.push_str(&format!(
+            "wrapper    {} ({}) starts {}\n",
+            w.path, w.sha256, w.starts
+        ));
     }
-    s.push_str(&format!("launcher   {} {} ({})\n", r.launcher.name, r.launcher.version, r.launcher.sha256));
+    s.push_str(&format!(
+        "launcher   {} {} ({})\n",
+        r.launcher.name, r.launcher.version, r.launcher.sha256
+    ));
     s.push_str(&format!("captured   {}\n", r.captured_at));
     s
 }
 
 fn deps_text(r: &IdentityRecord) -> String {
-    let mut s = format!("{} packages ({})\n", r.dependency_tree.packages, r.dependency_tree.sha256);
+    let mut s = format!(
+        "{} packages ({})\n",
+        r.dependency_tree.packages, r.dependency_tree.sha256
+    );
     for d in &r.dependency_tree.list {
         let source = d.source.clone().unwrap_or_else(|| "path".into());
         s.push_str(&format!("{} {} {}", d.name, d.version, source));

@@ -1,0 +1,243 @@
+//! `cargo mcp-dev approve`: the human channel. Shows what would be approved (label, current
+//! epoch, what changed since the last approved epoch, the tools with their annotations shown as
+//! untrusted hints, credential scopes), asks, then sends the decision bound to the epoch that
+//! was shown. A decision for an epoch that has since changed is void on the supervisor side.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, IsTerminal, Write};
+
+use serde_json::{Value, json};
+
+use super::control_client;
+use crate::cli::ApproveArgs;
+use crate::error::{CmdResult, Failure};
+use crate::{exit_codes, output, status};
+
+pub fn execute(args: ApproveArgs) -> CmdResult {
+    if args.list {
+        let st = control_client::call(&args.control, &json!({"op": "status"}))?;
+        let grants = st.get("grants").cloned().unwrap_or(json!([]));
+        if args.json {
+            output::stdout_line(&grants.to_string())?;
+        } else if grants.as_array().is_none_or(|g| g.is_empty()) {
+            output::stdout_line("no live grants")?;
+        } else {
+            for g in grants.as_array().into_iter().flatten() {
+                output::stdout_line(&format!(
+                    "{}  tools {}  scopes {}  epoch {}  {}",
+                    g["id"].as_str().unwrap_or("?"),
+                    g["toolScope"],
+                    g["credentialScope"],
+                    g["executionEpoch"].as_str().unwrap_or("?"),
+                    g["expiresWhen"].as_str().unwrap_or("?")
+                ))?;
+            }
+        }
+        return Ok(exit_codes::OK);
+    }
+    if let Some(id) = &args.revoke {
+        let r = control_client::call(&args.control, &json!({"op": "revoke", "grant": id}))?;
+        let n = r["revoked"].as_array().map(|a| a.len()).unwrap_or(0);
+        if args.json {
+            output::stdout_line(&r.to_string())?;
+        }
+        status::line(&format!(
+            "revoked {n} grant{}",
+            if n == 1 { "" } else { "s" }
+        ));
+        return Ok(exit_codes::OK);
+    }
+
+    let st = control_client::call(&args.control, &json!({"op": "status"}))?;
+    let epoch = st
+        .pointer("/server/epoch")
+        .and_then(|e| e.as_str())
+        .ok_or_else(|| {
+            Failure::error("no server is running in this session (it may be building or crashed)")
+        })?
+        .to_string();
+    if st["state"] == "identity-pending" {
+        return Err(Failure::error(
+            "the server's identity is pending (its tool catalog is not fetched yet): try again in a moment",
+        ));
+    }
+    let catalog: BTreeSet<String> = strings(&st["catalogTools"]).into_iter().collect();
+    let tools: BTreeSet<String> = if args.tools.is_empty() {
+        strings(&st["pendingApproval"]["tools"])
+            .into_iter()
+            .collect()
+    } else {
+        args.tools.iter().cloned().collect()
+    };
+    if tools.is_empty() {
+        return Err(Failure::error(format!(
+            "nothing to approve: no denied call is waiting; pass --tool NAME (tools: {})",
+            catalog.iter().cloned().collect::<Vec<_>>().join(", ")
+        )));
+    }
+    for t in &tools {
+        if !catalog.contains(t) {
+            return Err(Failure::error(format!(
+                "tool `{t}` is not in the current catalog (tools: {})",
+                catalog.iter().cloned().collect::<Vec<_>>().join(", ")
+            )));
+        }
+    }
+    let scopes: BTreeSet<String> = if args.credential_scopes.is_empty() {
+        tools
+            .iter()
+            .flat_map(|t| strings(&st["toolPolicy"][t]["credentialScopes"]))
+            .collect()
+    } else {
+        args.credential_scopes.iter().cloned().collect()
+    };
+
+    status::raw(&review(&st, &epoch, &tools, &scopes));
+    if !args.yes {
+        if !std::io::stdin().is_terminal() {
+            return Err(Failure::new(
+                exit_codes::USAGE,
+                "stdin is not a terminal: pass --yes to approve without asking",
+            ));
+        }
+        eprint_flush("Approve? [y/N] ");
+        let mut answer = String::new();
+        std::io::stdin().lock().read_line(&mut answer)?;
+        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+            status::line("approval cancelled: nothing was granted");
+            return Ok(exit_codes::ERROR);
+        }
+    }
+    // Per-call tools get their own grant so the others stay per-epoch.
+    let (per_call, per_epoch): (Vec<String>, Vec<String>) = tools
+        .iter()
+        .cloned()
+        .partition(|t| st["toolPolicy"][t]["mode"] == "per-call");
+    let mut granted = Vec::new();
+    for group in [per_epoch, per_call] {
+        if group.is_empty() {
+            continue;
+        }
+        let group_scopes: Vec<String> = scopes
+            .iter()
+            .filter(|s| {
+                args.credential_scopes.contains(s)
+                    || group
+                        .iter()
+                        .any(|t| strings(&st["toolPolicy"][t]["credentialScopes"]).contains(s))
+            })
+            .cloned()
+            .collect();
+        let r = control_client::call(
+            &args.control,
+            &json!({"op": "approve", "epoch": epoch, "tools": group, "credentialScopes": group_scopes}),
+        )?;
+        granted.push(r["grant"].clone());
+    }
+    if args.json {
+        output::stdout_line(&json!({"grants": granted}).to_string())?;
+    }
+    for g in &granted {
+        status::line(&format!(
+            "approved: {} for epoch {} (grant {}, expires {})",
+            strings(&g["toolScope"]).join(", "),
+            g["executionEpoch"].as_str().unwrap_or("?"),
+            g["id"].as_str().unwrap_or("?"),
+            g["expiresWhen"].as_str().unwrap_or("?")
+        ));
+    }
+    Ok(exit_codes::OK)
+}
+
+fn eprint_flush(text: &str) {
+    let mut e = std::io::stderr();
+    let _ = e.write_all(text.as_bytes());
+    let _ = e.flush();
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What the human reviews before deciding.
+fn review(st: &Value, epoch: &str, tools: &BTreeSet<String>, scopes: &BTreeSet<String>) -> String {
+    let mut out = String::new();
+    out.push_str(&format!(
+        "Approve for `{}` (agent run {}):\n  epoch     {} (pid {}, identity {})\n",
+        st["label"].as_str().unwrap_or("?"),
+        st["agentRun"].as_str().unwrap_or("?"),
+        epoch,
+        st.pointer("/server/pid").cloned().unwrap_or(Value::Null),
+        st.pointer("/server/identityDigest")
+            .and_then(|d| d.as_str())
+            .unwrap_or("?")
+    ));
+    match st.get("sinceLastApproval").filter(|v| !v.is_null()) {
+        Some(since) => {
+            out.push_str(&format!(
+                "  changed since the last approved epoch {}:\n    identity: {}\n",
+                since["epoch"].as_str().unwrap_or("?"),
+                since["identity"]
+                    .as_str()
+                    .filter(|s| !s.is_empty())
+                    .unwrap_or("no component changed (restart only)")
+            ));
+            let lines = strings(&since["catalog"]);
+            if lines.is_empty() {
+                out.push_str("    catalog: unchanged\n");
+            }
+            for l in lines {
+                out.push_str(&format!("    catalog: {l}\n"));
+            }
+        }
+        None => out.push_str("  first approval in this run\n"),
+    }
+    let details = st["catalogDetails"].as_array().cloned().unwrap_or_default();
+    for t in tools {
+        let d = details
+            .iter()
+            .find(|d| d["name"] == t.as_str())
+            .cloned()
+            .unwrap_or(Value::Null);
+        let pol = &st["toolPolicy"][t];
+        out.push_str(&format!(
+            "  tool      {t} ({}{})\n",
+            pol["mode"].as_str().unwrap_or("per-epoch"),
+            if pol["gated"] == false {
+                ", not gated"
+            } else {
+                ""
+            }
+        ));
+        if let Some(desc) = d["description"].as_str() {
+            out.push_str(&format!(
+                "            {}\n",
+                desc.lines().next().unwrap_or("")
+            ));
+        }
+        if let Some(a) = d["annotations"].as_object().filter(|a| !a.is_empty()) {
+            let hints: Vec<String> = a.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            out.push_str(&format!(
+                "            hints from the server (not trusted): {}\n",
+                hints.join(" ")
+            ));
+        }
+    }
+    if scopes.is_empty() {
+        out.push_str("  credential scopes: none\n");
+    } else {
+        for s in scopes {
+            out.push_str(&format!(
+                "  credential scope {s} (env {})\n",
+                strings(&st["policy"]["credentialScopeEnv"][s]).join(", ")
+            ));
+        }
+    }
+    out
+}

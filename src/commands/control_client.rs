@@ -1,0 +1,63 @@
+//! Shared by `approve`, `status` and `restart`: find the running supervisor's control socket
+//! and talk to it.
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use crate::cli::{CargoArgs, ControlArgs};
+use crate::cycle::Prepared;
+use crate::error::Failure;
+use crate::{control, exit_codes};
+
+/// The socket path: `--socket`, else derived from the project's target dir and label.
+pub fn locate(args: &ControlArgs) -> Result<(PathBuf, String), Failure> {
+    if let Some(s) = &args.socket {
+        return Ok((
+            s.clone(),
+            args.label.clone().unwrap_or_else(|| "server".into()),
+        ));
+    }
+    let cargo = CargoArgs {
+        manifest_path: args.manifest_path.clone(),
+        package: args.package.clone(),
+        target_dir: args.target_dir.clone(),
+        ..CargoArgs::default()
+    };
+    let prep = Prepared::new(&cargo)?;
+    let label = args
+        .label
+        .clone()
+        .unwrap_or_else(|| prep.target.label.clone());
+    Ok((
+        control::socket_path(&prep.target.resolved.target_dir, &label),
+        label,
+    ))
+}
+
+/// One request; `ok:false` answers become errors, an absent supervisor exits 106.
+pub fn call(args: &ControlArgs, request: &Value) -> Result<Value, Failure> {
+    let (path, label) = locate(args)?;
+    let answer = control::request(&path, request).map_err(|e| {
+        Failure::new(
+            exit_codes::NO_SUPERVISOR,
+            format!(
+                "no running `cargo mcp-dev run` for `{label}` answered on its control socket ({e})"
+            ),
+        )
+        .with_note(
+            "start the server from your MCP host (or `cargo mcp-dev run`) in this project first",
+        )
+    })?;
+    if answer.get("ok").and_then(|o| o.as_bool()) == Some(true) {
+        Ok(answer.get("result").cloned().unwrap_or(Value::Null))
+    } else {
+        Err(Failure::error(
+            answer
+                .get("error")
+                .and_then(|e| e.as_str())
+                .unwrap_or("the supervisor refused the request")
+                .to_string(),
+        ))
+    }
+}

@@ -1,0 +1,20 @@
+//! `cargo mcp-dev restart`: apply the latest build now (restart mode `manual`, or after a crash loop).
+
+use serde_json::json;
+
+use super::control_client;
+use crate::cli::ControlArgs;
+use crate::error::CmdResult;
+use crate::{exit_codes, status};
+
+pub fn execute(args: ControlArgs) -> CmdResult {
+    let answer = control_client::call(&args, &json!({"op": "restart"}))?;
+    if answer.get("restarting").is_some() {
+        status::line(
+            "restart requested: the running server is being replaced with the latest build",
+        );
+    } else {
+        status::line("restart requested: the server is starting");
+    }
+    Ok(exit_codes::OK)
+}

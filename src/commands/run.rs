@@ -1,0 +1,513 @@
+//! `cargo mcp-dev run`: the command an MCP host launches instead of `cargo run`.
+//!
+//! The shell around [`crate::session::Session`]: it owns the threads (host reader and writer,
+//! per-child readers and writer, build, watcher, signals, parent check, control socket) and
+//! turns the session's requests into I/O. Every decision is the session's.
+
+use std::collections::HashMap;
+use std::io::{BufReader, Write};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, unbounded};
+
+use crate::approval::{ApprovalMode, CredentialScope, Gating, Policy};
+use crate::audit::{AuditLog, KeyStore};
+use crate::cli::{MessageFormat, RestartMode, RunArgs};
+use crate::config::{GateSetting, LoadedConfig};
+use crate::cycle::{self, Prepared};
+use crate::epoch;
+use crate::error::{CmdResult, Failure};
+use crate::fingerprint::IdentityRecord;
+use crate::proxy::framing::{DEFAULT_MAX_LINE, Frame, LineReader};
+use crate::session::{Event, Io, Session, SessionConfig};
+use crate::supervisor::{self, LaunchSpec, Worker, unix};
+use crate::{control, exit_codes, output, status, watch};
+
+enum Out {
+    Line(Vec<u8>),
+    Close,
+}
+
+/// Status lines for `run`: human on stderr, or JSON events on stderr.
+#[derive(Clone)]
+struct StatusSink {
+    json: bool,
+    label: String,
+}
+
+impl StatusSink {
+    fn emit(&self, line: &str) {
+        if self.json {
+            let event = serde_json::json!({"event": "status", "label": self.label, "message": line,
+                "time": humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()});
+            status::raw(&event.to_string());
+        } else {
+            status::line(line);
+        }
+    }
+}
+
+struct Shell {
+    events: Sender<Event>,
+    host_out: Sender<Out>,
+    children: HashMap<String, Sender<Out>>,
+    prep: Arc<Mutex<Prepared>>,
+    server_args: Vec<String>,
+    label: String,
+    sink: StatusSink,
+    build_lock: PathBuf,
+}
+
+impl Io for Shell {
+    fn to_host(&mut self, line: Vec<u8>) {
+        let _ = self.host_out.send(Out::Line(line));
+    }
+
+    fn to_child(&mut self, epoch: &str, line: Vec<u8>) {
+        if let Some(tx) = self.children.get(epoch) {
+            let _ = tx.send(Out::Line(line));
+        }
+    }
+
+    fn start_build(&mut self) {
+        let events = self.events.clone();
+        let prep = self.prep.clone();
+        let args = self.server_args.clone();
+        let lock = self.build_lock.clone();
+        let sink = self.sink.clone();
+        let _ = std::thread::Builder::new()
+            .name("build".into())
+            .spawn(move || {
+                let result = build_once(&prep, &args, &lock, &sink);
+                let _ = events.send(Event::BuildFinished(Box::new(result)));
+            });
+    }
+
+    fn spawn(&mut self, epoch: &str, record: &IdentityRecord) -> Result<Worker, String> {
+        let spec = LaunchSpec {
+            argv: record.launch.argv.clone(),
+            cwd: PathBuf::from(&record.launch.cwd),
+            env: vec![
+                ("CARGO_MCP_DEV_EPOCH".into(), epoch.to_string()),
+                ("CARGO_MCP_DEV_LABEL".into(), self.label.clone()),
+            ],
+        };
+        let events = self.events.clone();
+        let e = epoch.to_string();
+        let spawned = supervisor::spawn(&spec, move |exit| {
+            let _ = events.send(Event::ChildExited { epoch: e, exit });
+        })
+        .map_err(|e| format!("{}: {e}", spec.argv[0]))?;
+        // stdin writer
+        let (tx, rx) = unbounded::<Out>();
+        let mut stdin = spawned.stdin;
+        let _ = std::thread::Builder::new()
+            .name(format!("child-in-{}", epoch::short(epoch)))
+            .spawn(move || {
+                for out in rx {
+                    match out {
+                        Out::Line(l) => {
+                            if stdin.write_all(&l).and_then(|_| stdin.flush()).is_err() {
+                                break;
+                            }
+                        }
+                        Out::Close => break,
+                    }
+                }
+                // dropping stdin closes the pipe: the server sees EOF
+            });
+        self.children.insert(epoch.to_string(), tx);
+        // stdout reader
+        let events = self.events.clone();
+        let e = epoch.to_string();
+        let stdout = spawned.stdout;
+        let _ = std::thread::Builder::new()
+            .name(format!("child-out-{}", epoch::short(epoch)))
+            .spawn(move || {
+                let mut reader =
+                    LineReader::new(BufReader::with_capacity(1 << 16, stdout), DEFAULT_MAX_LINE);
+                loop {
+                    match reader.next_frame() {
+                        Ok(Frame::Line(line)) => {
+                            if events
+                                .send(Event::ChildLine {
+                                    epoch: e.clone(),
+                                    line,
+                                })
+                                .is_err()
+                            {
+                                break;
+                            }
+                        }
+                        Ok(Frame::Oversize { prefix, len }) => {
+                            let _ = events.send(Event::ChildOversize {
+                                epoch: e.clone(),
+                                prefix,
+                                len,
+                            });
+                        }
+                        Ok(Frame::Eof) | Err(_) => break,
+                    }
+                }
+            });
+        // stderr passthrough, prefixed with label and epoch
+        let prefix = format!("[{} {}] ", self.label, epoch::short(epoch));
+        let stderr = spawned.stderr;
+        let _ = std::thread::Builder::new()
+            .name("child-err".into())
+            .spawn(move || {
+                let mut reader = LineReader::new(BufReader::new(stderr), 1 << 20);
+                let mut err = std::io::stderr();
+                loop {
+                    match reader.next_frame() {
+                        Ok(Frame::Line(line)) => {
+                            let mut out = Vec::with_capacity(prefix.len() + line.len() + 1);
+                            out.extend_from_slice(prefix.as_bytes());
+                            out.extend_from_slice(&line);
+                            out.push(b'\n');
+                            let _ = err.write_all(&out);
+                        }
+                        Ok(Frame::Oversize { len, .. }) => {
+                            let _ = writeln!(err, "{prefix}<{len} bytes on one line, not shown>");
+                        }
+                        Ok(Frame::Eof) | Err(_) => break,
+                    }
+                }
+            });
+        Ok(spawned.worker)
+    }
+
+    fn stop(&mut self, epoch: &str, worker: Worker, grace: Duration) {
+        let tx = self.children.remove(epoch);
+        let events = self.events.clone();
+        let e = epoch.to_string();
+        let _ = std::thread::Builder::new()
+            .name("stop".into())
+            .spawn(move || {
+                worker.stop(
+                    || {
+                        if let Some(tx) = tx {
+                            let _ = tx.send(Out::Close);
+                        }
+                    },
+                    grace,
+                );
+                let _ = events.send(Event::ChildStopped { epoch: e });
+            });
+    }
+
+    fn schedule_restart(&mut self, delay: Duration) {
+        let events = self.events.clone();
+        let _ = std::thread::Builder::new()
+            .name("restart-timer".into())
+            .spawn(move || {
+                std::thread::sleep(delay);
+                let _ = events.send(Event::RestartDue);
+            });
+    }
+
+    fn close_host(&mut self) {
+        let _ = self.host_out.send(Out::Close);
+    }
+
+    fn status(&mut self, line: &str) {
+        self.sink.emit(line);
+    }
+}
+
+/// One build under the per-target-dir build lock (a second supervisor, e.g. a host's probe
+/// copy, waits here instead of starting a concurrent build).
+fn build_once(
+    prep: &Arc<Mutex<Prepared>>,
+    server_args: &[String],
+    lock_path: &PathBuf,
+    sink: &StatusSink,
+) -> Result<cycle::CycleOutcome, String> {
+    if let Some(dir) = lock_path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(lock_path)
+        .map_err(|e| format!("cannot open build lock {}: {e}", lock_path.display()))?;
+    if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+        sink.emit("waiting for another cargo mcp-dev build of this target directory to finish");
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| e.to_string())?;
+    }
+    // Manifests may have changed since the last build: re-resolve (cheap when cached).
+    let current = {
+        let p = prep.lock().expect("prep");
+        p.refresh().unwrap_or_else(|_| p.clone())
+    };
+    let result = cycle::run_cycle(&current, server_args, true).map_err(|f| f.message);
+    *prep.lock().expect("prep") = current;
+    drop(lock);
+    result
+}
+
+/// The policy from configuration and flags.
+pub fn policy_from(config: &LoadedConfig, gating_off: bool) -> Policy {
+    let c = &config.config;
+    let exempt = c.exempt.iter().cloned().collect();
+    let gating = if gating_off {
+        Gating::Off
+    } else {
+        match &c.gate {
+            None => Gating::All { exempt },
+            Some(GateSetting::Keyword(k)) if k == "off" => Gating::Off,
+            Some(GateSetting::Keyword(_)) => Gating::All { exempt },
+            Some(GateSetting::Tools(tools)) => Gating::Only(tools.iter().cloned().collect()),
+        }
+    };
+    Policy {
+        gating,
+        mode: if c.approval.as_deref() == Some("per-call") {
+            ApprovalMode::PerCall
+        } else {
+            ApprovalMode::PerEpoch
+        },
+        per_call_tools: c.per_call.iter().cloned().collect(),
+        credential_scopes: c
+            .credential_scopes
+            .iter()
+            .map(|(name, s)| {
+                (
+                    name.clone(),
+                    CredentialScope {
+                        env: s.env.clone(),
+                        tools: s.tools.iter().cloned().collect(),
+                    },
+                )
+            })
+            .collect(),
+    }
+}
+
+pub fn execute(args: RunArgs) -> CmdResult {
+    output::reserve_stdout_for_jsonrpc();
+    let started = Instant::now();
+    let prep = Prepared::new(&args.cargo)?;
+    let t = &prep.target;
+    let label = t.label.clone();
+    let layout = t.layout();
+    let restart = args
+        .restart
+        .or(t.config.restart_mode())
+        .unwrap_or(RestartMode::Supervise);
+    let debounce = args
+        .debounce
+        .or(t.config.config.debounce_ms)
+        .map(Duration::from_millis)
+        .unwrap_or(watch::DEFAULT_DEBOUNCE);
+    let gating_off = args.no_gating
+        || matches!(&t.config.config.gate, Some(GateSetting::Keyword(k)) if k == "off");
+    let policy = policy_from(&t.config, args.no_gating);
+    let audit_path = args
+        .audit_log
+        .clone()
+        .or_else(|| {
+            t.config
+                .config
+                .audit_log
+                .as_ref()
+                .map(|p| t.resolved.package_root.join(p))
+        })
+        .unwrap_or_else(|| layout.audit_log(&label));
+    let keys = KeyStore::from_env().map_err(|e| Failure::error(e.to_string()))?;
+    let audit = AuditLog::open(&audit_path, &keys).map_err(|e| {
+        Failure::error(format!("audit log: {e}"))
+            .with_note("tool calls are only forwarded when they can be audited")
+    })?;
+    let sink = StatusSink {
+        json: args.message_format == MessageFormat::Json,
+        label: label.clone(),
+    };
+    let socket_path = control::socket_path(&t.resolved.target_dir, &label);
+
+    let (events_tx, events_rx) = unbounded::<Event>();
+    let host_out = spawn_host_writer();
+    spawn_host_reader(events_tx.clone());
+    spawn_signal_watch(events_tx.clone())?;
+    spawn_parent_watch(events_tx.clone());
+    let socket = match control::serve(&socket_path, events_tx.clone()) {
+        Ok(()) => Some(socket_path.clone()),
+        Err(e) => {
+            sink.emit(&format!("warning: control socket unavailable ({e}); approve/status/restart will not reach this session"));
+            None
+        }
+    };
+    let _watcher = if args.no_watch {
+        None
+    } else {
+        let plan = watch::WatchPlan::for_target(t)
+            .map_err(|e| Failure::error(format!("[package.metadata.mcp-dev] ignore: {e}")))?;
+        let tx = events_tx.clone();
+        match watch::start(plan, debounce, move |batch| {
+            let _ = tx.send(Event::SourcesChanged(batch));
+        }) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                sink.emit(&format!(
+                    "warning: cannot watch sources ({e}); rebuild with `cargo mcp-dev restart`"
+                ));
+                None
+            }
+        }
+    };
+
+    let cfg = SessionConfig {
+        restart,
+        grace: Duration::from_millis(1000),
+        gating_off,
+        status_file: layout.status_file(&label),
+        launch_dir: layout.launch_dir(&label),
+        facts_file: layout.facts_file(&label),
+        socket_path: socket.clone(),
+        prep: prep.clone(),
+    };
+    let shell = Shell {
+        events: events_tx.clone(),
+        host_out: host_out.0.clone(),
+        children: HashMap::new(),
+        prep: Arc::new(Mutex::new(prep.clone())),
+        server_args: args.server_args.clone(),
+        label: label.clone(),
+        sink: sink.clone(),
+        build_lock: layout.build_lock(),
+    };
+    sink.emit(&format!(
+        "session started: {label} (restart mode {}, gating {}, audit {}, control {})",
+        restart.as_str(),
+        if gating_off { "off" } else { "on" },
+        audit_path.display(),
+        socket
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "none".into())
+    ));
+    let mut session = Session::new(shell, cfg, policy, Some(audit), audit_path);
+    session.start();
+    let code = event_loop(&mut session, &events_rx);
+    // Let the stop sequence (bounded by its own grace) and queued host output finish.
+    let deadline = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < deadline {
+        match events_rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(Event::ChildStopped { .. }) => break,
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    drop(session);
+    let _ = host_out.0.send(Out::Close);
+    let _ = host_out.1.join();
+    if let Some(p) = socket {
+        let _ = std::fs::remove_file(p);
+    }
+    status::verbose_line(&format!(
+        "session lasted {:.1}s",
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(code)
+}
+
+fn event_loop(session: &mut Session<Shell>, events: &Receiver<Event>) -> i32 {
+    for event in events {
+        session.handle(event);
+        if let Some(code) = session.exit_code() {
+            return code;
+        }
+    }
+    exit_codes::OK
+}
+
+fn spawn_host_writer() -> (Sender<Out>, std::thread::JoinHandle<()>) {
+    let (tx, rx) = unbounded::<Out>();
+    let handle = std::thread::Builder::new()
+        .name("host-out".into())
+        .spawn(move || {
+            let stdout = std::io::stdout();
+            let mut out = stdout.lock();
+            for msg in rx {
+                match msg {
+                    Out::Line(l) => {
+                        if out.write_all(&l).and_then(|_| out.flush()).is_err() {
+                            break;
+                        }
+                    }
+                    Out::Close => break,
+                }
+            }
+            let _ = out.flush();
+            // Closing our stdout tells the host the connection is over: point fd 1 at /dev/null,
+            // which closes the pipe to the host.
+            drop(out);
+            if let Ok(null) = std::fs::File::open("/dev/null") {
+                let _ = rustix::stdio::dup2_stdout(&null);
+            }
+        })
+        .expect("spawn host writer");
+    (tx, handle)
+}
+
+fn spawn_host_reader(events: Sender<Event>) {
+    let _ = std::thread::Builder::new()
+        .name("host-in".into())
+        .spawn(move || {
+            let stdin = std::io::stdin();
+            let mut reader = LineReader::new(
+                BufReader::with_capacity(1 << 16, stdin.lock()),
+                DEFAULT_MAX_LINE,
+            );
+            loop {
+                let ev = match reader.next_frame() {
+                    Ok(Frame::Line(line)) => Event::HostLine(line),
+                    Ok(Frame::Oversize { prefix, len }) => Event::HostOversize { prefix, len },
+                    Ok(Frame::Eof) | Err(_) => {
+                        let _ = events.send(Event::HostEof);
+                        break;
+                    }
+                };
+                if events.send(ev).is_err() {
+                    break;
+                }
+            }
+        });
+}
+
+fn spawn_signal_watch(events: Sender<Event>) -> Result<(), Failure> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])
+        .map_err(|e| Failure::error(format!("cannot install signal handlers: {e}")))?;
+    let _ = std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                let _ = events.send(Event::Shutdown(format!(
+                    "received {}",
+                    unix::signal_name(sig)
+                )));
+            }
+        });
+    Ok(())
+}
+
+/// Some hosts die without closing our stdin; when our parent changes, the host is gone.
+fn spawn_parent_watch(events: Sender<Event>) {
+    let parent = unix::parent_pid();
+    let _ = std::thread::Builder::new()
+        .name("parent-watch".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(Duration::from_millis(500));
+                if unix::parent_pid() != parent {
+                    let _ = events.send(Event::Shutdown("the host process exited".into()));
+                    return;
+                }
+            }
+        });
+}

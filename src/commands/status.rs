@@ -1,0 +1,95 @@
+//! `cargo mcp-dev status`: the running supervisor's state (human or `--json`).
+
+use serde_json::{Value, json};
+
+use super::control_client;
+use crate::cli::StatusArgs;
+use crate::error::CmdResult;
+use crate::{exit_codes, output};
+
+pub fn execute(args: StatusArgs) -> CmdResult {
+    let status = control_client::call(&args.control, &json!({"op": "status"}))?;
+    if args.json {
+        output::stdout_line(&serde_json::to_string_pretty(&status).expect("json"))?;
+    } else {
+        output::stdout_text(&render(&status))?;
+    }
+    Ok(exit_codes::OK)
+}
+
+fn s<'a>(v: &'a Value, ptr: &str) -> &'a str {
+    v.pointer(ptr).and_then(|x| x.as_str()).unwrap_or("-")
+}
+
+pub fn render(v: &Value) -> String {
+    let mut out = String::new();
+    out.push_str(&format!(
+        "label        {} (agent run {})\n",
+        s(v, "/label"),
+        s(v, "/agentRun")
+    ));
+    out.push_str(&format!(
+        "state        {} (restart {}, gating {}, era {})\n",
+        s(v, "/state"),
+        s(v, "/restart"),
+        s(v, "/gating"),
+        s(v, "/era")
+    ));
+    match v.get("server").filter(|x| !x.is_null()) {
+        Some(srv) => out.push_str(&format!(
+            "server       pid={} epoch={} identity {}\n",
+            srv["pid"],
+            s(srv, "/epoch"),
+            s(srv, "/identityDigest")
+        )),
+        None => out.push_str("server       not running\n"),
+    }
+    if v.get("pendingRestart").and_then(|p| p.as_bool()) == Some(true) {
+        out.push_str(&format!(
+            "pending      build {} waits for `cargo mcp-dev restart`\n",
+            s(v, "/latestBuild")
+        ));
+    }
+    out.push_str(&format!("last build   {}\n", s(v, "/lastBuild")));
+    let cat = v.get("catalog").filter(|c| !c.is_null());
+    out.push_str(&format!(
+        "catalog      {} (host has {})\n",
+        cat.map(|c| format!("revision {} {}", c["revision"], s(c, "/digest")))
+            .unwrap_or_else(|| "not fetched".into()),
+        v.get("hostCatalog")
+            .and_then(|h| h.as_str())
+            .unwrap_or("nothing yet")
+    ));
+    let grants = v
+        .get("grants")
+        .and_then(|g| g.as_array())
+        .cloned()
+        .unwrap_or_default();
+    if grants.is_empty() {
+        out.push_str("grants       none\n");
+    }
+    for g in grants {
+        out.push_str(&format!(
+            "grant        {} tools {} scopes {} epoch {} ({})\n",
+            s(&g, "/id"),
+            g["toolScope"],
+            g["credentialScope"],
+            s(&g, "/executionEpoch"),
+            s(&g, "/expiresWhen")
+        ));
+    }
+    for d in v
+        .get("recentDenials")
+        .and_then(|d| d.as_array())
+        .cloned()
+        .unwrap_or_default()
+    {
+        out.push_str(&format!(
+            "denied       {} {}\n",
+            s(&d, "/tool"),
+            s(&d, "/reason")
+        ));
+    }
+    out.push_str(&format!("audit log    {}\n", s(v, "/auditLog")));
+    out
+}

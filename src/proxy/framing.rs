@@ -1,0 +1,145 @@
+//! Newline-delimited framing: one JSON message per line, `\r\n` accepted, bounded line length.
+//!
+//! A line longer than the limit is consumed to its end and reported as [`Frame::Oversize`] so the
+//! stream stays in sync; the caller decides what to say about it.
+
+use std::io::{self, BufRead};
+
+/// Default maximum line length: well above the 16 MiB the hosts' SDKs may send.
+pub const DEFAULT_MAX_LINE: usize = 64 * 1024 * 1024;
+
+/// How much of an oversize line is kept (enough to find its id).
+const PREFIX_KEEP: usize = 4096;
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// One line without its terminator (`\n` or `\r\n`). Blank lines are skipped.
+    Line(Vec<u8>),
+    /// A line longer than the limit; `prefix` holds its first bytes (for error messages and to
+    /// recover an id), `len` its full length.
+    Oversize { prefix: Vec<u8>, len: usize },
+    /// End of stream.
+    Eof,
+}
+
+/// Reads frames from a buffered reader.
+pub struct LineReader<R> {
+    inner: R,
+    max: usize,
+}
+
+impl<R: BufRead> LineReader<R> {
+    pub fn new(inner: R, max: usize) -> Self {
+        LineReader { inner, max }
+    }
+
+    /// The next non-blank frame.
+    pub fn next_frame(&mut self) -> io::Result<Frame> {
+        loop {
+            let mut line = Vec::new();
+            let mut len = 0usize;
+            let mut oversize = false;
+            let mut saw_any = false;
+            loop {
+                let buf = match self.inner.fill_buf() {
+                    Ok(b) => b,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                };
+                if buf.is_empty() {
+                    if !saw_any {
+                        return Ok(Frame::Eof);
+                    }
+                    break; // last line without a newline
+                }
+                saw_any = true;
+                let (chunk, done) = match memchr_newline(buf) {
+                    Some(i) => (&buf[..i], Some(i + 1)),
+                    None => (buf, None),
+                };
+                len += chunk.len();
+                if !oversize && line.len() + chunk.len() > self.max {
+                    oversize = true;
+                    line.truncate(PREFIX_KEEP);
+                }
+                let room = if oversize {
+                    PREFIX_KEEP.saturating_sub(line.len())
+                } else {
+                    chunk.len()
+                };
+                line.extend_from_slice(&chunk[..room.min(chunk.len())]);
+                let consumed = done.unwrap_or(buf.len());
+                self.inner.consume(consumed);
+                if done.is_some() {
+                    break;
+                }
+            }
+            if oversize {
+                return Ok(Frame::Oversize { prefix: line, len });
+            }
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+            if line.iter().all(|b| b.is_ascii_whitespace()) {
+                continue;
+            }
+            return Ok(Frame::Line(line));
+        }
+    }
+}
+
+fn memchr_newline(buf: &[u8]) -> Option<usize> {
+    buf.iter().position(|&b| b == b'\n')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frames(input: &[u8], max: usize) -> Vec<Frame> {
+        let mut r = LineReader::new(io::BufReader::with_capacity(7, input), max);
+        let mut out = Vec::new();
+        loop {
+            let f = r.next_frame().unwrap();
+            let end = f == Frame::Eof;
+            out.push(f);
+            if end {
+                return out;
+            }
+        }
+    }
+
+    #[test]
+    fn splits_lines_accepting_crlf_and_skipping_blanks() {
+        let f = frames(b"{\"a\":1}\r\n\n  \r\n{\"b\":2}\n{\"c\":3}", 100);
+        assert_eq!(
+            f,
+            vec![
+                Frame::Line(b"{\"a\":1}".to_vec()),
+                Frame::Line(b"{\"b\":2}".to_vec()),
+                Frame::Line(b"{\"c\":3}".to_vec()),
+                Frame::Eof
+            ]
+        );
+    }
+
+    #[test]
+    fn oversize_line_is_skipped_and_stream_stays_in_sync() {
+        let mut input = vec![b'x'; 50];
+        input.extend_from_slice(b"\n{\"ok\":true}\n");
+        let f = frames(&input, 20);
+        assert!(matches!(&f[0], Frame::Oversize { len: 50, prefix } if prefix.len() == 50));
+        assert_eq!(f[1], Frame::Line(b"{\"ok\":true}".to_vec()));
+    }
+
+    #[test]
+    fn sixteen_mib_line_passes() {
+        let mut input = vec![b'a'; 16 * 1024 * 1024 + 10];
+        input.push(b'\n');
+        let mut r = LineReader::new(io::BufReader::new(&input[..]), DEFAULT_MAX_LINE);
+        match r.next_frame().unwrap() {
+            Frame::Line(l) => assert_eq!(l.len(), 16 * 1024 * 1024 + 10),
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! MCP protocol facts the session needs (see docs/protocol-notes.md): eras, `_meta` keys,
+//! what to announce before the server is up, and when a new server is incompatible with what
+//! the host was told. Pure functions over JSON values.
+
+use serde_json::{Value, json};
+
+use crate::proxy::envelope::RawId;
+
+pub const MODERN_VERSION: &str = "2026-07-28";
+pub const LEGACY_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
+pub const PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+pub const CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+pub const CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
+pub const SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+pub const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Era {
+    /// `initialize` → `notifications/initialized` (≤ 2025-11-25).
+    Legacy,
+    /// No handshake; `_meta` on every request (2026-07-28).
+    Modern,
+}
+
+impl Era {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Era::Legacy => "legacy",
+            Era::Modern => "modern",
+        }
+    }
+}
+
+/// The modern `_meta` of a request's params, if it carries a protocol version.
+pub fn modern_meta(params: &Value) -> Option<Value> {
+    let meta = params.get("_meta")?;
+    meta.get(PROTOCOL_VERSION)?;
+    let mut kept = serde_json::Map::new();
+    for k in [PROTOCOL_VERSION, CLIENT_CAPABILITIES, CLIENT_INFO] {
+        if let Some(v) = meta.get(k) {
+            kept.insert(k.into(), v.clone());
+        }
+    }
+    if !kept.contains_key(CLIENT_CAPABILITIES) {
+        kept.insert(CLIENT_CAPABILITIES.into(), json!({}));
+    }
+    Some(Value::Object(kept))
+}
+
+/// Best effort: the id of a message we could not parse (so the error can name it).
+pub fn recover_id(bytes: &[u8]) -> Option<RawId> {
+    let text = String::from_utf8_lossy(bytes);
+    let idx = text.find("\"id\"")?;
+    let rest = text[idx + 4..].trim_start().strip_prefix(':')?.trim_start();
+    let end = if let Some(inner) = rest.strip_prefix('"') {
+        inner.find('"').map(|i| i + 2)?
+    } else {
+        rest.find(|c: char| !(c.is_ascii_digit() || c == '-' || c == '.'))
+            .unwrap_or(rest.len())
+    };
+    serde_json::value::RawValue::from_string(rest[..end].to_string()).ok()
+}
+
+/// Sets `capabilities.tools.listChanged = true` (we always tell the host when the list moves).
+pub fn advertise_list_changed(result: &mut Value) {
+    if let Some(caps) = result
+        .get_mut("capabilities")
+        .and_then(|c| c.as_object_mut())
+    {
+        let tools = caps.entry("tools").or_insert_with(|| json!({}));
+        if let Some(t) = tools.as_object_mut() {
+            t.insert("listChanged".into(), json!(true));
+        }
+    }
+}
+
+/// The `initialize` result announced before the server is up: the last real answer of this
+/// server when we have one, else one built from the package.
+pub fn announce_initialize(
+    params: &Value,
+    facts: Option<&Value>,
+    label: &str,
+    version: &str,
+) -> Value {
+    let requested = params
+        .get("protocolVersion")
+        .and_then(|v| v.as_str())
+        .unwrap_or(LEGACY_VERSIONS[0]);
+    let mut result = match facts.and_then(|f| f.get("initialize")) {
+        Some(init) => init.clone(),
+        None => json!({
+            "protocolVersion": LEGACY_VERSIONS[0],
+            "capabilities": {"tools": {"listChanged": true}},
+            "serverInfo": {"name": label, "version": version},
+        }),
+    };
+    // Servers answer the client's version when they support it; rmcp and the SDKs do.
+    let known = facts.and_then(|f| f.get("initialize")).is_none();
+    if known && LEGACY_VERSIONS.contains(&requested) {
+        result["protocolVersion"] = json!(requested);
+    }
+    advertise_list_changed(&mut result);
+    result
+}
+
+/// The `server/discover` result announced before the server is up, only when this server
+/// answered one before (otherwise the host is told to fall back to `initialize`).
+pub fn announce_discover(facts: Option<&Value>) -> Option<Value> {
+    let mut d = facts?.get("discover")?.clone();
+    advertise_list_changed(&mut d);
+    Some(d)
+}
+
+/// Why a new server cannot continue a connection negotiated with `version`/`caps`, if it cannot.
+pub fn incompatibility(
+    version: &str,
+    caps: &Value,
+    new_version: &str,
+    new_caps: &Value,
+    modern: bool,
+    new_result: &Value,
+) -> Option<String> {
+    if modern {
+        let supported = new_result
+            .get("supportedVersions")
+            .and_then(|v| v.as_array());
+        if !supported.is_some_and(|s| s.iter().any(|v| v.as_str() == Some(version))) {
+            return Some(format!("does not support protocol {version}"));
+        }
+    } else if version != new_version {
+        return Some(format!("speaks protocol {new_version}, not {version}"));
+    }
+    let norm = |c: &Value| {
+        let mut c = c.clone();
+        if let Some(t) = c.get_mut("tools").and_then(|t| t.as_object_mut()) {
+            t.remove("listChanged");
+        }
+        c
+    };
+    let (a, b) = (norm(caps), norm(new_caps));
+    if a != b {
+        return Some(format!("has capabilities {b} instead of {a}"));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recovers_ids() {
+        assert_eq!(
+            recover_id(br#"{"jsonrpc":"2.0","id":17,"method":"x", broken"#)
+                .unwrap()
+                .get(),
+            "17"
+        );
+        assert_eq!(recover_id(br#"{"id": "a-b", "#).unwrap().get(), "\"a-b\"");
+        assert!(recover_id(b"garbage").is_none());
+    }
+
+    #[test]
+    fn announced_handshake_follows_facts_or_package() {
+        let p = json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t"}});
+        let r = announce_initialize(&p, None, "inv", "0.1.0");
+        assert_eq!(r["protocolVersion"], "2025-06-18");
+        assert_eq!(r["capabilities"]["tools"]["listChanged"], true);
+        assert_eq!(r["serverInfo"]["name"], "inv");
+        let facts = json!({"initialize": {"protocolVersion": "2025-03-26", "capabilities": {"tools": {}}, "serverInfo": {"name": "real"}}});
+        let r = announce_initialize(&p, Some(&facts), "inv", "0.1.0");
+        assert_eq!(r["protocolVersion"], "2025-03-26");
+        assert_eq!(r["serverInfo"]["name"], "real");
+        assert!(announce_discover(Some(&facts)).is_none());
+    }
+
+    #[test]
+    fn incompatibility_ignores_list_changed_only() {
+        let caps = json!({"tools": {"listChanged": true}});
+        assert!(
+            incompatibility(
+                "2025-06-18",
+                &caps,
+                "2025-06-18",
+                &json!({"tools": {}}),
+                false,
+                &json!({})
+            )
+            .is_none()
+        );
+        assert!(
+            incompatibility(
+                "2025-06-18",
+                &caps,
+                "2025-03-26",
+                &json!({"tools": {}}),
+                false,
+                &json!({})
+            )
+            .unwrap()
+            .contains("2025-03-26")
+        );
+        assert!(
+            incompatibility(
+                "2025-06-18",
+                &caps,
+                "2025-06-18",
+                &json!({"tools": {}, "resources": {}}),
+                false,
+                &json!({})
+            )
+            .is_some()
+        );
+        let d = json!({"supportedVersions": ["2026-07-28"]});
+        assert!(
+            incompatibility(MODERN_VERSION, &caps, "", &json!({"tools": {}}), true, &d).is_none()
+        );
+        assert!(
+            incompatibility(
+                MODERN_VERSION,
+                &caps,
+                "",
+                &json!({"tools": {}}),
+                true,
+                &json!({"supportedVersions": ["2027-01-01"]})
+            )
+            .is_some()
+        );
+    }
+
+    #[test]
+    fn modern_meta_requires_a_version() {
+        assert!(modern_meta(&json!({"_meta": {"progressToken": 1}})).is_none());
+        let m = modern_meta(&json!({"_meta": {PROTOCOL_VERSION: "2026-07-28"}})).unwrap();
+        assert_eq!(m[CLIENT_CAPABILITIES], json!({}));
+    }
+}

@@ -1,0 +1,79 @@
+//! The platform seam for processes (Linux first; macOS uses the same POSIX calls).
+//!
+//! Process groups, group signals, exit decoding and the parent-death check. Nothing here knows
+//! what the processes are for.
+
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Command, ExitStatus};
+
+use rustix::process::{Pid, Signal};
+
+use super::ExitInfo;
+
+#[derive(Debug, Clone, Copy)]
+pub enum Sig {
+    Term,
+    Kill,
+}
+
+/// Start the child as the leader of a new process group (pgid = its pid), so the stop sequence
+/// reaches its grandchildren too.
+pub fn own_process_group(cmd: &mut Command) {
+    cmd.process_group(0);
+}
+
+/// Sends a signal to a whole process group; a group that is already gone is not an error.
+pub fn signal_group(pgid: u32, sig: Sig) {
+    let Some(pid) = Pid::from_raw(pgid as i32) else {
+        return;
+    };
+    let signal = match sig {
+        Sig::Term => Signal::TERM,
+        Sig::Kill => Signal::KILL,
+    };
+    let _ = rustix::process::kill_process_group(pid, signal);
+}
+
+/// True while a process with this pid exists (used by tests and the orphan checks).
+pub fn process_alive(pid: u32) -> bool {
+    match Pid::from_raw(pid as i32) {
+        Some(p) => rustix::process::test_kill_process(p).is_ok(),
+        None => false,
+    }
+}
+
+pub fn exit_info(status: ExitStatus) -> ExitInfo {
+    ExitInfo {
+        code: status.code(),
+        signal: status.signal(),
+    }
+}
+
+pub fn is_text_busy(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(rustix::io::Errno::TXTBSY.raw_os_error())
+}
+
+/// The parent's pid now; when it changes (re-parented to init or a subreaper) the host is gone.
+pub fn parent_pid() -> u32 {
+    rustix::process::getppid()
+        .map(|p| p.as_raw_nonzero().get() as u32)
+        .unwrap_or(1)
+}
+
+pub fn current_uid() -> u32 {
+    rustix::process::getuid().as_raw()
+}
+
+pub fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        6 => "SIGABRT",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        13 => "SIGPIPE",
+        15 => "SIGTERM",
+        _ => "signal",
+    }
+}

@@ -1,0 +1,262 @@
+//! Source watching: notify (inotify/FSEvents, never polling) over what the server is built from,
+//! a noise filter, and a debounce window that turns bursts of events into one batch.
+//!
+//! Owns which paths are watched and which events count. It does not decide to rebuild; it hands
+//! batches to a callback.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{RecvTimeoutError, unbounded};
+use globset::{Glob, GlobSet, GlobSetBuilder};
+use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
+
+use crate::workspace::ServerTarget;
+
+/// Default quiet period after the last change.
+pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(200);
+
+/// What to watch and what to ignore.
+#[derive(Debug, Clone)]
+pub struct WatchPlan {
+    pub roots: Vec<(PathBuf, bool)>,
+    pub ignore_dirs: Vec<PathBuf>,
+    pub ignore: GlobSet,
+    pub package_root: PathBuf,
+}
+
+/// Directories never worth a rebuild.
+const NOISE_DIRS: &[&str] = &[
+    "target",
+    ".git",
+    ".hg",
+    ".svn",
+    ".jj",
+    "node_modules",
+    ".idea",
+    ".vscode",
+];
+
+impl WatchPlan {
+    /// Workspace members and path dependencies of the server (their manifests, sources and build
+    /// scripts), the workspace manifest and lockfile, and the configured extras.
+    pub fn for_target(t: &ServerTarget) -> Result<WatchPlan, globset::Error> {
+        let r = &t.resolved;
+        let cfg = &t.config.config;
+        let mut roots: Vec<(PathBuf, bool)> = Vec::new();
+        let mut add = |p: PathBuf, recursive: bool| {
+            if !roots.iter().any(|(q, rec)| *q == p && *rec == recursive) {
+                roots.push((p, recursive));
+            }
+        };
+        // The workspace root itself non-recursively: Cargo.toml, Cargo.lock.
+        add(r.workspace_root.clone(), false);
+        for pkg in &r.local_packages {
+            add(pkg.root.clone(), false);
+            if let Ok(rd) = std::fs::read_dir(&pkg.root) {
+                for e in rd.flatten() {
+                    let p = e.path();
+                    let name = e.file_name().to_string_lossy().to_string();
+                    if p.is_dir()
+                        && !NOISE_DIRS.contains(&name.as_str())
+                        && !name.starts_with('.')
+                        && p != r.target_dir
+                    {
+                        add(p, true);
+                    }
+                }
+            }
+        }
+        for extra in cfg
+            .extra_inputs
+            .iter()
+            .chain(cfg.watch.iter())
+            .chain(cfg.wrapper.iter())
+        {
+            let p = r.package_root.join(extra);
+            if p.is_dir() {
+                add(p, true);
+            } else if let Some(parent) = p.parent() {
+                add(parent.to_path_buf(), false);
+            }
+        }
+        let mut b = GlobSetBuilder::new();
+        for pat in &cfg.ignore {
+            b.add(Glob::new(pat)?);
+        }
+        Ok(WatchPlan {
+            roots,
+            ignore_dirs: vec![r.target_dir.clone()],
+            ignore: b.build()?,
+            package_root: r.package_root.clone(),
+        })
+    }
+
+    /// True when a change at `path` can matter to the build.
+    pub fn is_relevant(&self, path: &Path) -> bool {
+        if self.ignore_dirs.iter().any(|d| path.starts_with(d)) {
+            return false;
+        }
+        for comp in path.components() {
+            if let std::path::Component::Normal(c) = comp {
+                let c = c.to_string_lossy();
+                if NOISE_DIRS.contains(&c.as_ref()) {
+                    return false;
+                }
+            }
+        }
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
+        if is_editor_temp(&name) {
+            return false;
+        }
+        let rel = path.strip_prefix(&self.package_root).unwrap_or(path);
+        !(self.ignore.is_match(rel) || self.ignore.is_match(path))
+    }
+}
+
+/// Editor swap/backup files and atomic-save temporaries.
+pub fn is_editor_temp(name: &str) -> bool {
+    name.ends_with('~')
+        || name.starts_with(".#")
+        || (name.starts_with('#') && name.ends_with('#'))
+        || name.ends_with(".swp")
+        || name.ends_with(".swx")
+        || name.ends_with(".swo")
+        || name == "4913"
+        || name == ".DS_Store"
+        || name.ends_with(".tmp")
+        || name.contains(".rs.bk")
+}
+
+/// A live watcher; dropping it stops watching.
+pub struct SourceWatcher {
+    _watcher: RecommendedWatcher,
+}
+
+/// Starts watching; `on_batch` gets the relevant paths of each burst, `debounce` after the last one.
+pub fn start(
+    plan: WatchPlan,
+    debounce: Duration,
+    on_batch: impl Fn(Vec<PathBuf>) + Send + 'static,
+) -> notify::Result<SourceWatcher> {
+    let (tx, rx) = unbounded::<PathBuf>();
+    let filter = plan.clone();
+    let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        let Ok(event) = res else { return };
+        if matches!(event.kind, EventKind::Access(_)) {
+            return;
+        }
+        for p in event.paths {
+            if filter.is_relevant(&p) {
+                let _ = tx.send(p);
+            }
+        }
+    })?;
+    for (root, recursive) in &plan.roots {
+        if root.exists() {
+            let mode = if *recursive {
+                RecursiveMode::Recursive
+            } else {
+                RecursiveMode::NonRecursive
+            };
+            watcher.watch(root, mode)?;
+        }
+    }
+    std::thread::Builder::new()
+        .name("debounce".into())
+        .spawn(move || {
+            // Blocks on the channel: no timer runs while nothing changes (idle CPU ~0).
+            while let Ok(first) = rx.recv() {
+                let mut batch = vec![first];
+                let mut deadline = Instant::now() + debounce;
+                loop {
+                    match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                        Ok(p) => {
+                            if !batch.contains(&p) {
+                                batch.push(p);
+                            }
+                            deadline = Instant::now() + debounce;
+                        }
+                        Err(RecvTimeoutError::Timeout) => break,
+                        Err(RecvTimeoutError::Disconnected) => return,
+                    }
+                }
+                on_batch(batch);
+            }
+        })
+        .map_err(|e| notify::Error::generic(&e.to_string()))?;
+    Ok(SourceWatcher { _watcher: watcher })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(ignore: &[&str]) -> WatchPlan {
+        let mut b = GlobSetBuilder::new();
+        for p in ignore {
+            b.add(Glob::new(p).unwrap());
+        }
+        WatchPlan {
+            roots: vec![],
+            ignore_dirs: vec![PathBuf::from("/w/custom-target")],
+            ignore: b.build().unwrap(),
+            package_root: PathBuf::from("/w"),
+        }
+    }
+
+    #[test]
+    fn noise_is_filtered() {
+        let p = plan(&["*.log", "fixtures/**"]);
+        assert!(p.is_relevant(Path::new("/w/src/main.rs")));
+        assert!(p.is_relevant(Path::new("/w/Cargo.lock")));
+        for noisy in [
+            "/w/target/debug/x",
+            "/w/custom-target/debug/x",
+            "/w/.git/index",
+            "/w/src/.main.rs.swp",
+            "/w/src/main.rs~",
+            "/w/src/.#main.rs",
+            "/w/src/4913",
+            "/w/server.log",
+            "/w/fixtures/a/b.json",
+        ] {
+            assert!(!p.is_relevant(Path::new(noisy)), "{noisy}");
+        }
+    }
+
+    #[test]
+    fn debounces_a_burst_into_one_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let p = WatchPlan {
+            roots: vec![(root.clone(), true)],
+            ignore_dirs: vec![],
+            ignore: GlobSetBuilder::new().build().unwrap(),
+            package_root: root.clone(),
+        };
+        let (tx, rx) = unbounded();
+        let _w = start(p, Duration::from_millis(150), move |b| {
+            let _ = tx.send(b);
+        })
+        .unwrap();
+        for i in 0..5 {
+            std::fs::write(root.join(format!("f{i}.rs")), "x").unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let batch = rx.recv_timeout(Duration::from_secs(5)).expect("one batch");
+        assert!(batch.len() >= 5, "{batch:?}");
+        assert!(
+            rx.recv_timeout(Duration::from_millis(400)).is_err(),
+            "exactly one batch for one burst"
+        );
+        std::fs::write(root.join("again.rs"), "y").unwrap();
+        assert!(
+            rx.recv_timeout(Duration::from_secs(5)).is_ok(),
+            "a later change makes a new batch"
+        );
+    }
+}
