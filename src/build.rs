@@ -8,6 +8,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use cargo_metadata::{Message, TargetKind};
@@ -119,6 +120,19 @@ pub fn cargo_build_args(req: &BuildRequest) -> Vec<String> {
     v
 }
 
+/// Pid of the cargo build in progress (0 when none): `run` stops it on shutdown so a supervisor
+/// told to exit (e.g. a host's probing copy) does not leave cargo holding the build lock. cargo
+/// stays in our process group so Ctrl-C in a terminal reaches it as usual.
+static RUNNING_BUILD: AtomicU32 = AtomicU32::new(0);
+
+/// Terminates the cargo build in progress, if any.
+pub fn cancel_running() {
+    let pid = RUNNING_BUILD.swap(0, Ordering::SeqCst);
+    if pid != 0 {
+        crate::supervisor::unix::signal_process(pid, crate::supervisor::unix::Sig::Term);
+    }
+}
+
 /// Runs cargo build and waits for it; compiler diagnostics appear on stderr as cargo renders them.
 pub fn run_build(req: &BuildRequest) -> Result<BuildOutcome, Failure> {
     let started = Instant::now();
@@ -141,6 +155,7 @@ pub fn run_build(req: &BuildRequest) -> Result<BuildOutcome, Failure> {
             )
         })?;
 
+    RUNNING_BUILD.store(child.id(), Ordering::SeqCst);
     let progress = Progress::new(req.expected_units);
     let stderr = child.stderr.take().expect("piped");
     let relay = req.relay_stderr;
@@ -170,6 +185,7 @@ pub fn run_build(req: &BuildRequest) -> Result<BuildOutcome, Failure> {
         }
     }
     let exit = child.wait()?;
+    let _ = RUNNING_BUILD.compare_exchange(child.id(), 0, Ordering::SeqCst, Ordering::SeqCst);
     let mut scan = stderr_thread.join().unwrap_or_default();
     if let Some(n) = scan.reported_errors {
         scan.errors = n;

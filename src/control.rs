@@ -106,22 +106,60 @@ fn peer_credentials_uid(_stream: &UnixStream) -> Option<u32> {
 }
 
 /// Binds the socket and serves requests on a thread; each request becomes [`Event::Control`].
-pub fn serve(path: &Path, events: Sender<Event>) -> Result<(), String> {
+///
+/// If another live supervisor holds the socket (a host's probing second copy, or a second host
+/// session), this one keeps trying in the background and takes over once the other exits, so the
+/// session that stays always ends up reachable. Returns `Ok(false)` in that case.
+pub fn serve(path: &Path, events: Sender<Event>) -> Result<bool, String> {
     let dir = path.parent().ok_or("socket path has no directory")?;
     ensure_private_dir(dir)?;
+    match try_bind(path)? {
+        Some(listener) => {
+            spawn_acceptor(listener, events)?;
+            Ok(true)
+        }
+        None => {
+            let path = path.to_path_buf();
+            std::thread::Builder::new()
+                .name("control-wait".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(Duration::from_millis(250));
+                        match try_bind(&path) {
+                            Ok(Some(listener)) => {
+                                let _ = spawn_acceptor(listener, events);
+                                return;
+                            }
+                            Ok(None) => continue,
+                            Err(_) => return,
+                        }
+                    }
+                })
+                .map_err(|e| e.to_string())?;
+            Ok(false)
+        }
+    }
+}
+
+/// Binds unless a live supervisor answers on `path`; a stale socket file is replaced.
+fn try_bind(path: &Path) -> Result<Option<UnixListener>, String> {
     if path.exists() {
-        // A live supervisor for the same label and target dir answers; a stale socket does not.
         if UnixStream::connect(path).is_ok() {
-            return Err(format!(
-                "another supervisor is already listening on {} (approve/status reach the first one)",
-                path.display()
-            ));
+            return Ok(None);
         }
         let _ = std::fs::remove_file(path);
     }
-    let listener =
-        UnixListener::bind(path).map_err(|e| format!("cannot bind {}: {e}", path.display()))?;
-    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+    match UnixListener::bind(path) {
+        Ok(l) => {
+            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+            Ok(Some(l))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Ok(None),
+        Err(e) => Err(format!("cannot bind {}: {e}", path.display())),
+    }
+}
+
+fn spawn_acceptor(listener: UnixListener, events: Sender<Event>) -> Result<(), String> {
     let own = current_uid();
     std::thread::Builder::new()
         .name("control".into())
@@ -129,9 +167,7 @@ pub fn serve(path: &Path, events: Sender<Event>) -> Result<(), String> {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { continue };
                 let events = events.clone();
-                let _ = std::thread::Builder::new()
-                    .name("control-conn".into())
-                    .spawn(move || handle(stream, own, events));
+                let _ = std::thread::Builder::new().name("control-conn".into()).spawn(move || handle(stream, own, events));
             }
         })
         .map_err(|e| e.to_string())?;
@@ -217,7 +253,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let path = d.path().join("s/x.sock");
         let (tx, rx) = crossbeam_channel::unbounded();
-        serve(&path, tx).unwrap();
+        assert!(serve(&path, tx).unwrap());
         std::thread::spawn(move || {
             if let Ok(Event::Control { request, reply }) = rx.recv() {
                 let _ = reply.send(json!({"ok": true, "echo": request}));

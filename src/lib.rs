@@ -28,6 +28,7 @@ pub mod session;
 pub mod status;
 pub mod store;
 pub mod supervisor;
+pub mod templates;
 pub mod watch;
 pub mod workspace;
 

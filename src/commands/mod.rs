@@ -6,13 +6,16 @@ pub mod audit;
 pub mod build;
 pub mod check;
 pub mod control_client;
+pub mod demo;
 pub mod identity;
+pub mod init;
+pub mod new;
 pub mod restart;
 pub mod run;
 pub mod status;
 
 use crate::cli::{Command, McpDev};
-use crate::error::{CmdResult, Failure};
+use crate::error::CmdResult;
 
 pub fn dispatch(cmd: McpDev) -> CmdResult {
     match cmd.command {
@@ -24,18 +27,8 @@ pub fn dispatch(cmd: McpDev) -> CmdResult {
         Command::Approve(a) => approve::execute(a),
         Command::Status(a) => status::execute(a),
         Command::Audit(a) => audit::execute(a),
-        other => Err(not_yet(&other)),
+        Command::New(a) => new::execute(a),
+        Command::Init(a) => init::execute(a),
+        Command::Demo(a) => demo::execute(a),
     }
-}
-
-/// Subcommands whose issue has not landed say so plainly instead of pretending to work.
-fn not_yet(cmd: &Command) -> Failure {
-    let name = format!("{cmd:?}")
-        .split('(')
-        .next()
-        .unwrap_or("this command")
-        .to_lowercase();
-    Failure::error(format!(
-        "`cargo mcp-dev {name}` is not implemented yet in this version"
-    ))
 }

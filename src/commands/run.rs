@@ -250,6 +250,34 @@ fn build_once(
     result
 }
 
+/// Opens the audit log. A log whose tail this user's key cannot verify (tampered, truncated, or
+/// written under another key) is never appended to: it is set aside, kept as evidence for
+/// `audit verify`, and a new log starts.
+fn open_audit(path: &std::path::Path, keys: &KeyStore) -> Result<AuditLog, Failure> {
+    use crate::audit::AuditError;
+    let fatal = |e: AuditError| {
+        Failure::error(format!("audit log: {e}")).with_note("tool calls are only forwarded when they can be audited")
+    };
+    match AuditLog::open(path, keys) {
+        Ok(log) => Ok(log),
+        Err(e @ (AuditError::CorruptTail { .. } | AuditError::BadAnchor { .. })) => {
+            let stamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            let aside = path.with_extension(format!("set-aside-{stamp}.jsonl"));
+            std::fs::rename(path, &aside).map_err(|re| fatal(AuditError::Io { action: "set aside", path: path.to_path_buf(), source: re }))?;
+            status::warn(&format!(
+                "audit log {} cannot be verified with this user's key ({e}); it was set aside as {} and a new log starts",
+                path.display(),
+                aside.display()
+            ));
+            AuditLog::open(path, keys).map_err(fatal)
+        }
+        Err(e) => Err(fatal(e)),
+    }
+}
+
 /// The policy from configuration and flags.
 pub fn policy_from(config: &LoadedConfig, gating_off: bool) -> Policy {
     let c = &config.config;
@@ -319,10 +347,7 @@ pub fn execute(args: RunArgs) -> CmdResult {
         })
         .unwrap_or_else(|| layout.audit_log(&label));
     let keys = KeyStore::from_env().map_err(|e| Failure::error(e.to_string()))?;
-    let audit = AuditLog::open(&audit_path, &keys).map_err(|e| {
-        Failure::error(format!("audit log: {e}"))
-            .with_note("tool calls are only forwarded when they can be audited")
-    })?;
+    let audit = open_audit(&audit_path, &keys)?;
     let sink = StatusSink {
         json: args.message_format == MessageFormat::Json,
         label: label.clone(),
@@ -335,7 +360,13 @@ pub fn execute(args: RunArgs) -> CmdResult {
     spawn_signal_watch(events_tx.clone())?;
     spawn_parent_watch(events_tx.clone());
     let socket = match control::serve(&socket_path, events_tx.clone()) {
-        Ok(()) => Some(socket_path.clone()),
+        Ok(true) => Some(socket_path.clone()),
+        Ok(false) => {
+            sink.emit(&format!(
+                "another supervisor for `{label}` holds the control socket; this session takes it over when that one exits"
+            ));
+            Some(socket_path.clone())
+        }
         Err(e) => {
             sink.emit(&format!("warning: control socket unavailable ({e}); approve/status/restart will not reach this session"));
             None
@@ -403,6 +434,7 @@ pub fn execute(args: RunArgs) -> CmdResult {
         }
     }
     drop(session);
+    crate::build::cancel_running();
     let _ = host_out.0.send(Out::Close);
     let _ = host_out.1.join();
     if let Some(p) = socket {

@@ -34,6 +34,16 @@ pub fn signal_group(pgid: u32, sig: Sig) {
     let _ = rustix::process::kill_process_group(pid, signal);
 }
 
+/// Sends a signal to one process; a process that is already gone is not an error.
+pub fn signal_process(pid: u32, sig: Sig) {
+    let Some(p) = Pid::from_raw(pid as i32) else { return };
+    let signal = match sig {
+        Sig::Term => Signal::TERM,
+        Sig::Kill => Signal::KILL,
+    };
+    let _ = rustix::process::kill_process(p, signal);
+}
+
 /// True while a process with this pid exists (used by tests and the orphan checks).
 pub fn process_alive(pid: u32) -> bool {
     match Pid::from_raw(pid as i32) {

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The one test command (README, .ci/run): installs the pinned MCP peers (Python SDK 2.x and 1.x,
+# TypeScript SDK v1 and client v2, Inspector CLI) into target/e2e-peers, then runs every test:
+# unit, property, integration (fake server) and end-to-end (real rmcp server, real SDK clients).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+started=$(date +%s)
+echo "==> installing MCP peers (pinned; instant when already installed)" >&2
+bash e2e/install-peers.sh
+echo "==> cargo test (unit, property, integration, end-to-end)" >&2
+cargo test --locked --no-fail-fast -- --test-threads="${MCP_DEV_TEST_THREADS:-2}"
+echo "==> all tests passed in $(( $(date +%s) - started )) s" >&2

@@ -1,0 +1,659 @@
+//! `cargo mcp-dev init`: adds cargo mcp-dev to an existing server package: the
+//! `[package.metadata.mcp-dev]` block, host configuration snippets, `UPDATE-CONTRACT.md`, a CI
+//! workflow and watch-loop templates.
+//!
+//! Owns which files are generated, where, and the rule that no existing file is overwritten
+//! without `--force` (one `created|skipped|overwrote X` line per file on stderr). The user's
+//! Cargo.toml is only ever appended to, never reformatted, and only when it has no
+//! `[package.metadata.mcp-dev]` table yet. Template texts and placeholder filling belong to
+//! [`crate::templates`]; package resolution to [`crate::workspace`].
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use crate::cli::{CargoArgs, InitArgs};
+use crate::config::{GateSetting, LoadedConfig, McpDevConfig};
+use crate::cycle::Prepared;
+use crate::error::{CmdResult, Failure};
+use crate::templates::{self, Template, Vars, json_string, shell_word, toml_key, toml_string};
+use crate::{exit_codes, status, watch, workspace};
+
+/// What the generated files are filled from.
+#[derive(Debug, Clone)]
+pub struct Project {
+    /// Directory of the package's Cargo.toml.
+    pub package_root: PathBuf,
+    /// Absolute path of the package's Cargo.toml (what every host snippet runs).
+    pub manifest_path: PathBuf,
+    pub label: String,
+    pub bin: String,
+    pub config: McpDevConfig,
+    /// Whether `config` came from a `[package.metadata.mcp-dev]` table (else: defaults).
+    pub configured: bool,
+    /// Where `run` writes the audit log by default.
+    pub target_dir: PathBuf,
+}
+
+pub fn execute(args: InitArgs) -> CmdResult {
+    let cargo_args = CargoArgs {
+        manifest_path: args.manifest_path.clone(),
+        ..CargoArgs::default()
+    };
+    let prep = Prepared::new(&cargo_args)?;
+    let t = &prep.target;
+    let mut project = Project {
+        package_root: t.resolved.package_root.clone(),
+        manifest_path: t.resolved.manifest_path.clone(),
+        label: t.label.clone(),
+        bin: t.bin.clone(),
+        config: t.config.config.clone(),
+        configured: !t.config.raw.is_null(),
+        target_dir: t.resolved.target_dir.clone(),
+    };
+    let mut out = Writer::new(&project.package_root, args.force);
+    if let Some(config) = add_metadata_block(&project, &mut out)? {
+        project.config = config;
+        project.configured = true;
+    }
+    write_companions(&project, &HostEnv::detect(), &mut out)?;
+    out.finish(&project);
+    Ok(exit_codes::OK)
+}
+
+/// Appends the metadata block to Cargo.toml unless the table exists; returns the configuration
+/// it added.
+fn add_metadata_block(
+    project: &Project,
+    out: &mut Writer,
+) -> Result<Option<McpDevConfig>, Failure> {
+    let path = &project.manifest_path;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Failure::error(format!("could not read `{}`: {e}", path.display())))?;
+    let doc: toml::Table = text
+        .parse()
+        .map_err(|e| Failure::error(format!("`{}` is not valid TOML: {e}", path.display())))?;
+    let has_table = doc
+        .get("package")
+        .and_then(|p| p.get("metadata"))
+        .and_then(|m| m.get("mcp-dev"))
+        .is_some();
+    if has_table {
+        out.line(&format!(
+            "skipped {} ([package.metadata.mcp-dev] exists; edit it by hand)",
+            out.display(path)
+        ));
+        return Ok(None);
+    }
+    let block = metadata_block(project, &BlockStyle::Init)?;
+    let mut new_text = text.clone();
+    if !new_text.is_empty() && !new_text.ends_with('\n') {
+        new_text.push('\n');
+    }
+    new_text.push_str(&block);
+    // Appending a table header can clash with the user's own TOML (e.g. an inline
+    // `metadata = { … }` in [package]); never write a manifest cargo would then refuse.
+    let new_doc: toml::Table = new_text.parse().map_err(|e| {
+        Failure::error(format!(
+            "could not add [package.metadata.mcp-dev] to `{}`: the result would not be valid TOML ({e})",
+            path.display()
+        ))
+        .with_note("add the table by hand; `cargo mcp-dev new` shows a complete example")
+    })?;
+    let metadata = new_doc
+        .get("package")
+        .and_then(|p| p.get("metadata"))
+        .map(|m| serde_json::to_value(m).expect("TOML converts to JSON"))
+        .unwrap_or(serde_json::Value::Null);
+    let loaded = LoadedConfig::from_package_metadata(&metadata)
+        .map_err(|e| Failure::error(format!("generated {e}")))?;
+    std::fs::write(path, new_text)
+        .map_err(|e| Failure::error(format!("could not write `{}`: {e}", path.display())))?;
+    out.line(&format!(
+        "updated {} (added [package.metadata.mcp-dev]: label = {}, bin = {})",
+        out.display(path),
+        toml_string(&project.label),
+        toml_string(&project.bin)
+    ));
+    Ok(Some(loaded.config))
+}
+
+/// Which variant of the metadata block to render.
+pub enum BlockStyle {
+    /// For `init`: the package's tools are unknown, so tool lists are commented examples.
+    Init,
+    /// For `new`: the template's own tools.
+    New {
+        read_tool: &'static str,
+        write_tool: &'static str,
+        ignore: &'static str,
+    },
+}
+
+/// The `[package.metadata.mcp-dev]` block, with a leading blank line.
+pub fn metadata_block(project: &Project, style: &BlockStyle) -> Result<String, Failure> {
+    let mut v = Vars::new();
+    v.set("label_toml", toml_string(&project.label))
+        .set("bin_toml", toml_string(&project.bin))
+        .set("env_prefix", env_prefix(&project.label));
+    match style {
+        BlockStyle::Init => {
+            v.set(
+                "exempt_line",
+                "# exempt = [\"list_items\"]   # e.g. your read-only tools",
+            )
+            .set(
+                "ignore_line",
+                "# Paths the watcher ignores (globs, relative to this package):\n# ignore = [\"*.log\"]",
+            )
+            .set("write_tool_toml", toml_string("your_write_tool"));
+        }
+        BlockStyle::New {
+            read_tool,
+            write_tool,
+            ignore,
+        } => {
+            v.set("exempt_line", format!("exempt = [{}]", toml_string(read_tool)))
+                .set(
+                    "ignore_line",
+                    format!(
+                        "# Written by {write_tool} at run time: not a source, so no rebuild.\nignore = [{}]",
+                        toml_string(ignore)
+                    ),
+                )
+                .set("write_tool_toml", toml_string(write_tool));
+        }
+    }
+    render(&templates::METADATA_BLOCK, &v)
+}
+
+/// Facts about the machine that host snippets need (where cargo is).
+#[derive(Debug, Clone)]
+pub struct HostEnv {
+    /// The cargo the snippets' hosts should find: the one on PATH (rustup's proxy survives
+    /// toolchain updates), else the one `cargo mcp-dev` would run.
+    pub cargo_path: PathBuf,
+    /// The PATH value the snippets pass to the host's child process.
+    pub path_env: String,
+}
+
+impl HostEnv {
+    pub fn detect() -> HostEnv {
+        let cargo_path = workspace::find_on_path("cargo")
+            .or_else(|| workspace::find_cargo().ok())
+            .unwrap_or_else(|| PathBuf::from("cargo"));
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        if let Some(d) = cargo_path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            dirs.push(d.to_path_buf());
+        }
+        // cargo finds `cargo-mcp-dev` on PATH or in $CARGO_HOME/bin; a copy that lives
+        // elsewhere (a checkout's target/) must be on the PATH the host passes.
+        let installed_beside_cargo = dirs
+            .first()
+            .is_some_and(|d| d.join("cargo-mcp-dev").is_file());
+        if !installed_beside_cargo
+            && let Some(exe_dir) = std::env::current_exe()
+                .ok()
+                .and_then(|e| e.parent().map(Path::to_path_buf))
+        {
+            dirs.push(exe_dir);
+        }
+        // The linker (`cc`) and the usual tools live here.
+        for sys in ["/usr/local/bin", "/usr/bin", "/bin"] {
+            dirs.push(PathBuf::from(sys));
+        }
+        let mut unique: Vec<PathBuf> = Vec::new();
+        for d in dirs {
+            if !unique.contains(&d) {
+                unique.push(d);
+            }
+        }
+        let path_env = std::env::join_paths(&unique)
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| {
+                unique
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(":")
+            });
+        HostEnv {
+            cargo_path,
+            path_env,
+        }
+    }
+
+    fn cargo_dir(&self) -> String {
+        self.cargo_path
+            .parent()
+            .map(|d| d.display().to_string())
+            .unwrap_or_default()
+    }
+}
+
+/// Writes the files `init` and `new` share: host snippets, their guide, the update contract,
+/// the CI workflow and the watch-loop templates.
+pub fn write_companions(project: &Project, env: &HostEnv, out: &mut Writer) -> Result<(), Failure> {
+    let v = companion_vars(project, env)?;
+    let root = &project.package_root;
+    let mut files: Vec<(PathBuf, &Template, bool)> = vec![
+        (root.join(".mcp.json"), &templates::HOST_CLAUDE_CODE, false),
+        (
+            root.join(".vscode/mcp.json"),
+            &templates::HOST_VSCODE,
+            false,
+        ),
+        (
+            root.join(".cursor/mcp.json"),
+            &templates::HOST_CURSOR,
+            false,
+        ),
+        (
+            root.join("mcp-dev/claude_desktop_config.json"),
+            &templates::HOST_CLAUDE_DESKTOP,
+            false,
+        ),
+        (
+            root.join("mcp-dev/codex-config.toml"),
+            &templates::HOST_CODEX,
+            false,
+        ),
+        (
+            root.join("mcp-dev/inspector.sh"),
+            &templates::HOST_INSPECTOR,
+            true,
+        ),
+        (
+            root.join("mcp-dev/README.md"),
+            &templates::HOSTS_README,
+            false,
+        ),
+        (
+            root.join("UPDATE-CONTRACT.md"),
+            &templates::UPDATE_CONTRACT,
+            false,
+        ),
+        (
+            ci_root(root).join(".github/workflows/mcp-identity.yml"),
+            &templates::CI_WORKFLOW,
+            false,
+        ),
+        (bacon_path(root), &templates::WATCH_BACON, false),
+        (
+            root.join("mcp-dev/watch.sh"),
+            &templates::WATCH_SCRIPT,
+            true,
+        ),
+    ];
+    for (path, template, executable) in files.drain(..) {
+        let text = render(template, &v)?;
+        out.write(&path, &text, executable)?;
+    }
+    Ok(())
+}
+
+/// `bacon.toml` gets the job when there is none (or it is ours); a user's own bacon.toml is
+/// never touched, the job goes to `mcp-dev/bacon.toml` to paste from.
+fn bacon_path(root: &Path) -> PathBuf {
+    let main = root.join("bacon.toml");
+    match std::fs::read_to_string(&main) {
+        Ok(text) if !text.contains("[jobs.mcp-dev]") => root.join("mcp-dev/bacon.toml"),
+        _ => main,
+    }
+}
+
+/// GitHub reads workflows from the repository root: the enclosing git work tree, if any.
+fn ci_root(package_root: &Path) -> PathBuf {
+    package_root
+        .ancestors()
+        .find(|d| d.join(".git").exists())
+        .unwrap_or(package_root)
+        .to_path_buf()
+}
+
+fn companion_vars(project: &Project, env: &HostEnv) -> Result<Vars, Failure> {
+    let manifest = project.manifest_path.display().to_string();
+    let ci_root = ci_root(&project.package_root);
+    let ci_manifest = project
+        .manifest_path
+        .strip_prefix(&ci_root)
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| manifest.clone());
+    let mut v = Vars::new();
+    v.set("label", &project.label)
+        .set("bin", &project.bin)
+        .set("label_json", json_string(&project.label))
+        .set("label_toml_key", toml_key(&project.label))
+        .set("label_slug", slug(&project.label))
+        .set("manifest_path", &manifest)
+        .set("manifest_path_json", json_string(&manifest))
+        .set("manifest_path_toml", toml_string(&manifest))
+        .set("manifest_path_sh", shell_word(&manifest))
+        .set("ci_manifest_sh", shell_word(&ci_manifest))
+        .set(
+            "package_root_sh",
+            shell_word(&project.package_root.display().to_string()),
+        )
+        .set("cargo_dir", env.cargo_dir())
+        .set("path_env_json", json_string(&env.path_env))
+        .set("path_env_toml", toml_string(&env.path_env))
+        .set(
+            "path_assign_sh",
+            shell_word(&format!("PATH={}", env.path_env)),
+        );
+    // The guide repeats every snippet so a skipped file can still be pasted by hand.
+    for (key, template) in [
+        ("snippet_claude_code", &templates::HOST_CLAUDE_CODE),
+        ("snippet_claude_desktop", &templates::HOST_CLAUDE_DESKTOP),
+        ("snippet_vscode", &templates::HOST_VSCODE),
+        ("snippet_cursor", &templates::HOST_CURSOR),
+        ("snippet_codex", &templates::HOST_CODEX),
+        ("snippet_inspector", &templates::HOST_INSPECTOR),
+    ] {
+        let text = render(template, &v)?;
+        v.set(key, text);
+    }
+    contract_vars(project, &mut v);
+    Ok(v)
+}
+
+/// The parts of `UPDATE-CONTRACT.md` that depend on the configuration.
+fn contract_vars(project: &Project, v: &mut Vars) {
+    let c = &project.config;
+    let (mode, source) = match c.restart.as_deref() {
+        Some(m) => (
+            m.to_string(),
+            "`restart` in [package.metadata.mcp-dev]".to_string(),
+        ),
+        None => ("supervise".to_string(), "the default".to_string()),
+    };
+    let restart_md = match mode.as_str() {
+        "disconnect" => {
+            "A rebuild with a new identity does not start new code behind the host's back: the \
+            supervisor answers calls in flight, closes the connection and exits, so the host must \
+            reconnect, initialize and re-authorize; the new process then gets a new epoch.\n"
+        }
+        "manual" => {
+            "A rebuild with a new identity is reported (the status line says the running server is \
+            unchanged and names the build waiting to be applied) and applied only when a human runs \
+            `cargo mcp-dev restart` or the host relaunches the server; that new process gets a new \
+            epoch. If the server exits, it is not restarted by itself.\n"
+        }
+        _ => {
+            "A rebuild with a new identity replaces the process while the host stays connected \
+            (`server replaced: pid=… epoch=… (was …)`): the new process gets a new epoch, the host's \
+            `initialize` is replayed to it, and its tool list is fetched before any call reaches it. \
+            A server that exits on its own is restarted with a short backoff, also under a new epoch \
+            (after repeated crashes it waits for a source change or `cargo mcp-dev restart`).\n"
+        }
+    };
+    let in_flight_md = match mode.as_str() {
+        "disconnect" => {
+            "Each call in flight when the server is replaced or exits is answered at once with a \
+            tool error `epoch_transition` (`cause`, `oldEpoch`, `mayHaveRun: true`, `retried: false`), \
+            then the connection is closed. Nothing is retried or replayed on the next connection: a \
+            write may or may not have happened, so check before calling again.\n"
+        }
+        _ => {
+            "Each call in flight when its process is replaced or exits is answered at once, never \
+            queued and never retried, with a tool error `epoch_transition`: `cause` (`replaced` or \
+            `exited`), `oldEpoch`, `newEpoch`, `mayHaveRun: true`, `retried: false`. The call may or may \
+            not have taken effect (a write may have happened): check, then decide whether to call \
+            again, which needs the current catalog and a grant for the new epoch. Other requests in \
+            flight get the JSON-RPC error -31001 (`data.source = \"cargo-mcp-dev\"`).\n"
+        }
+    };
+    v.set("restart_mode", mode)
+        .set("restart_source", source)
+        .set("restart_md", restart_md)
+        .set("in_flight_md", in_flight_md)
+        .set(
+            "debounce_ms",
+            c.debounce_ms
+                .unwrap_or(watch::DEFAULT_DEBOUNCE.as_millis() as u64)
+                .to_string(),
+        )
+        .set(
+            "env_md",
+            list_or(
+                &c.env,
+                "the values (as digests) of declared variables; none declared (`env`)",
+                "the values, as digests, of",
+            ),
+        )
+        .set(
+            "extra_inputs_md",
+            list_or(
+                &c.extra_inputs,
+                "declared data files; none declared (`extra-inputs`)",
+                "the contents of",
+            ),
+        )
+        .set(
+            "wrapper_md",
+            match &c.wrapper {
+                Some(w) => format!("the wrapper script `{w}` that starts the server"),
+                None => "a wrapper script; none configured (`wrapper`)".to_string(),
+            },
+        )
+        .set(
+            "audit_log",
+            match &c.audit_log {
+                Some(p) => p.clone(),
+                None => project
+                    .target_dir
+                    .join("mcp-dev/audit")
+                    .join(format!("{}.jsonl", project.label))
+                    .display()
+                    .to_string(),
+            },
+        )
+        .set("gating_md", gating_md(c))
+        .set("credential_scopes_md", credential_scopes_md(c));
+    if !project.configured {
+        v.set(
+            "restart_source",
+            "the default; no [package.metadata.mcp-dev] table",
+        );
+    }
+}
+
+fn list_or(items: &[String], none: &str, some: &str) -> String {
+    if items.is_empty() {
+        none.to_string()
+    } else {
+        format!("{some} {}", code_list(items))
+    }
+}
+
+fn code_list(items: &[String]) -> String {
+    items
+        .iter()
+        .map(|i| format!("`{i}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn gating_md(c: &McpDevConfig) -> String {
+    let mut s = match &c.gate {
+        Some(GateSetting::Keyword(k)) if k == "off" => {
+            "Gating is off (`gate = \"off\"`): no tool needs a grant, and the audit log says so.\n"
+                .to_string()
+        }
+        Some(GateSetting::Tools(tools)) => format!(
+            "Gated tools (`gate`): {}. Other tools need no grant.\n",
+            if tools.is_empty() {
+                "none".to_string()
+            } else {
+                code_list(tools)
+            }
+        ),
+        _ if c.exempt.is_empty() => {
+            "Every tool is gated (the default): each needs a grant for the current epoch.\n"
+                .to_string()
+        }
+        _ => format!(
+            "Every tool is gated except {} (`exempt`), which need no grant.\n",
+            code_list(&c.exempt)
+        ),
+    };
+    if c.approval.as_deref() == Some("per-call") {
+        s.push_str("Approvals are per call (`approval = \"per-call\"`): each grant is used up by one call.\n");
+    } else {
+        s.push_str("Approvals last for the agent run and the current epoch (`per-epoch`).\n");
+    }
+    if !c.per_call.is_empty() {
+        s.push_str(&format!(
+            "{} need a decision for every call (`per-call`).\n",
+            code_list(&c.per_call)
+        ));
+    }
+    s
+}
+
+fn credential_scopes_md(c: &McpDevConfig) -> String {
+    if c.credential_scopes.is_empty() {
+        return "No credential scopes are configured (`credential-scopes`). When one is, approving a \
+            tool that uses it must name the scope, and that approval also ends with the epoch.\n"
+            .to_string();
+    }
+    let mut s = String::from(
+        "Credential scopes, each approved by name with the tools that use it and expiring with the epoch:\n\n\
+         | scope | env vars (names only) | tools |\n|---|---|---|\n",
+    );
+    for (name, scope) in &c.credential_scopes {
+        s.push_str(&format!(
+            "| `{name}` | {} | {} |\n",
+            code_list(&scope.env),
+            if scope.tools.is_empty() {
+                "none".to_string()
+            } else {
+                code_list(&scope.tools)
+            }
+        ));
+    }
+    s
+}
+
+/// `MY_SERVER` from `my-server`: prefix for the environment variables the templates name.
+pub fn env_prefix(label: &str) -> String {
+    label
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+fn slug(label: &str) -> String {
+    label
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
+fn render(template: &Template, vars: &Vars) -> Result<String, Failure> {
+    // A missing value is a bug in this file, caught by the tests; say which one if it ships.
+    templates::render(template, vars).map_err(|e| Failure::error(e.to_string()))
+}
+
+/// Writes generated files: never over an existing one without `--force`, one status line each.
+pub struct Writer {
+    base: PathBuf,
+    force: bool,
+    pub created: usize,
+    pub skipped: usize,
+}
+
+impl Writer {
+    /// `base`: paths under it are shown relative to it.
+    pub fn new(base: &Path, force: bool) -> Writer {
+        Writer {
+            base: base.to_path_buf(),
+            force,
+            created: 0,
+            skipped: 0,
+        }
+    }
+
+    pub fn display(&self, path: &Path) -> String {
+        path.strip_prefix(&self.base)
+            .unwrap_or(path)
+            .display()
+            .to_string()
+    }
+
+    fn line(&self, text: &str) {
+        status::line(text);
+    }
+
+    pub fn write(&mut self, path: &Path, contents: &str, executable: bool) -> Result<(), Failure> {
+        let shown = self.display(path);
+        let io_err = |e: std::io::Error| Failure::error(format!("could not write `{shown}`: {e}"));
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(io_err)?;
+        }
+        let existed = path.exists();
+        if existed && !self.force {
+            self.skipped += 1;
+            self.line(&format!("skipped {shown} (exists; --force to overwrite)"));
+            return Ok(());
+        }
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true);
+        if existed {
+            options.truncate(true);
+        } else {
+            // create_new: a file that appeared since the check is still not overwritten.
+            options.create_new(true);
+        }
+        #[cfg(unix)]
+        if executable {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            options.mode(0o755);
+        }
+        let mut file = match options.open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                self.skipped += 1;
+                self.line(&format!("skipped {shown} (exists; --force to overwrite)"));
+                return Ok(());
+            }
+            Err(e) => return Err(io_err(e)),
+        };
+        file.write_all(contents.as_bytes()).map_err(io_err)?;
+        #[cfg(unix)]
+        if executable && existed {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+                .map_err(io_err)?;
+        }
+        self.created += 1;
+        let verb = if existed { "overwrote" } else { "created" };
+        self.line(&format!("{verb} {shown}"));
+        Ok(())
+    }
+
+    /// The closing hint.
+    pub fn finish(&self, project: &Project) {
+        if self.skipped > 0 && !self.force {
+            status::note(&format!(
+                "{} file(s) left as they were; mcp-dev/README.md has the text of every host snippet",
+                self.skipped
+            ));
+        }
+        status::note(&format!(
+            "point a host at `cargo mcp-dev run --manifest-path {}` (see mcp-dev/README.md); approve gated tools with `cargo mcp-dev approve`",
+            project.manifest_path.display()
+        ));
+    }
+}

@@ -1,0 +1,820 @@
+//! `cargo mcp-dev new` and `init` through the real binary: the files they write, that every
+//! generated JSON/TOML file parses and says what it should, the no-overwrite rule and `--force`,
+//! bin/label detection, refusals, and (one slow test) that a `new` project builds and serves
+//! under `cargo mcp-dev run` with a raw JSON-RPC client.
+//!
+//! Every test works in its own temporary directory with its own `CARGO_MCP_DEV_HOME`; fixtures
+//! from the repository are copied, never written to.
+
+use std::io::{BufRead, BufReader, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_cargo-mcp-dev");
+const REPO: &str = env!("CARGO_MANIFEST_DIR");
+
+/// Files `new` writes (relative to the package), besides the workflow.
+const NEW_FILES: &[&str] = &[
+    "Cargo.toml",
+    "src/main.rs",
+    "README.md",
+    ".gitignore",
+    ".mcp.json",
+    ".vscode/mcp.json",
+    ".cursor/mcp.json",
+    "mcp-dev/claude_desktop_config.json",
+    "mcp-dev/codex-config.toml",
+    "mcp-dev/inspector.sh",
+    "mcp-dev/README.md",
+    "UPDATE-CONTRACT.md",
+    ".github/workflows/mcp-identity.yml",
+    "bacon.toml",
+    "mcp-dev/watch.sh",
+];
+
+/// Files `init` writes besides appending to Cargo.toml.
+const INIT_FILES: &[&str] = &[
+    ".mcp.json",
+    ".vscode/mcp.json",
+    ".cursor/mcp.json",
+    "mcp-dev/claude_desktop_config.json",
+    "mcp-dev/codex-config.toml",
+    "mcp-dev/inspector.sh",
+    "mcp-dev/README.md",
+    "UPDATE-CONTRACT.md",
+    ".github/workflows/mcp-identity.yml",
+    "bacon.toml",
+    "mcp-dev/watch.sh",
+];
+
+struct Sandbox {
+    tmp: tempfile::TempDir,
+}
+
+impl Sandbox {
+    fn new() -> Sandbox {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("home")).unwrap();
+        Sandbox { tmp }
+    }
+    fn path(&self) -> PathBuf {
+        self.tmp.path().canonicalize().unwrap()
+    }
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.args(args)
+            .current_dir(self.path())
+            .env("CARGO_MCP_DEV_HOME", self.path().join("home"))
+            .env("CARGO_TERM_COLOR", "never")
+            .env_remove("NO_COLOR");
+        c
+    }
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().unwrap()
+    }
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn assert_ok(o: &Output) {
+    assert!(o.status.success(), "exit {:?}\n{}", o.status, stderr(o));
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn json_file(p: &Path) -> Value {
+    serde_json::from_str(&read(p)).unwrap_or_else(|e| panic!("{} is not JSON: {e}", p.display()))
+}
+
+fn toml_file(p: &Path) -> toml::Table {
+    read(p)
+        .parse()
+        .unwrap_or_else(|e| panic!("{} is not TOML: {e}", p.display()))
+}
+
+/// A placeholder the renderer left behind (`{{key}}`), if any.
+fn leftover_placeholder(text: &str) -> Option<String> {
+    cargo_mcp_dev::templates::placeholders(text)
+        .into_iter()
+        .next()
+}
+
+/// A std-only server package: `[package] name`, optional `[[bin]] name`, a trivial main.
+fn write_package(dir: &Path, package: &str, bin: Option<&str>, extra: &str) -> String {
+    std::fs::create_dir_all(dir.join("src")).unwrap();
+    let bin_table = match bin {
+        Some(b) => format!("\n[[bin]]\nname = \"{b}\"\npath = \"src/main.rs\"\n"),
+        None => String::new(),
+    };
+    // Odd formatting on purpose: init must append, not reformat.
+    let manifest = format!(
+        "[package]\nname    = \"{package}\"   # keep this comment\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[workspace]\n{bin_table}{extra}"
+    );
+    std::fs::write(dir.join("Cargo.toml"), &manifest).unwrap();
+    std::fs::write(dir.join("src/main.rs"), "fn main() {}\n").unwrap();
+    manifest
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    for entry in walkdir::WalkDir::new(from) {
+        let entry = entry.unwrap();
+        let rel = entry.path().strip_prefix(from).unwrap();
+        if rel.starts_with("target") {
+            continue;
+        }
+        let dest = to.join(rel);
+        if entry.file_type().is_dir() {
+            std::fs::create_dir_all(&dest).unwrap();
+        } else {
+            std::fs::copy(entry.path(), &dest).unwrap();
+        }
+    }
+}
+
+/// The server entry every host snippet must contain, whatever the host's top-level key.
+fn assert_server_entry(entry: &Value, manifest: &Path, file: &str) {
+    assert_eq!(entry["command"], "cargo", "{file}");
+    assert_eq!(
+        entry["args"],
+        json!([
+            "mcp-dev",
+            "run",
+            "--manifest-path",
+            manifest.to_str().unwrap()
+        ]),
+        "{file}"
+    );
+    let path = entry["env"]["PATH"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{file}: env.PATH"));
+    let cargo_dir = cargo_mcp_dev::workspace::find_on_path("cargo")
+        .and_then(|c| c.parent().map(Path::to_path_buf))
+        .unwrap();
+    assert!(
+        path.split(':').next() == Some(cargo_dir.to_str().unwrap()),
+        "{file}: PATH must start with the cargo dir {}: {path}",
+        cargo_dir.display()
+    );
+    assert!(path.split(':').any(|d| d == "/usr/bin"), "{file}: {path}");
+}
+
+/// Every generated host file parses and runs `cargo mcp-dev run --manifest-path <abs>`.
+fn assert_host_files(root: &Path, label: &str, manifest: &Path) {
+    let claude_code = json_file(&root.join(".mcp.json"));
+    assert_eq!(claude_code["mcpServers"][label]["type"], "stdio");
+    assert_server_entry(&claude_code["mcpServers"][label], manifest, ".mcp.json");
+
+    let desktop = json_file(&root.join("mcp-dev/claude_desktop_config.json"));
+    assert_server_entry(
+        &desktop["mcpServers"][label],
+        manifest,
+        "claude_desktop_config.json",
+    );
+
+    let vscode = json_file(&root.join(".vscode/mcp.json"));
+    assert!(vscode.get("mcpServers").is_none(), "VS Code uses `servers`");
+    assert_eq!(vscode["servers"][label]["type"], "stdio");
+    assert_server_entry(&vscode["servers"][label], manifest, ".vscode/mcp.json");
+
+    let cursor = json_file(&root.join(".cursor/mcp.json"));
+    assert_server_entry(&cursor["mcpServers"][label], manifest, ".cursor/mcp.json");
+
+    let codex = toml_file(&root.join("mcp-dev/codex-config.toml"));
+    let codex = serde_json::to_value(&codex).unwrap();
+    assert_server_entry(&codex["mcp_servers"][label], manifest, "codex-config.toml");
+
+    let bacon = toml_file(&root.join("bacon.toml"));
+    let command: Vec<&str> = bacon["jobs"]["mcp-dev"]["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(&command[..3], &["cargo", "mcp-dev", "build"]);
+    assert!(command.contains(&manifest.to_str().unwrap()), "{command:?}");
+
+    let watch = read(&root.join("mcp-dev/watch.sh"));
+    assert!(watch.contains("watchexec"), "{watch}");
+    assert!(watch.contains("cargo watch"), "{watch}");
+    assert!(
+        watch.matches("mcp-dev build --message-format json").count() >= 2,
+        "{watch}"
+    );
+
+    let inspector = read(&root.join("mcp-dev/inspector.sh"));
+    assert!(
+        inspector.contains("npx @modelcontextprotocol/inspector"),
+        "{inspector}"
+    );
+    assert!(
+        inspector.contains("cargo mcp-dev run --manifest-path"),
+        "{inspector}"
+    );
+
+    let guide = read(&root.join("mcp-dev/README.md"));
+    assert!(
+        guide.contains("cargo must be on the host's PATH"),
+        "{guide}"
+    );
+
+    #[cfg(unix)]
+    for script in ["mcp-dev/inspector.sh", "mcp-dev/watch.sh"] {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(root.join(script))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o111, 0o111, "{script} must be executable");
+    }
+}
+
+fn assert_workflow(path: &Path, manifest_rel: &str) {
+    let yml = read(path);
+    assert!(
+        yml.contains(&format!(
+            "cargo mcp-dev check --manifest-path {manifest_rel} --out identity.json"
+        )),
+        "{yml}"
+    );
+    assert!(yml.contains("actions/upload-artifact"), "{yml}");
+    assert!(yml.contains("path: identity.json"), "{yml}");
+    assert!(yml.contains("cargo install --locked --git"), "{yml}");
+}
+
+#[test]
+fn new_creates_a_complete_package() {
+    let sb = Sandbox::new();
+    let o = sb.run(&["new", "notes-srv"]);
+    assert_ok(&o);
+    let root = sb.path().join("notes-srv");
+    let err = stderr(&o);
+    for f in NEW_FILES {
+        assert!(root.join(f).is_file(), "{f} missing");
+        assert!(
+            err.contains(&format!("created {f}\n")),
+            "no `created {f}` in:\n{err}"
+        );
+    }
+    assert!(!err.contains("skipped"), "{err}");
+    for f in NEW_FILES {
+        let text = read(&root.join(f));
+        assert_eq!(leftover_placeholder(&text), None, "{f}");
+    }
+
+    let manifest = toml_file(&root.join("Cargo.toml"));
+    assert_eq!(manifest["package"]["name"].as_str(), Some("notes-srv"));
+    assert!(
+        manifest["workspace"].is_table(),
+        "standalone: own [workspace]"
+    );
+    let rmcp = &manifest["dependencies"]["rmcp"];
+    assert_eq!(rmcp["version"].as_str(), Some("3.11"));
+    let features: Vec<&str> = rmcp["features"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert_eq!(features, ["server", "macros", "transport-io"]);
+    for dep in ["tokio", "serde"] {
+        assert!(manifest["dependencies"].get(dep).is_some(), "{dep}");
+    }
+
+    // The block is what `run` will read: no unknown keys, the read tool exempt.
+    let metadata = serde_json::to_value(&manifest["package"]["metadata"]).unwrap();
+    let loaded = cargo_mcp_dev::config::LoadedConfig::from_package_metadata(&metadata).unwrap();
+    assert!(loaded.unknown_keys.is_empty(), "{:?}", loaded.unknown_keys);
+    let c = &loaded.config;
+    assert_eq!(c.label.as_deref(), Some("notes-srv"));
+    assert_eq!(c.bin.as_deref(), Some("notes-srv"));
+    assert_eq!(c.exempt, ["list_notes"]);
+    assert_eq!(c.restart.as_deref(), Some("supervise"));
+    assert_eq!(c.debounce_ms, Some(200));
+    assert!(
+        c.credential_scopes.is_empty(),
+        "the scope example stays commented"
+    );
+    let manifest_text = read(&root.join("Cargo.toml"));
+    assert!(
+        manifest_text.contains("# [package.metadata.mcp-dev.credential-scopes.staging-api]"),
+        "{manifest_text}"
+    );
+
+    let main = read(&root.join("src/main.rs"));
+    assert!(
+        main.contains("#[tool_handler(name = \"notes-srv\")]"),
+        "{main}"
+    );
+    assert!(main.contains("async fn list_notes(&self)"), "{main}");
+    assert!(main.contains("async fn add_note(&self"), "{main}");
+    assert!(main.contains("\"NOTES_SRV_NOTES_FILE\""), "{main}");
+    assert!(
+        !main.replace("eprintln!", "").contains("println!("),
+        "stdout belongs to JSON-RPC"
+    );
+
+    let readme = read(&root.join("README.md"));
+    assert!(readme.contains("cargo mcp-dev run"), "{readme}");
+    assert!(readme.contains("cargo mcp-dev approve"), "{readme}");
+
+    let contract = read(&root.join("UPDATE-CONTRACT.md"));
+    assert!(
+        contract.contains("Restart mode for this server: **supervise**"),
+        "{contract}"
+    );
+    assert!(
+        contract.contains("except `list_notes` (`exempt`)"),
+        "{contract}"
+    );
+    assert!(contract.contains("epoch_transition"), "{contract}");
+    assert!(contract.contains("`catalog_stale`"), "{contract}");
+}
+
+#[test]
+fn every_generated_file_parses_even_with_a_hostile_path() {
+    let sb = Sandbox::new();
+    // Spaces, quotes, a backslash and `{{`: each must be escaped for JSON, TOML and sh.
+    let dir = sb.path().join("we \"ird\" \\dir {{x}}").join("srv");
+    let o = sb.run(&["new", "srv", "--path", dir.to_str().unwrap()]);
+    assert_ok(&o);
+    let manifest = dir.join("Cargo.toml");
+    assert_host_files(&dir, "srv", &manifest);
+    // Not inside a git work tree: the workflow sits at the package root.
+    assert_workflow(
+        &dir.join(".github/workflows/mcp-identity.yml"),
+        "Cargo.toml",
+    );
+    for f in NEW_FILES {
+        let p = dir.join(f);
+        match p.extension().and_then(|e| e.to_str()) {
+            Some("json") => drop(json_file(&p)),
+            Some("toml") => drop(toml_file(&p)),
+            _ => {}
+        }
+    }
+    // The shell scripts are valid sh and quote the path as one word.
+    for script in ["mcp-dev/inspector.sh", "mcp-dev/watch.sh"] {
+        let check = Command::new("sh")
+            .arg("-n")
+            .arg(dir.join(script))
+            .output()
+            .unwrap();
+        assert!(check.status.success(), "{script}: {}", stderr(&check));
+    }
+    let watch = read(&dir.join("mcp-dev/watch.sh"));
+    let cd_line = watch.lines().find(|l| l.starts_with("cd ")).unwrap();
+    let echoed = Command::new("sh")
+        .arg("-c")
+        .arg(format!("set -- {}; echo \"$#:$1\"", &cd_line[3..]))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&echoed.stdout).trim_end(),
+        format!("1:{}", dir.display())
+    );
+}
+
+#[test]
+fn new_refuses_a_non_empty_directory_and_bad_names() {
+    let sb = Sandbox::new();
+    let taken = sb.path().join("taken");
+    std::fs::create_dir(&taken).unwrap();
+    std::fs::write(taken.join("notes.txt"), "mine").unwrap();
+    let o = sb.run(&["new", "taken"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("already exists and is not empty"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!taken.join("Cargo.toml").exists());
+    assert_eq!(read(&taken.join("notes.txt")), "mine");
+
+    for (name, why) in [
+        ("1srv", "the first character must be a letter"),
+        ("my srv", "invalid character ` `"),
+        ("fn", "Rust keyword"),
+        ("test", "reserved"),
+    ] {
+        let o = sb.run(&["new", name]);
+        assert_eq!(o.status.code(), Some(1), "{name}");
+        let err = stderr(&o);
+        assert!(
+            err.contains(&format!("invalid package name `{name}`")),
+            "{err}"
+        );
+        assert!(err.contains(why), "{name}: {err}");
+        assert!(!sb.path().join(name).exists(), "{name}: nothing created");
+    }
+
+    // An existing empty directory is fine (`--path`).
+    let empty = sb.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let o = sb.run(&["new", "ok-srv", "--path", "empty"]);
+    assert_ok(&o);
+    assert!(empty.join("src/main.rs").is_file());
+}
+
+#[test]
+fn init_twice_skips_everything_then_force_overwrites() {
+    let sb = Sandbox::new();
+    let pkg = sb.path().join("pkg");
+    let original = write_package(&pkg, "tiny-srv", None, "");
+    let manifest = pkg.join("Cargo.toml");
+    let mp = manifest.to_str().unwrap();
+
+    let first = sb.run(&["init", "--manifest-path", mp]);
+    assert_ok(&first);
+    let err = stderr(&first);
+    assert!(
+        err.contains("updated Cargo.toml (added [package.metadata.mcp-dev]: label = \"tiny-srv\", bin = \"tiny-srv\")"),
+        "{err}"
+    );
+    for f in INIT_FILES {
+        assert!(
+            err.contains(&format!("created {f}\n")),
+            "no `created {f}` in:\n{err}"
+        );
+    }
+    // Appended, not reformatted: the user's text is a byte-exact prefix.
+    let after = read(&manifest);
+    assert!(after.starts_with(&original), "{after}");
+    assert!(after[original.len()..].contains("[package.metadata.mcp-dev]"));
+    assert_host_files(&pkg, "tiny-srv", &manifest);
+    let snapshot: Vec<String> = INIT_FILES.iter().map(|f| read(&pkg.join(f))).collect();
+
+    let second = sb.run(&["init", "--manifest-path", mp]);
+    assert_ok(&second);
+    let err = stderr(&second);
+    assert!(!err.contains("created "), "{err}");
+    assert!(!err.contains("updated "), "{err}");
+    assert!(
+        err.contains("skipped Cargo.toml ([package.metadata.mcp-dev] exists"),
+        "{err}"
+    );
+    for f in INIT_FILES {
+        assert!(
+            err.contains(&format!("skipped {f} (exists; --force to overwrite)")),
+            "no skip line for {f} in:\n{err}"
+        );
+    }
+    assert_eq!(read(&manifest), after, "Cargo.toml untouched");
+    for (f, before) in INIT_FILES.iter().zip(&snapshot) {
+        assert_eq!(&read(&pkg.join(f)), before, "{f} untouched");
+    }
+
+    // A user's edit survives a plain init and is replaced by --force.
+    std::fs::write(pkg.join(".mcp.json"), "edited").unwrap();
+    assert_ok(&sb.run(&["init", "--manifest-path", mp]));
+    assert_eq!(read(&pkg.join(".mcp.json")), "edited");
+    let forced = sb.run(&["init", "--manifest-path", mp, "--force"]);
+    assert_ok(&forced);
+    let err = stderr(&forced);
+    for f in INIT_FILES {
+        assert!(
+            err.contains(&format!("overwrote {f}\n")),
+            "no `overwrote {f}` in:\n{err}"
+        );
+    }
+    // --force never rewrites the user's manifest table.
+    assert!(err.contains("skipped Cargo.toml"), "{err}");
+    assert_eq!(read(&manifest), after);
+    assert_host_files(&pkg, "tiny-srv", &manifest);
+}
+
+#[test]
+fn init_leaves_a_users_bacon_toml_alone() {
+    let sb = Sandbox::new();
+    let pkg = sb.path().join("pkg");
+    write_package(&pkg, "bacon-srv", None, "");
+    let mine = "[jobs.check]\ncommand = [\"cargo\", \"check\"]\n";
+    std::fs::write(pkg.join("bacon.toml"), mine).unwrap();
+    let o = sb.run(&[
+        "init",
+        "--manifest-path",
+        pkg.join("Cargo.toml").to_str().unwrap(),
+        "--force",
+    ]);
+    assert_ok(&o);
+    assert_eq!(read(&pkg.join("bacon.toml")), mine, "even with --force");
+    let snippet = toml_file(&pkg.join("mcp-dev/bacon.toml"));
+    assert!(snippet["jobs"]["mcp-dev"]["command"].is_array());
+    assert!(
+        stderr(&o).contains("created mcp-dev/bacon.toml"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn init_on_a_library_only_package_fails_clearly() {
+    let sb = Sandbox::new();
+    let pkg = sb.path().join("lib-only");
+    copy_dir(&Path::new(REPO).join("tests/fixtures/lib-only"), &pkg);
+    let before = read(&pkg.join("Cargo.toml"));
+    let o = sb.run(&[
+        "init",
+        "--manifest-path",
+        pkg.join("Cargo.toml").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("error: package `lib-only` is a library-only package"),
+        "{err}"
+    );
+    assert!(err.contains("needs a binary target"), "{err}");
+    assert_eq!(read(&pkg.join("Cargo.toml")), before);
+    assert!(!pkg.join(".mcp.json").exists());
+    assert!(!pkg.join("mcp-dev").exists());
+}
+
+#[test]
+fn init_detects_bin_and_label() {
+    let sb = Sandbox::new();
+
+    // Package name and bin name differ: the block and every snippet use the bin.
+    let pkg = sb.path().join("a");
+    write_package(&pkg, "pkg-name", Some("srv-bin"), "");
+    let manifest = pkg.join("Cargo.toml");
+    assert_ok(&sb.run(&["init", "--manifest-path", manifest.to_str().unwrap()]));
+    let doc = toml_file(&manifest);
+    let block = &doc["package"]["metadata"]["mcp-dev"];
+    assert_eq!(block["bin"].as_str(), Some("srv-bin"));
+    assert_eq!(block["label"].as_str(), Some("srv-bin"));
+    assert!(
+        block.get("exempt").is_none(),
+        "init cannot know the read tools"
+    );
+    assert_host_files(&pkg, "srv-bin", &manifest);
+
+    // An existing table decides label and bin, and fills the contract.
+    let pkg = sb.path().join("b");
+    std::fs::create_dir_all(pkg.join("src/bin")).unwrap();
+    std::fs::write(pkg.join("src/bin/alpha.rs"), "fn main() {}\n").unwrap();
+    std::fs::write(pkg.join("src/bin/beta.rs"), "fn main() {}\n").unwrap();
+    let manifest = pkg.join("Cargo.toml");
+    let text = "[package]\nname = \"two\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[workspace]\n\n\
+        [package.metadata.mcp-dev]\nlabel = \"custom\"\nbin = \"beta\"\nrestart = \"manual\"\n\
+        debounce-ms = 750\nexempt = [\"peek\"]\nper-call = [\"nuke\"]\nenv = [\"TWO_MODE\"]\n\n\
+        [package.metadata.mcp-dev.credential-scopes.staging-api]\nenv = [\"TWO_TOKEN\"]\ntools = [\"push\"]\n";
+    std::fs::write(&manifest, text).unwrap();
+    let o = sb.run(&["init", "--manifest-path", manifest.to_str().unwrap()]);
+    assert_ok(&o);
+    assert_eq!(read(&manifest), text);
+    assert_host_files(&pkg, "custom", &manifest);
+    let contract = read(&pkg.join("UPDATE-CONTRACT.md"));
+    for needle in [
+        "# Update contract: `custom`",
+        "(bin `beta`",
+        "Restart mode for this server: **manual** (`restart` in [package.metadata.mcp-dev])",
+        "750 ms",
+        "except `peek` (`exempt`)",
+        "`nuke` need a decision for every call",
+        "the values, as digests, of `TWO_MODE`",
+        "| `staging-api` | `TWO_TOKEN` | `push` |",
+        "cargo mcp-dev restart",
+    ] {
+        assert!(
+            contract.contains(needle),
+            "missing `{needle}` in:\n{contract}"
+        );
+    }
+    assert_eq!(leftover_placeholder(&contract), None);
+
+    // Several bins and no table: init cannot guess, and says how to choose.
+    let pkg = sb.path().join("c");
+    copy_dir(&Path::new(REPO).join("tests/fixtures/two-bins"), &pkg);
+    let o = sb.run(&[
+        "init",
+        "--manifest-path",
+        pkg.join("Cargo.toml").to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("several binaries (alpha, beta)"), "{err}");
+    assert!(err.contains("bin = "), "{err}");
+    assert!(!pkg.join(".mcp.json").exists());
+}
+
+#[test]
+fn init_puts_the_workflow_at_the_git_root() {
+    let sb = Sandbox::new();
+    std::fs::create_dir(sb.path().join(".git")).unwrap();
+    let pkg = sb.path().join("servers/inv");
+    write_package(&pkg, "inv", None, "");
+    let o = sb.run(&[
+        "init",
+        "--manifest-path",
+        pkg.join("Cargo.toml").to_str().unwrap(),
+    ]);
+    assert_ok(&o);
+    assert!(!pkg.join(".github").exists());
+    assert_workflow(
+        &sb.path().join(".github/workflows/mcp-identity.yml"),
+        "servers/inv/Cargo.toml",
+    );
+}
+
+// ----- the slow one: build the `new` project and talk to it through `run` ---------------------
+
+/// A raw newline-delimited JSON-RPC peer on `cargo mcp-dev run`'s stdin/stdout.
+struct Client {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    lines: mpsc::Receiver<String>,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Client {
+    fn send(&mut self, msg: Value) {
+        let stdin = self.stdin.as_mut().unwrap();
+        writeln!(stdin, "{msg}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// The next message from `run` (answers and notifications), or a panic with its stderr.
+    fn recv(&self, deadline: Instant) -> Value {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match self.lines.recv_timeout(left) {
+            Ok(line) => serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("non-JSON on stdout ({e}): {line}")),
+            Err(e) => panic!(
+                "no message from run ({e}); stderr:\n{}",
+                self.stderr.lock().unwrap()
+            ),
+        }
+    }
+
+    /// The answer to request `id`, skipping notifications; returns them too.
+    fn answer(&self, id: u64, deadline: Instant) -> (Value, Vec<Value>) {
+        let mut notes = Vec::new();
+        loop {
+            let m = self.recv(deadline);
+            if m["id"] == json!(id) && m.get("method").is_none() {
+                return (m, notes);
+            }
+            notes.push(m);
+        }
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn new_project_builds_and_serves_under_run() {
+    let sb = Sandbox::new();
+    let o = sb.run(&["new", "onboard-srv"]);
+    assert_ok(&o);
+    let root = sb.path().join("onboard-srv");
+    // Same dependency versions as the e2e fixture, whose target dir already holds rmcp & co.
+    std::fs::copy(
+        Path::new(REPO).join("e2e/fixtures/inventory/Cargo.lock"),
+        root.join("Cargo.lock"),
+    )
+    .unwrap();
+    let target_dir = Path::new(REPO).join("target/e2e-fixture-target");
+    let notes = sb.path().join("notes.jsonl");
+
+    let mut child = sb
+        .cmd(&[
+            "run",
+            "--manifest-path",
+            root.join("Cargo.toml").to_str().unwrap(),
+            "--target-dir",
+            target_dir.to_str().unwrap(),
+            "--no-watch",
+            // The target dir is shared across runs, each with its own audit key in its own
+            // CARGO_MCP_DEV_HOME: keep this run's log with its key.
+            "--audit-log",
+            sb.path().join("audit.jsonl").to_str().unwrap(),
+        ])
+        .env("ONBOARD_SRV_NOTES_FILE", &notes)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let stderr_buf = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = stderr_buf.clone();
+    let child_stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(child_stderr).lines().map_while(Result::ok) {
+            let mut s = sink.lock().unwrap();
+            s.push_str(&line);
+            s.push('\n');
+        }
+    });
+    let stdin = child.stdin.take();
+    let mut client = Client {
+        child,
+        stdin,
+        lines,
+        stderr: stderr_buf,
+    };
+    // Generous: a cold build of rmcp takes about a minute on a loaded machine.
+    let deadline = Instant::now() + Duration::from_secs(600);
+
+    client.send(
+        json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "onboarding-test", "version": "1"}}}),
+    );
+    let (init, _) = client.answer(0, deadline);
+    assert!(init["result"]["protocolVersion"].is_string(), "{init}");
+    client.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+
+    // Until the server is up, `run` answers tools/list from the last known catalog and refuses
+    // calls with `identity_pending`; an agent waits and calls again, and refetches the tool list
+    // when told `catalog_stale`. So does this client.
+    let mut id = 1;
+    let read_call = loop {
+        client.send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "list_notes", "arguments": {}}}));
+        let (answer, _) = client.answer(id, deadline);
+        id += 1;
+        if answer["result"]["isError"] != true {
+            break answer;
+        }
+        let payload = &answer["result"]["_meta"]["dev.cargo-mcp-dev/error"];
+        match payload["error"].as_str() {
+            Some("identity_pending") => std::thread::sleep(Duration::from_millis(300)),
+            Some("catalog_stale") => {
+                client.send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"}));
+                client.answer(id, deadline);
+                id += 1;
+            }
+            _ => panic!("list_notes failed: {answer}"),
+        }
+        assert!(Instant::now() < deadline, "the server never came up");
+    };
+    assert_eq!(read_call["result"]["isError"], false, "{read_call}");
+    assert_eq!(
+        read_call["result"]["structuredContent"],
+        json!({"notes": []}),
+        "{read_call}"
+    );
+
+    client.send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"}));
+    let (list, _) = client.answer(id, deadline);
+    id += 1;
+    let mut names: Vec<&str> = list["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{list}"))
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["add_note", "list_notes"], "{list}");
+
+    // The write tool is gated by the generated configuration: refused, and it did not run.
+    client.send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": "add_note", "arguments": {"text": "hello"}}}));
+    let (write_call, _) = client.answer(id, deadline);
+    assert_eq!(write_call["result"]["isError"], true, "{write_call}");
+    let payload: Value =
+        serde_json::from_str(write_call["result"]["content"][0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(payload["error"], "authorization_required", "{payload}");
+    assert_eq!(payload["tool"], "add_note", "{payload}");
+    assert!(!notes.exists(), "a denied call must not reach the server");
+
+    // Closing stdin ends the session.
+    client.stdin = None;
+    let stop = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = client.child.try_wait().unwrap() {
+            assert!(status.success(), "run exited with {status}");
+            break;
+        }
+        assert!(Instant::now() < stop, "run did not exit after stdin closed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let err = client.stderr.lock().unwrap().clone();
+    assert!(err.contains("server started: pid="), "{err}");
+    assert!(
+        err.contains("call denied: add_note (authorization_required)"),
+        "{err}"
+    );
+}

@@ -1,0 +1,209 @@
+//! `cargo-mcp-dev run` deciding whether a `tools/call` is forwarded: catalog revisions
+//! (`catalog_stale`, `unknown_tool`), epoch-bound approvals over the control socket, and the
+//! state `status --json` reports.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use common::session::Setup;
+use serde_json::{Value, json};
+
+#[test]
+fn catalog_change_makes_calls_stale_until_the_host_refetches_and_unknown_tools_are_refused() {
+    let mut s = Setup::new()
+        .arg("--no-gating")
+        .tools(&["change_tools"])
+        .start();
+    let (_, e1) = s.ready_legacy();
+    let before = s.status_file().unwrap();
+    let host_digest = before["hostCatalog"].as_str().unwrap().to_string();
+    assert_eq!(before["catalog"]["digest"], json!(host_digest), "{before}");
+
+    let m = s.call("1", "change_tools", json!({}));
+    assert_eq!(
+        m.result()["structuredContent"]["toolCount"],
+        json!(4),
+        "{}",
+        m.raw
+    );
+    let n = s.notification("notifications/tools/list_changed");
+    assert_eq!(
+        n.value,
+        json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+    );
+    let line = s.wait_stderr("catalog changed: revision 2 (sha256:");
+    assert!(line.ends_with("; 1 added)"), "{line}");
+    assert_eq!(s.wait_stderr("  "), "  + added");
+    let st = s.wait_status("revision 2", |v| v["catalog"]["revision"] == json!(2));
+    let d2 = st["catalog"]["digest"].as_str().unwrap().to_string();
+    assert_ne!(d2, host_digest);
+    assert_eq!(
+        st["hostCatalog"],
+        json!(host_digest),
+        "the host has not refetched"
+    );
+
+    // The host has not refetched: refused, not forwarded.
+    let m = s.call("2", "echo", json!({"stale": true}));
+    assert_eq!(
+        m.tool_error_payload(),
+        json!({"error": "catalog_stale", "reason": "tool catalog changed since the host last fetched it",
+               "currentEpoch": e1, "hostCatalog": host_digest,
+               "currentCatalog": {"revision": 2, "digest": d2},
+               "retry": "refresh tool metadata (tools/list), then call again", "tool": "echo"})
+    );
+    s.wait_stderr("call denied: echo (catalog_stale): ");
+    // Only one list_changed reached the host (the server's own was not forwarded as well).
+    let extra = s.drain_for(Duration::from_millis(500));
+    assert!(
+        !extra
+            .iter()
+            .any(|m| m.method() == Some("notifications/tools/list_changed")),
+        "{extra:?}"
+    );
+
+    let tools = s.list_tools();
+    let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
+    assert_eq!(names, ["echo", "write", "change_tools", "added"]);
+    let m = s.call("3", "echo", json!({"fresh": true}));
+    assert_eq!(
+        m.result()["structuredContent"]["arguments"],
+        json!({"fresh": true})
+    );
+
+    let m = s.call("4", "nonexistent", json!({}));
+    assert_eq!(
+        m.tool_error_payload(),
+        json!({"error": "unknown_tool", "reason": "tool is not in the current catalog",
+               "currentEpoch": e1, "currentCatalog": {"revision": 2, "digest": d2},
+               "retry": "refresh tool metadata (tools/list) and call a listed tool",
+               "tool": "nonexistent"})
+    );
+    let log = s.fake_log();
+    let called: Vec<&Value> = log
+        .iter()
+        .filter(|l| l["method"] == "tools/call")
+        .map(|l| &l["params"]["name"])
+        .collect();
+    assert_eq!(called, [&json!("change_tools"), &json!("echo")], "{log:?}");
+    s.finish();
+}
+
+/// One raw request on the supervisor's control socket.
+fn control(socket: &str, request: &Value) -> Value {
+    let mut stream = UnixStream::connect(socket).expect("connect control socket");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    writeln!(stream, "{request}").unwrap();
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line).unwrap();
+    serde_json::from_str(&line).expect("control answer is JSON")
+}
+
+#[test]
+fn approvals_are_bound_to_the_epoch_and_status_shows_them() {
+    let mut s = Setup::new().timeout(Duration::from_secs(90)).start();
+    let (pid1, e1) = s.ready_legacy();
+
+    let m = s.call("1", "write", json!({"marker": "a"}));
+    assert_eq!(
+        m.tool_error_payload(),
+        json!({"error": "authorization_required",
+               "reason": "tool requires human approval for this execution epoch",
+               "currentEpoch": e1,
+               "retry": "request authorization from the user, then call again", "tool": "write"})
+    );
+    assert!(s.side_effects().is_empty());
+
+    let out = s.cli(&["status", "--json"]);
+    out.expect_code(0);
+    let st: Value = serde_json::from_str(&out.stdout).expect("status --json");
+    assert_eq!(st["label"], json!("fake-server"));
+    assert_eq!(st["server"]["epoch"], json!(e1));
+    assert_eq!(st["server"]["pid"], json!(pid1));
+    assert_eq!(st["state"], json!("catalog-ready"));
+    assert_eq!(st["grants"], json!([]));
+    assert_eq!(st["pendingApproval"]["tools"], json!(["write"]));
+
+    // Without --tool: the tools of pending denials.
+    let out = s.cli(&["approve", "--yes"]);
+    out.expect_code(0);
+    let grant_line = out
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("approved: write for epoch "))
+        .unwrap_or_else(|| panic!("{}", out.stderr))
+        .to_string();
+    assert!(
+        grant_line.starts_with(&format!("approved: write for epoch {e1} (grant ")),
+        "{grant_line}"
+    );
+    s.wait_stderr(&format!("approved: write for epoch {e1} (grant "));
+
+    let out = s.cli(&["status", "--json"]);
+    let st: Value = serde_json::from_str(&out.stdout).expect("status --json");
+    assert_eq!(st["state"], json!("ready"), "{st}");
+    let grants = st["grants"].as_array().unwrap();
+    assert_eq!(grants.len(), 1, "{st}");
+    assert_eq!(grants[0]["executionEpoch"], json!(e1));
+    assert_eq!(grants[0]["toolScope"], json!(["write"]));
+    assert!(grant_line.contains(grants[0]["id"].as_str().unwrap()));
+    assert_eq!(st["pendingApproval"]["tools"], json!([]));
+
+    let m = s.call("2", "write", json!({"marker": "b"}));
+    assert_eq!(
+        m.result()["structuredContent"]["args"],
+        json!({"marker": "b"}),
+        "{}",
+        m.raw
+    );
+    assert_eq!(s.side_effects().len(), 1);
+
+    // A new epoch: the grant is stale, and a decision made for the old epoch is void.
+    s.set_revision("r2");
+    let (_, e2, was) = s.server_replaced();
+    assert_eq!(was, e1);
+    let st = s.wait_status("new server ready", |v| {
+        v["server"]["epoch"] == json!(e2) && v["server"]["phase"] == "Ready"
+    });
+    let socket = st["socket"].as_str().expect("socket in status").to_string();
+    let answer = control(
+        &socket,
+        &json!({"op": "approve", "epoch": e1, "tools": ["write"], "credentialScopes": []}),
+    );
+    assert_eq!(
+        answer,
+        json!({"ok": false, "error": format!(
+            "the decision was for epoch {e1}, but the server is now {e2}; review the new epoch and approve again")})
+    );
+    let st = s.status_file().unwrap();
+    assert_eq!(st["grants"], json!([]), "{st}");
+    let m = s.call("3", "write", json!({"marker": "c"}));
+    let p = m.tool_error_payload();
+    assert_eq!(p["error"], json!("authorization_stale"), "{p}");
+    assert_eq!(p["approvedEpoch"], json!(e1));
+    assert_eq!(p["currentEpoch"], json!(e2));
+    assert_eq!(s.side_effects().len(), 1, "the stale call must not run");
+
+    let out = s.cli(&["approve", "--list"]);
+    out.expect_code(0);
+    assert_eq!(out.stdout.trim(), "no live grants");
+    s.finish();
+}
+
+#[test]
+fn control_commands_without_a_supervisor_exit_106() {
+    let setup = Setup::new();
+    let out = setup.project.run(["status", "--json"]);
+    out.expect_code(106);
+    assert!(
+        out.stderr
+            .contains("no running `cargo mcp-dev run` for `fake-server` answered"),
+        "{}",
+        out.stderr
+    );
+}

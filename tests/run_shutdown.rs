@@ -1,0 +1,94 @@
+//! `cargo-mcp-dev run` ending: the host closing stdin, SIGTERM/SIGINT to the supervisor, and the
+//! host dying without closing stdin. The server ignores stdin EOF and SIGTERM and leaves a
+//! grandchild behind; the supervisor must still be gone, with no orphan, within the hosts' grace.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::session::{Session, Setup, alive};
+use rustix::process::Signal;
+
+/// Hosts wait about 2 s before killing a server; a little slack for a loaded test machine.
+const GRACE: Duration = Duration::from_millis(2500);
+
+fn stubborn() -> Session {
+    let mut s = Setup::new()
+        .arg("--no-gating")
+        .env("FAKE_IGNORE_STDIN_EOF", "1")
+        .env("FAKE_IGNORE_SIGTERM", "1")
+        .env("FAKE_GRANDCHILD", "1")
+        .start();
+    let (pid, _) = s.ready_legacy();
+    let pids = s.pids();
+    assert_eq!(pids.len(), 2, "server and grandchild: {pids:?}");
+    assert!(pids.contains(&pid));
+    assert!(pids.iter().all(|p| alive(*p)), "{pids:?}");
+    s
+}
+
+#[track_caller]
+fn assert_gone_within_grace(s: &mut Session, since: Instant) {
+    let status = s
+        .wait_exit(GRACE.saturating_sub(since.elapsed()))
+        .unwrap_or_else(|| panic!("supervisor still running {GRACE:?} later"));
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    let left = s.survivors(Duration::from_millis(200));
+    assert!(left.is_empty(), "outlived the supervisor: {left:?}");
+    s.expect_stdout_eof();
+    s.check_clean();
+}
+
+#[test]
+fn host_closing_stdin_stops_a_stubborn_server_and_its_grandchild_in_time() {
+    let mut s = stubborn();
+    let t = Instant::now();
+    s.close_stdin();
+    assert_gone_within_grace(&mut s, t);
+}
+
+#[test]
+fn sigterm_to_the_supervisor_stops_everything_in_time() {
+    let mut s = stubborn();
+    let t = Instant::now();
+    s.signal(Signal::TERM);
+    assert_gone_within_grace(&mut s, t);
+}
+
+#[test]
+fn sigint_to_the_supervisor_stops_everything_in_time() {
+    let mut s = stubborn();
+    let t = Instant::now();
+    s.signal(Signal::INT);
+    assert_gone_within_grace(&mut s, t);
+}
+
+#[test]
+fn host_dying_without_closing_stdin_stops_everything() {
+    let mut s = Setup::new()
+        .arg("--no-gating")
+        .env("FAKE_IGNORE_STDIN_EOF", "1")
+        .env("FAKE_IGNORE_SIGTERM", "1")
+        .env("FAKE_GRANDCHILD", "1")
+        .via_parent_shell()
+        .start();
+    let supervisor = s.real_supervisor_pid();
+    s.ready_legacy();
+    assert_eq!(s.pids().len(), 2);
+    // Kill only the "host" (the shell); our end of the supervisor's stdin stays open.
+    let host = rustix::process::Pid::from_raw(s.supervisor_pid() as i32).unwrap();
+    rustix::process::kill_process(host, Signal::KILL).unwrap();
+    let t = Instant::now();
+    // Parent check every 500 ms, then the same stop sequence as for a closed stdin.
+    while alive(supervisor) && t.elapsed() < Duration::from_secs(4) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !alive(supervisor),
+        "supervisor outlived its host by {:?}",
+        t.elapsed()
+    );
+    let left = s.survivors(Duration::from_millis(200));
+    assert!(left.is_empty(), "outlived the supervisor: {left:?}");
+    s.check_clean();
+}
