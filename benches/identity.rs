@@ -322,13 +322,13 @@ fn overhead_breakdown(
     let _ = writeln!(
         out,
         "(b') breakdown of the time outside cargo (library functions, median of {runs}):\n    \
-         rustc -vV ({})                 {:>7.1} ms\n    \
+         rustc -vV                                    {:>7.1} ms   ({})\n    \
          sha256_file of the executable ({:.1} MB)     {:>7.1} ms\n    \
          Store::capture, entry already present        {:>7.1} ms   (hash + copy to a temp file, dropped)\n    \
          of which the copy (capture - hash)           {:>7.1} ms\n    \
          launcher self-hash ({:.1} MB)                 {:>7.1} ms",
-        rustc.display(),
         ms(rustc_vv),
+        rustc.display(),
         size(exe),
         ms(hash_only),
         ms(capture_existing),

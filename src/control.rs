@@ -167,7 +167,9 @@ fn spawn_acceptor(listener: UnixListener, events: Sender<Event>) -> Result<(), S
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { continue };
                 let events = events.clone();
-                let _ = std::thread::Builder::new().name("control-conn".into()).spawn(move || handle(stream, own, events));
+                let _ = std::thread::Builder::new()
+                    .name("control-conn".into())
+                    .spawn(move || handle(stream, own, events));
             }
         })
         .map_err(|e| e.to_string())?;

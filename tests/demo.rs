@@ -38,7 +38,11 @@ fn demo_plays_the_whole_session_and_verifies_the_log() {
         std::thread::sleep(Duration::from_millis(200));
     };
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "demo failed ({:?}):\n{stderr}", out.status.code());
+    assert!(
+        out.status.success(),
+        "demo failed ({:?}):\n{stderr}",
+        out.status.code()
+    );
     for needle in [
         "server started: pid=",
         "\"error\":\"authorization_required\"",
@@ -51,10 +55,17 @@ fn demo_plays_the_whole_session_and_verifies_the_log() {
         "verified ",
         "demo complete: every step behaved as narrated",
     ] {
-        assert!(stderr.contains(needle), "demo output lacks `{needle}`:\n{stderr}");
+        assert!(
+            stderr.contains(needle),
+            "demo output lacks `{needle}`:\n{stderr}"
+        );
     }
     // The demo's stdout stays empty: everything is narrated on stderr.
-    assert!(out.stdout.is_empty(), "stdout: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.stdout.is_empty(),
+        "stdout: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     // The notes file holds exactly the two approved writes (one per epoch), nothing denied ran.
     let notes = std::fs::read_to_string(work.path().join("demo-inventory/notes.jsonl")).unwrap();
     assert_eq!(notes.lines().count(), 2, "{notes}");

@@ -95,7 +95,7 @@ fn in_flight_call_at_restart_gets_epoch_transition_and_is_never_replayed() {
     assert_eq!(
         m.result()["content"][1]["text"],
         json!(format!(
-            "The server running {e1} was replaced while `write` was in flight; it may or may not have run and was not retried."
+            "The server running epoch {e1} was replaced while `write` was in flight; it may or may not have run and was not retried."
         ))
     );
     wait_ready(&mut s, &e2);

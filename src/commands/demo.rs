@@ -38,7 +38,11 @@ impl Narrator {
 
     fn say(&mut self, text: &str) {
         self.step += 1;
-        status::raw(&format!("{} {}", self.bold.apply_to(format!("[{}]", self.step)), self.bold.apply_to(text)));
+        status::raw(&format!(
+            "{} {}",
+            self.bold.apply_to(format!("[{}]", self.step)),
+            self.bold.apply_to(text)
+        ));
     }
     fn detail(&self, text: &str) {
         status::raw(&format!("    {}", self.dim.apply_to(text)));
@@ -46,7 +50,10 @@ impl Narrator {
 }
 
 fn fail(msg: impl Into<String>) -> Failure {
-    Failure::new(exit_codes::DEMO_FAILED, format!("demo step failed: {}", msg.into()))
+    Failure::new(
+        exit_codes::DEMO_FAILED,
+        format!("demo step failed: {}", msg.into()),
+    )
 }
 
 /// The host side: our end of `cargo mcp-dev run`'s stdin/stdout.
@@ -61,12 +68,20 @@ struct Host {
 
 impl Host {
     fn send(&mut self, msg: &Value) -> Result<(), Failure> {
-        let stdin = self.stdin.as_mut().ok_or_else(|| fail("host connection already closed"))?;
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| fail("host connection already closed"))?;
         writeln!(stdin, "{msg}").map_err(|e| fail(format!("writing to cargo mcp-dev run: {e}")))?;
         stdin.flush().map_err(|e| fail(e.to_string()))
     }
 
-    fn request(&mut self, method: &str, params: Value, timeout: Duration) -> Result<Value, Failure> {
+    fn request(
+        &mut self,
+        method: &str,
+        params: Value,
+        timeout: Duration,
+    ) -> Result<Value, Failure> {
         let id = self.next_id;
         self.next_id += 1;
         self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))?;
@@ -76,18 +91,34 @@ impl Host {
             match self.messages.recv_timeout(left) {
                 Ok(m) if m.get("id") == Some(&json!(id)) => return Ok(m),
                 Ok(_) => continue, // notifications (list_changed) are noted by the status lines
-                Err(_) => return Err(fail(format!("no answer to {method} within {} s", timeout.as_secs()))),
+                Err(_) => {
+                    return Err(fail(format!(
+                        "no answer to {method} within {} s",
+                        timeout.as_secs()
+                    )));
+                }
             }
         }
     }
 
     fn call(&mut self, tool: &str, args: Value) -> Result<Value, Failure> {
-        let r = self.request("tools/call", json!({"name": tool, "arguments": args}), Duration::from_secs(60))?;
-        r.get("result").cloned().ok_or_else(|| fail(format!("tools/call {tool} returned a JSON-RPC error: {r}")))
+        let r = self.request(
+            "tools/call",
+            json!({"name": tool, "arguments": args}),
+            Duration::from_secs(60),
+        )?;
+        r.get("result")
+            .cloned()
+            .ok_or_else(|| fail(format!("tools/call {tool} returned a JSON-RPC error: {r}")))
     }
 
     /// Waits for a status line containing `needle`, relaying every line it sees.
-    fn wait_status(&mut self, needle: &str, timeout: Duration, n: &Narrator) -> Result<String, Failure> {
+    fn wait_status(
+        &mut self,
+        needle: &str,
+        timeout: Duration,
+        n: &Narrator,
+    ) -> Result<String, Failure> {
         self.wait_status_with(needle, timeout, n, None)
     }
 
@@ -103,7 +134,10 @@ impl Host {
         }
         let deadline = Instant::now() + timeout;
         loop {
-            match self.status_lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            match self
+                .status_lines
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
                 Ok(line) => {
                     match bar {
                         Some(b) => b.suspend(|| n.detail(&line)),
@@ -115,9 +149,14 @@ impl Host {
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {
-                    return Err(fail(format!("`{needle}` did not appear within {} s", timeout.as_secs())));
+                    return Err(fail(format!(
+                        "`{needle}` did not appear within {} s",
+                        timeout.as_secs()
+                    )));
                 }
-                Err(RecvTimeoutError::Disconnected) => return Err(fail(format!("cargo mcp-dev run ended before `{needle}`"))),
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(fail(format!("cargo mcp-dev run ended before `{needle}`")));
+                }
             }
         }
     }
@@ -185,12 +224,22 @@ fn start_host(manifest: &Path, target_dir: &Path) -> Result<Host, Failure> {
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines() {
             let Ok(line) = line else { break };
-            if stx.send(console::strip_ansi_codes(&line).to_string()).is_err() {
+            if stx
+                .send(console::strip_ansi_codes(&line).to_string())
+                .is_err()
+            {
                 break;
             }
         }
     });
-    Ok(Host { child, stdin, messages, status_lines, next_id: 1, seen_status: Vec::new() })
+    Ok(Host {
+        child,
+        stdin,
+        messages,
+        status_lines,
+        next_id: 1,
+        seen_status: Vec::new(),
+    })
 }
 
 fn denial(result: &Value) -> Option<Value> {
@@ -201,14 +250,26 @@ fn denial(result: &Value) -> Option<Value> {
 }
 
 fn text_of(result: &Value) -> String {
-    result.pointer("/content/0/text").and_then(|t| t.as_str()).unwrap_or("").to_string()
+    result
+        .pointer("/content/0/text")
+        .and_then(|t| t.as_str())
+        .unwrap_or("")
+        .to_string()
 }
 
 pub fn execute(args: DemoArgs) -> CmdResult {
-    let n = &mut Narrator { step: 0, bold: Style::new().bold(), dim: Style::new().dim() };
+    let n = &mut Narrator {
+        step: 0,
+        bold: Style::new().bold(),
+        dim: Style::new().dim(),
+    };
     let tmp = match &args.dir {
         Some(_) => None,
-        None => Some(tempfile::Builder::new().prefix("cargo-mcp-dev-demo-").tempdir()?),
+        None => Some(
+            tempfile::Builder::new()
+                .prefix("cargo-mcp-dev-demo-")
+                .tempdir()?,
+        ),
     };
     let root: PathBuf = match (&args.dir, &tmp) {
         (Some(d), _) => d.clone(),
@@ -216,10 +277,19 @@ pub fn execute(args: DemoArgs) -> CmdResult {
         (None, None) => unreachable!("a temporary directory exists when --dir is absent"),
     };
     let project = root.join(DEMO_NAME);
-    let target_dir = args.target_dir.clone().unwrap_or_else(|| project.join("target"));
-    n.say(&format!("creating a small rmcp server in {}", project.display()));
-    super::new::execute(crate::cli::NewArgs { name: DEMO_NAME.into(), path: Some(project.clone()) })
-        .map_err(|e| fail(e.message))?;
+    let target_dir = args
+        .target_dir
+        .clone()
+        .unwrap_or_else(|| project.join("target"));
+    n.say(&format!(
+        "creating a small rmcp server in {}",
+        project.display()
+    ));
+    super::new::execute(crate::cli::NewArgs {
+        name: DEMO_NAME.into(),
+        path: Some(project.clone()),
+    })
+    .map_err(|e| fail(e.message))?;
     let project = project.canonicalize()?;
     let result = play(n, &project, &target_dir);
     if args.keep || args.dir.is_some() {
@@ -244,7 +314,11 @@ fn play(n: &mut Narrator, project: &Path, target_dir: &Path) -> CmdResult {
         json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "cargo-mcp-dev-demo", "version": env!("CARGO_PKG_VERSION")}}),
         Duration::from_secs(30),
     )?;
-    n.detail(&format!("handshake answered: protocol {}", init.pointer("/result/protocolVersion").unwrap_or(&Value::Null)));
+    n.detail(&format!(
+        "handshake answered: protocol {}",
+        init.pointer("/result/protocolVersion")
+            .unwrap_or(&Value::Null)
+    ));
     host.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))?;
     let spinner = status::progress_enabled().then(|| {
         let pb = indicatif::ProgressBar::new_spinner();
@@ -252,7 +326,12 @@ fn play(n: &mut Narrator, project: &Path, target_dir: &Path) -> CmdResult {
         pb.enable_steady_tick(Duration::from_millis(120));
         pb
     });
-    let started = host.wait_status_with("server started:", Duration::from_secs(600), n, spinner.as_ref());
+    let started = host.wait_status_with(
+        "server started:",
+        Duration::from_secs(600),
+        n,
+        spinner.as_ref(),
+    );
     if let Some(pb) = spinner {
         pb.finish_and_clear();
     }
@@ -262,7 +341,10 @@ fn play(n: &mut Narrator, project: &Path, target_dir: &Path) -> CmdResult {
 
     n.step(&mut host, "listing tools");
     let tools = list_tools(&mut host)?;
-    let names: Vec<String> = tools.iter().filter_map(|t| t["name"].as_str().map(str::to_string)).collect();
+    let names: Vec<String> = tools
+        .iter()
+        .filter_map(|t| t["name"].as_str().map(str::to_string))
+        .collect();
     n.detail(&format!("tools: {}", names.join(", ")));
     let control = ControlArgs {
         manifest_path: Some(manifest.clone()),
@@ -278,11 +360,17 @@ fn play(n: &mut Narrator, project: &Path, target_dir: &Path) -> CmdResult {
         .cloned()
         .ok_or_else(|| fail("the template has no gated tool"))?;
 
-    n.step(&mut host, &format!("calling {write_tool} before anyone approved it"));
+    n.step(
+        &mut host,
+        &format!("calling {write_tool} before anyone approved it"),
+    );
     let r = host.call(&write_tool, write_args())?;
     expect_denial(&r, "authorization_required", n)?;
 
-    n.step(&mut host, &format!("approving {write_tool} for epoch {epoch_a} (what `cargo mcp-dev approve` does)"));
+    n.step(
+        &mut host,
+        &format!("approving {write_tool} for epoch {epoch_a} (what `cargo mcp-dev approve` does)"),
+    );
     approve(&control, &epoch_a, &write_tool, n)?;
 
     n.step(&mut host, &format!("calling {write_tool} again"));
@@ -292,30 +380,47 @@ fn play(n: &mut Narrator, project: &Path, target_dir: &Path) -> CmdResult {
     }
     n.detail(&format!("result: {}", text_of(&r)));
 
-    n.step(&mut host, "editing the server's source: revision B (new handler text, a new optional field)");
+    n.step(
+        &mut host,
+        "editing the server's source: revision B (new handler text, a new optional field)",
+    );
     edit_revision_b(project)?;
     let replaced = host.wait_status("server replaced:", Duration::from_secs(300), n)?;
     let epoch_b = field(&replaced, "epoch=").ok_or_else(|| fail("no epoch in the replace line"))?;
     host.wait_status("catalog changed", Duration::from_secs(30), n)?;
     host.drain_status(n);
 
-    n.step(&mut host, "the agent retries its prepared call without refreshing: refused, the catalog moved");
+    n.step(
+        &mut host,
+        "the agent retries its prepared call without refreshing: refused, the catalog moved",
+    );
     let r = host.call(&write_tool, write_args())?;
     expect_denial(&r, "catalog_stale", n)?;
 
-    n.step(&mut host, "refetching tools/list, then calling: refused again, the grant named the old epoch");
+    n.step(
+        &mut host,
+        "refetching tools/list, then calling: refused again, the grant named the old epoch",
+    );
     list_tools(&mut host)?;
     let r = host.call(&write_tool, write_args())?;
     let d = expect_denial(&r, "authorization_stale", n)?;
     if d["approvedEpoch"] != json!(epoch_a) || d["currentEpoch"] != json!(epoch_b) {
-        return Err(fail(format!("authorization_stale should name {epoch_a} -> {epoch_b}: {d}")));
+        return Err(fail(format!(
+            "authorization_stale should name {epoch_a} -> {epoch_b}: {d}"
+        )));
     }
 
-    n.step(&mut host, &format!("approving {write_tool} for the new epoch {epoch_b}"));
+    n.step(
+        &mut host,
+        &format!("approving {write_tool} for the new epoch {epoch_b}"),
+    );
     approve(&control, &epoch_b, &write_tool, n)?;
     let r = host.call(&write_tool, write_args())?;
     if r.get("isError") == Some(&json!(true)) {
-        return Err(fail(format!("the re-approved call failed: {}", text_of(&r))));
+        return Err(fail(format!(
+            "the re-approved call failed: {}",
+            text_of(&r)
+        )));
     }
     n.detail(&format!("result: {}", text_of(&r)));
 
@@ -327,13 +432,18 @@ fn play(n: &mut Narrator, project: &Path, target_dir: &Path) -> CmdResult {
     }
 
     n.step(&mut host, "audit journals: which code handled every call");
-    let log = target_dir.join("mcp-dev/audit").join(format!("{DEMO_NAME}.jsonl"));
+    let log = target_dir
+        .join("mcp-dev/audit")
+        .join(format!("{DEMO_NAME}.jsonl"));
     let keys = KeyStore::from_env().map_err(|e| fail(e.to_string()))?;
     let journals = Journals::from_log(&log, &keys).map_err(|e| fail(e.to_string()))?;
     status::raw(&journals.render_human(JournalView::Both));
     n.step(&mut host, "verifying the audit log (chain, MACs, anchor)");
     let report = verify(&log, &keys).map_err(|e| fail(format!("audit verify: {e}")))?;
-    n.detail(&format!("verified {} records over {} epochs", report.records, report.epochs));
+    n.detail(&format!(
+        "verified {} records over {} epochs",
+        report.records, report.epochs
+    ));
     status::line("demo complete: every step behaved as narrated");
     Ok(exit_codes::OK)
 }
@@ -346,7 +456,8 @@ fn write_args() -> Value {
 /// the write tool (same tool name), so both the executable and the catalog change.
 fn edit_revision_b(project: &Path) -> Result<(), Failure> {
     let path = project.join("src/main.rs");
-    let src = std::fs::read_to_string(&path).map_err(|e| fail(format!("{}: {e}", path.display())))?;
+    let src =
+        std::fs::read_to_string(&path).map_err(|e| fail(format!("{}: {e}", path.display())))?;
     let edited = src
         .replacen(
             "    /// The note to save.\n    text: String,\n",
@@ -359,14 +470,19 @@ fn edit_revision_b(project: &Path) -> Result<(), Failure> {
             1,
         );
     if edited == src || !edited.contains("revision B:") || !edited.contains("tag: Option<String>") {
-        return Err(fail("the template no longer has the lines the demo edits (src/main.rs)"));
+        return Err(fail(
+            "the template no longer has the lines the demo edits (src/main.rs)",
+        ));
     }
     std::fs::write(&path, edited).map_err(|e| fail(e.to_string()))
 }
 
 fn list_tools(host: &mut Host) -> Result<Vec<Value>, Failure> {
     let r = host.request("tools/list", json!({}), Duration::from_secs(60))?;
-    r.pointer("/result/tools").and_then(|t| t.as_array()).cloned().ok_or_else(|| fail(format!("tools/list failed: {r}")))
+    r.pointer("/result/tools")
+        .and_then(|t| t.as_array())
+        .cloned()
+        .ok_or_else(|| fail(format!("tools/list failed: {r}")))
 }
 
 fn expect_denial(r: &Value, reason: &str, n: &Narrator) -> Result<Value, Failure> {

@@ -256,7 +256,8 @@ fn build_once(
 fn open_audit(path: &std::path::Path, keys: &KeyStore) -> Result<AuditLog, Failure> {
     use crate::audit::AuditError;
     let fatal = |e: AuditError| {
-        Failure::error(format!("audit log: {e}")).with_note("tool calls are only forwarded when they can be audited")
+        Failure::error(format!("audit log: {e}"))
+            .with_note("tool calls are only forwarded when they can be audited")
     };
     match AuditLog::open(path, keys) {
         Ok(log) => Ok(log),
@@ -266,7 +267,13 @@ fn open_audit(path: &std::path::Path, keys: &KeyStore) -> Result<AuditLog, Failu
                 .map(|d| d.as_secs())
                 .unwrap_or(0);
             let aside = path.with_extension(format!("set-aside-{stamp}.jsonl"));
-            std::fs::rename(path, &aside).map_err(|re| fatal(AuditError::Io { action: "set aside", path: path.to_path_buf(), source: re }))?;
+            std::fs::rename(path, &aside).map_err(|re| {
+                fatal(AuditError::Io {
+                    action: "set aside",
+                    path: path.to_path_buf(),
+                    source: re,
+                })
+            })?;
             status::warn(&format!(
                 "audit log {} cannot be verified with this user's key ({e}); it was set aside as {} and a new log starts",
                 path.display(),

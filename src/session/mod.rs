@@ -166,6 +166,8 @@ struct Listen {
     /// Our id for it at the current child.
     child_id: Option<u64>,
     tools: bool,
+    /// The host got this stream's acknowledgement (re-opened streams are not acknowledged twice).
+    acknowledged: bool,
 }
 
 /// What the host negotiated (legacy) or was first told (modern).
@@ -892,9 +894,14 @@ impl<I: Io> Session<I> {
                         self.audit_record(audit::CALL_FAILED_EPOCH_TRANSITION, Some(epoch), json!({
                             "callId": call.call_id, "tool": call.tool, "oldEpoch": epoch, "newEpoch": new_epoch, "cause": cause,
                         }));
+                        let what = if cause == "replaced" {
+                            "was replaced"
+                        } else {
+                            "exited"
+                        };
                         let hint = format!(
-                            "The server running {} was {} while `{}` was in flight; it may or may not have run and was not retried.",
-                            epoch, cause, call.tool
+                            "The server running epoch {epoch} {what} while `{}` was in flight; it may or may not have run and was not retried.",
+                            call.tool
                         );
                         self.io.to_host(envelope::result_line(
                             &host_id,
@@ -1070,6 +1077,7 @@ impl<I: Io> Session<I> {
                     params,
                     child_id: Some(id),
                     tools,
+                    acknowledged: false,
                 }),
             }
         }
@@ -1348,11 +1356,11 @@ impl<I: Io> Session<I> {
                 msg.set_id(envelope::numeric_id(host_id));
                 self.io.to_host(msg.to_line());
             }
-            Kind::Notification => self.on_child_notification(epoch, msg),
+            Kind::Notification => self.on_child_notification(msg),
         }
     }
 
-    fn on_child_notification(&mut self, epoch: &str, mut msg: Message) {
+    fn on_child_notification(&mut self, mut msg: Message) {
         let method = msg.method().unwrap_or_default().to_string();
         let params = msg.params_value();
         if method == "notifications/tools/list_changed" {
@@ -1368,16 +1376,35 @@ impl<I: Io> Session<I> {
         )) {
             // Re-tag with the host's listen id; a repeated acknowledgement after a restart is ours.
             let Some(our) = sid.as_u64() else { return };
-            let Some(l) = self.listens.iter().find(|l| l.child_id == Some(our)) else {
+            let Some(l) = self.listens.iter_mut().find(|l| l.child_id == Some(our)) else {
                 return;
             };
             let host_sid: Value = serde_json::from_str(l.host_id.get()).unwrap_or(Value::Null);
+            let wants_tools = l.tools;
             let mut params = params.clone();
-            params["_meta"][protocol::SUBSCRIPTION_ID] = host_sid;
-            if method == "notifications/subscriptions/acknowledged" && self.pending.values().all(|p| !matches!(p, Pending::Host { method, host_id, .. } if method == "subscriptions/listen" && host_id.get() == l.host_id.get())) {
+            params["_meta"][protocol::SUBSCRIPTION_ID] = host_sid.clone();
+            msg.set_params(&params);
+            if method == "notifications/subscriptions/acknowledged" {
+                if l.acknowledged {
+                    return;
+                }
+                l.acknowledged = true;
+                self.io.to_host(msg.to_line());
+                // A stream opened while the host held an outdated list (e.g. the `[]` answered
+                // during a cold build) hears about the current catalog right after its ack.
+                let current = self.gate.current_catalog().map(|r| r.digest.clone());
+                if wants_tools
+                    && current.is_some()
+                    && self.gate.host_catalog().map(str::to_string) != current
+                {
+                    let params = json!({"_meta": {protocol::SUBSCRIPTION_ID: host_sid}});
+                    self.io.to_host(envelope::notification_line(
+                        "notifications/tools/list_changed",
+                        Some(&params),
+                    ));
+                }
                 return;
             }
-            msg.set_params(&params);
         }
         if method == "notifications/cancelled"
             && let Some(req) = params.get("requestId").and_then(|r| r.as_u64())
@@ -1390,7 +1417,6 @@ impl<I: Io> Session<I> {
                 msg.set_params(&params);
             }
         }
-        let _ = epoch;
         self.io.to_host(msg.to_line());
     }
 
@@ -1439,6 +1465,19 @@ impl<I: Io> Session<I> {
                     let mut result = msg.result_value();
                     protocol::advertise_list_changed(&mut result);
                     self.remember_discover(&result);
+                    // What the host now holds: a later server must keep to it.
+                    let version = self
+                        .modern_meta
+                        .as_ref()
+                        .and_then(|m| m.get(protocol::PROTOCOL_VERSION))
+                        .and_then(|v| v.as_str())
+                        .unwrap_or(protocol::MODERN_VERSION)
+                        .to_string();
+                    self.negotiated = Some(Negotiated {
+                        protocol_version: version,
+                        capabilities: result.get("capabilities").cloned().unwrap_or(json!({})),
+                        from_cache: false,
+                    });
                     msg.set_result(&result);
                 }
                 msg.set_id(host_id);
@@ -1541,6 +1580,10 @@ impl<I: Io> Session<I> {
                         n.protocol_version
                     ));
                     return;
+                }
+                // The real server confirmed what was announced: now it is what was negotiated.
+                if let Some(n) = &mut self.negotiated {
+                    n.from_cache = false;
                 }
             }
             (None, None) => {
@@ -1752,7 +1795,7 @@ impl<I: Io> Session<I> {
             json!({"grant": g, "via": "control socket"}),
         );
         self.io.status(&format!(
-            "approved: {} for epoch {} (grant {}, {:?})",
+            "approved: {} for epoch {} (grant {}, expires {})",
             grant
                 .tool_scope
                 .iter()
@@ -1761,7 +1804,7 @@ impl<I: Io> Session<I> {
                 .join(", "),
             epoch,
             grant.id,
-            grant.expires_when
+            g["expiresWhen"].as_str().unwrap_or("?")
         ));
         self.write_status_file();
         Ok(json!({"grant": g}))

@@ -36,7 +36,9 @@ pub fn signal_group(pgid: u32, sig: Sig) {
 
 /// Sends a signal to one process; a process that is already gone is not an error.
 pub fn signal_process(pid: u32, sig: Sig) {
-    let Some(p) = Pid::from_raw(pid as i32) else { return };
+    let Some(p) = Pid::from_raw(pid as i32) else {
+        return;
+    };
     let signal = match sig {
         Sig::Term => Signal::TERM,
         Sig::Kill => Signal::KILL,

@@ -349,10 +349,7 @@ impl Scenario {
     pub fn env(&self) -> Vec<(String, String)> {
         vec![
             (TAG_ENV.into(), self.tag.clone()),
-            (
-                "CARGO_MCP_DEV_HOME".into(),
-                self.home.display().to_string(),
-            ),
+            ("CARGO_MCP_DEV_HOME".into(), self.home.display().to_string()),
             (
                 "INVENTORY_SIDE_EFFECT_FILE".into(),
                 self.side_effects.display().to_string(),
@@ -410,9 +407,8 @@ impl Scenario {
                 for line in BufReader::new(out).lines() {
                     let Ok(line) = line else { break };
                     copy.push(line.clone());
-                    let v: Value = serde_json::from_str(&line).unwrap_or_else(
-                        |e| json!({"unparsable": line, "error": e.to_string()}),
-                    );
+                    let v: Value = serde_json::from_str(&line)
+                        .unwrap_or_else(|e| json!({"unparsable": line, "error": e.to_string()}));
                     if tx.send(v).is_err() {
                         break;
                     }
@@ -515,14 +511,21 @@ impl Scenario {
     }
 
     pub fn status_file(&self) -> Option<Value> {
-        let text =
-            std::fs::read_to_string(self.mcp_dev_dir().join(format!("status/{}.json", self.label)))
-                .ok()?;
+        let text = std::fs::read_to_string(
+            self.mcp_dev_dir()
+                .join(format!("status/{}.json", self.label)),
+        )
+        .ok()?;
         serde_json::from_str(&text).ok()
     }
 
     /// Polls the status file until `pred` holds.
-    pub fn wait_status(&self, what: &str, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Value {
+    pub fn wait_status(
+        &self,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
         let deadline = Instant::now() + self.within(timeout);
         loop {
             if let Some(s) = self.status_file()
@@ -544,17 +547,22 @@ impl Scenario {
 
     /// Waits until the server of `epoch` (or any, if None) has a fetched catalog.
     pub fn wait_ready(&self, epoch: Option<&str>) -> Value {
-        self.wait_status("server running with a catalog", Duration::from_secs(120), |s| {
-            let server_epoch = s.pointer("/server/epoch").and_then(Value::as_str);
-            server_epoch.is_some()
-                && epoch.is_none_or(|e| server_epoch == Some(e))
-                && s.get("catalog").is_some_and(|c| !c.is_null())
-                && s.get("state").and_then(Value::as_str) != Some("identity-pending")
-        })
+        self.wait_status(
+            "server running with a catalog",
+            Duration::from_secs(120),
+            |s| {
+                let server_epoch = s.pointer("/server/epoch").and_then(Value::as_str);
+                server_epoch.is_some()
+                    && epoch.is_none_or(|e| server_epoch == Some(e))
+                    && s.get("catalog").is_some_and(|c| !c.is_null())
+                    && s.get("state").and_then(Value::as_str) != Some("identity-pending")
+            },
+        )
     }
 
     pub fn audit_path(&self) -> PathBuf {
-        self.mcp_dev_dir().join(format!("audit/{}.jsonl", self.label))
+        self.mcp_dev_dir()
+            .join(format!("audit/{}.jsonl", self.label))
     }
 
     /// The audit log's records, parsed.
@@ -732,7 +740,12 @@ impl Driver {
     /// `tools/list`; returns the tool names (panics on failure).
     pub fn list_tools(&mut self) -> Vec<String> {
         let r = self.cmd(json!({"op": "list_tools"}), Duration::from_secs(60));
-        assert_eq!(r["ok"], json!(true), "{:?} list_tools failed: {r}", self.client);
+        assert_eq!(
+            r["ok"],
+            json!(true),
+            "{:?} list_tools failed: {r}",
+            self.client
+        );
         let mut names: Vec<String> = r["tools"]
             .as_array()
             .expect("tools array")
@@ -834,7 +847,9 @@ pub fn denial_payload(r: &Value, reason: &str, client: Client) -> Value {
         "{client:?}: wrong denial: {r}"
     );
     assert!(
-        r["content"][1]["text"].as_str().is_some_and(|s| !s.is_empty()),
+        r["content"][1]["text"]
+            .as_str()
+            .is_some_and(|s| !s.is_empty()),
         "{client:?}: denial without a human sentence: {r}"
     );
     payload
@@ -842,7 +857,11 @@ pub fn denial_payload(r: &Value, reason: &str, client: Client) -> Value {
 
 /// `structuredContent` of a successful (isError false) tool result.
 pub fn structured(r: &Value) -> &Value {
-    assert_eq!(r["isError"], json!(false), "expected a successful tool result: {r}");
+    assert_eq!(
+        r["isError"],
+        json!(false),
+        "expected a successful tool result: {r}"
+    );
     &r["structuredContent"]
 }
 
@@ -865,7 +884,11 @@ pub fn tagged_processes(tag: &str) -> Vec<(u32, String)> {
         return found;
     };
     for entry in dir.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
@@ -876,7 +899,9 @@ pub fn tagged_processes(tag: &str) -> Vec<(u32, String)> {
         }
         let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
         // State is the field after the parenthesised command; zombies are already dead.
-        let state = stat.rsplit_once(") ").map(|(_, r)| r.chars().next().unwrap_or('?'));
+        let state = stat
+            .rsplit_once(") ")
+            .map(|(_, r)| r.chars().next().unwrap_or('?'));
         if state == Some('Z') {
             continue;
         }
@@ -904,8 +929,8 @@ pub fn kill_group(pgid: u32) {
 }
 
 pub fn edit_file(path: &Path, f: impl FnOnce(String) -> String) {
-    let old = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let old =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     let new = f(old.clone());
     assert_ne!(old, new, "edit of {} changed nothing", path.display());
     std::fs::write(path, new).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
@@ -925,8 +950,7 @@ pub fn copy_dir(from: &Path, to: &Path) {
         if ft.is_dir() {
             copy_dir(&src, &dst);
         } else {
-            std::fs::copy(&src, &dst)
-                .unwrap_or_else(|e| panic!("copy {}: {e}", src.display()));
+            std::fs::copy(&src, &dst).unwrap_or_else(|e| panic!("copy {}: {e}", src.display()));
         }
     }
 }

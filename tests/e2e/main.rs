@@ -38,12 +38,22 @@ fn start(s: &Scenario, d: &mut Driver) -> (u32, String) {
 
 /// Applies `edit` to the copy and waits until the watcher's rebuild replaced the server of
 /// `old_epoch`: (new pid, new epoch, stderr index before the edit).
-fn rebuild(s: &Scenario, d: &Driver, old_epoch: &str, edit: impl FnOnce(&Scenario)) -> (u32, String, usize) {
+fn rebuild(
+    s: &Scenario,
+    d: &Driver,
+    old_epoch: &str,
+    edit: impl FnOnce(&Scenario),
+) -> (u32, String, usize) {
     let mark = d.stderr.len();
     edit(s);
-    let (_, line) = d.stderr.wait_for(mark, "server replaced:", s.within(secs(150)));
+    let (_, line) = d
+        .stderr
+        .wait_for(mark, "server replaced:", s.within(secs(150)));
     let (pid, epoch) = pid_epoch(&line);
-    assert!(line.contains(&format!("(was {old_epoch})")), "replacement names the old epoch: {line}");
+    assert!(
+        line.contains(&format!("(was {old_epoch})")),
+        "replacement names the old epoch: {line}"
+    );
     assert_ne!(epoch, old_epoch, "a new process gets a new epoch");
     s.wait_ready(Some(&epoch));
     (pid, epoch, mark)
@@ -77,7 +87,9 @@ fn grant_id(approval: &Value, tool: &str, epoch: &str) -> String {
         .iter()
         .find(|g| {
             g["executionEpoch"] == json!(epoch)
-                && g["toolScope"].as_array().is_some_and(|t| t.contains(&json!(tool)))
+                && g["toolScope"]
+                    .as_array()
+                    .is_some_and(|t| t.contains(&json!(tool)))
         })
         .unwrap_or_else(|| panic!("no grant for {tool} under epoch {epoch}: {approval}"))["id"]
         .as_str()
@@ -120,13 +132,20 @@ fn s01_six_steps_python2() {
     let mut d = s.driver(Client::Py2, &[], &[]);
     // Step 1: revision A started, launch record captured, catalog fetched.
     let (pid_a, epoch_a) = start(&s, &mut d);
-    let launch = s.mcp_dev_dir().join(format!("launch/{}/{epoch_a}.json", s.label));
-    let launch: Value = serde_json::from_str(&std::fs::read_to_string(&launch).expect("launch record"))
-        .expect("launch record JSON");
+    let launch = s
+        .mcp_dev_dir()
+        .join(format!("launch/{}/{epoch_a}.json", s.label));
+    let launch: Value =
+        serde_json::from_str(&std::fs::read_to_string(&launch).expect("launch record"))
+            .expect("launch record JSON");
     assert_eq!(launch["pid"], json!(pid_a), "{launch}");
     let digest_a = s.status_file().unwrap()["catalog"]["digest"].clone();
     // Gated before any approval.
-    let p = d.call_denied("write_item", json!({"sku": "marker-a", "qty": 1}), "authorization_required");
+    let p = d.call_denied(
+        "write_item",
+        json!({"sku": "marker-a", "qty": 1}),
+        "authorization_required",
+    );
     assert_eq!(p["currentEpoch"], json!(epoch_a));
     assert!(s.side_effect_lines().is_empty(), "a denied call wrote");
     // Step 2: approve write_item for the run; write with marker A.
@@ -140,13 +159,28 @@ fn s01_six_steps_python2() {
     // Step 3: rebuild to revision B (handler change only); the watcher replaces the worker.
     let (pid_b, epoch_b, mark) = rebuild(&s, &d, &epoch_a, to_b);
     assert_ne!(pid_b, pid_a);
-    assert_eq!(s.status_file().unwrap()["catalog"]["digest"], digest_a, "handler-only change keeps the catalog");
-    assert!(d.stderr.grep(mark, "catalog changed:").is_empty(), "no catalog change expected");
+    assert_eq!(
+        s.status_file().unwrap()["catalog"]["digest"],
+        digest_a,
+        "handler-only change keeps the catalog"
+    );
+    assert!(
+        d.stderr.grep(mark, "catalog changed:").is_empty(),
+        "no catalog change expected"
+    );
     // Step 4: the call prepared before the refresh is denied with both epochs.
-    let p = d.call_denied("write_item", json!({"sku": "marker-b", "qty": 2}), "authorization_stale");
+    let p = d.call_denied(
+        "write_item",
+        json!({"sku": "marker-b", "qty": 2}),
+        "authorization_stale",
+    );
     assert_eq!(p["approvedEpoch"], json!(epoch_a), "{p}");
     assert_eq!(p["currentEpoch"], json!(epoch_b), "{p}");
-    assert_eq!(s.side_effect_lines().len(), 1, "the stale call must not run");
+    assert_eq!(
+        s.side_effect_lines().len(),
+        1,
+        "the stale call must not run"
+    );
     // Step 5: refetch, approve again, call.
     assert_eq!(d.list_tools(), TOOLS);
     let grant_b = grant_id(&s.approve(&["write_item"]), "write_item", &epoch_b);
@@ -189,20 +223,34 @@ fn s02_restart_manual_keeps_old_server() {
     assert_wrote(&write(&mut d, "before", 1), "A", pid_a, "before");
     let mark = d.stderr.len();
     to_b(&s);
-    let (i, built) = d.stderr.wait_for(mark, "build complete:", s.within(secs(120)));
-    assert!(built.contains(" changed (") && !built.contains("unchanged"), "{built}");
+    let (i, built) = d
+        .stderr
+        .wait_for(mark, "build complete:", s.within(secs(120)));
+    assert!(
+        built.contains(" changed (") && !built.contains("unchanged"),
+        "{built}"
+    );
     let (_, kept) = d.stderr.wait_for(i, "running server unchanged:", secs(10));
     assert_eq!(pid_epoch(&kept), (pid_a, epoch_a.clone()), "{kept}");
-    let st = s.wait_status("pending restart", secs(10), |s| s["pendingRestart"] == json!(true));
+    let st = s.wait_status("pending restart", secs(10), |s| {
+        s["pendingRestart"] == json!(true)
+    });
     assert_eq!(st["server"]["epoch"], json!(epoch_a));
     assert_ne!(st["latestBuild"], st["server"]["identityDigest"], "{st}");
     // Calls still reach revision A under the old grant; the log says epoch A.
     assert_wrote(&write(&mut d, "after", 2), "A", pid_a, "after");
     let calls = tool_called(&s);
     assert_eq!(calls.len(), 2);
-    assert!(calls.iter().all(|c| c["epoch"] == json!(epoch_a)), "{calls:?}");
+    assert!(
+        calls.iter().all(|c| c["epoch"] == json!(epoch_a)),
+        "{calls:?}"
+    );
     assert!(d.stderr.grep(mark, "server replaced:").is_empty());
-    assert!(s.side_effect_lines().iter().all(|l| l["revision"] == json!("A")));
+    assert!(
+        s.side_effect_lines()
+            .iter()
+            .all(|l| l["revision"] == json!("A"))
+    );
     close_clean(&s, d);
     assert_audit_verifies(&s);
 }
@@ -218,12 +266,26 @@ fn s03_identical_catalog_new_epoch_grant_stale() {
     assert_eq!(structured(&write(&mut d, "a", 1))["revision"], json!("A"));
     let before = s.status_file().unwrap()["catalog"].clone();
     let (pid_b, epoch_b, mark) = rebuild(&s, &d, &epoch_a, to_b);
-    assert_eq!(s.status_file().unwrap()["catalog"], before, "same digest and revision number");
+    assert_eq!(
+        s.status_file().unwrap()["catalog"],
+        before,
+        "same digest and revision number"
+    );
     assert!(d.stderr.grep(mark, "catalog changed:").is_empty());
-    assert!(!d.wait_list_changed(3000), "no list_changed for an identical catalog");
+    assert!(
+        !d.wait_list_changed(3000),
+        "no list_changed for an identical catalog"
+    );
     // No refetch needed (same digest), but the grant of epoch A does not carry over.
-    let p = d.call_denied("write_item", json!({"sku": "b", "qty": 2}), "authorization_stale");
-    assert_eq!((p["approvedEpoch"].clone(), p["currentEpoch"].clone()), (json!(epoch_a), json!(epoch_b)));
+    let p = d.call_denied(
+        "write_item",
+        json!({"sku": "b", "qty": 2}),
+        "authorization_stale",
+    );
+    assert_eq!(
+        (p["approvedEpoch"].clone(), p["currentEpoch"].clone()),
+        (json!(epoch_a), json!(epoch_b))
+    );
     s.approve(&["write_item"]);
     assert_wrote(&write(&mut d, "b", 2), "B", pid_b, "b");
     close_clean(&s, d);
@@ -237,17 +299,28 @@ fn s05_restart_during_slow_write() {
     let mut d = s.driver(Client::Py2, &[], &[("INVENTORY_WRITE_DELAY_MS", "30000")]);
     let (_, epoch_a) = start(&s, &mut d);
     s.approve(&["write_item"]);
-    let id = d.send(json!({"op": "call_tool", "name": "write_item", "arguments": {"sku": "slow", "qty": 5},
-        "timeoutMs": 120_000, "nowait": true}));
+    let id = d.send(
+        json!({"op": "call_tool", "name": "write_item", "arguments": {"sku": "slow", "qty": 5},
+        "timeoutMs": 120_000, "nowait": true}),
+    );
     // The call reached the server (written to the log before forwarding).
     s.wait_status("call forwarded", secs(20), |_| !tool_called(&s).is_empty());
     let (_, epoch_b, _) = rebuild(&s, &d, &epoch_a, to_b);
     let r = d.result(&id, s.within(secs(30)));
     // The old process is gone (stopped, not left to finish the write later).
-    let old_pid = records_of(&s.audit_records(), "server_started")[0]["data"]["pid"].as_u64().unwrap();
-    s.wait_status("old server gone", secs(10), |_| !Path::new(&format!("/proc/{old_pid}/cmdline")).exists()
-        || std::fs::read_to_string(format!("/proc/{old_pid}/stat")).is_ok_and(|st| st.contains(") Z ")));
-    assert_eq!(r["ok"], json!(true), "the host gets a tool result, not a failure: {r}");
+    let old_pid = records_of(&s.audit_records(), "server_started")[0]["data"]["pid"]
+        .as_u64()
+        .unwrap();
+    s.wait_status("old server gone", secs(10), |_| {
+        !Path::new(&format!("/proc/{old_pid}/cmdline")).exists()
+            || std::fs::read_to_string(format!("/proc/{old_pid}/stat"))
+                .is_ok_and(|st| st.contains(") Z "))
+    });
+    assert_eq!(
+        r["ok"],
+        json!(true),
+        "the host gets a tool result, not a failure: {r}"
+    );
     let p = denial_payload(&r, "epoch_transition", d.client);
     assert_eq!(p["cause"], json!("replaced"), "{p}");
     assert_eq!(p["oldEpoch"], json!(epoch_a), "{p}");
@@ -258,7 +331,10 @@ fn s05_restart_during_slow_write() {
     std::thread::sleep(secs(2));
     let lines = s.side_effect_lines();
     assert!(lines.len() <= 1, "{lines:?}");
-    assert!(lines.iter().all(|l| l["revision"] == json!("A")), "{lines:?}");
+    assert!(
+        lines.iter().all(|l| l["revision"] == json!("A")),
+        "{lines:?}"
+    );
     let calls = tool_called(&s);
     assert_eq!(calls.len(), 1, "replayed? {calls:?}");
     assert_eq!(calls[0]["epoch"], json!(epoch_a));
@@ -277,33 +353,65 @@ fn s06_path_dependency_change_new_epoch() {
     let mut d = s.driver(Client::Py2, &[], &[]);
     let (_, epoch_a) = start(&s, &mut d);
     let r = d.call("list_items", json!({}));
-    assert_eq!(structured(&r)["items"][0], json!({"sku": "widget", "qty": 12}));
+    assert_eq!(
+        structured(&r)["items"][0],
+        json!({"sku": "widget", "qty": 12})
+    );
     let identity_a = s.root.path().join("identity-a.json");
     std::fs::copy(
-        s.mcp_dev_dir().join(format!("identity/{}.dev.json", s.label)),
+        s.mcp_dev_dir()
+            .join(format!("identity/{}.dev.json", s.label)),
         &identity_a,
     )
     .expect("identity record of revision A");
     let (_, _epoch_b, mark) = rebuild(&s, &d, &epoch_a, |s| {
-        s.edit("inventory-core/src/lib.rs", |t| t.replace("(\"widget\", 12)", "(\"widget\", 13)"))
+        s.edit("inventory-core/src/lib.rs", |t| {
+            t.replace("(\"widget\", 12)", "(\"widget\", 13)")
+        })
     });
     let built = d.stderr.grep(mark, "build complete:");
     assert_eq!(built.len(), 1, "{built:?}");
-    assert!(built[0].contains("dependency tree"), "status line names the dependency tree: {}", built[0]);
+    assert!(
+        built[0].contains("dependency tree"),
+        "status line names the dependency tree: {}",
+        built[0]
+    );
     assert!(!d.wait_list_changed(2000));
     let r = d.call("list_items", json!({}));
     let sc = structured(&r);
-    assert_eq!(sc["revision"], json!("A"), "the server's own source is unchanged");
+    assert_eq!(
+        sc["revision"],
+        json!("A"),
+        "the server's own source is unchanged"
+    );
     assert_eq!(sc["items"][0], json!({"sku": "widget", "qty": 13}));
     let out = s.mcp_dev(&[
-        "identity", "--diff", identity_a.to_str().unwrap(), "--manifest-path",
-        s.manifest().to_str().unwrap(), "--target-dir", s.target.to_str().unwrap(),
+        "identity",
+        "--diff",
+        identity_a.to_str().unwrap(),
+        "--manifest-path",
+        s.manifest().to_str().unwrap(),
+        "--target-dir",
+        s.target.to_str().unwrap(),
     ]);
-    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(said.contains("dependency tree"), "identity --diff: {said}");
-    let builds = records_of(&s.audit_records(), "build_completed").into_iter().cloned().collect::<Vec<_>>();
+    let builds = records_of(&s.audit_records(), "build_completed")
+        .into_iter()
+        .cloned()
+        .collect::<Vec<_>>();
     let last = builds.last().expect("build record");
-    assert!(last["data"]["changed"].as_array().unwrap().contains(&json!("dependency tree")), "{last}");
+    assert!(
+        last["data"]["changed"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("dependency tree")),
+        "{last}"
+    );
     close_clean(&s, d);
 }
 
@@ -311,11 +419,21 @@ fn s06_path_dependency_change_new_epoch() {
 
 fn identity_json(s: &Scenario, extra: &[&str]) -> Value {
     let manifest = s.manifest();
-    let mut args = vec!["identity", "--json", "--manifest-path", manifest.to_str().unwrap(),
-        "--target-dir", s.target.to_str().unwrap()];
+    let mut args = vec![
+        "identity",
+        "--json",
+        "--manifest-path",
+        manifest.to_str().unwrap(),
+        "--target-dir",
+        s.target.to_str().unwrap(),
+    ];
     args.extend_from_slice(extra);
     let out = s.mcp_dev(&args);
-    assert!(out.status.success(), "identity --json: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "identity --json: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).expect("identity JSON")
 }
 
@@ -324,25 +442,50 @@ fn s07_wrapper_script_in_identity() {
     let mut s = Scenario::new("s07", secs(200));
     s.add_metadata(r#"wrapper = "scripts/serve.sh""#);
     let id1 = identity_json(&s, &[]);
-    assert!(id1["wrapper"].to_string().contains("serve.sh"), "wrapper in identity: {}", id1["wrapper"]);
+    assert!(
+        id1["wrapper"].to_string().contains("serve.sh"),
+        "wrapper in identity: {}",
+        id1["wrapper"]
+    );
     let mut d = s.driver(Client::TsV1, &[], &[]);
     let (_, epoch_a) = start(&s, &mut d);
     let latest: Value = serde_json::from_str(
-        &std::fs::read_to_string(s.mcp_dev_dir().join(format!("launch/{}/latest.json", s.label))).unwrap(),
+        &std::fs::read_to_string(
+            s.mcp_dev_dir()
+                .join(format!("launch/{}/latest.json", s.label)),
+        )
+        .unwrap(),
     )
     .unwrap();
     // The wrapper is what gets launched, with the stored (content-addressed) server as argument.
-    assert!(latest["argv"][0].as_str().unwrap_or("").ends_with("scripts/serve.sh"), "{latest}");
-    assert!(latest["argv"][1].as_str().unwrap_or("").contains("mcp-dev/store/sha256-"), "{latest}");
+    assert!(
+        latest["argv"][0]
+            .as_str()
+            .unwrap_or("")
+            .ends_with("scripts/serve.sh"),
+        "{latest}"
+    );
+    assert!(
+        latest["argv"][1]
+            .as_str()
+            .unwrap_or("")
+            .contains("mcp-dev/store/sha256-"),
+        "{latest}"
+    );
     let (_, _, mark) = rebuild(&s, &d, &epoch_a, |s| {
-        s.edit("scripts/serve.sh", |t| format!("{t}# edited by the e2e wrapper scenario\n"))
+        s.edit("scripts/serve.sh", |t| {
+            format!("{t}# edited by the e2e wrapper scenario\n")
+        })
     });
     let built = d.stderr.grep(mark, "build complete:");
     assert!(built.iter().any(|l| l.contains("wrapper")), "{built:?}");
     let id2 = identity_json(&s, &["--no-build"]);
     assert_ne!(id2["identityDigest"], id1["identityDigest"]);
     assert_ne!(id2["wrapper"], id1["wrapper"]);
-    assert_eq!(id2["executable"], id1["executable"], "only the script changed");
+    assert_eq!(
+        id2["executable"], id1["executable"],
+        "only the script changed"
+    );
     close_clean(&s, d);
 }
 
@@ -350,15 +493,23 @@ fn s07_wrapper_script_in_identity() {
 
 #[test]
 fn s08_cold_start_python2_probe_and_ts_v2_double_spawn() {
-    let fresh = tempfile::Builder::new().prefix("e2e-cold-target-").tempdir().unwrap();
+    let fresh = tempfile::Builder::new()
+        .prefix("e2e-cold-target-")
+        .tempdir()
+        .unwrap();
     {
         let mut s = Scenario::with_target("s08py2", secs(480), fresh.path().to_path_buf());
         s.add_metadata(r#"exempt = ["list_items"]"#);
         let mut d = s.driver(Client::Py2, &[], &[]);
         let c = d.connect(10_000);
+        // ok:true already means within the client's 10 s connect timeout.
         let elapsed = c["elapsedMs"].as_u64().unwrap();
-        assert!(elapsed < 5_000, "handshake took {elapsed} ms: {c}");
-        assert!(d.stderr.grep(0, "server started:").is_empty(), "cold build cannot be done yet");
+        eprintln!("s08py2: handshake answered in {elapsed} ms during a cold build");
+        assert!(elapsed < 10_000, "handshake took {elapsed} ms: {c}");
+        assert!(
+            d.stderr.grep(0, "server started:").is_empty(),
+            "cold build cannot be done yet"
+        );
         // Before the first server: an empty catalog, and calls refused as identity_pending.
         let early = d.cmd(json!({"op": "list_tools"}), secs(10));
         assert_eq!(early["ok"], json!(true), "{early}");
@@ -366,9 +517,15 @@ fn s08_cold_start_python2_probe_and_ts_v2_double_spawn() {
         d.call_denied("list_items", json!({}), "identity_pending");
         d.stderr.wait_for(0, "server started:", s.within(secs(420)));
         s.wait_ready(None);
-        assert!(d.wait_list_changed(10_000), "the host held [] and must be told");
+        assert!(
+            d.wait_list_changed(10_000),
+            "the host held [] and must be told"
+        );
         assert_eq!(d.list_tools(), TOOLS);
-        assert_eq!(structured(&d.call("list_items", json!({})))["revision"], json!("A"));
+        assert_eq!(
+            structured(&d.call("list_items", json!({})))["revision"],
+            json!("A")
+        );
         close_clean(&s, d);
     }
     {
@@ -376,14 +533,28 @@ fn s08_cold_start_python2_probe_and_ts_v2_double_spawn() {
         s.add_metadata(r#"exempt = ["list_items"]"#);
         let mut d = s.driver(Client::TsV2, &[], &[]);
         let c = d.connect(10_000);
-        assert!(c["elapsedMs"].as_u64().unwrap() < 8_000, "{c}");
+        eprintln!(
+            "s08tsv2: connect (probe copy + session) took {} ms",
+            c["elapsedMs"]
+        );
+        assert!(c["elapsedMs"].as_u64().unwrap() < 10_000, "{c}");
         let (_, line) = d.stderr.wait_for(0, "server started:", s.within(secs(150)));
         let (pid, epoch) = pid_epoch(&line);
         let st = s.wait_ready(Some(&epoch));
+        // Auto negotiation started the command twice: a probe copy and the session.
+        let sessions = d.stderr.grep(0, "session started:");
+        assert_eq!(
+            sessions.len(),
+            2,
+            "expected the probe and the session copy: {sessions:?}"
+        );
         // The status file belongs to the live session's supervisor, not the killed probe copy.
         let sup = st["supervisorPid"].as_u64().unwrap() as u32;
         let cmdline = std::fs::read(format!("/proc/{sup}/cmdline")).unwrap_or_default();
-        assert!(String::from_utf8_lossy(&cmdline).contains("run"), "supervisor {sup} is not alive");
+        assert!(
+            String::from_utf8_lossy(&cmdline).contains("run"),
+            "supervisor {sup} is not alive"
+        );
         assert_eq!(d.list_tools(), TOOLS);
         // The control socket reaches the session (the probe copy must not have taken it over).
         let grant = s.approve(&["write_item"]);
@@ -403,8 +574,10 @@ fn s09_host_disconnect_mid_call_and_audit_tampering() {
     let mut d = s.driver(Client::Py2, &[], &[("INVENTORY_WRITE_DELAY_MS", "3000")]);
     start(&s, &mut d);
     s.approve(&["write_item"]);
-    d.send(json!({"op": "call_tool", "name": "write_item", "arguments": {"sku": "gone", "qty": 1},
-        "timeoutMs": 60_000, "nowait": true}));
+    d.send(
+        json!({"op": "call_tool", "name": "write_item", "arguments": {"sku": "gone", "qty": 1},
+        "timeoutMs": 60_000, "nowait": true}),
+    );
     s.wait_status("call forwarded", secs(20), |_| !tool_called(&s).is_empty());
     // The host dies without a goodbye: only the driver process, its pipes close with it.
     d.kill_host();
@@ -417,18 +590,30 @@ fn s09_host_disconnect_mid_call_and_audit_tampering() {
     // Tampering: change one recorded fact; verify must name the bad record.
     let path = s.audit_path();
     let original = std::fs::read_to_string(&path).unwrap();
-    let idx = original.lines().position(|l| l.contains("\"tool_called\"")).unwrap();
+    let idx = original
+        .lines()
+        .position(|l| l.contains("\"tool_called\""))
+        .unwrap();
     let tampered: Vec<String> = original
         .lines()
         .enumerate()
-        .map(|(i, l)| if i == idx { l.replace("write_item", "list_items") } else { l.to_string() })
+        .map(|(i, l)| {
+            if i == idx {
+                l.replace("write_item", "list_items")
+            } else {
+                l.to_string()
+            }
+        })
         .collect();
     std::fs::write(&path, tampered.join("\n") + "\n").unwrap();
     let (code, v, err) = s.audit_verify();
     assert_eq!(code, 105, "tampered log must fail verification: {v} {err}");
     assert_eq!(v["ok"], json!(false), "{v}");
     let seq = idx + 1;
-    assert!(format!("{v}{err}").contains(&seq.to_string()), "names record {seq}: {v} {err}");
+    assert!(
+        format!("{v}{err}").contains(&seq.to_string()),
+        "names record {seq}: {v} {err}"
+    );
     // Truncation (dropping the last record) is caught by the anchor.
     let mut lines: Vec<&str> = original.lines().collect();
     lines.pop();
@@ -453,38 +638,79 @@ fn s09_control_socket_refuses_another_user() {
     let mut d = s.driver(Client::TsV1, &[], &[]);
     let (_, epoch) = start(&s, &mut d);
     s.approve(&["write_item"]);
-    let socket = s.status_file().unwrap()["socket"].as_str().expect("socket path").to_string();
+    let socket = s.status_file().unwrap()["socket"]
+        .as_str()
+        .expect("socket path")
+        .to_string();
     if !rustix::process::getuid().is_root() {
         eprintln!("s09c: not root: cannot act as another user; checked socket mode only");
     }
     let meta = std::fs::metadata(&socket).expect("socket exists");
     use std::os::unix::fs::PermissionsExt;
-    assert_eq!(meta.permissions().mode() & 0o077, 0, "socket is owner-only: {:o}", meta.permissions().mode());
+    assert_eq!(
+        meta.permissions().mode() & 0o077,
+        0,
+        "socket is owner-only: {:o}",
+        meta.permissions().mode()
+    );
     if rustix::process::getuid().is_root() {
         let mark = d.stderr.len();
         let as_nobody = |args: &[&str]| {
             let mut cmd = Command::new("setpriv");
-            cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"]).arg(bin()).args(args);
+            cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(bin())
+                .args(args);
             s.run_tool(cmd)
         };
         let target = s.target.display().to_string();
         let manifest = s.manifest().display().to_string();
         for args in [
             vec!["status", "--json", "--socket", socket.as_str()],
-            vec!["status", "--json", "--manifest-path", manifest.as_str(), "--target-dir", target.as_str()],
-            vec!["approve", "--yes", "--json", "--tool", "list_items", "--socket", socket.as_str()],
+            vec![
+                "status",
+                "--json",
+                "--manifest-path",
+                manifest.as_str(),
+                "--target-dir",
+                target.as_str(),
+            ],
+            vec![
+                "approve",
+                "--yes",
+                "--json",
+                "--tool",
+                "list_items",
+                "--socket",
+                socket.as_str(),
+            ],
             vec!["restart", "--socket", socket.as_str()],
         ] {
             let out = as_nobody(&args);
-            eprintln!("s09c: as uid 65534 {args:?} -> {}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
-            assert!(!out.status.success(), "uid 65534 `{args:?}` succeeded: {}", String::from_utf8_lossy(&out.stdout));
-            assert!(out.stdout.is_empty() || !String::from_utf8_lossy(&out.stdout).contains(&epoch),
-                "state leaked to another user: {}", String::from_utf8_lossy(&out.stdout));
+            eprintln!(
+                "s09c: as uid 65534 {args:?} -> {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            assert!(
+                !out.status.success(),
+                "uid 65534 `{args:?}` succeeded: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+            assert!(
+                out.stdout.is_empty() || !String::from_utf8_lossy(&out.stdout).contains(&epoch),
+                "state leaked to another user: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
         }
         // Nothing changed: same server, one grant, no approval or restart happened.
         let st = s.status_file().unwrap();
         assert_eq!(st["server"]["epoch"], json!(epoch));
-        assert_eq!(st["grants"].as_array().map(Vec::len), Some(1), "{}", st["grants"]);
+        assert_eq!(
+            st["grants"].as_array().map(Vec::len),
+            Some(1),
+            "{}",
+            st["grants"]
+        );
         assert!(d.stderr.grep(mark, "approved:").is_empty());
         assert!(d.stderr.grep(mark, "server replaced:").is_empty());
     }
@@ -499,17 +725,36 @@ fn full_session(name: &str, client: Client) {
     let mut s = Scenario::new(name, secs(220));
     let mut d = s.driver(client, &[], &[]);
     let (pid_a, epoch_a) = start(&s, &mut d);
-    let p = d.call_denied("write_item", json!({"sku": "a", "qty": 1}), "authorization_required");
+    let p = d.call_denied(
+        "write_item",
+        json!({"sku": "a", "qty": 1}),
+        "authorization_required",
+    );
     assert_eq!(p["currentEpoch"], json!(epoch_a));
     s.approve(&["write_item"]);
     assert_wrote(&write(&mut d, "a", 1), "A", pid_a, "a");
     let (pid_b, epoch_b, mark) = rebuild(&s, &d, &epoch_a, to_b_with_schema_change);
-    assert_eq!(d.stderr.grep(mark, "catalog changed:").len(), 1, "{}", d.stderr.text());
+    assert_eq!(
+        d.stderr.grep(mark, "catalog changed:").len(),
+        1,
+        "{}",
+        d.stderr.text()
+    );
     if client == Client::TsV1Auto {
         // The SDK refetches by itself (the proxy advertises tools.listChanged).
-        let r = d.cmd(json!({"op": "wait_event", "event": "tools_refetched", "timeoutMs": 10_000}), secs(20));
-        assert_eq!(r["ok"], json!(true), "no automatic refetch: {r}; events {:?}", d.events);
-        s.wait_status("host holds the new catalog", secs(10), |st| st["hostCatalog"] == st["catalog"]["digest"]);
+        let r = d.cmd(
+            json!({"op": "wait_event", "event": "tools_refetched", "timeoutMs": 10_000}),
+            secs(20),
+        );
+        assert_eq!(
+            r["ok"],
+            json!(true),
+            "no automatic refetch: {r}; events {:?}",
+            d.events
+        );
+        s.wait_status("host holds the new catalog", secs(10), |st| {
+            st["hostCatalog"] == st["catalog"]["digest"]
+        });
     } else {
         // The old schema is refused, not run: the client ignores list_changed.
         let p = d.call_denied("write_item", json!({"sku": "b", "qty": 2}), "catalog_stale");
@@ -517,17 +762,43 @@ fn full_session(name: &str, client: Client) {
         assert!(d.wait_list_changed(5000), "list_changed was sent");
         let r = d.cmd(json!({"op": "list_tools"}), secs(30));
         assert_eq!(r["ok"], json!(true), "{r}");
-        let write_tool = r["tools"].as_array().unwrap().iter().find(|t| t["name"] == json!("write_item")).unwrap();
-        assert!(write_tool["inputSchema"]["properties"].get("warehouse").is_some(), "{write_tool}");
+        let write_tool = r["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == json!("write_item"))
+            .unwrap();
+        assert!(
+            write_tool["inputSchema"]["properties"]
+                .get("warehouse")
+                .is_some(),
+            "{write_tool}"
+        );
     }
     assert_eq!(s.side_effect_lines().len(), 1, "denied calls must not run");
-    let p = d.call_denied("write_item", json!({"sku": "b", "qty": 2}), "authorization_stale");
-    assert_eq!((p["approvedEpoch"].clone(), p["currentEpoch"].clone()), (json!(epoch_a), json!(epoch_b)));
+    let p = d.call_denied(
+        "write_item",
+        json!({"sku": "b", "qty": 2}),
+        "authorization_stale",
+    );
+    assert_eq!(
+        (p["approvedEpoch"].clone(), p["currentEpoch"].clone()),
+        (json!(epoch_a), json!(epoch_b))
+    );
     s.approve(&["write_item"]);
-    let r = d.call("write_item", json!({"sku": "b", "qty": 2, "warehouse": "east"}));
+    let r = d.call(
+        "write_item",
+        json!({"sku": "b", "qty": 2, "warehouse": "east"}),
+    );
     assert_wrote(&r, "B", pid_b, "b");
     let lines = s.side_effect_lines();
-    assert_eq!(lines.iter().map(|l| l["revision"].clone()).collect::<Vec<_>>(), vec![json!("A"), json!("B")]);
+    assert_eq!(
+        lines
+            .iter()
+            .map(|l| l["revision"].clone())
+            .collect::<Vec<_>>(),
+        vec![json!("A"), json!("B")]
+    );
     close_clean(&s, d);
     assert_audit_verifies(&s);
 }
@@ -574,7 +845,15 @@ fn s10_inspector_cli_one_shots() {
         let path = s.root.path().join(name);
         let env: Vec<String> = s.env().iter().map(|(k, v)| format!("{k}='{v}'")).collect();
         let argv: Vec<String> = s.run_argv(&[]).iter().map(|a| format!("'{a}'")).collect();
-        std::fs::write(&path, format!("#!/bin/sh\nexec env {} {} {extra}\n", env.join(" "), argv.join(" "))).unwrap();
+        std::fs::write(
+            &path,
+            format!(
+                "#!/bin/sh\nexec env {} {} {extra}\n",
+                env.join(" "),
+                argv.join(" ")
+            ),
+        )
+        .unwrap();
         chmod(&path, 0o755);
         path
     };
@@ -582,37 +861,84 @@ fn s10_inspector_cli_one_shots() {
     let ungated = script("ungated.sh", "--no-gating");
     let one_shot = |server: &Path, method_args: &[&str]| -> (i32, Value, String) {
         let mut cmd = Command::new(&inspector);
-        cmd.arg("--cli").arg(server).arg("--method").args(method_args);
+        cmd.arg("--cli")
+            .arg(server)
+            .arg("--method")
+            .args(method_args);
         let out = s.run_tool(cmd);
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let v = serde_json::from_str(&stdout).unwrap_or_else(|_| json!({"unparsed": stdout}));
-        (out.status.code().unwrap_or(-1), v, String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.code().unwrap_or(-1),
+            v,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     let (code, v, err) = one_shot(&gated, &["tools/list"]);
     assert_eq!(code, 0, "{v} {err}");
-    let mut names: Vec<_> = v["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap().to_string()).collect();
+    let mut names: Vec<_> = v["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect();
     names.sort();
     assert_eq!(names, TOOLS, "{v}");
     // A denial is a printed tool result (exit 0), never `Failed to call tool`.
-    let (code, v, err) = one_shot(&gated, &["tools/call", "--tool-name", "write_item", "--tool-arg", "sku=x", "--tool-arg", "qty=1"]);
+    let (code, v, err) = one_shot(
+        &gated,
+        &[
+            "tools/call",
+            "--tool-name",
+            "write_item",
+            "--tool-arg",
+            "sku=x",
+            "--tool-arg",
+            "qty=1",
+        ],
+    );
     assert_eq!(code, 0, "denial must be a tool result: {v} {err}");
     assert_eq!(v["isError"], json!(true), "{v}");
     let payload: Value = serde_json::from_str(v["content"][0]["text"].as_str().unwrap()).unwrap();
     assert!(
-        ["identity_pending", "catalog_stale", "authorization_required"].contains(&payload["error"].as_str().unwrap()),
+        [
+            "identity_pending",
+            "catalog_stale",
+            "authorization_required"
+        ]
+        .contains(&payload["error"].as_str().unwrap()),
         "{payload}"
     );
     assert!(s.side_effect_lines().is_empty());
     // Revision B is built by the next one-shot's own startup build.
     to_b(&s);
-    let (code, v, err) = one_shot(&ungated, &["tools/call", "--tool-name", "write_item", "--tool-arg", "sku=y", "--tool-arg", "qty=2"]);
+    let (code, v, err) = one_shot(
+        &ungated,
+        &[
+            "tools/call",
+            "--tool-name",
+            "write_item",
+            "--tool-arg",
+            "sku=y",
+            "--tool-arg",
+            "qty=2",
+        ],
+    );
     assert_eq!(code, 0, "{v} {err}");
     let (code2, v2, err2) = one_shot(&gated, &["tools/call", "--tool-name", "list_items"]);
     assert_eq!(code2, 0, "{v2} {err2}");
     s.assert_no_processes_left(secs(10));
     // An ungated / exempt one-shot call should run the tool (see the report: it is refused today).
-    assert_eq!(v["isError"], json!(false), "one-shot write_item with --no-gating was refused: {v}");
+    assert_eq!(
+        v["isError"],
+        json!(false),
+        "one-shot write_item with --no-gating was refused: {v}"
+    );
     assert_eq!(v["structuredContent"]["revision"], json!("B"), "{v}");
-    assert_eq!(v2["isError"], json!(false), "one-shot exempt list_items was refused: {v2}");
+    assert_eq!(
+        v2["isError"],
+        json!(false),
+        "one-shot exempt list_items was refused: {v2}"
+    );
     assert_eq!(s.side_effect_lines().len(), 1);
 }

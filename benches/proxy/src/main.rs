@@ -65,7 +65,10 @@ fn parse_opts() -> Opts {
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
-        let mut val = || args.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        let mut val = || {
+            args.next()
+                .unwrap_or_else(|| panic!("{flag} needs a value"))
+        };
         match flag.as_str() {
             "--mcp-dev" => o.mcp_dev = val().into(),
             "--relay" => o.relay = val().into(),
@@ -134,11 +137,21 @@ fn copy_tree(from: &Path, to: &Path) {
 /// The cargo build argument list `run` uses (src/build.rs `cargo_build_args`), for the twin builds.
 fn cargo_build(manifest: &Path, target_dir: &Path, release: bool) -> (Duration, Option<f64>) {
     let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()));
-    cmd.args(["build", "--message-format=json-render-diagnostics", "--manifest-path"])
-        .arg(manifest)
-        .args(["--package", "fake-server", "--bin", "fake-server", "--target-dir"])
-        .arg(target_dir)
-        .args(["--offline", "--color", "never"]);
+    cmd.args([
+        "build",
+        "--message-format=json-render-diagnostics",
+        "--manifest-path",
+    ])
+    .arg(manifest)
+    .args([
+        "--package",
+        "fake-server",
+        "--bin",
+        "fake-server",
+        "--target-dir",
+    ])
+    .arg(target_dir)
+    .args(["--offline", "--color", "never"]);
     if release {
         cmd.arg("--release");
     }
@@ -172,7 +185,9 @@ fn finished_secs(line: &str) -> Option<f64> {
 
 fn set_revision(main_rs: &Path, revision: &str) {
     let src = fs::read_to_string(main_rs).unwrap();
-    let start = src.find("const REVISION: &str = \"").expect("REVISION line");
+    let start = src
+        .find("const REVISION: &str = \"")
+        .expect("REVISION line");
     let end = start + src[start..].find(";\n").unwrap() + 2;
     let new = format!(
         "{}const REVISION: &str = \"{revision}\";\n{}",
@@ -209,9 +224,7 @@ impl Conn {
         } else {
             cmd.stderr(Stdio::null());
         }
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {name}: {e}"));
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {name}: {e}"));
         let events = stderr_log.map(|log| {
             let (tx, rx) = channel();
             let stderr = child.stderr.take().unwrap();
@@ -322,7 +335,11 @@ impl Conn {
             json!({"protocolVersion":"2025-06-18","capabilities":{},
                    "clientInfo":{"name":"proxy-bench","version":"0"}}),
         );
-        assert!(init["result"].is_object(), "{}: initialize: {init}", self.name);
+        assert!(
+            init["result"].is_object(),
+            "{}: initialize: {init}",
+            self.name
+        );
         self.notify("notifications/initialized");
         self.request("tools/list", json!({}));
         let deadline = Instant::now() + Duration::from_secs(300);
@@ -331,7 +348,11 @@ impl Conn {
                 Poll::Served(rev) => return rev,
                 Poll::Refused(_) => {}
             }
-            assert!(Instant::now() < deadline, "{}: never became ready", self.name);
+            assert!(
+                Instant::now() < deadline,
+                "{}: never became ready",
+                self.name
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -406,7 +427,10 @@ impl Conn {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        progress(&format!("{} did not exit within 5 s of stdin EOF; killing", self.name));
+        progress(&format!(
+            "{} did not exit within 5 s of stdin EOF; killing",
+            self.name
+        ));
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -540,7 +564,12 @@ fn start_latency_variants(o: &Opts, out: &mut String) -> Variants {
         .arg("--target-dir")
         .arg(&tgt)
         .args(["--no-gating", "--no-watch"]);
-    let run = Conn::spawn("run", run_cmd, Some(&o.work.join("run-latency.stderr")), &home);
+    let run = Conn::spawn(
+        "run",
+        run_cmd,
+        Some(&o.work.join("run-latency.stderr")),
+        &home,
+    );
     let mut hops_cmd = Command::new(&o.hops);
     hops_cmd.arg(&exe);
     let hops = Conn::spawn("hops-relay", hops_cmd, None, &home);
@@ -549,7 +578,11 @@ fn start_latency_variants(o: &Opts, out: &mut String) -> Variants {
     };
     for c in &mut v.conns {
         let rev = c.ready();
-        progress(&format!("  {} ready (revision {rev}, pid {})", c.name, c.pid()));
+        progress(&format!(
+            "  {} ready (revision {rev}, pid {})",
+            c.name,
+            c.pid()
+        ));
     }
     out.push_str(&format!(
         "Server: `{}` (release), copied from the fixture; `run` executes its stored copy of the same bytes.\n\n",
@@ -565,7 +598,10 @@ fn latency_phase(o: &Opts, v: &mut Variants, out: &mut String) {
             c.timed_echo();
         }
     }
-    progress(&format!("latency: {} calls per variant, rotating order", o.calls));
+    progress(&format!(
+        "latency: {} calls per variant, rotating order",
+        o.calls
+    ));
     let k = v.conns.len();
     let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(o.calls); k];
     let cpu_before = cpu_snapshot(v);
@@ -615,7 +651,11 @@ fn latency_phase(o: &Opts, v: &mut Variants, out: &mut String) {
         out.push_str(&format!(
             "| {} | {} | {:.1} |\n",
             c.name,
-            if i == DIRECT { "-".into() } else { format!("{:.1}", per(cpu_before[i].0, cpu_after[i].0)) },
+            if i == DIRECT {
+                "-".into()
+            } else {
+                format!("{:.1}", per(cpu_before[i].0, cpu_after[i].0))
+            },
             per(cpu_before[i].1, cpu_after[i].1)
         ));
     }
@@ -630,7 +670,11 @@ fn latency_phase(o: &Opts, v: &mut Variants, out: &mut String) {
     out.push_str(&format!(
         "GOAL latency p50 run/direct <= 1.15: {:.3} -> {}\n\n",
         s[RUN].p50 / s[DIRECT].p50,
-        if s[RUN].p50 / s[DIRECT].p50 <= 1.15 { "MET" } else { "MISSED" }
+        if s[RUN].p50 / s[DIRECT].p50 <= 1.15 {
+            "MET"
+        } else {
+            "MISSED"
+        }
     ));
 }
 
@@ -644,7 +688,9 @@ fn rss_line(label: &str, pid: u32) -> String {
 }
 
 fn memory_section(v: &Variants, when: &str, out: &mut String) {
-    out.push_str(&format!("### Memory {when}\n\n| process | VmRSS MB | VmHWM MB | threads |\n|---|---|---|---|\n"));
+    out.push_str(&format!(
+        "### Memory {when}\n\n| process | VmRSS MB | VmHWM MB | threads |\n|---|---|---|---|\n"
+    ));
     let run = v.conns[RUN].pid();
     out.push_str(&rss_line("cargo-mcp-dev run (supervisor)", run));
     if let Some(c) = child_pid(run) {
@@ -703,7 +749,11 @@ fn throughput_phase(o: &Opts, v: &mut Variants, out: &mut String) {
             s.min,
             s.max,
             s.p50 / d,
-            if i == DIRECT { "-".into() } else { format!("{:.1}", cpu[i].0 as f64 / 1000.0 / calls) },
+            if i == DIRECT {
+                "-".into()
+            } else {
+                format!("{:.1}", cpu[i].0 as f64 / 1000.0 / calls)
+            },
             cpu[i].1 as f64 / 1000.0 / calls
         ));
     }
@@ -744,7 +794,9 @@ fn start_watched(o: &Opts, name: &str, debounce: Option<u64>) -> Watched {
         Some(&o.work.join(format!("run-{name}.stderr"))),
         &home,
     );
-    progress(&format!("reload: starting {name} (cold debug build of the fixture)"));
+    progress(&format!(
+        "reload: starting {name} (cold debug build of the fixture)"
+    ));
     let revision = conn.ready();
     progress(&format!("  {name} ready (revision {revision})"));
     Watched {
@@ -755,7 +807,11 @@ fn start_watched(o: &Opts, name: &str, debounce: Option<u64>) -> Watched {
 }
 
 fn next_revision(cur: &str) -> String {
-    if cur == "r1" { "r2".into() } else { "r1".into() }
+    if cur == "r1" {
+        "r2".into()
+    } else {
+        "r1".into()
+    }
 }
 
 #[derive(Default, Clone)]
@@ -785,7 +841,11 @@ fn reload_once(w: &mut Watched) -> ReloadSample {
             Poll::Served(_) => {}
             Poll::Refused(kind) => *s.refusals.entry(kind).or_default() += 1,
         }
-        assert!(Instant::now() < deadline, "{}: reload never served", w.conn.name);
+        assert!(
+            Instant::now() < deadline,
+            "{}: reload never served",
+            w.conn.name
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
     s.total_ms = t0.elapsed().as_secs_f64() * 1000.0;
@@ -808,7 +868,10 @@ fn idle_phase(o: &Opts, watched: &Watched, v: Option<&Variants>, out: &mut Strin
     progress(&format!("idle: {} s of idleness", o.idle_secs));
     // Let the last start settle (status files, catalog fetch) before the window opens.
     std::thread::sleep(Duration::from_secs(2));
-    let mut pids = vec![("cargo-mcp-dev run, watcher on".to_string(), watched.conn.pid())];
+    let mut pids = vec![(
+        "cargo-mcp-dev run, watcher on".to_string(),
+        watched.conn.pid(),
+    )];
     if let Some(v) = v {
         pids.push(("cargo-mcp-dev run --no-watch".into(), v.conns[RUN].pid()));
         pids.push(("relay".into(), v.conns[RELAY].pid()));
@@ -891,14 +954,29 @@ fn reload_phase(o: &Opts, watched: Vec<Watched>, out: &mut String) {
         cw.n,
         summarize(&cargo_finished).p50
     ));
-    out.push_str("| supervisor | n | total p50 | total p90 | cargo wall (twin, same round) p50 | overhead = total − twin cargo: p50 | p90 | min | max | overhead = total − relayed `Finished in` p50 |\n|---|---|---|---|---|---|---|---|---|---|\n");
-    let mut best_overhead = f64::MAX;
+    // cargo's own time outside its `Finished in` timer (process start before its clock, exit).
+    let startup: Vec<f64> = cargo_wall
+        .iter()
+        .zip(&cargo_finished)
+        .filter(|(_, f)| f.is_finite())
+        .map(|(w, f)| w - f * 1000.0)
+        .collect();
+    let cargo_outside = if startup.is_empty() {
+        0.0
+    } else {
+        summarize(&startup).p50
+    };
+    out.push_str(&format!(
+        "cargo's wall clock minus its own `Finished in` (process start/exit outside its timer), twin: p50 {cargo_outside:.0} ms.\n\n"
+    ));
+    out.push_str("| supervisor | n | total p50 | total p90 | overhead A = total − `Finished in` of the same build: p50 | p90 | min | max | overhead B = A − cargo outside its timer (p50) | overhead C = total − twin cargo wall, same round: p50 | p90 |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut goal_lines = String::new();
     let mut breakdown = String::new();
     for (i, w) in watched.iter().enumerate() {
         let ss = &samples[i];
         let totals: Vec<f64> = ss.iter().map(|s| s.total_ms).collect();
         // Pair each sample with the twin cargo build of the same round.
-        let over: Vec<f64> = ss
+        let over_twin: Vec<f64> = ss
             .iter()
             .enumerate()
             .map(|(r, s)| s.total_ms - cargo_wall[r])
@@ -908,16 +986,35 @@ fn reload_phase(o: &Opts, watched: Vec<Watched>, out: &mut String) {
             .filter_map(|s| Some(s.total_ms - s.finished_s? * 1000.0))
             .collect();
         let t = summarize(&totals);
-        let ov = summarize(&over);
-        let of = if over_fin.is_empty() { f64::NAN } else { summarize(&over_fin).p50 };
-        best_overhead = best_overhead.min(ov.p50);
+        let ot = summarize(&over_twin);
+        let of = summarize(&over_fin);
+        goal_lines.push_str(&format!(
+            "GOAL reload overhead < 100 ms ({}, overhead A p50): {:.0} ms -> {}\n\n",
+            w.conn.name,
+            of.p50,
+            if of.p50 < 100.0 { "MET" } else { "MISSED" }
+        ));
         out.push_str(&format!(
-            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
-            w.conn.name, t.n, t.p50, t.p90, cw.p50, ov.p50, ov.p90, ov.min, ov.max, of
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
+            w.conn.name,
+            t.n,
+            t.p50,
+            t.p90,
+            of.p50,
+            of.p90,
+            of.min,
+            of.max,
+            of.p50 - cargo_outside,
+            ot.p50,
+            ot.p90
         ));
         let med = |f: &dyn Fn(&ReloadSample) -> Option<f64>| {
             let xs: Vec<f64> = ss.iter().filter_map(f).collect();
-            if xs.is_empty() { f64::NAN } else { summarize(&xs).p50 }
+            if xs.is_empty() {
+                f64::NAN
+            } else {
+                summarize(&xs).p50
+            }
         };
         let fin_at = med(&|s| s.to_finished_ms);
         let fin_s = med(&|s| s.finished_s.map(|x| x * 1000.0));
@@ -940,10 +1037,8 @@ fn reload_phase(o: &Opts, watched: Vec<Watched>, out: &mut String) {
     out.push_str("\nWhere the time goes (medians over the reloads, ms; timestamps are when the harness read each stderr line):\n\n");
     out.push_str("| supervisor | save -> cargo `Finished` line | cargo's `Finished in` | save -> cargo timer start (debounce + watcher + cargo startup/resolve) | `Finished` -> `build complete` (identity capture, store) | `build complete` -> `server replaced` (stop old, spawn, handshake, catalog) | `server replaced` -> first new-revision answer | polls | refusals seen (all reloads) |\n|---|---|---|---|---|---|---|---|---|\n");
     out.push_str(&breakdown);
-    out.push_str(&format!(
-        "\nGOAL reload overhead < 100 ms (best configuration, vs twin cargo wall clock): {best_overhead:.0} ms -> {}\n\n",
-        if best_overhead < 100.0 { "MET" } else { "MISSED" }
-    ));
+    out.push('\n');
+    out.push_str(&goal_lines);
     for w in watched {
         w.conn.close();
     }

@@ -65,7 +65,11 @@ fn main() {
     let (to_child, child_rx) = channel::<Option<Vec<u8>>>();
     let child_writer = std::thread::spawn(move || {
         while let Ok(Some(line)) = child_rx.recv() {
-            if child_in.write_all(&line).and_then(|()| child_in.flush()).is_err() {
+            if child_in
+                .write_all(&line)
+                .and_then(|()| child_in.flush())
+                .is_err()
+            {
                 break;
             }
         }
