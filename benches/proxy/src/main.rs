@@ -622,7 +622,7 @@ fn latency_phase(o: &Opts, v: &mut Variants, out: &mut String) {
     };
     out.push_str("## 1. Sequential `tools/call` round trip (µs)\n\n");
     out.push_str(&format!(
-        "{} calls per variant after {} warm-up calls each; the three variants take turns call by call (rotating order).\n\n",
+        "{} calls per variant after {} warm-up calls each; the variants take turns call by call (rotating order).\n\n",
         o.calls, o.warmup
     ));
     out.push_str("| variant | n | p50 | p90 | p99 | min | max | p50 / direct | p90 / direct | p99 / direct | median of paired ratios |\n");
