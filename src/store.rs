@@ -43,8 +43,10 @@ pub struct Store {
     dir: PathBuf,
 }
 
-/// Fingerprint of a file's metadata, used to detect a rewrite during the copy.
-#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+/// Fingerprint of a file's metadata, used to detect a rewrite during the copy and to recognise
+/// an executable that was not touched since it was stored. `ctime` cannot be set from user
+/// space, so any rewrite of the file moves the stamp.
+#[derive(Debug, PartialEq, Eq, Clone, Copy, serde::Serialize, serde::Deserialize)]
 struct StatStamp {
     dev: u64,
     ino: u64,
@@ -94,6 +96,10 @@ impl Store {
     ///
     /// The bytes hashed are the bytes written. If the source's metadata moved during the copy the
     /// capture is refused ([`StoreError::ChangedDuringCapture`]); callers retry once.
+    ///
+    /// Fast path: when cargo did not touch the executable since it was stored (same device,
+    /// inode, size, mtime and ctime as recorded at that capture) and the entry still exists, the
+    /// file is not read again; the entry's bytes were hashed when they were written.
     pub fn capture(&self, executable: &Path) -> Result<StoredExecutable, StoreError> {
         let src = match File::open(executable) {
             Ok(f) => f,
@@ -108,6 +114,16 @@ impl Store {
             }
         };
         let before = StatStamp::of(&src.metadata().map_err(Self::io(executable))?);
+        if let Some(sha256) = self.unchanged_since_stored(executable, &before) {
+            let dest = self.entry_path(&sha256);
+            touch(&dest);
+            return Ok(StoredExecutable {
+                sha256,
+                size: before.size,
+                store_path: dest,
+                newly_stored: false,
+            });
+        }
         fs::create_dir_all(&self.dir).map_err(Self::io(&self.dir))?;
         let tmp = tempfile::Builder::new()
             .prefix(".incoming-")
@@ -122,6 +138,7 @@ impl Store {
             });
         }
         let dest = self.entry_path(&sha256);
+        self.remember_stamp(executable, &after, &sha256);
         if dest.is_file() {
             // Same content already stored: keep the existing (immutable) entry, drop the copy.
             touch(&dest);
@@ -147,6 +164,34 @@ impl Store {
             store_path: dest,
             newly_stored: true,
         })
+    }
+
+    fn stamp_path(&self, executable: &Path) -> PathBuf {
+        let key = hashing::sha256_hex(executable.as_os_str().as_encoded_bytes());
+        self.dir.join("stamps").join(&key[..24])
+    }
+
+    /// The digest stored for `executable` if its metadata is exactly as it was then.
+    fn unchanged_since_stored(&self, executable: &Path, now: &StatStamp) -> Option<String> {
+        let text = fs::read_to_string(self.stamp_path(executable)).ok()?;
+        let (stamp, sha256): (StatStamp, String) = serde_json::from_str(&text).ok()?;
+        (stamp == *now && self.entry_path(&sha256).is_file()).then_some(sha256)
+    }
+
+    fn remember_stamp(&self, executable: &Path, stamp: &StatStamp, sha256: &str) {
+        let path = self.stamp_path(executable);
+        if let Some(dir) = path.parent() {
+            let _ = fs::create_dir_all(dir);
+        }
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        if fs::write(
+            &tmp,
+            serde_json::to_string(&(stamp, sha256)).unwrap_or_default(),
+        )
+        .is_ok()
+        {
+            let _ = fs::rename(&tmp, &path);
+        }
     }
 
     /// Re-hashes an entry and checks it still matches its name (used before exec when paranoid,
@@ -216,6 +261,33 @@ mod tests {
         assert_eq!(store.verify(&a.sha256).unwrap(), a.store_path);
         let c = store.capture(&exe).unwrap();
         assert_ne!(c.sha256, a.sha256);
+    }
+
+    #[test]
+    fn untouched_executable_is_not_reread_but_any_rewrite_is_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("server");
+        fs::write(&exe, b"version one").unwrap();
+        let store = Store::new(dir.path().join("store"));
+        let a = store.capture(&exe).unwrap();
+        assert!(a.newly_stored);
+        // Untouched: the stamp matches, nothing is copied.
+        let b = store.capture(&exe).unwrap();
+        assert_eq!(
+            (b.sha256.clone(), b.newly_stored),
+            (a.sha256.clone(), false)
+        );
+        // Same size, new bytes: ctime moves, so it is read and stored again.
+        fs::write(&exe, b"version two").unwrap();
+        let c = store.capture(&exe).unwrap();
+        assert_ne!(c.sha256, a.sha256);
+        assert_eq!(c.sha256, hashing::sha256_bytes(b"version two"));
+        // A deleted entry is never trusted from the stamp alone.
+        fs::set_permissions(&c.store_path, fs::Permissions::from_mode(0o644)).unwrap();
+        fs::remove_file(&c.store_path).unwrap();
+        let d = store.capture(&exe).unwrap();
+        assert!(d.newly_stored);
+        assert!(d.store_path.is_file());
     }
 
     #[test]

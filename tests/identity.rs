@@ -473,7 +473,6 @@ fn check_without_lockfile_is_103() {
 }
 
 #[test]
-#[ignore = "bug: `check --no-locked` passes and writes Cargo.lock when none exists (cargo metadata without --locked creates it before src/commands/check.rs tests for it)"]
 fn check_no_locked_without_lockfile_is_still_103() {
     // `--no-locked` drops `--locked` only; "the lockfile must still exist" (CLI help).
     let p = fake_server();

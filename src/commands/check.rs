@@ -18,12 +18,13 @@ pub fn execute(args: CheckArgs) -> CmdResult {
         Some(p) => Some(cycle::read_record(p)?),
         None => None,
     };
+    if args.no_locked {
+        // `cargo metadata` without --locked would create a missing lockfile; look first.
+        require_lockfile(&cargo)?;
+    }
     let prep = Prepared::new(&cargo).map_err(lockfile_sentence)?;
     if !prep.target.resolved.lockfile.is_file() {
-        return Err(Failure::new(
-            exit_codes::IDENTITY_NOT_CAPTURED,
-            "no Cargo.lock: the dependency versions that will run are not pinned (run `cargo generate-lockfile` and commit it)",
-        ));
+        return Err(Failure::new(exit_codes::IDENTITY_NOT_CAPTURED, NO_LOCKFILE));
     }
     let outcome = cycle::run_cycle(&prep, &[], !status::quiet()).map_err(lockfile_sentence)?;
     super::build::report(&prep, &outcome, json)?;
@@ -91,11 +92,44 @@ pub fn execute(args: CheckArgs) -> CmdResult {
     Ok(exit_codes::OK)
 }
 
+const NO_LOCKFILE: &str = "no Cargo.lock: the dependency versions that will run are not pinned (run `cargo generate-lockfile` and commit it)";
+
+/// Fails when the workspace has no Cargo.lock, without letting cargo create one.
+fn require_lockfile(cargo: &crate::cli::CargoArgs) -> Result<(), Failure> {
+    let cargo_bin = crate::workspace::find_cargo()?;
+    let manifest = crate::workspace::locate_manifest(cargo.manifest_path.as_deref())?;
+    let out = std::process::Command::new(cargo_bin)
+        .args([
+            "locate-project",
+            "--workspace",
+            "--message-format",
+            "plain",
+            "--manifest-path",
+        ])
+        .arg(&manifest)
+        .output()?;
+    if !out.status.success() {
+        return Err(Failure::new(
+            exit_codes::METADATA_FAILED,
+            format!(
+                "cargo locate-project failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        ));
+    }
+    let root_manifest = std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let lock = root_manifest.with_file_name("Cargo.lock");
+    if !lock.is_file() {
+        return Err(Failure::new(exit_codes::IDENTITY_NOT_CAPTURED, NO_LOCKFILE));
+    }
+    Ok(())
+}
+
 /// cargo's `--locked` refusals become one specific sentence with the identity exit code.
 fn lockfile_sentence(f: Failure) -> Failure {
     if f.message.contains("--locked") {
         let sentence = if f.message.contains("cannot create the lock file") {
-            "no Cargo.lock: the dependency versions that will run are not pinned (run `cargo generate-lockfile` and commit it)"
+            NO_LOCKFILE
         } else {
             "Cargo.lock is out of date: cargo would have to change it to build (run `cargo update --workspace` and commit Cargo.lock)"
         };
