@@ -7,7 +7,8 @@
 use std::collections::HashMap;
 use std::io::{BufReader, Write};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
@@ -21,14 +22,11 @@ use crate::epoch;
 use crate::error::{CmdResult, Failure};
 use crate::fingerprint::IdentityRecord;
 use crate::proxy::framing::{DEFAULT_MAX_LINE, Frame, LineReader};
+use crate::proxy::outlet::{self, Outlet};
 use crate::session::{Event, Io, Session, SessionConfig};
 use crate::supervisor::{self, LaunchSpec, Worker, unix};
 use crate::{control, exit_codes, output, status, watch};
 
-enum Out {
-    Line(Vec<u8>),
-    Close,
-}
 
 /// Status lines for `run`: human on stderr, or JSON events on stderr.
 #[derive(Clone)]
@@ -49,10 +47,30 @@ impl StatusSink {
     }
 }
 
+/// The session behind its lock. Host and child lines are handled on the thread that read them
+/// (no hand-off on the hot path); slower events go through the event channel.
+type Shared = Arc<Mutex<Session<Shell>>>;
+
+/// Hands an event to the session on the current thread; wakes the main thread when the session
+/// decided to end.
+fn deliver(me: &Weak<Mutex<Session<Shell>>>, event: Event) -> bool {
+    let Some(shared) = me.upgrade() else { return false };
+    let mut session = shared.lock().unwrap_or_else(|e| e.into_inner());
+    session.handle(event);
+    if session.exit_code().is_some() {
+        let _ = session.io().done.try_send(());
+        return false;
+    }
+    true
+}
+
 struct Shell {
     events: Sender<Event>,
-    host_out: Sender<Out>,
-    children: HashMap<String, Sender<Out>>,
+    /// Set right after the session is created (the shell lives inside it).
+    me: Weak<Mutex<Session<Shell>>>,
+    done: Sender<()>,
+    host_out: Outlet,
+    children: HashMap<String, Outlet>,
     prep: Arc<Mutex<Prepared>>,
     server_args: Vec<String>,
     label: String,
@@ -62,12 +80,12 @@ struct Shell {
 
 impl Io for Shell {
     fn to_host(&mut self, line: Vec<u8>) {
-        let _ = self.host_out.send(Out::Line(line));
+        self.host_out.send(line);
     }
 
     fn to_child(&mut self, epoch: &str, line: Vec<u8>) {
-        if let Some(tx) = self.children.get(epoch) {
-            let _ = tx.send(Out::Line(line));
+        if let Some(out) = self.children.get(epoch) {
+            out.send(line);
         }
     }
 
@@ -100,27 +118,12 @@ impl Io for Shell {
             let _ = events.send(Event::ChildExited { epoch: e, exit });
         })
         .map_err(|e| format!("{}: {e}", spec.argv[0]))?;
-        // stdin writer
-        let (tx, rx) = unbounded::<Out>();
-        let mut stdin = spawned.stdin;
-        let _ = std::thread::Builder::new()
-            .name(format!("child-in-{}", epoch::short(epoch)))
-            .spawn(move || {
-                for out in rx {
-                    match out {
-                        Out::Line(l) => {
-                            if stdin.write_all(&l).and_then(|_| stdin.flush()).is_err() {
-                                break;
-                            }
-                        }
-                        Out::Close => break,
-                    }
-                }
-                // dropping stdin closes the pipe: the server sees EOF
-            });
-        self.children.insert(epoch.to_string(), tx);
-        // stdout reader
-        let events = self.events.clone();
+        self.children.insert(
+            epoch.to_string(),
+            Outlet::new(&format!("child-{}", epoch::short(epoch)), OwnedFd::from(spawned.stdin), || {}),
+        );
+        // stdout reader: each line is handled right here, under the session lock.
+        let me = self.me.clone();
         let e = epoch.to_string();
         let stdout = spawned.stdout;
         let _ = std::thread::Builder::new()
@@ -129,26 +132,15 @@ impl Io for Shell {
                 let mut reader =
                     LineReader::new(BufReader::with_capacity(1 << 16, stdout), DEFAULT_MAX_LINE);
                 loop {
-                    match reader.next_frame() {
-                        Ok(Frame::Line(line)) => {
-                            if events
-                                .send(Event::ChildLine {
-                                    epoch: e.clone(),
-                                    line,
-                                })
-                                .is_err()
-                            {
-                                break;
-                            }
-                        }
+                    let event = match reader.next_frame() {
+                        Ok(Frame::Line(line)) => Event::ChildLine { epoch: e.clone(), line },
                         Ok(Frame::Oversize { prefix, len }) => {
-                            let _ = events.send(Event::ChildOversize {
-                                epoch: e.clone(),
-                                prefix,
-                                len,
-                            });
+                            Event::ChildOversize { epoch: e.clone(), prefix, len }
                         }
                         Ok(Frame::Eof) | Err(_) => break,
+                    };
+                    if !deliver(&me, event) {
+                        break;
                     }
                 }
             });
@@ -180,7 +172,7 @@ impl Io for Shell {
     }
 
     fn stop(&mut self, epoch: &str, worker: Worker, grace: Duration) {
-        let tx = self.children.remove(epoch);
+        let stdin = self.children.remove(epoch);
         let events = self.events.clone();
         let e = epoch.to_string();
         let _ = std::thread::Builder::new()
@@ -188,8 +180,8 @@ impl Io for Shell {
             .spawn(move || {
                 worker.stop(
                     || {
-                        if let Some(tx) = tx {
-                            let _ = tx.send(Out::Close);
+                        if let Some(out) = stdin {
+                            out.close();
                         }
                     },
                     grace,
@@ -209,7 +201,7 @@ impl Io for Shell {
     }
 
     fn close_host(&mut self) {
-        let _ = self.host_out.send(Out::Close);
+        self.host_out.close();
     }
 
     fn status(&mut self, line: &str) {
@@ -362,8 +354,15 @@ pub fn execute(args: RunArgs) -> CmdResult {
     let socket_path = control::socket_path(&t.resolved.target_dir, &label);
 
     let (events_tx, events_rx) = unbounded::<Event>();
-    let host_out = spawn_host_writer();
-    spawn_host_reader(events_tx.clone());
+    let (host_closed_tx, host_closed_rx) = crossbeam_channel::bounded::<()>(1);
+    let host_out = Outlet::new("host", outlet::stdout_fd()?, move || {
+        // Our copy of fd 1 is closed; fd 1 itself must go too for the host to see EOF.
+        if let Ok(null) = std::fs::File::open("/dev/null") {
+            let _ = rustix::stdio::dup2_stdout(&null);
+        }
+        let _ = host_closed_tx.send(());
+    });
+    let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);
     spawn_signal_watch(events_tx.clone())?;
     spawn_parent_watch(events_tx.clone());
     let socket = match control::serve(&socket_path, events_tx.clone()) {
@@ -410,7 +409,9 @@ pub fn execute(args: RunArgs) -> CmdResult {
     };
     let shell = Shell {
         events: events_tx.clone(),
-        host_out: host_out.0.clone(),
+        me: Weak::new(),
+        done: done_tx,
+        host_out: host_out.clone(),
         children: HashMap::new(),
         prep: Arc::new(Mutex::new(prep.clone())),
         server_args: args.server_args.clone(),
@@ -428,9 +429,14 @@ pub fn execute(args: RunArgs) -> CmdResult {
             .map(|p| p.display().to_string())
             .unwrap_or_else(|| "none".into())
     ));
-    let mut session = Session::new(shell, cfg, policy, Some(audit), audit_path);
-    session.start();
-    let code = event_loop(&mut session, &events_rx);
+    let shared: Shared = Arc::new(Mutex::new(Session::new(shell, cfg, policy, Some(audit), audit_path)));
+    {
+        let mut s = shared.lock().unwrap_or_else(|e| e.into_inner());
+        s.io().me = Arc::downgrade(&shared);
+        s.start();
+    }
+    spawn_host_reader(Arc::downgrade(&shared));
+    let code = event_loop(&shared, &events_rx, &done_rx);
     // Let the stop sequence (bounded by its own grace) and queued host output finish.
     let deadline = Instant::now() + Duration::from_millis(1500);
     while Instant::now() < deadline {
@@ -440,10 +446,10 @@ pub fn execute(args: RunArgs) -> CmdResult {
             Err(_) => break,
         }
     }
-    drop(session);
     crate::build::cancel_running();
-    let _ = host_out.0.send(Out::Close);
-    let _ = host_out.1.join();
+    host_out.close();
+    let _ = host_closed_rx.recv_timeout(Duration::from_secs(2));
+    drop(shared);
     if let Some(p) = socket {
         let _ = std::fs::remove_file(p);
     }
@@ -454,46 +460,28 @@ pub fn execute(args: RunArgs) -> CmdResult {
     Ok(code)
 }
 
-fn event_loop(session: &mut Session<Shell>, events: &Receiver<Event>) -> i32 {
-    for event in events {
-        session.handle(event);
-        if let Some(code) = session.exit_code() {
-            return code;
-        }
-    }
-    exit_codes::OK
-}
-
-fn spawn_host_writer() -> (Sender<Out>, std::thread::JoinHandle<()>) {
-    let (tx, rx) = unbounded::<Out>();
-    let handle = std::thread::Builder::new()
-        .name("host-out".into())
-        .spawn(move || {
-            let stdout = std::io::stdout();
-            let mut out = stdout.lock();
-            for msg in rx {
-                match msg {
-                    Out::Line(l) => {
-                        if out.write_all(&l).and_then(|_| out.flush()).is_err() {
-                            break;
-                        }
-                    }
-                    Out::Close => break,
+fn event_loop(shared: &Shared, events: &Receiver<Event>, done: &Receiver<()>) -> i32 {
+    let exit_code = || shared.lock().unwrap_or_else(|e| e.into_inner()).exit_code();
+    loop {
+        crossbeam_channel::select! {
+            recv(events) -> event => {
+                let Ok(event) = event else { return exit_codes::OK };
+                let mut session = shared.lock().unwrap_or_else(|e| e.into_inner());
+                session.handle(event);
+                if let Some(code) = session.exit_code() {
+                    return code;
                 }
             }
-            let _ = out.flush();
-            // Closing our stdout tells the host the connection is over: point fd 1 at /dev/null,
-            // which closes the pipe to the host.
-            drop(out);
-            if let Ok(null) = std::fs::File::open("/dev/null") {
-                let _ = rustix::stdio::dup2_stdout(&null);
+            recv(done) -> _ => {
+                if let Some(code) = exit_code() {
+                    return code;
+                }
             }
-        })
-        .expect("spawn host writer");
-    (tx, handle)
+        }
+    }
 }
 
-fn spawn_host_reader(events: Sender<Event>) {
+fn spawn_host_reader(me: Weak<Mutex<Session<Shell>>>) {
     let _ = std::thread::Builder::new()
         .name("host-in".into())
         .spawn(move || {
@@ -503,15 +491,15 @@ fn spawn_host_reader(events: Sender<Event>) {
                 DEFAULT_MAX_LINE,
             );
             loop {
-                let ev = match reader.next_frame() {
+                let event = match reader.next_frame() {
                     Ok(Frame::Line(line)) => Event::HostLine(line),
                     Ok(Frame::Oversize { prefix, len }) => Event::HostOversize { prefix, len },
                     Ok(Frame::Eof) | Err(_) => {
-                        let _ = events.send(Event::HostEof);
+                        deliver(&me, Event::HostEof);
                         break;
                     }
                 };
-                if events.send(ev).is_err() {
+                if !deliver(&me, event) {
                     break;
                 }
             }

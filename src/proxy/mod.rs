@@ -5,3 +5,4 @@
 
 pub mod envelope;
 pub mod framing;
+pub mod outlet;

@@ -541,12 +541,17 @@ fn s08_cold_start_python2_probe_and_ts_v2_double_spawn() {
         let (_, line) = d.stderr.wait_for(0, "server started:", s.within(secs(150)));
         let (pid, epoch) = pid_epoch(&line);
         let st = s.wait_ready(Some(&epoch));
-        // Auto negotiation started the command twice: a probe copy and the session.
-        let sessions = d.stderr.grep(0, "session started:");
+        // Auto negotiation started the command twice: a probe copy and the session (the
+        // client does not pass the probe's stderr on, so count runs in the shared audit log).
+        let runs: std::collections::BTreeSet<String> =
+            records_of(&s.audit_records(), "run_started")
+                .iter()
+                .map(|r| r["run"].to_string())
+                .collect();
         assert_eq!(
-            sessions.len(),
+            runs.len(),
             2,
-            "expected the probe and the session copy: {sessions:?}"
+            "expected the probe and the session copy: {runs:?}"
         );
         // The status file belongs to the live session's supervisor, not the killed probe copy.
         let sup = st["supervisorPid"].as_u64().unwrap() as u32;
