@@ -14,7 +14,8 @@
 //!
 //! Rules enforced by [`Gate::decide_call`], in this order:
 //! 1. `identity_pending`: no current epoch, or its catalog has not been fetched yet;
-//! 2. `catalog_stale`: the host's last fetched catalog digest differs from the current one (an
+//! 2. `catalog_stale`: the host's last fetched catalog digest differs from the current one (a
+//!    host that never fetched one in this connection has nothing to be stale against; an
 //!    unchanged digest, even across a restart, needs no refetch);
 //! 3. `unknown_tool`: the tool is not in the current catalog;
 //! 4. for a gated tool, a live grant of this run naming the current epoch and covering the tool
@@ -630,7 +631,14 @@ impl Gate {
             .find(|g| g.tool_scope.contains(tool))
             .map(|g| g.execution_epoch.clone());
 
-        if self.host_catalog.as_deref() != Some(revision.digest.as_str()) {
+        // A call is stale when the revision the host last fetched differs from the current one.
+        // A host that never fetched in this connection (e.g. a one-shot CLI call) holds no
+        // revision to be stale against; approval rules still apply to it.
+        if self
+            .host_catalog
+            .as_deref()
+            .is_some_and(|h| h != revision.digest.as_str())
+        {
             denial.reason = DenialReason::CatalogStale;
             if gated && in_catalog && live.is_none() {
                 denial.authorization = Some(if stale.is_some() {
@@ -908,7 +916,9 @@ mod tests {
         );
         assert_eq!(g.phase(), Phase::IdentityPending);
 
-        // Supervisor fetched tools/list: catalog-ready, but the host has not fetched it.
+        // Supervisor fetched tools/list: catalog-ready. A host that never listed holds no
+        // revision to be stale against; one that holds an older one (here the `[]` answered
+        // during a cold build) is refused until it refetches.
         assert!(g.catalog_fetched(
             A,
             rev(1, "c1"),
@@ -916,6 +926,12 @@ mod tests {
         ));
         assert_eq!(g.phase(), Phase::CatalogReady);
         assert_eq!(g.current_catalog(), Some(&rev(1, "c1")));
+        let d = denial(g.decide_call("write_item", 3));
+        assert_eq!(
+            (d.reason, d.authorization),
+            (DenialReason::AuthorizationRequired, None)
+        );
+        g.host_fetched_catalog("sha256:c0");
         let d = denial(g.decide_call("write_item", 3));
         assert_eq!(
             (d.reason, d.authorization),
@@ -1197,6 +1213,7 @@ mod tests {
         );
         g.catalog_fetched(A, rev(1, "c1"), set(&["write_item"]));
         assert_eq!(g.phase(), Phase::Ready);
+        g.host_fetched_catalog("sha256:c0");
         assert_eq!(
             reason(&mut g, "write_item"),
             "catalog_stale",
@@ -1541,7 +1558,8 @@ mod tests {
                 let Some((digest, tools)) = &self.catalog else {
                     return Err(DenialReason::IdentityPending);
                 };
-                if self.host.as_ref() != Some(digest) {
+                // Stale only against a revision the host actually fetched.
+                if self.host.as_ref().is_some_and(|h| h != digest) {
                     return Err(DenialReason::CatalogStale);
                 }
                 if !tools.contains(tool) {
@@ -1711,7 +1729,8 @@ mod tests {
                                     prop_assert_eq!(expected, Ok(()), "forwarded {}", tool);
                                     // Invariants, stated directly.
                                     let (digest, _) = m.catalog.as_ref().expect("catalog known");
-                                    prop_assert_eq!(m.host.as_ref(), Some(digest), "forwarded on a stale catalog");
+                                    // Never on a revision the host fetched and is now outdated.
+                                    prop_assert!(m.host.as_ref().is_none_or(|h| h == digest), "forwarded on a stale catalog");
                                     prop_assert_eq!(credential_scopes.iter().cloned().collect::<BTreeSet<_>>(), m.scopes(&tool));
                                     if m.gated(&tool) {
                                         let id = grant_id.expect("gated tool forwarded without a grant");

@@ -391,7 +391,13 @@ fn server_stderr_is_passed_through_with_label_and_epoch() {
         "[{LABEL} {}] fake-server: revision r1 core core-1 pid {pid}",
         short_epoch(&epoch)
     );
-    s.wait_stderr(&banner);
+    // The server may print its banner before or after the supervisor's `server started:` line
+    // (two threads write stderr), so look at every line so far rather than after a cursor.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !s.stderr_lines().iter().any(|l| l == &banner) {
+        assert!(std::time::Instant::now() < deadline, "no `{banner}` in {:#?}", s.stderr_lines());
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(short_epoch(&epoch).len(), 12);
     s.finish();
 }

@@ -6,8 +6,8 @@
 
 use std::collections::HashMap;
 use std::io::{BufReader, Write};
-use std::path::PathBuf;
 use std::os::fd::OwnedFd;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -26,7 +26,6 @@ use crate::proxy::outlet::{self, Outlet};
 use crate::session::{Event, Io, Session, SessionConfig};
 use crate::supervisor::{self, LaunchSpec, Worker, unix};
 use crate::{control, exit_codes, output, status, watch};
-
 
 /// Status lines for `run`: human on stderr, or JSON events on stderr.
 #[derive(Clone)]
@@ -54,7 +53,9 @@ type Shared = Arc<Mutex<Session<Shell>>>;
 /// Hands an event to the session on the current thread; wakes the main thread when the session
 /// decided to end.
 fn deliver(me: &Weak<Mutex<Session<Shell>>>, event: Event) -> bool {
-    let Some(shared) = me.upgrade() else { return false };
+    let Some(shared) = me.upgrade() else {
+        return false;
+    };
     let mut session = shared.lock().unwrap_or_else(|e| e.into_inner());
     session.handle(event);
     if session.exit_code().is_some() {
@@ -120,7 +121,11 @@ impl Io for Shell {
         .map_err(|e| format!("{}: {e}", spec.argv[0]))?;
         self.children.insert(
             epoch.to_string(),
-            Outlet::new(&format!("child-{}", epoch::short(epoch)), OwnedFd::from(spawned.stdin), || {}),
+            Outlet::new(
+                &format!("child-{}", epoch::short(epoch)),
+                OwnedFd::from(spawned.stdin),
+                || {},
+            ),
         );
         // stdout reader: each line is handled right here, under the session lock.
         let me = self.me.clone();
@@ -133,10 +138,15 @@ impl Io for Shell {
                     LineReader::new(BufReader::with_capacity(1 << 16, stdout), DEFAULT_MAX_LINE);
                 loop {
                     let event = match reader.next_frame() {
-                        Ok(Frame::Line(line)) => Event::ChildLine { epoch: e.clone(), line },
-                        Ok(Frame::Oversize { prefix, len }) => {
-                            Event::ChildOversize { epoch: e.clone(), prefix, len }
-                        }
+                        Ok(Frame::Line(line)) => Event::ChildLine {
+                            epoch: e.clone(),
+                            line,
+                        },
+                        Ok(Frame::Oversize { prefix, len }) => Event::ChildOversize {
+                            epoch: e.clone(),
+                            prefix,
+                            len,
+                        },
                         Ok(Frame::Eof) | Err(_) => break,
                     };
                     if !deliver(&me, event) {
@@ -429,7 +439,13 @@ pub fn execute(args: RunArgs) -> CmdResult {
             .map(|p| p.display().to_string())
             .unwrap_or_else(|| "none".into())
     ));
-    let shared: Shared = Arc::new(Mutex::new(Session::new(shell, cfg, policy, Some(audit), audit_path)));
+    let shared: Shared = Arc::new(Mutex::new(Session::new(
+        shell,
+        cfg,
+        policy,
+        Some(audit),
+        audit_path,
+    )));
     {
         let mut s = shared.lock().unwrap_or_else(|e| e.into_inner());
         s.io().me = Arc::downgrade(&shared);

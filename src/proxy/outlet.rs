@@ -70,11 +70,13 @@ impl Outlet {
             cond: Condvar::new(),
         });
         let worker = inner.clone();
-        let _ = std::thread::Builder::new().name(format!("out-{name}")).spawn(move || {
-            writer_loop(&worker);
-            drop(worker);
-            on_closed();
-        });
+        let _ = std::thread::Builder::new()
+            .name(format!("out-{name}"))
+            .spawn(move || {
+                writer_loop(&worker);
+                drop(worker);
+                on_closed();
+            });
         Outlet { inner }
     }
 
@@ -194,16 +196,22 @@ mod tests {
             let _ = tx.send(());
         });
         // Far more than a pipe buffer (64 KiB) while nobody reads: must queue, not block.
-        let lines: Vec<Vec<u8>> = (0..2000).map(|i| format!("{i:06}:{}\n", "x".repeat(200)).into_bytes()).collect();
+        let lines: Vec<Vec<u8>> = (0..2000)
+            .map(|i| format!("{i:06}:{}\n", "x".repeat(200)).into_bytes())
+            .collect();
         for l in &lines {
             out.send(l.clone());
         }
-        assert!(out.backlog() > 0, "a full pipe queues instead of blocking the sender");
+        assert!(
+            out.backlog() > 0,
+            "a full pipe queues instead of blocking the sender"
+        );
         out.close();
         let mut got = Vec::new();
         reader.read_to_end(&mut got).unwrap();
         assert_eq!(got, lines.concat());
-        rx.recv_timeout(std::time::Duration::from_secs(5)).expect("on_closed ran");
+        rx.recv_timeout(std::time::Duration::from_secs(5))
+            .expect("on_closed ran");
     }
 
     #[test]

@@ -216,6 +216,8 @@ pub struct Session<I: Io> {
     exit_code: Option<i32>,
     /// The epoch, identity and catalog of the last approval (what `approve` diffs against).
     approved_baseline: Option<(String, IdentityRecord, Option<Catalog>)>,
+    /// The newest build failed: held requests are answered instead of waiting.
+    build_failed: bool,
 }
 
 /// Crash-loop bounds: this many exits within the window stop automatic restarts.
@@ -278,6 +280,7 @@ impl<I: Io> Session<I> {
             shutting_down: false,
             exit_code: None,
             approved_baseline: None,
+            build_failed: false,
         }
     }
 
@@ -392,6 +395,10 @@ impl<I: Io> Session<I> {
             Err(message) => {
                 self.io.status(&format!("build failed: {message}"));
                 self.last_build = Some(format!("build failed: {message}"));
+                self.build_failed = true;
+                if self.child.is_none() && self.replacing.is_none() {
+                    self.fail_held("the server could not be built");
+                }
                 self.report_running();
             }
             Ok(outcome) => {
@@ -402,6 +409,10 @@ impl<I: Io> Session<I> {
                     CycleOutcome::Failed {
                         errors, first_file, ..
                     } => {
+                        self.build_failed = true;
+                        if self.child.is_none() && self.replacing.is_none() {
+                            self.fail_held("the server's build failed; fix it and save to rebuild");
+                        }
                         let epoch = self.current_epoch().map(str::to_string);
                         self.audit_record(
                             audit::BUILD_COMPLETED,
@@ -416,6 +427,7 @@ impl<I: Io> Session<I> {
                         problems,
                         ..
                     } => {
+                        self.build_failed = false;
                         for p in problems.iter().filter(|p| {
                             !matches!(p, crate::capture::CaptureProblem::UnknownConfigKeys(_))
                         }) {
@@ -745,6 +757,11 @@ impl<I: Io> Session<I> {
 
     fn fail_held(&mut self, why: &str) {
         while let Some(msg) = self.held.pop_front() {
+            if msg.method() == Some("tools/call") {
+                // The gate answers it (identity_pending): a tool error the model can read.
+                self.on_host_call(msg);
+                continue;
+            }
             if let Some(id) = msg.id() {
                 self.io.to_host(envelope::error_line(
                     Some(id),
@@ -1016,6 +1033,18 @@ impl<I: Io> Session<I> {
             }
             "tools/list" if !self.ever_ready && !self.child_ready() => {
                 self.answer_list_from_facts(msg)
+            }
+            // During the very first start nothing can have been prepared against older code, so a
+            // call (e.g. a one-shot CLI right after `initialize`) waits for the server instead of
+            // being refused; after that, calls during a restart are refused, never queued.
+            "tools/call"
+                if !self.ever_ready
+                    && !self.child_ready()
+                    && !self.crash_loop
+                    && !self.build_failed
+                    && self.held.len() < HELD_LIMIT =>
+            {
+                self.held.push_back(msg)
             }
             "tools/call" => self.on_host_call(msg),
             _ => {
