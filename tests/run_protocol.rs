@@ -395,7 +395,11 @@ fn server_stderr_is_passed_through_with_label_and_epoch() {
     // (two threads write stderr), so look at every line so far rather than after a cursor.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while !s.stderr_lines().iter().any(|l| l == &banner) {
-        assert!(std::time::Instant::now() < deadline, "no `{banner}` in {:#?}", s.stderr_lines());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no `{banner}` in {:#?}",
+            s.stderr_lines()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(short_epoch(&epoch).len(), 12);

@@ -200,6 +200,16 @@ impl Io for Shell {
             });
     }
 
+    fn schedule_held_check(&mut self, delay: Duration) {
+        let events = self.events.clone();
+        let _ = std::thread::Builder::new()
+            .name("held-timer".into())
+            .spawn(move || {
+                std::thread::sleep(delay);
+                let _ = events.send(Event::HeldCallsDue);
+            });
+    }
+
     fn schedule_restart(&mut self, delay: Duration) {
         let events = self.events.clone();
         let _ = std::thread::Builder::new()

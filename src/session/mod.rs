@@ -68,6 +68,8 @@ pub enum Event {
     BuildFinished(Box<Result<CycleOutcome, String>>),
     SourcesChanged(Vec<PathBuf>),
     RestartDue,
+    /// Time to answer calls held during the first start that waited long enough.
+    HeldCallsDue,
     Control {
         request: Value,
         reply: Sender<Value>,
@@ -87,6 +89,8 @@ pub trait Io {
     fn spawn(&mut self, epoch: &str, record: &IdentityRecord) -> Result<Worker, String>;
     /// Run the stop sequence for the child of `epoch` in the background; `ChildStopped` follows.
     fn stop(&mut self, epoch: &str, worker: Worker, grace: Duration);
+    /// Deliver `HeldCallsDue` after `delay`.
+    fn schedule_held_check(&mut self, delay: Duration);
     /// Deliver `RestartDue` after `delay`.
     fn schedule_restart(&mut self, delay: Duration);
     /// Close the host's stdout (the connection) after everything queued is written.
@@ -218,12 +222,17 @@ pub struct Session<I: Io> {
     approved_baseline: Option<(String, IdentityRecord, Option<Catalog>)>,
     /// The newest build failed: held requests are answered instead of waiting.
     build_failed: bool,
+    /// When each held `tools/call` arrived, in `held` order.
+    held_calls_since: VecDeque<Instant>,
 }
 
 /// Crash-loop bounds: this many exits within the window stop automatic restarts.
 const CRASH_LIMIT: usize = 5;
 const CRASH_WINDOW: Duration = Duration::from_secs(60);
 const HELD_LIMIT: usize = 1024;
+/// How long a `tools/call` sent during the very first start waits for the server before it is
+/// answered `identity_pending` (a warm start is well within it; a cold build is not).
+const FIRST_START_CALL_WAIT: Duration = Duration::from_secs(8);
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -281,6 +290,7 @@ impl<I: Io> Session<I> {
             exit_code: None,
             approved_baseline: None,
             build_failed: false,
+            held_calls_since: VecDeque::new(),
         }
     }
 
@@ -356,6 +366,7 @@ impl<I: Io> Session<I> {
                     self.request_build();
                 }
             }
+            Event::HeldCallsDue => self.expire_held_calls(),
             Event::RestartDue => {
                 self.restart_scheduled = false;
                 if self.child.is_none()
@@ -747,6 +758,7 @@ impl<I: Io> Session<I> {
     }
 
     fn flush_held(&mut self) {
+        self.held_calls_since.clear();
         while self.child_ready() {
             let Some(msg) = self.held.pop_front() else {
                 break;
@@ -755,7 +767,31 @@ impl<I: Io> Session<I> {
         }
     }
 
+    /// Calls held during the first start get their answer (identity_pending) once they waited
+    /// [`FIRST_START_CALL_WAIT`] and the server is still not up.
+    fn expire_held_calls(&mut self) {
+        if self.child_ready() {
+            return;
+        }
+        let now = Instant::now();
+        let mut kept = VecDeque::new();
+        while let Some(msg) = self.held.pop_front() {
+            let is_call = msg.method() == Some("tools/call");
+            if is_call {
+                let since = self.held_calls_since.pop_front().unwrap_or(now);
+                if now.duration_since(since) >= FIRST_START_CALL_WAIT {
+                    self.on_host_call(msg);
+                    continue;
+                }
+                self.held_calls_since.push_back(since);
+            }
+            kept.push_back(msg);
+        }
+        self.held = kept;
+    }
+
     fn fail_held(&mut self, why: &str) {
+        self.held_calls_since.clear();
         while let Some(msg) = self.held.pop_front() {
             if msg.method() == Some("tools/call") {
                 // The gate answers it (identity_pending): a tool error the model can read.
@@ -1044,7 +1080,9 @@ impl<I: Io> Session<I> {
                     && !self.build_failed
                     && self.held.len() < HELD_LIMIT =>
             {
-                self.held.push_back(msg)
+                self.held_calls_since.push_back(Instant::now());
+                self.held.push_back(msg);
+                self.io.schedule_held_check(FIRST_START_CALL_WAIT);
             }
             "tools/call" => self.on_host_call(msg),
             _ => {
