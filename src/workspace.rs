@@ -27,13 +27,17 @@ const CACHE_VERSION: u32 = 1;
 pub fn find_cargo() -> Result<PathBuf, Failure> {
     if let Some(cargo) = std::env::var_os("CARGO") {
         let p = PathBuf::from(&cargo);
-        if p.is_file() {
-            return Ok(p);
-        }
-        return Err(Failure::new(
-            exit_codes::METADATA_FAILED,
-            format!("$CARGO is set to `{}`, which is not a file", p.display()),
-        ));
+        return match std::fs::metadata(&p) {
+            Ok(m) if m.is_file() => Ok(p),
+            Ok(_) => Err(Failure::new(
+                exit_codes::METADATA_FAILED,
+                format!("$CARGO is set to `{}`, which is not a file", p.display()),
+            )),
+            Err(e) => Err(Failure::new(
+                exit_codes::METADATA_FAILED,
+                format!("$CARGO is set to `{}`: {e}", p.display()),
+            )),
+        };
     }
     find_on_path("cargo").ok_or_else(|| {
         let path = std::env::var("PATH").unwrap_or_default();

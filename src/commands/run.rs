@@ -105,6 +105,20 @@ impl Io for Shell {
     }
 
     fn spawn(&mut self, epoch: &str, record: &IdentityRecord) -> Result<Worker, String> {
+        // The wrapper runs from the project tree (it may rely on its location): make sure it is
+        // still the script whose digest the identity recorded.
+        if let (Some(w), Some(path)) = (&record.wrapper, record.launch.argv.first())
+            && crate::hashing::sha256_file(std::path::Path::new(path))
+                .map(|(d, _)| d)
+                .ok()
+                .as_deref()
+                != Some(w.sha256.as_str())
+        {
+            return Err(format!(
+                "wrapper `{}` changed after its identity was captured; not started (the rebuild it triggers will start it)",
+                w.path
+            ));
+        }
         let spec = LaunchSpec {
             argv: record.launch.argv.clone(),
             cwd: PathBuf::from(&record.launch.cwd),

@@ -1244,7 +1244,7 @@ impl<I: Io> Session<I> {
                 let result = protocol::announce_initialize(
                     &params,
                     self.load_facts().as_ref(),
-                    self.label(),
+                    &self.cfg.prep.target.resolved.package_name,
                     &self.cfg.prep.target.resolved.package_version,
                 );
                 self.negotiated = Some(Negotiated {

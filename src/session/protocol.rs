@@ -79,7 +79,7 @@ pub fn advertise_list_changed(result: &mut Value) {
 pub fn announce_initialize(
     params: &Value,
     facts: Option<&Value>,
-    label: &str,
+    name: &str,
     version: &str,
 ) -> Value {
     let requested = params
@@ -91,7 +91,7 @@ pub fn announce_initialize(
         None => json!({
             "protocolVersion": LEGACY_VERSIONS[0],
             "capabilities": {"tools": {"listChanged": true}},
-            "serverInfo": {"name": label, "version": version},
+            "serverInfo": {"name": name, "version": version},
         }),
     };
     // Servers answer the client's version when they support it; rmcp and the SDKs do.
