@@ -215,23 +215,11 @@ impl Io for Shell {
     }
 
     fn schedule_held_check(&mut self, delay: Duration) {
-        let events = self.events.clone();
-        let _ = std::thread::Builder::new()
-            .name("held-timer".into())
-            .spawn(move || {
-                std::thread::sleep(delay);
-                let _ = events.send(Event::HeldCallsDue);
-            });
+        self.send_after(delay, Event::HeldCallsDue);
     }
 
     fn schedule_restart(&mut self, delay: Duration) {
-        let events = self.events.clone();
-        let _ = std::thread::Builder::new()
-            .name("restart-timer".into())
-            .spawn(move || {
-                std::thread::sleep(delay);
-                let _ = events.send(Event::RestartDue);
-            });
+        self.send_after(delay, Event::RestartDue);
     }
 
     fn close_host(&mut self) {
@@ -240,6 +228,19 @@ impl Io for Shell {
 
     fn status(&mut self, line: &str) {
         self.sink.emit(line);
+    }
+}
+
+impl Shell {
+    /// Delivers `event` through the event channel after `delay` (a timer thread).
+    fn send_after(&self, delay: Duration, event: Event) {
+        let events = self.events.clone();
+        let _ = std::thread::Builder::new()
+            .name("timer".into())
+            .spawn(move || {
+                std::thread::sleep(delay);
+                let _ = events.send(event);
+            });
     }
 }
 

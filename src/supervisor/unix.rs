@@ -22,28 +22,27 @@ pub fn own_process_group(cmd: &mut Command) {
     cmd.process_group(0);
 }
 
+impl Sig {
+    fn signal(self) -> Signal {
+        match self {
+            Sig::Term => Signal::TERM,
+            Sig::Kill => Signal::KILL,
+        }
+    }
+}
+
 /// Sends a signal to a whole process group; a group that is already gone is not an error.
 pub fn signal_group(pgid: u32, sig: Sig) {
-    let Some(pid) = Pid::from_raw(pgid as i32) else {
-        return;
-    };
-    let signal = match sig {
-        Sig::Term => Signal::TERM,
-        Sig::Kill => Signal::KILL,
-    };
-    let _ = rustix::process::kill_process_group(pid, signal);
+    if let Some(pid) = Pid::from_raw(pgid as i32) {
+        let _ = rustix::process::kill_process_group(pid, sig.signal());
+    }
 }
 
 /// Sends a signal to one process; a process that is already gone is not an error.
 pub fn signal_process(pid: u32, sig: Sig) {
-    let Some(p) = Pid::from_raw(pid as i32) else {
-        return;
-    };
-    let signal = match sig {
-        Sig::Term => Signal::TERM,
-        Sig::Kill => Signal::KILL,
-    };
-    let _ = rustix::process::kill_process(p, signal);
+    if let Some(p) = Pid::from_raw(pid as i32) {
+        let _ = rustix::process::kill_process(p, sig.signal());
+    }
 }
 
 /// True while a process with this pid exists (used by tests and the orphan checks).
