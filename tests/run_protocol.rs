@@ -623,3 +623,42 @@ fn host_cancellation_reaches_the_server_under_the_server_side_id() {
     assert!(s.side_effects().is_empty());
     s.finish();
 }
+
+#[test]
+fn a_server_flooding_stderr_does_not_stall_the_session() {
+    let mut s = Setup::new()
+        .arg("--no-gating")
+        .tools(&["flood_stderr"])
+        .env("FAKE_FLOOD_LINES", "20000")
+        .start();
+    s.ready_legacy();
+    let m = s.call("1", "flood_stderr", json!({}));
+    assert!(
+        m.result().get("isError").is_none_or(|e| e == &json!(false)),
+        "{}",
+        m.raw
+    );
+    // The session still answers promptly while (or after) 20 000 lines pass through.
+    let m = s.call("2", "echo", json!({"after": "flood"}));
+    assert_eq!(
+        m.result()["structuredContent"]["arguments"],
+        json!({"after": "flood"}),
+        "{}",
+        m.raw
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while s
+        .stderr_lines()
+        .iter()
+        .filter(|l| l.starts_with("[fake-server "))
+        .count()
+        < 20_000
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the flood did not pass through in full"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    s.finish();
+}

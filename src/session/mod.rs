@@ -1474,9 +1474,30 @@ impl<I: Io> Session<I> {
             }
         }
         if method == "notifications/cancelled"
+            && let Some(req) = params.get("requestId")
+        {
+            // A cancellation names a request its sender issued: the child's own request to the
+            // host goes out under the id the host saw.
+            let req_text = req.to_string();
+            let ours = self
+                .child_requests
+                .iter()
+                .find(|(_, (_, child_id))| child_id.get() == req_text)
+                .map(|(host_id, _)| *host_id);
+            if let Some(host_facing) = ours {
+                self.child_requests.remove(&host_facing);
+                let mut params = params.clone();
+                params["requestId"] = json!(host_facing);
+                msg.set_params(&params);
+                self.io.to_host(msg.to_line());
+                return;
+            }
+        }
+        if method == "notifications/cancelled"
             && let Some(req) = params.get("requestId").and_then(|r| r.as_u64())
         {
-            // The child ended one of our (host's) requests, e.g. a listen stream.
+            // The only other use (2026-07-28): the server ends one of the host's requests, a
+            // listen stream, which it knows under our id.
             if let Some(Pending::Host { host_id, .. }) = self.pending.remove(&req) {
                 let mut params = params.clone();
                 params["requestId"] = serde_json::from_str(host_id.get()).unwrap_or(Value::Null);
