@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 #[derive(Debug, Parser)]
 #[command(name = "cargo", bin_name = "cargo", styles = clap_cargo_styles())]
 pub enum Cargo {
-    /// Build, fingerprint, supervise and hot-swap an MCP server (run `cargo mcp-dev --help`).
+    /// cargo run for MCP servers: build, fingerprint, supervise and hot-swap with execution epochs.
     #[command(name = "mcp-dev", version, after_long_help = after_help())]
     McpDev(McpDev),
 }
