@@ -191,6 +191,48 @@ pub fn start(
     Ok(SourceWatcher { _watcher: watcher })
 }
 
+type BatchHandler = std::sync::Arc<dyn Fn(Vec<PathBuf>) + Send + Sync>;
+
+/// A watcher that follows the project: after each build the plan is recomputed (a new path
+/// dependency, a new top-level source directory) and the watcher replaced when it moved.
+pub struct Rewatcher {
+    debounce: Duration,
+    on_batch: BatchHandler,
+    current: std::sync::Mutex<Option<(Vec<(PathBuf, bool)>, SourceWatcher)>>,
+}
+
+impl Rewatcher {
+    pub fn new(
+        debounce: Duration,
+        on_batch: impl Fn(Vec<PathBuf>) + Send + Sync + 'static,
+    ) -> Rewatcher {
+        Rewatcher {
+            debounce,
+            on_batch: std::sync::Arc::new(on_batch),
+            current: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Watches what `target` is built from; returns `Ok(true)` when the watched set changed.
+    pub fn follow(&self, target: &ServerTarget) -> Result<bool, String> {
+        let plan = WatchPlan::for_target(target)
+            .map_err(|e| format!("[package.metadata.mcp-dev] ignore: {e}"))?;
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if current
+            .as_ref()
+            .is_some_and(|(roots, _)| *roots == plan.roots)
+        {
+            return Ok(false);
+        }
+        let roots = plan.roots.clone();
+        let handler = self.on_batch.clone();
+        let watcher =
+            start(plan, self.debounce, move |batch| handler(batch)).map_err(|e| e.to_string())?;
+        *current = Some((roots, watcher));
+        Ok(true)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

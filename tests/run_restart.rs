@@ -516,3 +516,59 @@ fn a_crash_loop_is_reported_instead_of_spun() {
     assert_eq!(p["error"], json!("identity_pending"), "{p}");
     s.finish();
 }
+
+#[test]
+fn a_path_dependency_added_while_running_is_watched_from_then_on() {
+    let mut s = Setup::new().arg("--no-gating").start();
+    s.ready_legacy();
+    let root = s.project.root.clone();
+    // A new crate in a new top-level directory, not watched when the session started.
+    std::fs::create_dir_all(root.join("extra-dep/src")).unwrap();
+    std::fs::write(
+        root.join("extra-dep/Cargo.toml"),
+        "[package]\nname = \"extra-dep\"\nversion = \"0.1.0\"\nedition = \"2021\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("extra-dep/src/lib.rs"),
+        "pub fn extra() -> u32 { 1 }\n",
+    )
+    .unwrap();
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    std::fs::write(
+        root.join("Cargo.toml"),
+        manifest.replace(
+            "fake-core = { path = \"fake-core\" }",
+            "fake-core = { path = \"fake-core\" }\nextra-dep = { path = \"extra-dep\" }",
+        ),
+    )
+    .unwrap();
+    let line = s.wait_stderr_matching("build with the new dependency", |l| {
+        l.starts_with("build complete:") && l.contains("dependency tree")
+    });
+    assert!(line.contains("changed"), "{line}");
+    // Let follow-up builds (cargo rewrote Cargo.lock) settle, then edit only the new crate.
+    std::thread::sleep(Duration::from_secs(3));
+    let builds = s.count_stderr("build complete:");
+    std::fs::write(
+        root.join("extra-dep/src/lib.rs"),
+        "pub fn extra() -> u32 { 2 }\n",
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while s.count_stderr("build complete:") == builds {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "editing the new path dependency triggered no build: its directory is not watched"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let last = s
+        .stderr_lines()
+        .into_iter()
+        .filter(|l| l.starts_with("build complete:"))
+        .last()
+        .unwrap();
+    assert!(last.contains("dependency tree"), "{last}");
+    s.finish();
+}

@@ -77,6 +77,7 @@ struct Shell {
     label: String,
     sink: StatusSink,
     build_lock: PathBuf,
+    watcher: Option<Arc<watch::Rewatcher>>,
 }
 
 impl Io for Shell {
@@ -96,10 +97,22 @@ impl Io for Shell {
         let args = self.server_args.clone();
         let lock = self.build_lock.clone();
         let sink = self.sink.clone();
+        let watcher = self.watcher.clone();
         let _ = std::thread::Builder::new()
             .name("build".into())
             .spawn(move || {
                 let result = build_once(&prep, &args, &lock, &sink);
+                // A manifest edit can add a path dependency or a source directory: follow it.
+                if let Some(w) = &watcher {
+                    let target = prep
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .target
+                        .clone();
+                    if let Ok(true) = w.follow(&target) {
+                        status::verbose_line("watching an updated set of source directories");
+                    }
+                }
                 let _ = events.send(Event::BuildFinished(Box::new(result)));
             });
     }
@@ -413,23 +426,19 @@ pub fn execute(args: RunArgs) -> CmdResult {
             None
         }
     };
-    let _watcher = if args.no_watch {
+    let watcher = if args.no_watch {
         None
     } else {
-        let plan = watch::WatchPlan::for_target(t)
-            .map_err(|e| Failure::error(format!("[package.metadata.mcp-dev] ignore: {e}")))?;
         let tx = events_tx.clone();
-        match watch::start(plan, debounce, move |batch| {
+        let w = Arc::new(watch::Rewatcher::new(debounce, move |batch| {
             let _ = tx.send(Event::SourcesChanged(batch));
-        }) {
-            Ok(w) => Some(w),
-            Err(e) => {
-                sink.emit(&format!(
-                    "warning: cannot watch sources ({e}); rebuild with `cargo mcp-dev restart`"
-                ));
-                None
-            }
+        }));
+        if let Err(e) = w.follow(t) {
+            sink.emit(&format!(
+                "warning: cannot watch sources ({e}); rebuild with `cargo mcp-dev restart`"
+            ));
         }
+        Some(w)
     };
 
     let cfg = SessionConfig {
@@ -453,6 +462,7 @@ pub fn execute(args: RunArgs) -> CmdResult {
         label: label.clone(),
         sink: sink.clone(),
         build_lock: layout.build_lock(),
+        watcher,
     };
     sink.emit(&format!(
         "session started: {label} (restart mode {}, gating {}, audit {}, control {})",
