@@ -193,12 +193,15 @@ pub fn start(
 
 type BatchHandler = std::sync::Arc<dyn Fn(Vec<PathBuf>) + Send + Sync>;
 
+/// The roots a live watcher covers, and the watcher.
+type Watching = (Vec<(PathBuf, bool)>, SourceWatcher);
+
 /// A watcher that follows the project: after each build the plan is recomputed (a new path
 /// dependency, a new top-level source directory) and the watcher replaced when it moved.
 pub struct Rewatcher {
     debounce: Duration,
     on_batch: BatchHandler,
-    current: std::sync::Mutex<Option<(Vec<(PathBuf, bool)>, SourceWatcher)>>,
+    current: std::sync::Mutex<Option<Watching>>,
 }
 
 impl Rewatcher {
