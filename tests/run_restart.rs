@@ -566,8 +566,7 @@ fn a_path_dependency_added_while_running_is_watched_from_then_on() {
     let last = s
         .stderr_lines()
         .into_iter()
-        .filter(|l| l.starts_with("build complete:"))
-        .last()
+        .rfind(|l| l.starts_with("build complete:"))
         .unwrap();
     assert!(last.contains("dependency tree"), "{last}");
     s.finish();
