@@ -222,6 +222,12 @@ pub struct RunArgs {
     /// Gate no tool (recorded in the status line and the audit log).
     #[arg(long)]
     pub no_gating: bool,
+    /// Exempt this tool from approval, on top of `exempt` in the config (repeatable).
+    #[arg(long = "exempt", value_name = "TOOL", conflicts_with = "no_gating")]
+    pub exempt: Vec<String>,
+    /// Require a decision for every call of this tool, on top of `per-call` (repeatable).
+    #[arg(long = "per-call", value_name = "TOOL", conflicts_with = "no_gating")]
+    pub per_call: Vec<String>,
     /// Audit log path (default: target/mcp-dev/audit/<label>.jsonl).
     #[arg(long, value_name = "PATH")]
     pub audit_log: Option<PathBuf>,

@@ -381,7 +381,12 @@ pub fn execute(args: RunArgs) -> CmdResult {
         .unwrap_or(watch::DEFAULT_DEBOUNCE);
     let gating_off = args.no_gating
         || matches!(&t.config.config.gate, Some(GateSetting::Keyword(k)) if k == "off");
-    let policy = policy_from(&t.config, args.no_gating);
+    let mut policy = policy_from(&t.config, args.no_gating);
+    // Flags add to the configuration; they never narrow what it gates per call.
+    if let Gating::All { exempt } = &mut policy.gating {
+        exempt.extend(args.exempt.iter().cloned());
+    }
+    policy.per_call_tools.extend(args.per_call.iter().cloned());
     let audit_path = args
         .audit_log
         .clone()
@@ -588,4 +593,45 @@ fn spawn_parent_watch(events: Sender<Event>) {
                 }
             }
         });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn loaded(v: serde_json::Value) -> LoadedConfig {
+        LoadedConfig::from_package_metadata(&json!({ "mcp-dev": v })).unwrap()
+    }
+
+    #[test]
+    fn policy_follows_the_configuration() {
+        let p = policy_from(&loaded(json!({})), false);
+        assert!(p.is_gated("anything"), "default: every tool is gated");
+        let p = policy_from(&loaded(json!({"exempt": ["list_items"]})), false);
+        assert!(!p.is_gated("list_items") && p.is_gated("write_item"));
+        let p = policy_from(&loaded(json!({"gate": ["write_item"]})), false);
+        assert!(p.is_gated("write_item") && !p.is_gated("list_items"));
+        let p = policy_from(&loaded(json!({"gate": "off"})), false);
+        assert!(!p.is_gated("write_item"));
+        let p = policy_from(&loaded(json!({"exempt": ["list_items"]})), true);
+        assert!(!p.is_gated("write_item"), "--no-gating wins");
+        let p = policy_from(
+            &loaded(json!({"approval": "per-epoch", "per-call": ["delete"],
+                "credential-scopes": {"api": {"env": ["TOKEN"], "tools": ["write_item"]}}})),
+            false,
+        );
+        assert_eq!(p.mode_for("delete"), ApprovalMode::PerCall);
+        assert_eq!(p.mode_for("write_item"), ApprovalMode::PerEpoch);
+        assert_eq!(
+            p.scopes_for("write_item").into_iter().collect::<Vec<_>>(),
+            vec!["api".to_string()]
+        );
+        let p = policy_from(&loaded(json!({"approval": "per-call"})), false);
+        assert_eq!(
+            p.mode_for("x"),
+            ApprovalMode::PerCall,
+            "the stricter mode wins"
+        );
+    }
 }
