@@ -157,6 +157,35 @@ impl Message {
     }
 }
 
+/// The tool name and the raw arguments of a `tools/call`, read without building a JSON tree
+/// (this runs for every call).
+pub fn call_target(params: Option<&RawValue>) -> (String, Option<&RawValue>) {
+    #[derive(serde::Deserialize)]
+    struct CallParams<'a> {
+        #[serde(default)]
+        name: String,
+        #[serde(borrow, default)]
+        arguments: Option<&'a RawValue>,
+    }
+    match params.and_then(|p| serde_json::from_str::<CallParams<'_>>(p.get()).ok()) {
+        Some(c) => (c.name, c.arguments),
+        None => (String::new(), None),
+    }
+}
+
+/// Whether a `tools/call` result says `isError: true` (other fields are skipped, not built).
+pub fn result_is_error(result: Option<&RawValue>) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Outcome {
+        #[serde(rename = "isError", default)]
+        is_error: Option<bool>,
+    }
+    result
+        .and_then(|r| serde_json::from_str::<Outcome>(r.get()).ok())
+        .and_then(|o| o.is_error)
+        .unwrap_or(false)
+}
+
 /// A raw value from a JSON value.
 pub fn raw(v: &Value) -> Box<RawValue> {
     RawValue::from_string(v.to_string()).expect("a Value is valid JSON")
@@ -283,6 +312,19 @@ mod tests {
                 .code(),
             -32600
         );
+    }
+
+    #[test]
+    fn call_target_and_error_flag_without_a_tree() {
+        let m = Message::parse(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{"b":[1,{"c":2}]},"name":"write_item","_meta":{"progressToken":3}}}"#).unwrap();
+        let (name, args) = call_target(m.params());
+        assert_eq!(name, "write_item");
+        assert_eq!(args.unwrap().get(), r#"{"b":[1,{"c":2}]}"#);
+        assert_eq!(call_target(None).0, "");
+        let r = Message::parse(br#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"x"}],"isError":true}}"#).unwrap();
+        assert!(result_is_error(r.result()));
+        let r = Message::parse(br#"{"jsonrpc":"2.0","id":1,"result":{"content":[]}}"#).unwrap();
+        assert!(!result_is_error(r.result()));
     }
 
     #[test]

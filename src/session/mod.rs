@@ -1154,12 +1154,10 @@ impl<I: Io> Session<I> {
 
     fn on_host_call(&mut self, mut msg: Message) {
         let host_id = msg.id().expect("request").to_owned();
-        let params = msg.params_value();
-        let tool = params
-            .get("name")
-            .and_then(|n| n.as_str())
-            .unwrap_or("")
-            .to_string();
+        let (tool, arguments) = envelope::call_target(msg.params());
+        // Digest of the arguments exactly as the host sent them (never their values).
+        let args_digest =
+            hashing::sha256_bytes(arguments.map(|a| a.get()).unwrap_or("null").as_bytes());
         let call_id = host_id.get().to_string();
         let epoch_now = self.current_epoch().map(str::to_string);
         match self.gate.decide_call(&tool, now_ms()) {
@@ -1188,8 +1186,6 @@ impl<I: Io> Session<I> {
                     Some(c) if !c.stopping => c.epoch.clone(),
                     _ => return, // unreachable: the gate says identity_pending without a child
                 };
-                let args_digest =
-                    hashing::sha256_json(params.get("arguments").unwrap_or(&Value::Null));
                 // Written and flushed before forwarding; a call that cannot be audited is refused.
                 if let Err(e) = self.audit_required(audit::TOOL_CALLED, Some(&epoch), json!({
                     "callId": call_id, "tool": tool, "grant": grant_id, "credentialScopes": credential_scopes,
@@ -1531,12 +1527,7 @@ impl<I: Io> Session<I> {
                     self.listens.retain(|l| l.host_id.get() != host_id.get());
                 }
                 if let Some(call) = call {
-                    let result = msg.result_value();
-                    let is_error = msg.is_error()
-                        || result
-                            .get("isError")
-                            .and_then(|v| v.as_bool())
-                            .unwrap_or(false);
+                    let is_error = msg.is_error() || envelope::result_is_error(msg.result());
                     self.audit_record(
                         audit::TOOL_RESULT,
                         Some(epoch),
