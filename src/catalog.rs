@@ -120,7 +120,7 @@ impl Catalog {
             buf.push('}');
         }
         buf.push(']');
-        let digest = format!("sha256:{}", hex::encode(Sha256::digest(buf.as_bytes())));
+        let digest = crate::hashing::prefixed(&Sha256::digest(buf.as_bytes()));
         Ok(Catalog {
             tools,
             by_name,

@@ -12,6 +12,19 @@ use sha2::{Digest, Sha256};
 /// of a helper thread when boxed.
 pub const BUF_SIZE: usize = 1 << 20;
 
+/// Lowercase hex of bytes, table-driven (the `hex` crate's encoder goes char by char, which
+/// showed up in profiles of the per-call audit path).
+pub fn hex_lower(bytes: impl AsRef<[u8]>) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let bytes = bytes.as_ref();
+    let mut out = Vec::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(DIGITS[(b >> 4) as usize]);
+        out.push(DIGITS[(b & 0x0f) as usize]);
+    }
+    String::from_utf8(out).expect("hex digits are ASCII")
+}
+
 /// `sha256:<hex>` of a byte slice.
 pub fn sha256_bytes(bytes: &[u8]) -> String {
     prefixed(&Sha256::digest(bytes))
@@ -19,11 +32,14 @@ pub fn sha256_bytes(bytes: &[u8]) -> String {
 
 /// Bare hex of a byte slice.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
+    hex_lower(Sha256::digest(bytes))
 }
 
 pub fn prefixed(raw: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(raw))
+    let mut out = String::with_capacity(7 + raw.len() * 2);
+    out.push_str("sha256:");
+    out.push_str(&hex_lower(raw));
+    out
 }
 
 /// Short form for status lines: `sha256:9e4c1b2d…`.
@@ -118,6 +134,13 @@ mod tests {
         assert_eq!(sha256_json(&a), sha256_json(&b));
         let c: serde_json::Value = serde_json::from_str(r#"{"a":1,"b":[2,1]}"#).unwrap();
         assert_ne!(sha256_json(&a), sha256_json(&c));
+    }
+
+    #[test]
+    fn hex_matches_the_hex_crate() {
+        let bytes: Vec<u8> = (0..=255).collect();
+        assert_eq!(hex_lower(&bytes), hex::encode(&bytes));
+        assert_eq!(hex_lower([]), "");
     }
 
     #[test]

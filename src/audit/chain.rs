@@ -148,7 +148,9 @@ impl Record {
 
     /// The hash this record should carry: hex SHA-256 of [`Record::canonical_body`].
     pub fn compute_hash(&self) -> Result<String, ChainError> {
-        Ok(hex::encode(Sha256::digest(self.canonical_body()?)))
+        Ok(crate::hashing::hex_lower(Sha256::digest(
+            self.canonical_body()?,
+        )))
     }
 
     /// Sets `hash` and `mac` from the other fields.
@@ -161,10 +163,10 @@ impl Record {
         let mut data = Vec::with_capacity(256);
         canonical_json(&self.data, &mut data)?;
         let digest = Sha256::digest(self.body_with_data(&data));
-        self.hash = hex::encode(digest);
+        self.hash = crate::hashing::hex_lower(digest);
         let mut mac = key.hmac();
         mac.update(&digest);
-        self.mac = hex::encode(mac.finalize().into_bytes());
+        self.mac = crate::hashing::hex_lower(mac.finalize().into_bytes());
         Ok(self.line_with_data(&data))
     }
 
@@ -228,7 +230,7 @@ pub fn record_mac(key: &AuditKey, hash_hex: &str) -> Result<String, ChainError> 
     let digest = decode_digest("hash", hash_hex)?;
     let mut mac = key.hmac();
     mac.update(&digest);
-    Ok(hex::encode(mac.finalize().into_bytes()))
+    Ok(crate::hashing::hex_lower(mac.finalize().into_bytes()))
 }
 
 /// Checks a record MAC in constant time. Malformed hex in either field is an error.
@@ -248,7 +250,7 @@ pub fn verify_record_mac(
 pub fn anchor_mac(key: &AuditKey, seq: u64, hash_hex: &str) -> String {
     let mut mac = key.hmac();
     mac.update(format!("{seq}:{hash_hex}").as_bytes());
-    hex::encode(mac.finalize().into_bytes())
+    crate::hashing::hex_lower(mac.finalize().into_bytes())
 }
 
 /// Checks an anchor MAC in constant time.
