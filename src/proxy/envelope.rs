@@ -173,6 +173,18 @@ pub fn call_target(params: Option<&RawValue>) -> (String, Option<&RawValue>) {
     }
 }
 
+/// The `_meta` object of a message's params, parsed alone (the rest is skipped, not built).
+pub fn params_meta(params: Option<&RawValue>) -> Option<Value> {
+    #[derive(serde::Deserialize)]
+    struct WithMeta {
+        #[serde(rename = "_meta", default)]
+        meta: Option<Value>,
+    }
+    params
+        .and_then(|p| serde_json::from_str::<WithMeta>(p.get()).ok())
+        .and_then(|w| w.meta)
+}
+
 /// Whether a `tools/call` result says `isError: true` (other fields are skipped, not built).
 pub fn result_is_error(result: Option<&RawValue>) -> bool {
     #[derive(serde::Deserialize)]
@@ -321,6 +333,7 @@ mod tests {
         assert_eq!(name, "write_item");
         assert_eq!(args.unwrap().get(), r#"{"b":[1,{"c":2}]}"#);
         assert_eq!(call_target(None).0, "");
+        assert_eq!(params_meta(m.params()), Some(json!({"progressToken": 3})));
         let r = Message::parse(br#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"x"}],"isError":true}}"#).unwrap();
         assert!(result_is_error(r.result()));
         let r = Message::parse(br#"{"jsonrpc":"2.0","id":1,"result":{"content":[]}}"#).unwrap();

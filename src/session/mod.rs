@@ -1034,8 +1034,11 @@ impl<I: Io> Session<I> {
     }
 
     fn note_era(&mut self, msg: &Message) {
-        let params = msg.params_value();
-        if let Some(meta) = protocol::modern_meta(&params) {
+        // Runs for every request: only `_meta` is parsed.
+        let Some(meta) = envelope::params_meta(msg.params()) else {
+            return;
+        };
+        if let Some(meta) = protocol::modern_meta_of(&meta) {
             if self.era.is_none() {
                 self.era = Some(Era::Modern);
             }
@@ -1256,11 +1259,6 @@ impl<I: Io> Session<I> {
                     result["protocolVersion"].as_str().unwrap_or("?")
                 ));
                 self.io.to_host(envelope::result_line(&host_id, &result));
-                if let Some(c) = &self.child
-                    && c.phase == ChildPhase::Ready
-                {
-                    // Re-initialize on a live child: nothing to replay; it already knows the host.
-                }
             }
         }
     }
@@ -1605,7 +1603,6 @@ impl<I: Io> Session<I> {
         modern: bool,
     ) {
         if msg.is_error() {
-            let err = msg.result_value();
             self.io.status(&format!(
                 "server refused the handshake: {}",
                 String::from_utf8_lossy(&msg.to_line()).trim()
@@ -1615,7 +1612,6 @@ impl<I: Io> Session<I> {
                 m.set_id(h);
                 self.io.to_host(m.to_line());
             }
-            let _ = err;
             return;
         }
         let mut result = msg.result_value();

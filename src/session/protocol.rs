@@ -33,7 +33,11 @@ impl Era {
 
 /// The modern `_meta` of a request's params, if it carries a protocol version.
 pub fn modern_meta(params: &Value) -> Option<Value> {
-    let meta = params.get("_meta")?;
+    modern_meta_of(params.get("_meta")?)
+}
+
+/// The same from the `_meta` object itself.
+pub fn modern_meta_of(meta: &Value) -> Option<Value> {
     meta.get(PROTOCOL_VERSION)?;
     let mut kept = serde_json::Map::new();
     for k in [PROTOCOL_VERSION, CLIENT_CAPABILITIES, CLIENT_INFO] {
