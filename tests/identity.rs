@@ -557,11 +557,7 @@ fn check_with_missing_wrapper_is_103() {
     let run = p.run(["check"]);
     run.expect_code(103);
     assert_only_check_sentence(&run, "wrapper-missing");
-    assert!(
-        run.stderr.contains("configured wrapper `scripts/serve.sh`"),
-        "{}",
-        run.stderr
-    );
+    run.assert_stderr_has("configured wrapper `scripts/serve.sh`");
 }
 
 #[test]
@@ -584,15 +580,11 @@ fn check_expect_names_the_differing_components_with_104() {
     assert_only_check_sentence(&run, "differs");
     let old = parse_json(&std::fs::read_to_string(&expected).unwrap());
     let new = identity_digest(&p, "dev");
-    assert!(
-        run.stderr.contains(&format!(
-            "identity differs from the expected record ({} -> {}): executable",
-            short(old["identityDigest"].as_str().unwrap()),
-            short(&new)
-        )),
-        "{}",
-        run.stderr
-    );
+    run.assert_stderr_has(format!(
+        "identity differs from the expected record ({} -> {}): executable",
+        short(old["identityDigest"].as_str().unwrap()),
+        short(&new)
+    ));
 }
 
 #[test]
@@ -606,11 +598,7 @@ fn check_with_build_failure_is_101() {
     let run = p.run(["check"]);
     run.expect_code(101);
     assert_only_check_sentence(&run, "build-failed");
-    assert!(
-        run.stderr.contains("build failed: 1 error in src/main.rs"),
-        "{}",
-        run.stderr
-    );
+    run.assert_stderr_has("build failed: 1 error in src/main.rs");
 }
 
 #[test]
@@ -734,13 +722,7 @@ fn library_only_package_is_refused() {
     let p = Project::copy_of("lib-only");
     let run = p.build(&[]);
     run.expect_code(1);
-    assert!(
-        run.stderr.contains(
-            "package `lib-only` is a library-only package: an MCP server over stdio needs a binary target"
-        ),
-        "{}",
-        run.stderr
-    );
+    run.assert_stderr_has("package `lib-only` is a library-only package: an MCP server over stdio needs a binary target");
     assert!(!p.path("target").exists(), "nothing was built");
 }
 
@@ -820,14 +802,10 @@ fn bad_manifest_paths_are_reported() {
         missing.as_os_str(),
     ]);
     run.expect_code(102);
-    assert!(
-        run.stderr.contains(&format!(
-            "manifest path `{}` does not exist",
-            missing.display()
-        )),
-        "{}",
-        run.stderr
-    );
+    run.assert_stderr_has(format!(
+        "manifest path `{}` does not exist",
+        missing.display()
+    ));
 
     let not_a_manifest = p.path("src");
     let run = p.run([
@@ -852,11 +830,7 @@ fn bad_manifest_paths_are_reported() {
         broken.as_os_str(),
     ]);
     run.expect_code(102);
-    assert!(
-        run.stderr.contains("cargo metadata failed"),
-        "{}",
-        run.stderr
-    );
+    run.assert_stderr_has("cargo metadata failed");
 }
 
 // ---------------------------------------------------------------- output formats and spellings
@@ -984,11 +958,7 @@ fn identity_diff_of_a_non_record_is_an_error() {
         junk.as_os_str(),
     ]);
     assert_ne!(run.code, 0);
-    assert!(
-        run.stderr.contains("is not an identity record"),
-        "{}",
-        run.stderr
-    );
+    run.assert_stderr_has("is not an identity record");
 }
 
 #[test]

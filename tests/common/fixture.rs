@@ -73,6 +73,17 @@ impl Run {
         }
     }
 
+    /// Fails the test (showing all of stderr) unless stderr contains `needle`.
+    #[track_caller]
+    pub fn assert_stderr_has(&self, needle: impl AsRef<str>) {
+        let needle = needle.as_ref();
+        assert!(
+            self.stderr.contains(needle),
+            "stderr lacks `{needle}`:\n{}",
+            self.stderr
+        );
+    }
+
     /// Panics with the whole output unless the exit code is `code`.
     #[track_caller]
     pub fn expect_code(&self, code: i32) -> &Run {
