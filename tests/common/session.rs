@@ -705,6 +705,18 @@ impl Session {
         }
     }
 
+    /// The supervisor closed the connection on its own: stdout reaches EOF, it exits 107
+    /// (`CONNECTION_CLOSED`) and leaves nothing running.
+    #[track_caller]
+    pub fn expect_connection_closed(mut self) {
+        self.expect_stdout_eof();
+        let status = self
+            .wait_exit(Duration::from_secs(5))
+            .expect("supervisor exits");
+        assert_eq!(status.code(), Some(107));
+        self.check_clean();
+    }
+
     /// Closes stdin and expects a clean exit with `code` within 5 s, no non-JSON on stdout and
     /// no surviving fake-server process.
     #[track_caller]
