@@ -32,11 +32,6 @@ impl Prepared {
     /// Finds cargo and rustc and resolves the package (from the metadata cache when current).
     pub fn new(args: &CargoArgs) -> Result<Prepared, Failure> {
         let cargo = workspace::find_cargo()?;
-        // Our own digest (the launcher component) is needed only after the build: compute it
-        // meanwhile instead of on the critical path.
-        let _ = std::thread::Builder::new()
-            .name("launcher-digest".into())
-            .spawn(crate::capture::launcher);
         let rustc = workspace::rustc_facts(&workspace::find_rustc(&cargo))?;
         let target = workspace::resolve(&cargo, &rustc.host, args)?;
         for key in &target.config.unknown_keys {
@@ -161,6 +156,11 @@ pub fn run_cycle(
     relay_stderr: bool,
 ) -> Result<CycleOutcome, Failure> {
     let previous = prep.last_identity();
+    // Our own digest (the launcher component) is needed only after the build: compute it while
+    // cargo runs instead of on the critical path.
+    let _ = std::thread::Builder::new()
+        .name("launcher-digest".into())
+        .spawn(crate::capture::launcher);
     match build::run_build(&prep.request(relay_stderr))? {
         BuildOutcome::Failed {
             errors,

@@ -50,8 +50,4 @@ impl Layout {
     pub fn build_lock(&self) -> PathBuf {
         self.root.join("build.lock")
     }
-    /// Cache of resolved cargo metadata keyed on manifest and lockfile digests.
-    pub fn metadata_cache_dir(&self) -> PathBuf {
-        self.root.join("cache")
-    }
 }

@@ -45,14 +45,6 @@ pub fn signal_process(pid: u32, sig: Sig) {
     }
 }
 
-/// True while a process with this pid exists (used by tests and the orphan checks).
-pub fn process_alive(pid: u32) -> bool {
-    match Pid::from_raw(pid as i32) {
-        Some(p) => rustix::process::test_kill_process(p).is_ok(),
-        None => false,
-    }
-}
-
 pub fn exit_info(status: ExitStatus) -> ExitInfo {
     ExitInfo {
         code: status.code(),
