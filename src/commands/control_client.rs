@@ -15,7 +15,9 @@ pub fn locate(args: &ControlArgs) -> Result<(PathBuf, String), Failure> {
     if let Some(s) = &args.socket {
         return Ok((
             s.clone(),
-            args.label.clone().unwrap_or_else(|| "server".into()),
+            args.label
+                .clone()
+                .unwrap_or_else(|| s.display().to_string()),
         ));
     }
     let cargo = CargoArgs {
