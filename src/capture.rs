@@ -29,6 +29,8 @@ pub enum CaptureProblem {
     EnvUnset(String),
     ExtraInputMissing(String),
     WrapperMissing(String),
+    /// No longer produced: an unknown key is an error when the configuration is read (kept
+    /// while `session` still names it).
     UnknownConfigKeys(Vec<String>),
     UnpinnedGit(Vec<String>),
 }
@@ -199,12 +201,6 @@ pub fn capture(
     argv.push(store_path.clone());
     argv.extend(ctx.server_args.iter().cloned());
 
-    if !t.config.unknown_keys.is_empty() {
-        problems.push(CaptureProblem::UnknownConfigKeys(
-            t.config.unknown_keys.clone(),
-        ));
-    }
-
     let a = ctx.args;
     let mut features = Vec::new();
     if !a.features.is_empty() {
@@ -256,7 +252,8 @@ pub fn capture(
             features,
         },
         config: t.config.raw.clone(),
-        unknown_config_keys: t.config.unknown_keys.clone(),
+        // Unknown keys stop every command before capture (see `config`).
+        unknown_config_keys: Vec::new(),
         env,
         extra_inputs,
         wrapper,

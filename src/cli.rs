@@ -331,6 +331,9 @@ pub struct InitArgs {
     /// Path to Cargo.toml of the server package.
     #[arg(long, value_name = "PATH")]
     pub manifest_path: Option<PathBuf>,
+    /// Server binary target, for packages with several (written as `bin` in the config block).
+    #[arg(long, value_name = "NAME")]
+    pub bin: Option<String>,
     /// Overwrite files that already exist.
     #[arg(long)]
     pub force: bool,

@@ -1,6 +1,7 @@
 //! `[package.metadata.mcp-dev]`: the server's configuration, read from cargo metadata.
 //!
-//! Owns parsing and validation of the table (unknown keys are reported, not ignored). It does not
+//! Owns parsing and validation of the table (an unknown key or value is an error that suggests
+//! the closest known one, never ignored). It does not
 //! read files or env values named by the configuration; identity capture does that.
 //!
 //! ```toml
@@ -95,54 +96,257 @@ pub struct CredentialScopeConfig {
     pub tools: Vec<String>,
 }
 
-/// The parsed table plus what was wrong with it.
+/// The parsed table.
 #[derive(Debug, Clone, Default)]
 pub struct LoadedConfig {
     pub config: McpDevConfig,
-    /// Keys present but not understood (reported as warnings; `check` fails on them).
-    pub unknown_keys: Vec<String>,
     /// The raw table (hashed into identity as the `config` component).
     pub raw: Value,
 }
 
-#[derive(Debug, thiserror::Error, PartialEq)]
+/// What is wrong with `[package.metadata.mcp-dev]`. Every variant but `NotATable` carries the
+/// key path inside the table, so the caller can point at the manifest line ([`locate_line`]).
+#[derive(Debug, PartialEq)]
 pub enum ConfigError {
-    #[error("[package.metadata.mcp-dev] must be a table, found {0}")]
     NotATable(&'static str),
-    #[error("[package.metadata.mcp-dev]: {0}")]
-    Invalid(String),
+    /// A key nobody reads: a typo would otherwise silently do nothing.
+    UnknownKey {
+        path: Vec<String>,
+        suggestion: Option<String>,
+        known: Vec<String>,
+    },
+    /// A known key with a value outside its closed set.
+    UnknownValue {
+        path: Vec<String>,
+        value: String,
+        expected: Vec<String>,
+        suggestion: Option<String>,
+    },
+    /// A known key with a value of the wrong shape.
+    Invalid {
+        path: Vec<String>,
+        message: String,
+    },
+}
+
+impl std::error::Error for ConfigError {}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.render(None))
+    }
+}
+
+impl ConfigError {
+    /// The key path inside `[package.metadata.mcp-dev]` the error is about (empty: the table).
+    pub fn path(&self) -> &[String] {
+        match self {
+            ConfigError::NotATable(_) => &[],
+            ConfigError::UnknownKey { path, .. }
+            | ConfigError::UnknownValue { path, .. }
+            | ConfigError::Invalid { path, .. } => path,
+        }
+    }
+
+    /// One sentence; `location` (`/path/Cargo.toml:12`) is placed right after the table name.
+    pub fn render(&self, location: Option<&str>) -> String {
+        let at = location.map(|l| format!(" at {l}")).unwrap_or_default();
+        match self {
+            ConfigError::NotATable(kind) => {
+                format!("[package.metadata.mcp-dev]{at} must be a table, found {kind}")
+            }
+            ConfigError::UnknownKey {
+                path,
+                suggestion,
+                known,
+            } => {
+                let (table, key) = split_path(path);
+                let hint = match suggestion {
+                    Some(s) => format!("did you mean `{s}`?"),
+                    None => format!("known keys: {}", known.join(", ")),
+                };
+                format!("unknown key `{key}` in {table}{at}: {hint}")
+            }
+            ConfigError::UnknownValue {
+                path,
+                value,
+                expected,
+                suggestion,
+            } => {
+                let (table, key) = split_path(path);
+                let expected = one_of(expected);
+                let hint = match suggestion {
+                    Some(s) => format!("did you mean \"{s}\"? (expected {expected})"),
+                    None => format!("expected {expected}"),
+                };
+                format!("unknown value {key} = \"{value}\" in {table}{at}: {hint}")
+            }
+            ConfigError::Invalid { path, message } => {
+                let (table, key) = split_path(path);
+                if key.is_empty() {
+                    format!("{table}{at}: {message}")
+                } else {
+                    format!("`{key}` in {table}{at}: {message}")
+                }
+            }
+        }
+    }
+}
+
+/// `([package.metadata.mcp-dev.credential-scopes.s], tools)` from `[credential-scopes, s, tools]`.
+fn split_path(path: &[String]) -> (String, String) {
+    match path.split_last() {
+        Some((key, parents)) => {
+            let mut table = String::from("[package.metadata.mcp-dev");
+            for p in parents {
+                table.push('.');
+                table.push_str(p);
+            }
+            table.push(']');
+            (table, key.clone())
+        }
+        None => ("[package.metadata.mcp-dev]".into(), String::new()),
+    }
+}
+
+/// `"a", "b" or "c"`.
+fn one_of(options: &[String]) -> String {
+    let quoted: Vec<String> = options.iter().map(|o| format!("\"{o}\"")).collect();
+    match quoted.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
+/// The closest of `options` to `input`, if one is close enough to be a likely typo
+/// (`debounce_ms` → `debounce-ms`, `supervize` → `supervise`).
+pub fn closest<'a>(input: &str, options: &[&'a str]) -> Option<&'a str> {
+    let norm = |s: &str| s.to_ascii_lowercase().replace('_', "-");
+    let input = norm(input);
+    options
+        .iter()
+        .map(|o| (edit_distance(&input, &norm(o)), *o))
+        .filter(|(d, o)| *d <= (o.len() / 3).max(1))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, o)| o)
+}
+
+/// Levenshtein distance over chars.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let cost = usize::from(ca != *cb);
+            cur.push((prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// The 1-based line of `key_path` inside `[package.metadata.mcp-dev]` in a manifest's text
+/// (wherever TOML put it: a table header, dotted keys or an inline table).
+pub fn locate_line(manifest_text: &str, key_path: &[String]) -> Option<usize> {
+    let doc = toml::de::DeTable::parse(manifest_text).ok()?;
+    let mut table = doc.get_ref();
+    let mut span = None;
+    let full: Vec<&str> = ["package", "metadata", "mcp-dev"]
+        .into_iter()
+        .chain(key_path.iter().map(String::as_str))
+        .collect();
+    for (i, name) in full.iter().enumerate() {
+        let (key, value) = table.iter().find(|(k, _)| k.get_ref().as_ref() == *name)?;
+        span = Some(key.span());
+        if i + 1 < full.len() {
+            match value.get_ref() {
+                toml::de::DeValue::Table(t) => table = t,
+                _ => break,
+            }
+        }
+    }
+    let start = span?.start;
+    Some(
+        manifest_text[..start.min(manifest_text.len())]
+            .matches('\n')
+            .count()
+            + 1,
+    )
+}
+
+const CREDENTIAL_SCOPE_KEYS: &[&str] = &["env", "tools"];
+const RESTART_VALUES: &[&str] = &["supervise", "disconnect", "manual"];
+const APPROVAL_VALUES: &[&str] = &["per-epoch", "per-call"];
+const GATE_KEYWORDS: &[&str] = &["all", "off"];
+
+fn path_of(parts: &[&str]) -> Vec<String> {
+    parts.iter().map(|p| p.to_string()).collect()
+}
+
+fn unknown_key(parts: &[&str], known: &[&str]) -> ConfigError {
+    let key = parts.last().copied().unwrap_or_default();
+    ConfigError::UnknownKey {
+        path: path_of(parts),
+        suggestion: closest(key, known).map(str::to_string),
+        known: known.iter().map(|k| k.to_string()).collect(),
+    }
+}
+
+fn check_value(key: &str, value: &str, expected: &[&str]) -> Result<(), ConfigError> {
+    if expected.contains(&value) {
+        return Ok(());
+    }
+    Err(ConfigError::UnknownValue {
+        path: vec![key.to_string()],
+        value: value.to_string(),
+        expected: expected.iter().map(|e| e.to_string()).collect(),
+        suggestion: closest(value, expected).map(str::to_string),
+    })
 }
 
 impl LoadedConfig {
     /// Parses `package.metadata` as cargo metadata reports it (the whole `metadata` value).
+    /// Unknown keys and unknown values of known keys are errors, each with the closest known
+    /// spelling when there is one.
     pub fn from_package_metadata(metadata: &Value) -> Result<LoadedConfig, ConfigError> {
         let table = match metadata.get("mcp-dev") {
             None | Some(Value::Null) => return Ok(LoadedConfig::default()),
             Some(Value::Object(map)) => map,
             Some(other) => return Err(ConfigError::NotATable(json_kind(other))),
         };
-        let unknown_keys: Vec<String> = table
-            .keys()
-            .filter(|k| !KNOWN_KEYS.contains(&k.as_str()))
-            .cloned()
-            .collect();
-        let mut known = table.clone();
-        known.retain(|k, _| KNOWN_KEYS.contains(&k.as_str()));
+        if let Some(key) = table.keys().find(|k| !KNOWN_KEYS.contains(&k.as_str())) {
+            return Err(unknown_key(&[key], KNOWN_KEYS));
+        }
+        if let Some(Value::Object(scopes)) = table.get("credential-scopes") {
+            for (scope, body) in scopes {
+                if let Value::Object(body) = body
+                    && let Some(key) = body
+                        .keys()
+                        .find(|k| !CREDENTIAL_SCOPE_KEYS.contains(&k.as_str()))
+                {
+                    return Err(unknown_key(
+                        &["credential-scopes", scope, key],
+                        CREDENTIAL_SCOPE_KEYS,
+                    ));
+                }
+            }
+        }
         let config: McpDevConfig =
-            serde_json::from_value(Value::Object(known.clone())).map_err(|e| {
+            serde_json::from_value(Value::Object(table.clone())).map_err(|e| {
                 // Name the offending key: serde's message alone does not.
-                let key = known.iter().find(|(k, v)| {
+                let key = table.iter().find(|(k, v)| {
                     let one = serde_json::Map::from_iter([((*k).clone(), (*v).clone())]);
                     serde_json::from_value::<McpDevConfig>(Value::Object(one)).is_err()
                 });
-                match key {
-                    Some((k, _)) => ConfigError::Invalid(format!("`{k}`: {e}")),
-                    None => ConfigError::Invalid(e.to_string()),
+                ConfigError::Invalid {
+                    path: key.map(|(k, _)| vec![k.clone()]).unwrap_or_default(),
+                    message: e.to_string(),
                 }
             })?;
         let loaded = LoadedConfig {
             config,
-            unknown_keys,
             raw: Value::Object(table.clone()),
         };
         loaded.validate()?;
@@ -151,47 +355,53 @@ impl LoadedConfig {
 
     fn validate(&self) -> Result<(), ConfigError> {
         let c = &self.config;
+        let invalid = |path: &[&str], message: String| ConfigError::Invalid {
+            path: path_of(path),
+            message,
+        };
         if let Some(label) = &c.label
             && (label.is_empty()
                 || !label
                     .chars()
                     .all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch)))
         {
-            return Err(ConfigError::Invalid(format!(
-                "label `{label}` must be non-empty and use only letters, digits, `-`, `_` or `.`"
-            )));
+            return Err(invalid(
+                &["label"],
+                format!(
+                    "label `{label}` must be non-empty and use only letters, digits, `-`, `_` or `.`"
+                ),
+            ));
         }
         if let Some(r) = &c.restart {
-            parse_restart(r)?;
+            check_value("restart", r, RESTART_VALUES)?;
         }
-        if let Some(a) = &c.approval
-            && a != "per-epoch"
-            && a != "per-call"
-        {
-            return Err(ConfigError::Invalid(format!(
-                "approval = \"{a}\": expected \"per-epoch\" or \"per-call\""
-            )));
+        if let Some(a) = &c.approval {
+            check_value("approval", a, APPROVAL_VALUES)?;
         }
         if let Some(GateSetting::Keyword(k)) = &c.gate
-            && k != "all"
-            && k != "off"
+            && !GATE_KEYWORDS.contains(&k.as_str())
         {
-            return Err(ConfigError::Invalid(format!(
-                "gate = \"{k}\": expected \"all\", \"off\" or a list of tool names"
-            )));
+            return Err(ConfigError::UnknownValue {
+                path: vec!["gate".into()],
+                value: k.clone(),
+                expected: vec!["all".into(), "off".into(), "a list of tool names".into()],
+                suggestion: closest(k, GATE_KEYWORDS).map(str::to_string),
+            });
         }
         for name in &c.env {
             if name.is_empty() || name.contains('=') {
-                return Err(ConfigError::Invalid(format!(
-                    "env: `{name}` is not a variable name"
-                )));
+                return Err(invalid(
+                    &["env"],
+                    format!("`{name}` is not a variable name"),
+                ));
             }
         }
         for (scope, sc) in &c.credential_scopes {
             if sc.env.is_empty() {
-                return Err(ConfigError::Invalid(format!(
-                    "credential-scopes.{scope}: `env` must list the variables that carry it"
-                )));
+                return Err(invalid(
+                    &["credential-scopes", scope],
+                    "`env` must list the variables that carry it".into(),
+                ));
             }
         }
         Ok(())
@@ -219,9 +429,7 @@ fn parse_restart(r: &str) -> Result<RestartMode, ConfigError> {
         "supervise" => Ok(RestartMode::Supervise),
         "disconnect" => Ok(RestartMode::Disconnect),
         "manual" => Ok(RestartMode::Manual),
-        other => Err(ConfigError::Invalid(format!(
-            "restart = \"{other}\": expected \"supervise\", \"disconnect\" or \"manual\""
-        ))),
+        other => check_value("restart", other, RESTART_VALUES).map(|()| RestartMode::Supervise),
     }
 }
 
@@ -246,17 +454,16 @@ mod tests {
         let c = LoadedConfig::from_package_metadata(&json!(null)).unwrap();
         assert_eq!(c.config, McpDevConfig::default());
         let c = LoadedConfig::from_package_metadata(&json!({"other-tool": {}})).unwrap();
-        assert!(c.unknown_keys.is_empty());
+        assert_eq!(c.config, McpDevConfig::default());
     }
 
     #[test]
-    fn parses_full_table_and_reports_unknown_keys() {
+    fn parses_full_table() {
         let m = json!({"mcp-dev": {
             "label": "inventory", "bin": "inventory", "extra-inputs": ["data"],
             "env": ["MODE"], "wrapper": "scripts/serve.sh", "restart": "manual",
             "gate": ["write_item"], "per-call": ["delete"], "debounce-ms": 50,
-            "credential-scopes": {"staging": {"env": ["TOKEN"], "tools": ["write_item"]}},
-            "colour": "blue", "labl": "x"
+            "credential-scopes": {"staging": {"env": ["TOKEN"], "tools": ["write_item"]}}
         }});
         let c = LoadedConfig::from_package_metadata(&m).unwrap();
         assert_eq!(c.config.label.as_deref(), Some("inventory"));
@@ -266,44 +473,115 @@ mod tests {
         );
         assert_eq!(c.restart_mode(), Some(RestartMode::Manual));
         assert_eq!(
-            c.unknown_keys,
-            vec!["colour".to_string(), "labl".to_string()]
-        );
-        assert_eq!(
             c.credential_env_vars().into_iter().collect::<Vec<_>>(),
             vec!["TOKEN"]
         );
+    }
+
+    fn error_of(m: Value) -> String {
+        LoadedConfig::from_package_metadata(&m)
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn unknown_keys_are_errors_with_the_closest_known_key() {
+        for (table, expected) in [
+            (
+                json!({"debounce_ms": 50}),
+                "unknown key `debounce_ms` in [package.metadata.mcp-dev]: did you mean `debounce-ms`?",
+            ),
+            (
+                json!({"labl": "x"}),
+                "unknown key `labl` in [package.metadata.mcp-dev]: did you mean `label`?",
+            ),
+            (
+                json!({"extra_inputs": []}),
+                "unknown key `extra_inputs` in [package.metadata.mcp-dev]: did you mean `extra-inputs`?",
+            ),
+            (
+                json!({"credential-scopes": {"s": {"env": ["T"], "tool": []}}}),
+                "unknown key `tool` in [package.metadata.mcp-dev.credential-scopes.s]: did you mean `tools`?",
+            ),
+        ] {
+            assert_eq!(error_of(json!({ "mcp-dev": table })), expected);
+        }
+        // Nothing close: the known keys are listed instead.
+        let err = error_of(json!({"mcp-dev": {"colour": "blue"}}));
+        assert!(
+            err.starts_with(
+                "unknown key `colour` in [package.metadata.mcp-dev]: known keys: label, bin,"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unknown_values_of_known_keys_are_errors_with_the_closest_value() {
+        for (table, expected) in [
+            (
+                json!({"restart": "supervize"}),
+                "unknown value restart = \"supervize\" in [package.metadata.mcp-dev]: did you mean \"supervise\"? (expected \"supervise\", \"disconnect\" or \"manual\")",
+            ),
+            (
+                json!({"restart": "sometimes"}),
+                "unknown value restart = \"sometimes\" in [package.metadata.mcp-dev]: expected \"supervise\", \"disconnect\" or \"manual\"",
+            ),
+            (
+                json!({"approval": "per_call"}),
+                "unknown value approval = \"per_call\" in [package.metadata.mcp-dev]: did you mean \"per-call\"? (expected \"per-epoch\" or \"per-call\")",
+            ),
+            (
+                json!({"gate": "of"}),
+                "unknown value gate = \"of\" in [package.metadata.mcp-dev]: did you mean \"off\"? (expected \"all\", \"off\" or \"a list of tool names\")",
+            ),
+        ] {
+            assert_eq!(error_of(json!({ "mcp-dev": table })), expected);
+        }
     }
 
     #[test]
     fn rejects_bad_values_with_the_key_named() {
         for (m, needle) in [
             (json!({"mcp-dev": "x"}), "must be a table"),
-            (
-                json!({"mcp-dev": {"restart": "sometimes"}}),
-                "restart = \"sometimes\"",
-            ),
-            (json!({"mcp-dev": {"gate": "some"}}), "gate = \"some\""),
-            (
-                json!({"mcp-dev": {"approval": "forever"}}),
-                "approval = \"forever\"",
-            ),
             (json!({"mcp-dev": {"label": "a b"}}), "label `a b`"),
-            (json!({"mcp-dev": {"env": ["A=B"]}}), "env: `A=B`"),
-            (json!({"mcp-dev": {"debounce-ms": "fast"}}), "debounce-ms"),
+            (
+                json!({"mcp-dev": {"env": ["A=B"]}}),
+                "`A=B` is not a variable name",
+            ),
+            (
+                json!({"mcp-dev": {"debounce-ms": "fast"}}),
+                "`debounce-ms` in",
+            ),
             (
                 json!({"mcp-dev": {"credential-scopes": {"s": {"tools": ["t"]}}}}),
-                "credential-scopes.s",
-            ),
-            (
-                json!({"mcp-dev": {"credential-scopes": {"s": {"env": ["T"], "tool": []}}}}),
-                "unknown field",
+                "[package.metadata.mcp-dev.credential-scopes]",
             ),
         ] {
-            let err = LoadedConfig::from_package_metadata(&m)
-                .unwrap_err()
-                .to_string();
+            let err = error_of(m);
             assert!(err.contains(needle), "{err} should mention {needle}");
         }
+    }
+
+    #[test]
+    fn locates_keys_wherever_toml_put_them() {
+        let text = "[package]\nname = \"x\"\n\n[package.metadata.mcp-dev]\nlabel = \"x\"\ndebounce_ms = 5\n\n[package.metadata.mcp-dev.credential-scopes.s]\nenv = [\"T\"]\ntool = []\n";
+        let path = |p: &[&str]| p.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(locate_line(text, &path(&["debounce_ms"])), Some(6));
+        assert_eq!(
+            locate_line(text, &path(&["credential-scopes", "s", "tool"])),
+            Some(10)
+        );
+        assert_eq!(locate_line(text, &path(&["nope"])), None);
+        let inline = "[package]\nname = \"x\"\nmetadata.mcp-dev = { label = \"x\",\n  restart = \"often\" }\n";
+        assert_eq!(locate_line(inline, &path(&["restart"])), Some(4));
+    }
+
+    #[test]
+    fn closest_only_suggests_likely_typos() {
+        assert_eq!(closest("debounce_ms", KNOWN_KEYS), Some("debounce-ms"));
+        assert_eq!(closest("Restart", KNOWN_KEYS), Some("restart"));
+        assert_eq!(closest("colour", KNOWN_KEYS), None);
+        assert_eq!(closest("x", KNOWN_KEYS), None);
     }
 }

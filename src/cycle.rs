@@ -34,12 +34,8 @@ impl Prepared {
         let cargo = workspace::find_cargo()?;
         let rustc = workspace::rustc_facts(&workspace::find_rustc(&cargo))?;
         let target = workspace::resolve(&cargo, &rustc.host, args)?;
-        for key in &target.config.unknown_keys {
-            crate::status::warn(&format!(
-                "unknown key `{key}` in [package.metadata.mcp-dev] of {} (known keys: {})",
-                target.resolved.manifest_path.display(),
-                crate::config::KNOWN_KEYS.join(", ")
-            ));
+        if let Some(choice) = &target.bin_choice {
+            crate::status::note(choice);
         }
         Ok(Prepared {
             cargo,

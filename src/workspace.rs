@@ -21,7 +21,7 @@ use crate::exit_codes;
 use crate::hashing;
 
 /// Bumped whenever [`Resolved`] changes shape, so old cache entries are ignored.
-const CACHE_VERSION: u32 = 1;
+const CACHE_VERSION: u32 = 2;
 
 /// The cargo executable to run: `$CARGO` (set by cargo for subcommands) or `cargo` on `PATH`.
 pub fn find_cargo() -> Result<PathBuf, Failure> {
@@ -172,6 +172,9 @@ pub struct Resolved {
     pub manifest_path: PathBuf,
     pub package_root: PathBuf,
     pub bins: Vec<String>,
+    /// The package's `default-run` (what `cargo run` picks among several bins).
+    #[serde(default)]
+    pub default_run: Option<String>,
     pub has_lib: bool,
     pub has_build_script: bool,
     /// `package.metadata` of the server package (holds `mcp-dev`).
@@ -194,6 +197,9 @@ pub struct ServerTarget {
     pub config: LoadedConfig,
     /// True when `cargo metadata` was not run because the cache matched.
     pub from_cache: bool,
+    /// Set when the package has several bins and one was picked by a default (not `--bin`, not
+    /// `bin` in the config): the sentence every command prints about that choice.
+    pub bin_choice: Option<String>,
 }
 
 impl ServerTarget {
@@ -226,8 +232,9 @@ pub fn resolve(cargo: &Path, host: &str, args: &CargoArgs) -> Result<ServerTarge
 
 fn select(resolved: Resolved, args: &CargoArgs, from_cache: bool) -> Result<ServerTarget, Failure> {
     let config = LoadedConfig::from_package_metadata(&resolved.metadata)
-        .map_err(|e| Failure::error(format!("{} ({})", e, resolved.manifest_path.display())))?;
+        .map_err(|e| config_failure(&e, &resolved.manifest_path))?;
     let name = &resolved.package_name;
+    let mut bin_choice = None;
     let bin = if let Some(b) = &args.bin {
         if !resolved.bins.contains(b) {
             return Err(Failure::error(format!(
@@ -257,12 +264,16 @@ fn select(resolved: Resolved, args: &CargoArgs, from_cache: bool) -> Result<Serv
                     "package `{name}` has no binary target"
                 )));
             }
-            many => {
-                return Err(Failure::error(format!(
-                    "package `{name}` has several binaries ({}): pass --bin NAME or set bin = \"…\" in [package.metadata.mcp-dev]",
-                    many.join(", ")
-                )));
-            }
+            many => match resolved.default_run.as_ref().filter(|d| many.contains(d)) {
+                // What `cargo run` would pick: say so, since a guess is easy to miss.
+                Some(d) => {
+                    bin_choice = Some(several_bins_sentence(name, many, Some(d)));
+                    d.clone()
+                }
+                None => {
+                    return Err(Failure::error(several_bins_sentence(name, many, None)));
+                }
+            },
         }
     };
     let label = config.config.label.clone().unwrap_or_else(|| bin.clone());
@@ -276,7 +287,36 @@ fn select(resolved: Resolved, args: &CargoArgs, from_cache: bool) -> Result<Serv
         label,
         config,
         from_cache,
+        bin_choice,
     })
+}
+
+/// A configuration error as one sentence that names the manifest and the line of the key.
+pub fn config_failure(e: &crate::config::ConfigError, manifest: &Path) -> Failure {
+    let line = std::fs::read_to_string(manifest)
+        .ok()
+        .and_then(|text| crate::config::locate_line(&text, e.path()));
+    let location = match line {
+        Some(l) => format!("{}:{l}", manifest.display()),
+        None => manifest.display().to_string(),
+    };
+    Failure::error(e.render(Some(&location)))
+}
+
+/// The one sentence `run`, `init` and every other command say about a package with several
+/// bins: which one they use (cargo's `default-run`) or that they cannot choose.
+pub fn several_bins_sentence(package: &str, bins: &[String], chosen: Option<&str>) -> String {
+    let how = "pass --bin NAME, or set bin = \"NAME\" in [package.metadata.mcp-dev]";
+    match chosen {
+        Some(d) => format!(
+            "package `{package}` has several binaries ({}): using `{d}` (its `default-run`); to choose another, {how}",
+            bins.join(", ")
+        ),
+        None => format!(
+            "package `{package}` has several binaries ({}) and no `default-run`: {how}",
+            bins.join(", ")
+        ),
+    }
 }
 
 fn available(bins: &[String]) -> String {
@@ -604,6 +644,7 @@ pub fn reduce(
             .filter(|t| t.kind.contains(&TargetKind::Bin))
             .map(|t| t.name.clone())
             .collect(),
+        default_run: pkg.default_run.clone(),
         has_lib: pkg.targets.iter().any(|t| {
             t.kind.iter().any(|k| {
                 matches!(

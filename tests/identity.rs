@@ -34,10 +34,6 @@ const CHECK_SENTENCES: &[(&str, &str)] = &[
     ),
     ("extra-missing", "declared extra input `"),
     ("env-unset", "declared identity env var `"),
-    (
-        "unknown-key",
-        "unknown keys in [package.metadata.mcp-dev]: ",
-    ),
     ("wrapper-missing", "configured wrapper `"),
     ("differs", "identity differs from the expected record"),
     ("build-failed", "build failed: identity not captured"),
@@ -411,28 +407,46 @@ fn wrapper_script_change_alone_is_wrapper() {
     assert_eq!(run.changed_components(), ["wrapper"]);
 }
 
-#[test]
-fn unknown_config_key_is_warned_by_name_and_build_still_succeeds() {
-    let p = fake_server();
-    p.configure("label = \"fake-server\"\ncolour = \"blue\"");
-    let run = p.build(&[]);
-    run.expect_code(0);
-    let warning = run
-        .stderr
+/// The 1-based line of the first line of `p`'s Cargo.toml that starts with `prefix`.
+fn manifest_line(p: &Project, prefix: &str) -> usize {
+    p.read("Cargo.toml")
         .lines()
-        .find(|l| l.contains("unknown key"))
-        .unwrap_or_else(|| panic!("no unknown-key warning:\n{}", run.stderr));
-    assert!(warning.contains("`colour`"), "{warning}");
-    assert!(
-        !warning.contains("`label`"),
-        "known keys are not reported: {warning}"
-    );
-    assert_eq!(
-        run.stderr.matches("colour").count(),
-        1,
-        "reported once:\n{}",
-        run.stderr
-    );
+        .position(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no `{prefix}` line in Cargo.toml"))
+        + 1
+}
+
+#[test]
+fn unknown_config_key_is_an_error_naming_file_line_and_closest_key() {
+    let p = fake_server();
+    p.configure("label = \"fake-server\"\ndebounce_ms = 50");
+    let line = manifest_line(&p, "debounce_ms");
+    let manifest = p.path("Cargo.toml").canonicalize().unwrap();
+    for cmd in [&["build"][..], &["check"], &["identity", "--no-build"]] {
+        let run = p.run(cmd.iter().copied());
+        run.expect_code(1);
+        assert_eq!(
+            run.stderr.trim_end(),
+            format!(
+                "error: unknown key `debounce_ms` in [package.metadata.mcp-dev] at {}:{line}: did you mean `debounce-ms`?",
+                manifest.display()
+            ),
+            "{cmd:?}"
+        );
+    }
+}
+
+#[test]
+fn unknown_config_value_is_an_error_naming_file_line_and_closest_value() {
+    let p = fake_server();
+    p.configure("restart = \"supervize\"");
+    let line = manifest_line(&p, "restart");
+    let run = p.build(&[]);
+    run.expect_code(1);
+    run.assert_stderr_has(format!(
+        "error: unknown value restart = \"supervize\" in [package.metadata.mcp-dev] at {}:{line}: did you mean \"supervise\"? (expected \"supervise\", \"disconnect\" or \"manual\")",
+        p.path("Cargo.toml").canonicalize().unwrap().display()
+    ));
 }
 
 // ---------------------------------------------------------------- check: the CI gate
@@ -533,21 +547,6 @@ fn check_with_unset_env_var_is_103() {
     // Setting it makes the same project pass.
     p.set_env("FAKE_IDENTITY_MODE", "on");
     p.run(["check"]).expect_code(0);
-}
-
-#[test]
-fn check_with_unknown_config_key_is_103() {
-    let p = fake_server();
-    p.configure("colour = \"blue\"");
-    let run = p.run(["check"]);
-    run.expect_code(103);
-    assert_only_check_sentence(&run, "unknown-key");
-    assert!(
-        run.stderr
-            .contains("unknown keys in [package.metadata.mcp-dev]: colour"),
-        "{}",
-        run.stderr
-    );
 }
 
 #[test]
@@ -733,7 +732,7 @@ fn several_bins_without_bin_lists_them() {
     run.expect_code(1);
     assert!(
         run.stderr
-            .contains("package `two-bins` has several binaries (alpha, beta): pass --bin NAME"),
+            .contains("package `two-bins` has several binaries (alpha, beta) and no `default-run`: pass --bin NAME"),
         "{}",
         run.stderr
     );

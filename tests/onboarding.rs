@@ -236,17 +236,82 @@ fn assert_host_files(root: &Path, label: &str, manifest: &Path) {
     }
 }
 
+/// The generated workflow is valid YAML, has no placeholder left for the user to fill, and has
+/// the steps the README's CI section describes, in that order.
 fn assert_workflow(path: &Path, manifest_rel: &str) {
     let yml = read(path);
-    assert!(
-        yml.contains(&format!(
-            "cargo mcp-dev check --manifest-path {manifest_rel} --out identity.json"
-        )),
-        "{yml}"
+    let doc: Value = serde_yaml_ng::from_str(&yml)
+        .unwrap_or_else(|e| panic!("{} is not valid YAML: {e}\n{yml}", path.display()));
+    assert_eq!(doc["name"], "mcp-identity", "{yml}");
+    assert!(doc["on"].get("push").is_some(), "{yml}");
+    assert!(doc["on"].get("pull_request").is_some(), "{yml}");
+    let steps = doc["jobs"]["identity"]["steps"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no jobs.identity.steps:\n{yml}"));
+    assert_eq!(doc["jobs"]["identity"]["runs-on"], "ubuntu-latest", "{yml}");
+    let step = |i: usize| &steps[i];
+    assert_eq!(steps.len(), 5, "{yml}");
+    assert_eq!(step(0)["uses"], "actions/checkout@v4");
+    assert_eq!(step(1)["uses"], "dtolnay/rust-toolchain@stable");
+    assert_eq!(step(2)["name"], "Install cargo-mcp-dev");
+    assert_eq!(
+        step(2)["run"].as_str().unwrap().trim(),
+        format!(
+            "cargo install --locked cargo-mcp-dev --version {}",
+            env!("CARGO_PKG_VERSION")
+        )
     );
-    assert!(yml.contains("actions/upload-artifact"), "{yml}");
-    assert!(yml.contains("path: identity.json"), "{yml}");
-    assert!(yml.contains("cargo install --locked --git"), "{yml}");
+    assert_eq!(step(3)["name"], "Check identity");
+    assert_eq!(
+        step(3)["run"].as_str().unwrap().trim(),
+        format!("cargo mcp-dev check --manifest-path {manifest_rel} --out identity.json")
+    );
+    assert_eq!(step(4)["uses"], "actions/upload-artifact@v4");
+    assert_eq!(step(4)["with"]["path"], "identity.json");
+    assert_eq!(step(4)["if"], "always()");
+    // Nothing for the user to replace: no OWNER/REPO-style token, no `{{key}}`.
+    for word in ["OWNER", "REPO", "YOUR", "CHANGEME", "TODO", "<", "{{"] {
+        assert!(!yml.contains(word), "placeholder-like `{word}` in:\n{yml}");
+    }
+}
+
+/// `init` on a package where everything is in place prints exactly one line, saying so.
+#[track_caller]
+fn assert_already_initialized(o: &Output, label: &str, manifest: &Path) {
+    let err = stderr(o);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "one line, not one per file:\n{err}");
+    assert_eq!(
+        lines[0],
+        format!(
+            "`{label}` is already initialized: [package.metadata.mcp-dev] and all {} generated files exist, nothing written (--force rewrites the generated files); run it with `cargo mcp-dev run --manifest-path {}`",
+            INIT_FILES.len(),
+            manifest.display()
+        )
+    );
+}
+
+#[test]
+fn new_says_it_is_ready_and_init_after_it_says_so_in_one_line() {
+    let sb = Sandbox::new();
+    let o = sb.run(&["new", "ready-srv"]);
+    assert_ok(&o);
+    let root = sb.path().join("ready-srv");
+    let manifest = root.join("Cargo.toml");
+    let last = stderr(&o).lines().last().unwrap_or_default().to_string();
+    assert!(
+        last.starts_with("ready: `ready-srv` is an MCP server package set up for cargo mcp-dev (no `init` needed); try `cargo mcp-dev run --manifest-path "),
+        "{last}"
+    );
+    assert!(last.contains(manifest.to_str().unwrap()), "{last}");
+    let before: Vec<String> = NEW_FILES.iter().map(|f| read(&root.join(f))).collect();
+
+    let o = sb.run(&["init", "--manifest-path", manifest.to_str().unwrap()]);
+    assert_ok(&o);
+    assert_already_initialized(&o, "ready-srv", &manifest);
+    for (f, text) in NEW_FILES.iter().zip(&before) {
+        assert_eq!(&read(&root.join(f)), text, "{f} untouched");
+    }
 }
 
 #[test]
@@ -288,10 +353,9 @@ fn new_creates_a_complete_package() {
         assert!(manifest["dependencies"].get(dep).is_some(), "{dep}");
     }
 
-    // The block is what `run` will read: no unknown keys, the read tool exempt.
+    // The block is what `run` will read (an unknown key would fail here), the read tool exempt.
     let metadata = serde_json::to_value(&manifest["package"]["metadata"]).unwrap();
     let loaded = cargo_mcp_dev::config::LoadedConfig::from_package_metadata(&metadata).unwrap();
-    assert!(loaded.unknown_keys.is_empty(), "{:?}", loaded.unknown_keys);
     let c = &loaded.config;
     assert_eq!(c.label.as_deref(), Some("notes-srv"));
     assert_eq!(c.bin.as_deref(), Some("notes-srv"));
@@ -453,23 +517,29 @@ fn init_twice_skips_everything_then_force_overwrites() {
 
     let second = sb.run(&["init", "--manifest-path", mp]);
     assert_ok(&second);
-    let err = stderr(&second);
-    assert!(!err.contains("created "), "{err}");
-    assert!(!err.contains("updated "), "{err}");
-    assert!(
-        err.contains("skipped Cargo.toml ([package.metadata.mcp-dev] exists"),
-        "{err}"
-    );
-    for f in INIT_FILES {
-        assert!(
-            err.contains(&format!("skipped {f} (exists; --force to overwrite)")),
-            "no skip line for {f} in:\n{err}"
-        );
-    }
+    assert_already_initialized(&second, "tiny-srv", &manifest);
     assert_eq!(read(&manifest), after, "Cargo.toml untouched");
     for (f, before) in INIT_FILES.iter().zip(&snapshot) {
         assert_eq!(&read(&pkg.join(f)), before, "{f} untouched");
     }
+
+    // One file missing: it is created, the others are named on one line.
+    std::fs::remove_file(pkg.join(".cursor/mcp.json")).unwrap();
+    let partial = sb.run(&["init", "--manifest-path", mp]);
+    assert_ok(&partial);
+    let err = stderr(&partial);
+    assert!(err.contains("created .cursor/mcp.json\n"), "{err}");
+    let kept: Vec<&str> = err.lines().filter(|l| l.starts_with("kept ")).collect();
+    assert_eq!(
+        kept.len(),
+        2,
+        "one line for the manifest, one for the files:\n{err}"
+    );
+    assert!(
+        kept[1].starts_with("kept 10 existing files (.mcp.json, "),
+        "{err}"
+    );
+    assert!(!err.contains("skipped"), "{err}");
 
     // A user's edit survives a plain init and is replaced by --force.
     std::fs::write(pkg.join(".mcp.json"), "edited").unwrap();
@@ -485,7 +555,10 @@ fn init_twice_skips_everything_then_force_overwrites() {
         );
     }
     // --force never rewrites the user's manifest table.
-    assert!(err.contains("skipped Cargo.toml"), "{err}");
+    assert!(
+        err.contains("kept Cargo.toml ([package.metadata.mcp-dev] exists"),
+        "{err}"
+    );
     assert_eq!(read(&manifest), after);
     assert_host_files(&pkg, "tiny-srv", &manifest);
 }
@@ -589,20 +662,94 @@ fn init_detects_bin_and_label() {
         );
     }
     assert_eq!(leftover_placeholder(&contract), None);
+}
 
-    // Several bins and no table: init cannot guess, and says how to choose.
+/// `init` and `run` go through the same choice, with the same sentence: cargo's `default-run`
+/// when the package has one, else an error that says how to choose (which `init --bin` does).
+#[test]
+fn init_and_run_choose_among_several_bins_the_same_way() {
+    let sb = Sandbox::new();
+    let target = sb.path().join("target");
+    let target = target.to_str().unwrap();
+    let run_with_stdin_closed = |mp: &str| {
+        sb.cmd(&[
+            "run",
+            "--manifest-path",
+            mp,
+            "--no-watch",
+            "--target-dir",
+            target,
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+    };
+
+    // No default: both refuse with the same sentence, and nothing is written.
     let pkg = sb.path().join("c");
     copy_dir(&Path::new(REPO).join("tests/fixtures/two-bins"), &pkg);
-    let o = sb.run(&[
-        "init",
-        "--manifest-path",
-        pkg.join("Cargo.toml").to_str().unwrap(),
-    ]);
-    assert!(!o.status.success());
-    let err = stderr(&o);
-    assert!(err.contains("several binaries (alpha, beta)"), "{err}");
-    assert!(err.contains("bin = "), "{err}");
+    let manifest = pkg.join("Cargo.toml");
+    let mp = manifest.to_str().unwrap();
+    let init = sb.run(&["init", "--manifest-path", mp]);
+    let run = run_with_stdin_closed(mp);
+    let sentence = "error: package `two-bins` has several binaries (alpha, beta) and no `default-run`: pass --bin NAME, or set bin = \"NAME\" in [package.metadata.mcp-dev]";
+    for (what, o) in [("init", &init), ("run", &run)] {
+        assert_eq!(o.status.code(), Some(1), "{what}: {}", stderr(o));
+        assert_eq!(stderr(o).trim_end(), sentence, "{what}");
+    }
     assert!(!pkg.join(".mcp.json").exists());
+
+    // `init --bin`, as the sentence says: the choice is written into the config block.
+    let o = sb.run(&["init", "--manifest-path", mp, "--bin", "beta"]);
+    assert_ok(&o);
+    let block = &toml_file(&manifest)["package"]["metadata"]["mcp-dev"];
+    assert_eq!(block["bin"].as_str(), Some("beta"));
+    assert_host_files(&pkg, "beta", &manifest);
+    let o = sb.run(&["init", "--manifest-path", mp, "--bin", "gamma"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o)
+            .contains("no bin target named `gamma` in package `two-bins` (available: alpha, beta)"),
+        "{}",
+        stderr(&o)
+    );
+
+    // `default-run`: both pick it and say so with the same note.
+    let pkg = sb.path().join("d");
+    copy_dir(&Path::new(REPO).join("tests/fixtures/two-bins"), &pkg);
+    let manifest = pkg.join("Cargo.toml");
+    let text = read(&manifest).replace(
+        "publish = false\n",
+        "publish = false\ndefault-run = \"beta\"\n",
+    );
+    std::fs::write(&manifest, text).unwrap();
+    let mp = manifest.to_str().unwrap();
+    let note = "note: package `two-bins` has several binaries (alpha, beta): using `beta` (its `default-run`); to choose another, pass --bin NAME, or set bin = \"NAME\" in [package.metadata.mcp-dev]";
+    let init = sb.run(&["init", "--manifest-path", mp]);
+    assert_ok(&init);
+    assert_eq!(
+        stderr(&init).lines().next(),
+        Some(note),
+        "{}",
+        stderr(&init)
+    );
+    let block = &toml_file(&manifest)["package"]["metadata"]["mcp-dev"];
+    assert_eq!(block["bin"].as_str(), Some("beta"));
+    // The block now names the bin, so `run` no longer has to choose: check it on a copy
+    // without the block.
+    let pkg2 = sb.path().join("e");
+    copy_dir(&Path::new(REPO).join("tests/fixtures/two-bins"), &pkg2);
+    let manifest2 = pkg2.join("Cargo.toml");
+    std::fs::write(
+        &manifest2,
+        read(&manifest2).replace(
+            "publish = false\n",
+            "publish = false\ndefault-run = \"beta\"\n",
+        ),
+    )
+    .unwrap();
+    let run = run_with_stdin_closed(manifest2.to_str().unwrap());
+    assert_eq!(stderr(&run).lines().next(), Some(note), "{}", stderr(&run));
 }
 
 #[test]

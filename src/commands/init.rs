@@ -3,7 +3,8 @@
 //! workflow and watch-loop templates.
 //!
 //! Owns which files are generated, where, and the rule that no existing file is overwritten
-//! without `--force` (one `created|skipped|overwrote X` line per file on stderr). The user's
+//! without `--force` (one `created|overwrote X` line per file written, one line naming every file
+//! kept, and a single line when the package is already fully initialized). The user's
 //! Cargo.toml is only ever appended to, never reformatted, and only when it has no
 //! `[package.metadata.mcp-dev]` table yet. Template texts and placeholder filling belong to
 //! [`crate::templates`]; package resolution to [`crate::workspace`].
@@ -37,6 +38,7 @@ pub struct Project {
 pub fn execute(args: InitArgs) -> CmdResult {
     let cargo_args = CargoArgs {
         manifest_path: args.manifest_path.clone(),
+        bin: args.bin.clone(),
         ..CargoArgs::default()
     };
     let prep = Prepared::new(&cargo_args)?;
@@ -51,11 +53,29 @@ pub fn execute(args: InitArgs) -> CmdResult {
         target_dir: t.resolved.target_dir.clone(),
     };
     let mut out = Writer::new(&project.package_root, args.force);
-    if let Some(config) = add_metadata_block(&project, &mut out)? {
+    let added = add_metadata_block(&project, &mut out)?;
+    let had_table = added.is_none();
+    if let Some(config) = added {
         project.config = config;
         project.configured = true;
     }
     write_companions(&project, &HostEnv::detect(), &mut out)?;
+    if had_table && out.created == 0 {
+        // Everything is in place (typically right after `cargo mcp-dev new`): one line.
+        status::line(&format!(
+            "`{}` is already initialized: [package.metadata.mcp-dev] and all {} generated files exist, nothing written (--force rewrites the generated files); run it with `cargo mcp-dev run --manifest-path {}`",
+            project.label,
+            out.skipped.len(),
+            project.manifest_path.display()
+        ));
+        return Ok(exit_codes::OK);
+    }
+    if had_table {
+        out.line(&format!(
+            "kept {} ([package.metadata.mcp-dev] exists; edit it by hand)",
+            out.display(&project.manifest_path)
+        ));
+    }
     out.finish(&project);
     Ok(exit_codes::OK)
 }
@@ -78,10 +98,6 @@ fn add_metadata_block(
         .and_then(|m| m.get("mcp-dev"))
         .is_some();
     if has_table {
-        out.line(&format!(
-            "skipped {} ([package.metadata.mcp-dev] exists; edit it by hand)",
-            out.display(path)
-        ));
         return Ok(None);
     }
     let block = metadata_block(project, &BlockStyle::Init)?;
@@ -320,6 +336,7 @@ fn companion_vars(project: &Project, env: &HostEnv) -> Result<Vars, Failure> {
         .unwrap_or_else(|_| manifest.clone());
     let mut v = Vars::new();
     v.set("label", &project.label)
+        .set("launcher_version", env!("CARGO_PKG_VERSION"))
         .set("bin", &project.bin)
         .set("label_json", json_string(&project.label))
         .set("label_toml_key", toml_key(&project.label))
@@ -571,7 +588,8 @@ pub struct Writer {
     base: PathBuf,
     force: bool,
     pub created: usize,
-    pub skipped: usize,
+    /// Files left as they were (shown relative to the base), summarised by [`Writer::finish`].
+    pub skipped: Vec<String>,
 }
 
 impl Writer {
@@ -581,7 +599,7 @@ impl Writer {
             base: base.to_path_buf(),
             force,
             created: 0,
-            skipped: 0,
+            skipped: Vec::new(),
         }
     }
 
@@ -604,8 +622,7 @@ impl Writer {
         }
         let existed = path.exists();
         if existed && !self.force {
-            self.skipped += 1;
-            self.line(&format!("skipped {shown} (exists; --force to overwrite)"));
+            self.skipped.push(shown);
             return Ok(());
         }
         let mut options = std::fs::OpenOptions::new();
@@ -624,8 +641,7 @@ impl Writer {
         let mut file = match options.open(path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                self.skipped += 1;
-                self.line(&format!("skipped {shown} (exists; --force to overwrite)"));
+                self.skipped.push(shown);
                 return Ok(());
             }
             Err(e) => return Err(io_err(e)),
@@ -643,12 +659,14 @@ impl Writer {
         Ok(())
     }
 
-    /// The closing hint.
+    /// The closing lines: one for every file left alone, then the hint.
     pub fn finish(&self, project: &Project) {
-        if self.skipped > 0 && !self.force {
-            status::note(&format!(
-                "{} file(s) left as they were; mcp-dev/README.md has the text of every host snippet",
-                self.skipped
+        if !self.skipped.is_empty() && !self.force {
+            self.line(&format!(
+                "kept {} existing file{} ({}); --force overwrites them, mcp-dev/README.md has the text of every host snippet",
+                self.skipped.len(),
+                if self.skipped.len() == 1 { "" } else { "s" },
+                self.skipped.join(", ")
             ));
         }
         status::note(&format!(

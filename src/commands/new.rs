@@ -72,10 +72,9 @@ pub fn execute(args: NewArgs) -> CmdResult {
         out.write(&dir.join(rel), &text, false)?;
     }
     init::write_companions(&project, &HostEnv::detect(), &mut out)?;
-    status::note(&format!(
-        "created MCP server package `{}` in {}; next: `cargo mcp-dev build --manifest-path {}`, then point a host at it (mcp-dev/README.md)",
+    status::line(&format!(
+        "ready: `{}` is an MCP server package set up for cargo mcp-dev (no `init` needed); try `cargo mcp-dev run --manifest-path {}`, or open the directory in a host: .mcp.json, .vscode/mcp.json and .cursor/mcp.json are in place (mcp-dev/README.md for the others)",
         args.name,
-        dir.display(),
         project.manifest_path.display()
     ));
     Ok(exit_codes::OK)
