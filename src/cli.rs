@@ -12,7 +12,12 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 #[command(name = "cargo", bin_name = "cargo", styles = clap_cargo_styles())]
 pub enum Cargo {
     /// cargo run for MCP servers: build, fingerprint, supervise and hot-swap with execution epochs.
-    #[command(name = "mcp-dev", version, after_long_help = after_help())]
+    #[command(
+        name = "mcp-dev",
+        version,
+        after_help = docs_help(),
+        after_long_help = format!("{}\n{}", crate::exit_codes::help_table(), docs_help())
+    )]
     McpDev(McpDev),
 }
 
@@ -36,16 +41,37 @@ pub struct McpDev {
     pub command: Command,
 }
 
+/// Help headings, in the order cargo shows them (`cargo run --help`), then ours.
+pub mod heading {
+    pub const PACKAGE: &str = "Package Selection";
+    pub const COMPILATION: &str = "Compilation Options";
+    pub const MANIFEST: &str = "Manifest Options";
+    /// `run`'s own options: restart mode, debounce, watching, approvals, first start.
+    pub const RUN: &str = "Run Options";
+    pub const OUTPUT: &str = "Output";
+}
+
+/// The one help text of `--message-format`, in every command that has it.
+pub const MESSAGE_FORMAT_HELP: &str = "How status is reported: `human` lines on stderr, or `json` \
+    (one JSON object per event, on stdout for `build` and `check`, on stderr for `run`, whose \
+    stdout is JSON-RPC)";
+
 #[derive(Debug, Args, Clone)]
 pub struct GlobalArgs {
     /// Use verbose output (-vv very verbose).
-    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, help_heading = heading::OUTPUT)]
     pub verbose: u8,
     /// Do not print cargo log messages or progress (status lines are still printed).
-    #[arg(short, long, global = true)]
+    #[arg(short, long, global = true, help_heading = heading::OUTPUT)]
     pub quiet: bool,
     /// Coloring: auto, always, never (default from CARGO_TERM_COLOR, else auto).
-    #[arg(long, global = true, value_name = "WHEN", env = "CARGO_TERM_COLOR")]
+    #[arg(
+        long,
+        global = true,
+        value_name = "WHEN",
+        env = "CARGO_TERM_COLOR",
+        help_heading = heading::OUTPUT
+    )]
     pub color: Option<ColorChoice>,
 }
 
@@ -86,48 +112,47 @@ impl RestartMode {
     }
 }
 
-/// The cargo flags passed through to `cargo build` / `cargo metadata`.
+/// The cargo flags passed through to `cargo build` / `cargo metadata`, under cargo's headings.
 #[derive(Debug, Args, Clone, Default)]
-#[command(next_help_heading = "Cargo options")]
 pub struct CargoArgs {
-    /// Path to Cargo.toml.
-    #[arg(long, value_name = "PATH")]
-    pub manifest_path: Option<PathBuf>,
     /// Package with the server binary.
-    #[arg(short, long, value_name = "SPEC")]
+    #[arg(short, long, value_name = "SPEC", help_heading = heading::PACKAGE)]
     pub package: Option<String>,
-    /// Name of the server binary target (default: `bin` from [package.metadata.mcp-dev], else the only bin).
-    #[arg(long, value_name = "NAME")]
+    /// Server binary target (default: `bin` from [package.metadata.mcp-dev], else the only bin, else the package's `default-run`).
+    #[arg(long, value_name = "NAME", help_heading = heading::PACKAGE)]
     pub bin: Option<String>,
     /// Build with the release profile.
-    #[arg(short = 'r', long, conflicts_with = "profile")]
+    #[arg(short = 'r', long, conflicts_with = "profile", help_heading = heading::COMPILATION)]
     pub release: bool,
     /// Build with the given profile.
-    #[arg(long, value_name = "PROFILE-NAME")]
+    #[arg(long, value_name = "PROFILE-NAME", help_heading = heading::COMPILATION)]
     pub profile: Option<String>,
     /// Space or comma separated list of features to activate.
-    #[arg(short = 'F', long, value_name = "FEATURES")]
+    #[arg(short = 'F', long, value_name = "FEATURES", help_heading = heading::COMPILATION)]
     pub features: Vec<String>,
     /// Activate all available features.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::COMPILATION)]
     pub all_features: bool,
     /// Do not activate the `default` feature.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::COMPILATION)]
     pub no_default_features: bool,
     /// Build for the target triple.
-    #[arg(long, value_name = "TRIPLE")]
+    #[arg(long, value_name = "TRIPLE", help_heading = heading::COMPILATION)]
     pub target: Option<String>,
     /// Directory for all generated artifacts.
-    #[arg(long, value_name = "DIRECTORY")]
+    #[arg(long, value_name = "DIRECTORY", help_heading = heading::COMPILATION)]
     pub target_dir: Option<PathBuf>,
+    /// Path to Cargo.toml.
+    #[arg(long, value_name = "PATH", help_heading = heading::MANIFEST)]
+    pub manifest_path: Option<PathBuf>,
     /// Assert that Cargo.lock will remain unchanged.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::MANIFEST)]
     pub locked: bool,
     /// Run without accessing the network.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::MANIFEST)]
     pub offline: bool,
     /// Equivalent to specifying both --locked and --offline.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::MANIFEST)]
     pub frozen: bool,
 }
 
@@ -162,8 +187,7 @@ pub enum Command {
 pub struct BuildArgs {
     #[command(flatten)]
     pub cargo: CargoArgs,
-    /// Output format for build events.
-    #[arg(long, value_enum, default_value_t = MessageFormat::Human, value_name = "FMT")]
+    #[arg(long, value_enum, default_value_t = MessageFormat::Human, value_name = "FMT", help = MESSAGE_FORMAT_HELP, help_heading = heading::OUTPUT)]
     pub message_format: MessageFormat,
 }
 
@@ -192,24 +216,30 @@ pub struct IdentityArgs {
 pub struct CheckArgs {
     #[command(flatten)]
     pub cargo: CargoArgs,
-    /// Fail unless the identity equals this record (names the differing components).
+    /// Fail unless the identity matches this record: every component, and the launch arguments;
+    /// the launch directory only with --include-launch-dir (names what differs).
     #[arg(long, value_name = "FILE")]
     pub expect: Option<PathBuf>,
+    /// With --expect: also compare the directory the command was started from.
+    #[arg(long, requires = "expect")]
+    pub include_launch_dir: bool,
     /// Write the captured identity record here (for CI artifacts).
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
     /// Do not pass --locked to cargo (the lockfile must still exist).
     #[arg(long)]
     pub no_locked: bool,
-    /// Output format for check events.
-    #[arg(long, value_enum, default_value_t = MessageFormat::Human, value_name = "FMT")]
+    #[arg(long, value_enum, default_value_t = MessageFormat::Human, value_name = "FMT", help = MESSAGE_FORMAT_HELP, help_heading = heading::OUTPUT)]
     pub message_format: MessageFormat,
 }
 
 #[derive(Debug, Args)]
+#[command(next_help_heading = heading::RUN)]
 pub struct RunArgs {
     #[command(flatten)]
     pub cargo: CargoArgs,
+    // Run Options (the heading above): restart mode, debounce and watching, approvals, first
+    // start. New `run` options go with these.
     /// What to do when a new build changes the identity.
     #[arg(long, value_enum, value_name = "MODE")]
     pub restart: Option<RestartMode>,
@@ -231,8 +261,7 @@ pub struct RunArgs {
     /// Audit log path (default: target/mcp-dev/audit/<label>.jsonl).
     #[arg(long, value_name = "PATH")]
     pub audit_log: Option<PathBuf>,
-    /// Status events as JSON lines on stderr instead of human lines.
-    #[arg(long, value_enum, default_value_t = MessageFormat::Human, value_name = "FMT")]
+    #[arg(long, value_enum, default_value_t = MessageFormat::Human, value_name = "FMT", help = MESSAGE_FORMAT_HELP, help_heading = heading::OUTPUT)]
     pub message_format: MessageFormat,
     /// Arguments passed to the server.
     #[arg(last = true, value_name = "ARGS")]
@@ -361,10 +390,37 @@ pub struct DemoArgs {
     pub target_dir: Option<PathBuf>,
 }
 
-fn after_help() -> String {
+/// Sections of the README that `--help` points to, as their headings start.
+pub const README_SECTIONS: &[&str] = &[
+    "Prerequisites",
+    "Install",
+    "Run your server under a host",
+    "What you see: status lines",
+    "Approvals",
+    "CI",
+    "Benchmarks",
+];
+
+/// Where the documentation is: the README and docs/ of the source this binary was built from
+/// (`cargo install --path .` and crates.io installs both keep that directory).
+fn docs_help() -> String {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = root.join("README.md");
+    let notes = root.join("docs/protocol-notes.md");
+    let missing = |p: &std::path::Path| {
+        if p.is_file() {
+            String::new()
+        } else {
+            " (not found: the source was moved)".to_string()
+        }
+    };
     format!(
-        "{}\nDocumentation: README.md in the cargo-mcp-dev repository.",
-        crate::exit_codes::help_table()
+        "Documentation:\n  {}{}\n    sections: {}\n  {}{}\n    MCP protocol notes: the two eras, discovery, subscriptions, error codes, stdio framing",
+        readme.display(),
+        missing(&readme),
+        README_SECTIONS.join(", "),
+        notes.display(),
+        missing(&notes),
     )
 }
 

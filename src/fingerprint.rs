@@ -393,6 +393,77 @@ pub fn changed_components(old: &IdentityRecord, new: &IdentityRecord) -> Vec<Com
         .collect()
 }
 
+/// What `check --expect` found, component by component.
+///
+/// It compares every component's digest, except `launch`: that one mixes the server's argv with
+/// the directory the command was started from, and a CI job rarely starts where a developer
+/// did. So the argv (`launch arguments`) is compared on its own, and the launch directory is
+/// compared only when asked (`--include-launch-dir`); it stays recorded either way.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ExpectComparison {
+    /// Names of the compared parts that differ, in display order.
+    pub differing: Vec<&'static str>,
+    /// `(expected, actual)` launch directories when they differ (compared or not).
+    pub launch_dir: Option<(String, String)>,
+}
+
+/// Name of the launch directory in `check --expect` messages.
+pub const LAUNCH_DIRECTORY: &str = "launch directory";
+/// Name of the launch argv in `check --expect` messages.
+pub const LAUNCH_ARGUMENTS: &str = "launch arguments";
+
+/// Compares `actual` with `expected` the way `check --expect` does (see [`ExpectComparison`]).
+pub fn compare_for_expect(
+    expected: &IdentityRecord,
+    actual: &IdentityRecord,
+    include_launch_dir: bool,
+) -> ExpectComparison {
+    let mut differing: Vec<&'static str> = changed_components(expected, actual)
+        .into_iter()
+        .filter(|c| *c != Component::Launch)
+        .map(Component::name)
+        .collect();
+    if launch_argv(expected) != launch_argv(actual) {
+        differing.push(LAUNCH_ARGUMENTS);
+    }
+    let dir = |r: &IdentityRecord| {
+        r.launch
+            .cwd_relative
+            .clone()
+            .unwrap_or_else(|| r.launch.cwd.clone())
+    };
+    let launch_dir = (dir(expected) != dir(actual)).then(|| (dir(expected), dir(actual)));
+    if include_launch_dir && launch_dir.is_some() {
+        differing.push(LAUNCH_DIRECTORY);
+    }
+    ExpectComparison {
+        differing,
+        launch_dir,
+    }
+}
+
+/// The argv with the store path (which moves with the target dir) abstracted, and paths inside
+/// the workspace (a wrapper script) relative to it, so a checkout elsewhere compares equal.
+fn launch_argv(r: &IdentityRecord) -> Vec<String> {
+    let root = format!("{}/", r.workspace_root.trim_end_matches('/'));
+    r.launch
+        .argv
+        .iter()
+        .map(|a| {
+            if *a == r.executable.store_path {
+                EXECUTABLE_PLACEHOLDER.to_string()
+            } else if let Some(rel) = a
+                .strip_prefix(&root)
+                .filter(|_| !r.workspace_root.is_empty())
+            {
+                format!("<workspace>/{rel}")
+            } else {
+                a.clone()
+            }
+        })
+        .collect()
+}
+
 /// Human list: `executable, dependency tree`.
 pub fn component_list(components: &[Component]) -> String {
     components

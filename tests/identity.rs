@@ -586,6 +586,80 @@ fn check_expect_names_the_differing_components_with_104() {
     ));
 }
 
+/// A CI job starts `check` from the repository root (or anywhere), a developer from the package
+/// directory: the same server must pass, with the difference said, and recorded.
+#[test]
+fn check_expect_leaves_the_launch_directory_out_unless_asked() {
+    let p = fake_server();
+    let expected = p.scratch().join("expected.json");
+    p.run(["check".as_ref(), "--out".as_ref(), expected.as_os_str()])
+        .expect_code(0);
+    let elsewhere = p.scratch().join("ci-job");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let elsewhere = elsewhere.canonicalize().unwrap();
+    let manifest = p.path("Cargo.toml");
+    let actual = p.scratch().join("actual.json");
+    let check_from_elsewhere = |extra: &[&str]| {
+        let mut cmd = p.command([
+            "check".as_ref(),
+            "--manifest-path".as_ref(),
+            manifest.as_os_str(),
+        ]);
+        cmd.args([
+            "--expect".as_ref(),
+            expected.as_os_str(),
+            "--out".as_ref(),
+            actual.as_os_str(),
+        ])
+        .args(extra)
+        .current_dir(&elsewhere);
+        let out = cmd.output().unwrap();
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    };
+
+    let run = check_from_elsewhere(&[]);
+    run.expect_code(0);
+    run.assert_stderr_has(format!(
+        "note: launch directory differs (`.` -> `{}`): recorded, not compared (--include-launch-dir compares it)",
+        elsewhere.display()
+    ));
+    run.assert_stderr_has("check passed: identity ");
+    let recorded = parse_json(&std::fs::read_to_string(&actual).unwrap());
+    assert_eq!(recorded["launch"]["cwd"], elsewhere.display().to_string());
+
+    let run = check_from_elsewhere(&["--include-launch-dir"]);
+    run.expect_code(104);
+    assert_only_check_sentence(&run, "differs");
+    let old = parse_json(&std::fs::read_to_string(&expected).unwrap());
+    run.assert_stderr_has(format!(
+        "identity differs from the expected record ({} -> {}): launch directory\n",
+        short(old["identityDigest"].as_str().unwrap()),
+        short(recorded["identityDigest"].as_str().unwrap())
+    ));
+    run.assert_stderr_has(format!(
+        "note: launch directory `.` -> `{}`",
+        elsewhere.display()
+    ));
+
+    // A real difference still fails without the flag, and the launch directory is not in it.
+    p.replace(
+        "src/main.rs",
+        SERVER_REVISION,
+        "const REVISION: &str = \"r3\";",
+    );
+    let run = check_from_elsewhere(&[]);
+    run.expect_code(104);
+    assert!(
+        run.stderr.contains("): executable\n"),
+        "only the executable differs:\n{}",
+        run.stderr
+    );
+}
+
 #[test]
 fn check_with_build_failure_is_101() {
     let p = fake_server();

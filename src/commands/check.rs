@@ -61,21 +61,29 @@ pub fn execute(args: CheckArgs) -> CmdResult {
         return Err(f);
     }
     if let Some(expected) = expect {
-        let changed = fingerprint::changed_components(&expected, &record);
-        if !changed.is_empty() {
+        let cmp = fingerprint::compare_for_expect(&expected, &record, args.include_launch_dir);
+        if !cmp.differing.is_empty() {
             let mut f = Failure::new(
                 exit_codes::IDENTITY_DIFFERS,
                 format!(
                     "identity differs from the expected record ({} -> {}): {}",
                     short(&expected.identity_digest),
                     short(&record.identity_digest),
-                    fingerprint::component_list(&changed)
+                    cmp.differing.join(", ")
                 ),
             );
             for d in fingerprint::dependency_changes(&expected, &record) {
                 f = f.with_note(format!("dependency {d}"));
             }
+            if let Some((old, new)) = cmp.launch_dir.filter(|_| args.include_launch_dir) {
+                f = f.with_note(format!("launch directory `{old}` -> `{new}`"));
+            }
             return Err(f);
+        }
+        if let Some((old, new)) = &cmp.launch_dir {
+            status::note(&format!(
+                "launch directory differs (`{old}` -> `{new}`): recorded, not compared (--include-launch-dir compares it)"
+            ));
         }
     }
     if json {
