@@ -211,7 +211,7 @@ fn assert_host_files(root: &Path, label: &str, manifest: &Path) {
 
     let inspector = read(&root.join("mcp-dev/inspector.sh"));
     assert!(
-        inspector.contains("npx @modelcontextprotocol/inspector"),
+        inspector.contains("npx --yes @modelcontextprotocol/inspector@0.15.0"),
         "{inspector}"
     );
     assert!(
@@ -964,4 +964,232 @@ fn new_project_builds_and_serves_under_run() {
         err.contains("call denied: add_note (authorization_required)"),
         "{err}"
     );
+}
+
+// ----- the generated inspector.sh against the real Inspector CLI -------------------------------
+
+fn peers_dir() -> PathBuf {
+    std::env::var_os("MCP_DEV_PEERS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(REPO).join("target/e2e-peers"))
+}
+
+/// The pinned peers (idempotent; a missing Inspector is a failure, never a skip).
+fn install_peers() {
+    let out = Command::new("bash")
+        .arg(Path::new(REPO).join("e2e/install-peers.sh"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "e2e/install-peers.sh failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr(&out)
+    );
+}
+
+/// `mcp-dev/inspector.sh --cli --method tools/call --tool-name … --tool-arg …` really calls the
+/// tool: the Inspector's variadic `--tool-arg` must not swallow the server command.
+#[test]
+fn generated_inspector_script_calls_a_tool_through_the_real_inspector_cli() {
+    install_peers();
+    let inspector = peers_dir().join("node/node_modules/.bin/mcp-inspector");
+    assert!(inspector.is_file(), "{} missing", inspector.display());
+    let sb = Sandbox::new();
+    assert_ok(&sb.run(&["new", "inspect-srv"]));
+    let root = sb.path().join("inspect-srv");
+    let manifest = root.join("Cargo.toml");
+    // The write tool exempt, so one one-shot process can run it; the log with this run's key.
+    let text = read(&manifest).replace(
+        "exempt = [\"list_notes\"]",
+        &format!(
+            "exempt = [\"list_notes\", \"add_note\"]\naudit-log = \"{}\"",
+            sb.path().join("audit.jsonl").display()
+        ),
+    );
+    assert!(
+        text.contains("\"add_note\"]"),
+        "the template's exempt line moved:\n{text}"
+    );
+    std::fs::write(&manifest, text).unwrap();
+    std::fs::copy(
+        Path::new(REPO).join("e2e/fixtures/inventory/Cargo.lock"),
+        root.join("Cargo.lock"),
+    )
+    .unwrap();
+    let target_dir = Path::new(REPO).join("target/e2e-fixture-target");
+    // One host session first, until the real tool list arrives: a one-shot process measures
+    // the script, not a cold build or how a first contact is answered (issue of its own).
+    warm_session(&sb, &manifest, &target_dir);
+
+    // `npx` resolves to the pinned Inspector from the peers dir, and insists on the version the
+    // script names.
+    let shim_dir = sb.path().join("shim");
+    std::fs::create_dir(&shim_dir).unwrap();
+    let shim = shim_dir.join("npx");
+    std::fs::write(
+        &shim,
+        format!(
+            "#!/bin/sh\n[ \"$1\" = --yes ] && shift\n[ \"$1\" = @modelcontextprotocol/inspector@0.15.0 ] || {{ echo \"npx shim: unexpected package $1\" >&2; exit 97; }}\nshift\nexec '{}' \"$@\"\n",
+            inspector.display()
+        ),
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let notes = sb.path().join("notes.jsonl");
+    let path = format!(
+        "{}:{}",
+        shim_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let one_shot = || {
+        let mut cmd = Command::new(root.join("mcp-dev/inspector.sh"));
+        cmd.args([
+            "--cli",
+            "--method",
+            "tools/call",
+            "--tool-name",
+            "add_note",
+            "--tool-arg",
+            "text=hello from the inspector",
+        ])
+        .current_dir(sb.path())
+        .env("PATH", &path)
+        .env("CARGO_TARGET_DIR", &target_dir)
+        .env("CARGO_MCP_DEV_HOME", sb.path().join("home"))
+        .env("INSPECT_SRV_NOTES_FILE", &notes)
+        .stdin(Stdio::null());
+        let out = run_with_timeout(cmd, Duration::from_secs(300));
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "inspector.sh failed ({}):\n{stdout}\n{}",
+            out.status,
+            stderr(&out)
+        );
+        let result: Value = serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("not a JSON tool result ({e}):\n{stdout}"));
+        result
+    };
+    // Each one-shot is a new host process and a fresh start of the server: a refusal that says
+    // "retry" (the server not up yet, or how a first contact was answered) is retried, as an
+    // agent would. Anything else is final.
+    let mut result = one_shot();
+    for _ in 0..4 {
+        let reason = result["_meta"]["dev.cargo-mcp-dev/error"]["error"].clone();
+        if reason != "identity_pending" && reason != "catalog_stale" {
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        result = one_shot();
+    }
+    assert_eq!(result["isError"], false, "{result}");
+    assert_eq!(
+        result["structuredContent"],
+        json!({"saved": true}),
+        "{result}"
+    );
+    assert_eq!(
+        read(&notes).trim_end(),
+        r#"{"text":"hello from the inspector"}"#,
+        "the tool ran once, with the argument given"
+    );
+}
+
+/// A raw host session on `cargo mcp-dev run` that lists tools until the server's real list
+/// arrives, then closes: the server is built and its catalog is known afterwards.
+fn warm_session(sb: &Sandbox, manifest: &Path, target_dir: &Path) {
+    let mut child = sb
+        .cmd(&[
+            "run",
+            "--manifest-path",
+            manifest.to_str().unwrap(),
+            "--no-watch",
+        ])
+        .env("CARGO_TARGET_DIR", target_dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let stderr_buf = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = stderr_buf.clone();
+    let child_stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(child_stderr).lines().map_while(Result::ok) {
+            let mut s = sink.lock().unwrap();
+            s.push_str(&line);
+            s.push('\n');
+        }
+    });
+    let stdin = child.stdin.take();
+    let mut client = Client {
+        child,
+        stdin,
+        lines,
+        stderr: stderr_buf,
+    };
+    let deadline = Instant::now() + Duration::from_secs(600);
+    client.send(
+        json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "onboarding-warm-up", "version": "1"}}}),
+    );
+    client.answer(0, deadline);
+    client.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    for id in 1.. {
+        client.send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"}));
+        let (list, _) = client.answer(id, deadline);
+        if list["result"]["tools"]
+            .as_array()
+            .is_some_and(|t| !t.is_empty())
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server never listed its tools"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    client.stdin = None;
+    let stop = Instant::now() + Duration::from_secs(30);
+    while client.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < stop, "run did not exit after stdin closed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Runs `cmd` to completion, killing it after `limit`.
+fn run_with_timeout(mut cmd: Command, limit: Duration) -> Output {
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let id = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ = Command::new("kill").arg("-9").arg(id.to_string()).status();
+            panic!("did not finish within {limit:?}");
+        }
+    }
 }
