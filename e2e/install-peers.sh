@@ -26,16 +26,8 @@ fail() {
 }
 trap 'echo "install-peers: FAILED during: $step (exit $?); peers dir: $peers" >&2' ERR
 
-need() {
-  command -v "$1" >/dev/null 2>&1 || fail "'$1' not found on PATH; $2"
-}
-
-step="checking tools"
-need "$python" "install Python 3 with the venv module (or set MCP_DEV_PYTHON)"
-need node "install Node.js 20 (the Inspector 0.15.0 pin assumes Node 20)"
-need npm "install npm (ships with Node.js)"
-need sha256sum "install coreutils"
-need flock "install util-linux"
+step="checking prerequisites"
+bash "$here/check-prerequisites.sh" || fail "prerequisites missing (see the lines above)"
 
 mkdir -p "$peers"
 peers="$(cd "$peers" && pwd)"

@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$(date +%s)
+# What must be on the machine, checked before anything is installed or built.
+bash e2e/check-prerequisites.sh
 echo "==> installing MCP peers (pinned; instant when already installed)" >&2
 bash e2e/install-peers.sh
 echo "==> cargo test (unit, property, integration, end-to-end)" >&2

@@ -60,6 +60,23 @@ fn demo_plays_the_whole_session_and_verifies_the_log() {
             "demo output lacks `{needle}`:\n{stderr}"
         );
     }
+    // No compiler warning in either revision of the demo server: the demo is the first thing a
+    // user sees.
+    // (cargo's summary `warning: `demo-inventory` (bin …) generated N warning(s)`, or a
+    // diagnostic: `warning: …` followed by its `--> src/…` location.)
+    let lines: Vec<&str> = stderr.lines().map(str::trim_start).collect();
+    for (i, line) in lines.iter().enumerate() {
+        let summary = line.starts_with("warning: `") && line.contains(" generated ");
+        let diagnostic = line.starts_with("warning: ")
+            && lines
+                .get(i + 1)
+                .is_some_and(|next| next.starts_with("--> "));
+        assert!(
+            !summary && !diagnostic,
+            "compiler warning in the demo: {line}\n{stderr}"
+        );
+    }
+    assert_in_order(&stderr);
     // The demo's stdout stays empty: everything is narrated on stderr.
     assert!(
         out.stdout.is_empty(),
@@ -69,4 +86,45 @@ fn demo_plays_the_whole_session_and_verifies_the_log() {
     // The notes file holds exactly the two approved writes (one per epoch), nothing denied ran.
     let notes = std::fs::read_to_string(work.path().join("demo-inventory/notes.jsonl")).unwrap();
     assert_eq!(notes.lines().count(), 2, "{notes}");
+}
+
+/// The lines appear in the order things happened: the supervisor's decision (its status line)
+/// before the host narrates the answer, an approval before the call it allowed.
+fn assert_in_order(stderr: &str) {
+    let epoch_of = |prefix: &str| -> String {
+        let line = stderr
+            .lines()
+            .find(|l| l.contains(prefix))
+            .unwrap_or_else(|| panic!("no `{prefix}` line:\n{stderr}"));
+        let rest = &line[line.find("epoch=").unwrap() + 6..];
+        rest.split([' ', ')']).next().unwrap().to_string()
+    };
+    let a = epoch_of("server started: pid=");
+    let b = epoch_of("server replaced: pid=");
+    let steps = [
+        "server started: pid=".to_string(),
+        "] listing tools".into(),
+        "call denied: add_note (authorization_required)".into(),
+        "denied: {".into(),
+        format!("approved: add_note for epoch {a} "),
+        format!("grant "),
+        "result: {\"saved\":true}".into(),
+        "server replaced: pid=".into(),
+        "catalog changed: revision 2".into(),
+        "call denied: add_note (catalog_stale)".into(),
+        "\"error\":\"catalog_stale\"".into(),
+        "call denied: add_note (authorization_stale)".into(),
+        "\"error\":\"authorization_stale\"".into(),
+        format!("approved: add_note for epoch {b} "),
+        "result: {\"saved\":true}".into(),
+        "] closing the connection".into(),
+        "demo complete: every step behaved as narrated".into(),
+    ];
+    let mut from = 0;
+    for step in &steps {
+        let at = stderr[from..].find(step.as_str()).unwrap_or_else(|| {
+            panic!("`{step}` missing or out of order after byte {from}:\n{stderr}")
+        });
+        from += at + step.len();
+    }
 }

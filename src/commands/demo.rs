@@ -285,11 +285,17 @@ pub fn execute(args: DemoArgs) -> CmdResult {
         "creating a small rmcp server in {}",
         project.display()
     ));
-    super::new::execute(crate::cli::NewArgs {
-        name: DEMO_NAME.into(),
-        path: Some(project.clone()),
-    })
+    let files = super::new::create(
+        &crate::cli::NewArgs {
+            name: DEMO_NAME.into(),
+            path: Some(project.clone()),
+        },
+        true,
+    )
     .map_err(|e| fail(e.message))?;
+    n.detail(&format!(
+        "{files} files, as `cargo mcp-dev new {DEMO_NAME}` writes them"
+    ));
     let project = project.canonicalize()?;
     let result = play(n, &project, &target_dir);
     if args.keep || args.dir.is_some() {
@@ -365,13 +371,13 @@ fn play(n: &mut Narrator, project: &Path, target_dir: &Path) -> CmdResult {
         &format!("calling {write_tool} before anyone approved it"),
     );
     let r = host.call(&write_tool, write_args())?;
-    expect_denial(&r, "authorization_required", n)?;
+    expect_denial(&mut host, &r, &write_tool, "authorization_required", n)?;
 
     n.step(
         &mut host,
         &format!("approving {write_tool} for epoch {epoch_a} (what `cargo mcp-dev approve` does)"),
     );
-    approve(&control, &epoch_a, &write_tool, n)?;
+    approve(&mut host, &control, &epoch_a, &write_tool, n)?;
 
     n.step(&mut host, &format!("calling {write_tool} again"));
     let r = host.call(&write_tool, write_args())?;
@@ -395,7 +401,7 @@ fn play(n: &mut Narrator, project: &Path, target_dir: &Path) -> CmdResult {
         "the agent retries its prepared call without refreshing: refused, the catalog moved",
     );
     let r = host.call(&write_tool, write_args())?;
-    expect_denial(&r, "catalog_stale", n)?;
+    expect_denial(&mut host, &r, &write_tool, "catalog_stale", n)?;
 
     n.step(
         &mut host,
@@ -403,7 +409,7 @@ fn play(n: &mut Narrator, project: &Path, target_dir: &Path) -> CmdResult {
     );
     list_tools(&mut host)?;
     let r = host.call(&write_tool, write_args())?;
-    let d = expect_denial(&r, "authorization_stale", n)?;
+    let d = expect_denial(&mut host, &r, &write_tool, "authorization_stale", n)?;
     if d["approvedEpoch"] != json!(epoch_a) || d["currentEpoch"] != json!(epoch_b) {
         return Err(fail(format!(
             "authorization_stale should name {epoch_a} -> {epoch_b}: {d}"
@@ -414,7 +420,7 @@ fn play(n: &mut Narrator, project: &Path, target_dir: &Path) -> CmdResult {
         &mut host,
         &format!("approving {write_tool} for the new epoch {epoch_b}"),
     );
-    approve(&control, &epoch_b, &write_tool, n)?;
+    approve(&mut host, &control, &epoch_b, &write_tool, n)?;
     let r = host.call(&write_tool, write_args())?;
     if r.get("isError") == Some(&json!(true)) {
         return Err(fail(format!(
@@ -468,8 +474,18 @@ fn edit_revision_b(project: &Path) -> Result<(), Failure> {
             "Save a note (appends one line to the notes file)",
             "Save a note with an optional tag (revision B: appends one line to the notes file)",
             1,
+        )
+        // The handler uses the new field (an unused one would be a compiler warning).
+        .replacen(
+            "        let line = serde_json::to_string(&Note { text: args.text }).expect(\"a note serializes\");\n",
+            "        let text = match args.tag {\n            Some(tag) => format!(\"[{tag}] {}\", args.text),\n            None => args.text,\n        };\n        let line = serde_json::to_string(&Note { text }).expect(\"a note serializes\");\n",
+            1,
         );
-    if edited == src || !edited.contains("revision B:") || !edited.contains("tag: Option<String>") {
+    if edited == src
+        || !edited.contains("revision B:")
+        || !edited.contains("tag: Option<String>")
+        || !edited.contains("Some(tag) =>")
+    {
         return Err(fail(
             "the template no longer has the lines the demo edits (src/main.rs)",
         ));
@@ -485,11 +501,24 @@ fn list_tools(host: &mut Host) -> Result<Vec<Value>, Failure> {
         .ok_or_else(|| fail(format!("tools/list failed: {r}")))
 }
 
-fn expect_denial(r: &Value, reason: &str, n: &Narrator) -> Result<Value, Failure> {
+/// Checks the denial, then narrates it after the supervisor's own `call denied:` line: the
+/// supervisor refused the call before the host read the refusal.
+fn expect_denial(
+    host: &mut Host,
+    r: &Value,
+    tool: &str,
+    reason: &str,
+    n: &Narrator,
+) -> Result<Value, Failure> {
     let d = denial(r).ok_or_else(|| fail(format!("expected a {reason} denial, got: {r}")))?;
     if d["error"] != json!(reason) {
         return Err(fail(format!("expected {reason}, got {}", d["error"])));
     }
+    host.wait_status(
+        &format!("call denied: {tool} ({reason})"),
+        Duration::from_secs(10),
+        n,
+    )?;
     n.detail(&format!("denied: {}", text_of(r)));
     if let Some(hint) = r.pointer("/content/1/text").and_then(|t| t.as_str()) {
         n.detail(hint);
@@ -497,10 +526,23 @@ fn expect_denial(r: &Value, reason: &str, n: &Narrator) -> Result<Value, Failure
     Ok(d)
 }
 
-fn approve(control: &ControlArgs, epoch: &str, tool: &str, n: &Narrator) -> Result<(), Failure> {
+/// Approves over the control socket, then waits for the supervisor's `approved:` line, so
+/// nothing that the grant allowed is narrated before it.
+fn approve(
+    host: &mut Host,
+    control: &ControlArgs,
+    epoch: &str,
+    tool: &str,
+    n: &Narrator,
+) -> Result<(), Failure> {
     let r = super::control_client::call(
         control,
         &json!({"op": "approve", "epoch": epoch, "tools": [tool], "credentialScopes": []}),
+    )?;
+    host.wait_status(
+        &format!("approved: {tool} for epoch {epoch} "),
+        Duration::from_secs(10),
+        n,
     )?;
     n.detail(&format!(
         "grant {} for epoch {}",

@@ -590,6 +590,8 @@ pub struct Writer {
     pub created: usize,
     /// Files left as they were (shown relative to the base), summarised by [`Writer::finish`].
     pub skipped: Vec<String>,
+    /// No line per file (the demo creates its package silently).
+    pub quiet: bool,
 }
 
 impl Writer {
@@ -600,6 +602,7 @@ impl Writer {
             force,
             created: 0,
             skipped: Vec::new(),
+            quiet: false,
         }
     }
 
@@ -611,7 +614,9 @@ impl Writer {
     }
 
     fn line(&self, text: &str) {
-        status::line(text);
+        if !self.quiet {
+            status::line(text);
+        }
     }
 
     pub fn write(&mut self, path: &Path, contents: &str, executable: bool) -> Result<(), Failure> {

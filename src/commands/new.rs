@@ -22,13 +22,30 @@ pub const WRITE_TOOL: &str = "add_note";
 pub const NOTES_FILE: &str = "notes.jsonl";
 
 pub fn execute(args: NewArgs) -> CmdResult {
-    validate_package_name(&args.name)?;
+    create(&args, false)?;
+    let manifest = package_dir(&args)?.canonicalize()?.join("Cargo.toml");
+    status::line(&format!(
+        "ready: `{}` is an MCP server package set up for cargo mcp-dev (no `init` needed); try `cargo mcp-dev run --manifest-path {}`, or open the directory in a host: .mcp.json, .vscode/mcp.json and .cursor/mcp.json are in place (mcp-dev/README.md for the others)",
+        args.name,
+        manifest.display()
+    ));
+    Ok(exit_codes::OK)
+}
+
+/// The directory `new` creates the package in.
+fn package_dir(args: &NewArgs) -> Result<std::path::PathBuf, Failure> {
     let cwd = std::env::current_dir()?;
-    let dir = match &args.path {
+    Ok(match &args.path {
         Some(p) if p.is_absolute() => p.clone(),
         Some(p) => cwd.join(p),
         None => cwd.join(&args.name),
-    };
+    })
+}
+
+/// Writes the package (`quiet`: without a line per file); returns how many files it wrote.
+pub fn create(args: &NewArgs, quiet: bool) -> Result<usize, Failure> {
+    validate_package_name(&args.name)?;
+    let dir = package_dir(args)?;
     prepare_dir(&dir)?;
     // Canonical, so host snippets carry the path the OS reports (no `..`, no symlinked /tmp).
     let dir = dir.canonicalize()?;
@@ -62,6 +79,7 @@ pub fn execute(args: NewArgs) -> CmdResult {
         .set("env_prefix", init::env_prefix(&args.name))
         .set("metadata_block", block);
     let mut out = Writer::new(&dir, false);
+    out.quiet = quiet;
     for (rel, template) in [
         ("Cargo.toml", &templates::NEW_CARGO_TOML),
         ("src/main.rs", &templates::NEW_MAIN_RS),
@@ -72,12 +90,7 @@ pub fn execute(args: NewArgs) -> CmdResult {
         out.write(&dir.join(rel), &text, false)?;
     }
     init::write_companions(&project, &HostEnv::detect(), &mut out)?;
-    status::line(&format!(
-        "ready: `{}` is an MCP server package set up for cargo mcp-dev (no `init` needed); try `cargo mcp-dev run --manifest-path {}`, or open the directory in a host: .mcp.json, .vscode/mcp.json and .cursor/mcp.json are in place (mcp-dev/README.md for the others)",
-        args.name,
-        project.manifest_path.display()
-    ));
-    Ok(exit_codes::OK)
+    Ok(out.created)
 }
 
 /// Creates `dir`, or accepts it when it exists and is empty.
