@@ -107,7 +107,7 @@ fn assert_in_order(stderr: &str) {
         "call denied: add_note (authorization_required)".into(),
         "denied: {".into(),
         format!("approved: add_note for epoch {a} "),
-        format!("grant "),
+        "grant ".into(),
         "result: {\"saved\":true}".into(),
         "server replaced: pid=".into(),
         "catalog changed: revision 2".into(),
