@@ -57,6 +57,8 @@ pub enum BuildOutcome {
         errors: usize,
         /// The first file named by a diagnostic (`src/main.rs`).
         first_file: Option<String>,
+        /// `file:line:col` of the first error.
+        first_location: Option<String>,
         /// cargo's last `error:` line (e.g. lockfile needs to be updated but --locked was passed).
         summary: Option<String>,
         duration: Duration,
@@ -196,7 +198,8 @@ pub fn run_build(req: &BuildRequest) -> Result<BuildOutcome, Failure> {
         return Ok(BuildOutcome::Failed {
             errors: scan.errors.max(1),
             first_file: scan.first_file,
-            summary: scan.last_error,
+            first_location: scan.first_location,
+            summary: scan.first_error.or(scan.last_error),
             duration,
         });
     }
@@ -223,6 +226,10 @@ struct StderrScan {
     reported_errors: Option<usize>,
     warnings: usize,
     first_file: Option<String>,
+    /// `file:line:col` of the first error.
+    first_location: Option<String>,
+    /// The first error's message.
+    first_error: Option<String>,
     last_error: Option<String>,
 }
 
@@ -248,6 +255,9 @@ fn scan_cargo_stderr(
             } else if rest.starts_with(": aborting due to") {
             } else if rest.starts_with(':') || rest.starts_with('[') {
                 scan.errors += 1;
+                if scan.first_error.is_none() {
+                    scan.first_error = Some(trimmed.to_string());
+                }
                 scan.last_error = Some(trimmed.to_string());
             }
         } else if trimmed.starts_with("warning:") && !trimmed.contains("generated") {
@@ -257,6 +267,7 @@ fn scan_cargo_stderr(
             && scan.errors > 0
         {
             scan.first_file = loc.split(':').next().map(str::to_string);
+            scan.first_location = Some(loc.trim().to_string());
         }
         if relay {
             match bar {

@@ -43,6 +43,9 @@ pub const KNOWN_KEYS: &[&str] = &[
     "ignore",
     "restart",
     "debounce-ms",
+    "first-start-budget",
+    "handshake-wait",
+    "fallback",
     "audit-log",
     "gate",
     "exempt",
@@ -67,6 +70,12 @@ pub struct McpDevConfig {
     pub ignore: Vec<String>,
     pub restart: Option<String>,
     pub debounce_ms: Option<u64>,
+    /// e.g. `"25s"` (humantime).
+    pub first_start_budget: Option<String>,
+    /// e.g. `"5s"` (humantime).
+    pub handshake_wait: Option<String>,
+    /// `"none"` or `"last-good"`.
+    pub fallback: Option<String>,
     pub audit_log: Option<String>,
     pub gate: Option<GateSetting>,
     #[serde(default)]

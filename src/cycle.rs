@@ -137,6 +137,9 @@ pub enum CycleOutcome {
     Failed {
         errors: usize,
         first_file: Option<String>,
+        /// `file:line:col` of the first error.
+        first_location: Option<String>,
+        /// The first error's message.
         summary: Option<String>,
         last_good: Option<IdentityRecord>,
         duration: Duration,
@@ -165,11 +168,13 @@ pub fn run_cycle(
         BuildOutcome::Failed {
             errors,
             first_file,
+            first_location,
             summary,
             duration,
         } => Ok(CycleOutcome::Failed {
             errors,
             first_file,
+            first_location,
             summary,
             last_good: previous,
             duration,

@@ -73,6 +73,9 @@ pub struct EpochEntry {
     /// Time the epoch was replaced or its server exited.
     pub ended: Option<String>,
     pub exit_status: Option<String>,
+    /// The agent run whose supervisor started it.
+    #[serde(skip)]
+    pub run: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -409,6 +412,7 @@ impl Builder {
                     replaced_by: None,
                     ended: None,
                     exit_status: None,
+                    run: None,
                 });
                 self.epochs.len() - 1
             }
@@ -446,6 +450,16 @@ impl Builder {
         match r.record_type.as_str() {
             rt::RUN_STARTED => {
                 let id = s(&d["agentRun"]).unwrap_or_else(|| r.run.clone());
+                // Epochs of an earlier run that never recorded an end: that supervisor stopped
+                // without writing it (killed, crashed, power loss).
+                for e in self
+                    .epochs
+                    .iter_mut()
+                    .filter(|e| e.ended.is_none() && e.run.as_ref().is_some_and(|run| *run != id))
+                {
+                    e.ended = Some("unknown".into());
+                    e.exit_status = Some("supervisor stopped".into());
+                }
                 let entry = self.run(&id);
                 entry.started = Some(r.time.clone());
                 entry.client = d["client"].as_object().map(|c| ClientInfo {
@@ -459,6 +473,15 @@ impl Builder {
                 let entry = self.run(&r.run);
                 entry.ended = Some(r.time.clone());
                 entry.end_reason = s(&d["reason"]);
+                // A server still running when its run ended ended with it.
+                for e in self
+                    .epochs
+                    .iter_mut()
+                    .filter(|e| e.ended.is_none() && e.run.as_deref() == Some(r.run.as_str()))
+                {
+                    e.ended = Some(r.time.clone());
+                    e.exit_status = Some("stopped at session end".into());
+                }
             }
             rt::GATING_DISABLED => self.run(&r.run).gating = Some("off".into()),
             rt::SERVER_STARTED => {
@@ -467,6 +490,7 @@ impl Builder {
                 };
                 let e = self.epoch(&id, &r.time);
                 e.started = r.time.clone();
+                e.run = Some(r.run.clone());
                 e.pid = d["pid"].as_u64().or(e.pid);
                 e.identity_digest = s(&d["identityDigest"]);
                 e.executable_sha256 = s(&d["executableSha256"]);
@@ -491,7 +515,7 @@ impl Builder {
                 };
                 let e = self.epoch(&id, &r.time);
                 e.ended.get_or_insert_with(|| r.time.clone());
-                e.exit_status = s(&d["status"]).or_else(|| d.get("status").map(Value::to_string));
+                e.exit_status = crate::audit::records::ServerExited::from_data(d).map(|x| x.status);
             }
             rt::APPROVAL_GRANTED => {
                 let g = &d["grant"];
