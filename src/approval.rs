@@ -1,7 +1,7 @@
 //! The gate: the only place that decides whether a `tools/call` is forwarded to the server.
 //!
 //! Owns the approval policy ([`Policy`]), the grants a human issued for this agent run
-//! ([`Grant`]), the state machine of DESIGN.md section 4 ([`Phase`]) and the denials it produces,
+//! ([`Grant`]), the state machine of docs/ARCHITECTURE.md ([`Phase`]) and the denials it produces,
 //! with their machine-readable payload and the sentence for the human ([`Denial`]).
 //!
 //! Pure: events in, decisions out. It does no I/O and reads no clock: times are passed in as
@@ -390,7 +390,7 @@ pub struct DeniedCall {
     pub denial: Denial,
 }
 
-/// The states of DESIGN.md section 4.
+/// The states of the approval state machine (docs/ARCHITECTURE.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
     /// No running server, or its catalog is not fetched yet: nothing is forwarded.
@@ -1592,7 +1592,7 @@ mod tests {
             alive: bool,
         }
 
-        /// The rules restated from DESIGN.md, independent of `Gate`'s data layout.
+        /// The rules restated from the module doc, independent of `Gate`'s data layout.
         #[derive(Debug)]
         struct Model {
             policy: Policy,

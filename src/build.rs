@@ -135,6 +135,34 @@ pub fn cancel_running() {
     }
 }
 
+/// Whether a cargo build of ours is running now.
+pub fn is_running() -> bool {
+    RUNNING_BUILD.load(Ordering::SeqCst) != 0
+}
+
+/// Hands a build the host abandoned (it closed the connection during a cold build, as hosts
+/// do before retrying) to a detached cargo of its own: our cargo is stopped, and the same
+/// `cargo build` goes on in its own process group with its output in `log`, so the host's retry
+/// finds it further along or done. cargo's lock on the target directory keeps it the only build
+/// of that directory: the retry's build waits for it instead of starting a second one.
+pub fn continue_in_background(req: &BuildRequest, log: &Path) -> std::io::Result<u32> {
+    use std::os::unix::process::CommandExt as _;
+    cancel_running();
+    if let Some(dir) = log.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let out = std::fs::File::create(log)?;
+    let err = out.try_clone()?;
+    let child = Command::new(&req.cargo)
+        .args(cargo_build_args(req))
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0)
+        .spawn()?;
+    Ok(child.id())
+}
+
 /// Runs cargo build and waits for it; compiler diagnostics appear on stderr as cargo renders them.
 pub fn run_build(req: &BuildRequest) -> Result<BuildOutcome, Failure> {
     let started = Instant::now();

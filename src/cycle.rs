@@ -82,7 +82,7 @@ impl Prepared {
         self.target.display_path(exe)
     }
 
-    fn request(&self, relay_stderr: bool) -> BuildRequest {
+    pub fn request(&self, relay_stderr: bool) -> BuildRequest {
         BuildRequest {
             cargo: self.cargo.clone(),
             args: self.args.clone(),

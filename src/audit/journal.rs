@@ -37,6 +37,19 @@ pub struct SessionJournal {
     pub runs: Vec<RunEntry>,
     pub epochs: Vec<EpochEntry>,
     pub grants: Vec<GrantEntry>,
+    /// What each host connection was shown, and from which source.
+    pub presented: Vec<PresentedEntry>,
+}
+
+/// One `catalog_presented` record: a catalog (or one tool's definition) a host was shown.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PresentedEntry {
+    pub time: String,
+    pub run: String,
+    pub epoch: Option<String>,
+    #[serde(flatten)]
+    pub record: super::records::CatalogPresented,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -108,6 +121,8 @@ pub struct CallEntry {
     /// The grant that authorized it; `None` for an ungated call (or a call never forwarded).
     pub grant: Option<String>,
     pub credential_scopes: Vec<String>,
+    /// The catalog revision of this tool as the host was shown it (when it was current).
+    pub shown_revision: Option<u64>,
     pub outcome: CallOutcome,
 }
 
@@ -176,6 +191,7 @@ impl Journals {
                 runs: b.runs,
                 epochs: b.epochs,
                 grants: b.grants,
+                presented: b.presented,
             },
             activity: b.calls,
         }
@@ -286,6 +302,34 @@ impl Journals {
             ],
             rows.collect(),
         );
+
+        out.push_str("\nShown to the host\n");
+        let rows = self.session.presented.iter().map(|p| {
+            let r = &p.record;
+            let what = match (&r.tool, r.tools) {
+                (Some(t), _) => format!("tool {t}"),
+                (None, Some(n)) => format!("{n} tools"),
+                _ => "-".into(),
+            };
+            vec![
+                p.time.clone(),
+                p.run.clone(),
+                r.source.clone(),
+                r.revision
+                    .map(|n| format!("rev {n}"))
+                    .unwrap_or_else(|| "-".into()),
+                r.digest
+                    .as_deref()
+                    .map(|d| d.get(..19).unwrap_or(d).to_owned())
+                    .unwrap_or_else(|| "-".into()),
+                what,
+            ]
+        });
+        table(
+            out,
+            &["TIME", "RUN", "SOURCE", "REVISION", "DIGEST", "WHAT"],
+            rows.collect(),
+        );
     }
 
     fn render_activity(&self, out: &mut String) {
@@ -326,13 +370,18 @@ impl Journals {
                 c.call_id.clone(),
                 c.tool.clone(),
                 c.epoch.clone().unwrap_or_else(|| "-".into()),
+                c.shown_revision
+                    .map(|n| format!("rev {n}"))
+                    .unwrap_or_else(|| "-".into()),
                 grant,
                 outcome,
             ]
         });
         table(
             out,
-            &["TIME", "RUN", "CALL", "TOOL", "EPOCH", "GRANT", "OUTCOME"],
+            &[
+                "TIME", "RUN", "CALL", "TOOL", "EPOCH", "SHOWN", "GRANT", "OUTCOME",
+            ],
             rows.collect(),
         );
     }
@@ -373,6 +422,7 @@ struct Builder {
     runs: Vec<RunEntry>,
     epochs: Vec<EpochEntry>,
     grants: Vec<GrantEntry>,
+    presented: Vec<PresentedEntry>,
     calls: Vec<CallEntry>,
     /// (run, callId) → index in `calls` of the newest call with that id (ids are reused).
     call_index: HashMap<(String, String), usize>,
@@ -439,6 +489,7 @@ impl Builder {
             epoch: r.epoch.clone(),
             grant: None,
             credential_scopes: Vec::new(),
+            shown_revision: None,
             outcome: CallOutcome::Pending,
         });
         self.call_index.insert(key, self.calls.len() - 1);
@@ -550,6 +601,17 @@ impl Builder {
                 let c = &mut self.calls[i];
                 c.grant = s(&d["grant"]);
                 c.credential_scopes = strings(&d["credentialScopes"]);
+                c.shown_revision = d["shownRevision"].as_u64();
+            }
+            rt::CATALOG_PRESENTED => {
+                if let Ok(record) = serde_json::from_value(d.clone()) {
+                    self.presented.push(PresentedEntry {
+                        time: r.time.clone(),
+                        run: r.run.clone(),
+                        epoch: r.epoch.clone(),
+                        record,
+                    });
+                }
             }
             rt::TOOL_RESULT => {
                 let duration_ms = d["durationMs"].as_u64();

@@ -687,7 +687,25 @@ pub fn execute(args: RunArgs) -> CmdResult {
             Err(_) => break,
         }
     }
-    crate::build::cancel_running();
+    let abandoned = shared
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .first_build_abandoned();
+    if abandoned && crate::build::is_running() {
+        let log = layout.root().join("background-build.log");
+        let req = prep.request(false);
+        match crate::build::continue_in_background(&req, &log) {
+            Ok(pid) => sink.emit(&format!(
+                "the host closed the connection during the first build; the build goes on in the background (cargo pid {pid}, output in {}) so the host's retry finds it further along",
+                log.display()
+            )),
+            Err(e) => sink.emit(&format!(
+                "the host closed the connection during the first build; could not continue it in the background ({e})"
+            )),
+        }
+    } else {
+        crate::build::cancel_running();
+    }
     host_out.close();
     let _ = host_closed_rx.recv_timeout(Duration::from_secs(2));
     drop(shared);

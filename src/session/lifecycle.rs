@@ -406,6 +406,12 @@ impl<I: Io> Session<I> {
         self.shutdown_with(why, crate::exit_codes::CONNECTION_CLOSED);
     }
 
+    /// The session ends while its first build runs and no server ever came up: the shell
+    /// lets that build finish in the background for the host's retry.
+    pub fn first_build_abandoned(&self) -> bool {
+        self.builds != Builds::Idle && self.catalog.current().is_none()
+    }
+
     pub fn shutdown(&mut self, why: &str) {
         self.shutdown_with(why, crate::exit_codes::OK);
     }
@@ -421,13 +427,6 @@ impl<I: Io> Session<I> {
             self.answer_in_flight(&e, None, "exited", Some("supervisor shutting down"));
             self.record_exit(&c, "stopped at session end", None);
             self.io.stop(&e, Duration::from_millis(500));
-        }
-        if matches!(self.builds, Builds::Running | Builds::RunningWithFollowUp)
-            && self.catalog.current().is_none()
-        {
-            self.io.status(
-                "the host closed the connection during the first build; the build goes on, so the host's retry finds it further along",
-            );
         }
         self.gate.end_run();
         self.audit_record(

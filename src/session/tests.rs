@@ -505,3 +505,103 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_call_in_a_restart_gap_that_outlasts_the_hold_is_judged_then() {
+    let mut h = Harness::ungated(|c| c.restart_hold = std::time::Duration::from_secs(2));
+    h.connect_legacy();
+    h.build(complete("a"));
+    h.build(complete("b"));
+    let call = h.call("list_items");
+    h.advance(1999);
+    assert!(h.answer(&call).is_none());
+    h.advance(1);
+    let a = h.answer(&call).expect("answered when the hold ran out");
+    assert_eq!(Harness::tool_error(&a).as_deref(), Some("identity_pending"));
+}
+
+#[test]
+fn a_host_that_cancels_a_held_request_never_has_it_forwarded() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    let call = h.call("write_item");
+    h.host(json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": call}}));
+    h.build(complete("a"));
+    assert!(h.io().calls_sent.is_empty());
+}
+
+#[test]
+fn held_requests_are_bounded() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    let ids: Vec<Value> = (0..HELD_LIMIT + 3)
+        .map(|_| h.request("tools/list", json!({})))
+        .collect();
+    let answered = ids.iter().filter(|id| h.answer(id).is_some()).count();
+    assert_eq!(answered, 3, "the overflow is answered at once");
+}
+
+/// Architecture issue: the writer (the session) and the reader (`audit show`) share one record
+/// type, so the journal shows how each epoch ended. The old session wrote `exit` where the
+/// journal read `status`, and never ended the last epoch.
+#[test]
+fn the_journal_reads_what_the_session_writes() {
+    use crate::audit::chain::{FORMAT_VERSION, GENESIS_PREV, Record};
+    use crate::audit::journal::Journals;
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    let first = h.current_epoch().unwrap();
+    h.s.handle(Event::ChildExited {
+        epoch: first.clone(),
+        exit: ExitInfo {
+            code: Some(3),
+            signal: None,
+        },
+    });
+    h.advance(1000);
+    let second = h.current_epoch().expect("restarted");
+    let list = h.request("tools/list", json!({}));
+    assert!(h.answer(&list).is_some());
+    let call = h.call("list_items");
+    assert!(h.answer(&call).is_some());
+    h.s.handle(Event::HostEof);
+    let run = h.s.agent_run().to_string();
+    let records: Vec<Record> = h
+        .io()
+        .audit
+        .iter()
+        .enumerate()
+        .map(|(i, (kind, epoch, data))| Record {
+            v: FORMAT_VERSION,
+            seq: i as u64 + 1,
+            time: format!("t{i}"),
+            record_type: kind.clone(),
+            run: run.clone(),
+            epoch: epoch.clone(),
+            prev: GENESIS_PREV.into(),
+            data: data.clone(),
+            hash: String::new(),
+            mac: String::new(),
+        })
+        .collect();
+    let j = Journals::from_records(&records);
+    let ended: Vec<(String, Option<String>)> = j
+        .session
+        .epochs
+        .iter()
+        .map(|e| (e.epoch.clone(), e.exit_status.clone()))
+        .collect();
+    assert_eq!(
+        ended,
+        [
+            (first, Some("exit code 3".into())),
+            (second, Some("stopped at session end".into()))
+        ]
+    );
+    assert_eq!(j.session.presented.len(), 1);
+    assert_eq!(j.activity[0].shown_revision, Some(1));
+    let text = j.render_human(crate::audit::journal::JournalView::Both);
+    assert!(text.contains("exited: exit code 3"), "{text}");
+    assert!(text.contains("Shown to the host"), "{text}");
+}
