@@ -1,7 +1,7 @@
 //! The gate: the only place that decides whether a `tools/call` is forwarded to the server.
 //!
 //! Owns the approval policy ([`Policy`]), the grants a human issued for this agent run
-//! ([`Grant`]), the state machine of DESIGN.md section 4 ([`Phase`]) and the denials it produces,
+//! ([`Grant`]), the state machine of docs/ARCHITECTURE.md ([`Phase`]) and the denials it produces,
 //! with their machine-readable payload and the sentence for the human ([`Denial`]).
 //!
 //! Pure: events in, decisions out. It does no I/O and reads no clock: times are passed in as
@@ -14,9 +14,10 @@
 //!
 //! Rules enforced by [`Gate::decide_call`], in this order:
 //! 1. `identity_pending`: no current epoch, or its catalog has not been fetched yet;
-//! 2. `catalog_stale`: the host's last fetched catalog digest differs from the current one (a
-//!    host that never fetched one in this connection has nothing to be stale against; an
-//!    unchanged digest, even across a restart, needs no refetch);
+//! 2. `catalog_stale`: the called tool's definition as this host connection was last shown it
+//!    differs from its definition in the current catalog, or the tool is gone. Judged per
+//!    tool: calls to unchanged tools go through. A host that was never shown a catalog in this
+//!    connection (or never shown this tool) is judged against the current catalog;
 //! 3. `unknown_tool`: the tool is not in the current catalog;
 //! 4. for a gated tool, a live grant of this run naming the current epoch and covering the tool
 //!    and every credential scope it uses; otherwise `authorization_stale` if a grant covered the
@@ -389,7 +390,7 @@ pub struct DeniedCall {
     pub denial: Denial,
 }
 
-/// The states of DESIGN.md section 4.
+/// The states of the approval state machine (docs/ARCHITECTURE.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
     /// No running server, or its catalog is not fetched yet: nothing is forwarded.
@@ -404,8 +405,18 @@ pub enum Phase {
 #[derive(Debug, Clone)]
 struct Current {
     epoch: String,
-    /// `None` until the supervisor has fetched this epoch's catalog.
-    catalog: Option<(CatalogRevision, BTreeSet<String>)>,
+    /// `None` until the supervisor has fetched this epoch's catalog: revision and, per tool,
+    /// the digest of its definition.
+    catalog: Option<(CatalogRevision, BTreeMap<String, String>)>,
+}
+
+/// One tool as the host connection was last shown it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShownTool {
+    /// Digest of the definition (the fields the catalog digest covers).
+    pub digest: String,
+    /// The catalog revision it was shown in, when it was the current one.
+    pub revision: Option<u64>,
 }
 
 /// The gate of one agent run against one server label.
@@ -415,7 +426,10 @@ pub struct Gate {
     agent_run: String,
     server_label: String,
     current: Option<Current>,
+    /// Digest of the last whole catalog the host was shown.
     host_catalog: Option<String>,
+    /// Per tool, what the host was last shown (`None`: never shown a catalog).
+    host_view: Option<BTreeMap<String, ShownTool>>,
     /// Grants for the current epoch that have not expired or been revoked.
     live: Vec<Grant>,
     /// Grants of past epochs (oldest first); kept only to explain denials.
@@ -434,6 +448,7 @@ impl Gate {
             server_label,
             current: None,
             host_catalog: None,
+            host_view: None,
             live: Vec::new(),
             stale: Vec::new(),
             run_ended: false,
@@ -473,7 +488,7 @@ impl Gate {
         &mut self,
         epoch: &str,
         revision: CatalogRevision,
-        tools: BTreeSet<String>,
+        tools: BTreeMap<String, String>,
     ) -> bool {
         match &mut self.current {
             Some(current) if current.epoch == epoch => {
@@ -484,9 +499,61 @@ impl Gate {
         }
     }
 
-    /// The host received a `tools/list` answer whose merged catalog has this digest.
-    pub fn host_fetched_catalog(&mut self, digest: &str) {
+    /// The host received a whole catalog (a `tools/list` answer, all pages): its digest, the
+    /// revision it is (when it is the current one) and each tool's definition digest.
+    pub fn host_shown_catalog(
+        &mut self,
+        digest: &str,
+        revision: Option<u64>,
+        tools: BTreeMap<String, String>,
+    ) {
         self.host_catalog = Some(digest.to_owned());
+        self.host_view = Some(
+            tools
+                .into_iter()
+                .map(|(name, digest)| (name, ShownTool { digest, revision }))
+                .collect(),
+        );
+    }
+
+    /// The host was shown one tool's current definition (a stale-call result carries it), or
+    /// that it is gone (`None`). The next call of that tool is judged against it.
+    pub fn host_shown_tool(&mut self, tool: &str, digest: Option<String>, revision: Option<u64>) {
+        let view = self.host_view.get_or_insert_with(BTreeMap::new);
+        match digest {
+            Some(digest) => {
+                view.insert(tool.to_owned(), ShownTool { digest, revision });
+            }
+            None => {
+                view.remove(tool);
+            }
+        }
+    }
+
+    /// What the host was shown of `tool`, if anything.
+    pub fn host_shown(&self, tool: &str) -> Option<&ShownTool> {
+        self.host_view.as_ref()?.get(tool)
+    }
+
+    /// Tools whose definition as shown to the host differs from the current catalog (or that
+    /// are gone), sorted. Empty before either is known.
+    pub fn stale_tools(&self) -> Vec<String> {
+        let (Some(view), Some((_, current))) = (
+            self.host_view.as_ref(),
+            self.current.as_ref().and_then(|c| c.catalog.as_ref()),
+        ) else {
+            return Vec::new();
+        };
+        view.iter()
+            .filter(|(name, shown)| current.get(*name) != Some(&shown.digest))
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// Whether a call of `tool` now would be judged stale.
+    fn is_stale(&self, tool: &str, current: &BTreeMap<String, String>) -> bool {
+        self.host_shown(tool)
+            .is_some_and(|shown| current.get(tool) != Some(&shown.digest))
     }
 
     /// The child of `epoch` exited. Ignored (returns `false`) for any other epoch. Until the next
@@ -528,7 +595,7 @@ impl Gate {
         if req.tools.is_empty() {
             return Err(ApprovalError::NoTools);
         }
-        if let Some(tool) = req.tools.iter().find(|t| !catalog.contains(*t)) {
+        if let Some(tool) = req.tools.iter().find(|t| !catalog.contains_key(*t)) {
             return Err(ApprovalError::UnknownTool(tool.clone()));
         }
         if let Some(scope) = req
@@ -622,7 +689,7 @@ impl Gate {
             return self.deny(denial, gated, now);
         };
         denial.current_catalog = Some(revision.clone());
-        let in_catalog = catalog.contains(tool);
+        let in_catalog = catalog.contains_key(tool);
         let live = self.live.iter().position(|g| g.covers(tool, &scopes));
         let stale = self
             .stale
@@ -631,14 +698,10 @@ impl Gate {
             .find(|g| g.tool_scope.contains(tool))
             .map(|g| g.execution_epoch.clone());
 
-        // A call is stale when the revision the host last fetched differs from the current one.
-        // A host that never fetched in this connection (e.g. a one-shot CLI call) holds no
-        // revision to be stale against; approval rules still apply to it.
-        if self
-            .host_catalog
-            .as_deref()
-            .is_some_and(|h| h != revision.digest.as_str())
-        {
+        // A call is stale when this tool's definition as the host was shown it differs from the
+        // current one (or the tool is gone). A host that was never shown the tool (e.g. a
+        // one-shot CLI call) is judged against the current catalog; approval rules still apply.
+        if self.is_stale(tool, catalog) {
             denial.reason = DenialReason::CatalogStale;
             if gated && in_catalog && live.is_none() {
                 denial.authorization = Some(if stale.is_some() {
@@ -720,7 +783,7 @@ impl Gate {
         let tools: BTreeSet<String> = self
             .requested
             .iter()
-            .filter(|t| catalog.is_none_or(|c| c.contains(*t)))
+            .filter(|t| catalog.is_none_or(|c| c.contains_key(*t)))
             .filter(|t| {
                 let scopes = self.policy.scopes_for(t);
                 !self.live.iter().any(|g| g.covers(t, &scopes))
@@ -749,7 +812,7 @@ impl Gate {
         match self.current.as_ref().and_then(|c| c.catalog.as_ref()) {
             None => Phase::IdentityPending,
             Some((_, tools))
-                if self.live.is_empty() && tools.iter().any(|t| self.policy.is_gated(t)) =>
+                if self.live.is_empty() && tools.keys().any(|t| self.policy.is_gated(t)) =>
             {
                 Phase::CatalogReady
             }
@@ -795,6 +858,36 @@ mod tests {
         }
     }
 
+    /// Per-tool definition digests of a catalog tagged `tag`: tools of catalogs with the same
+    /// tag are unchanged, with different tags all changed.
+    fn cat(tag: &str, names: &[&str]) -> BTreeMap<String, String> {
+        names
+            .iter()
+            .map(|n| (n.to_string(), format!("{tag}:{n}")))
+            .collect()
+    }
+
+    impl Gate {
+        /// The host was shown catalog `sha256:<tag>` holding the current catalog's tools.
+        fn host_fetched_catalog(&mut self, digest: &str) {
+            let tag = digest.trim_start_matches("sha256:");
+            let names: Vec<String> = self
+                .current
+                .as_ref()
+                .and_then(|c| c.catalog.as_ref())
+                .map(|(_, t)| t.keys().cloned().collect())
+                .unwrap_or_default();
+            let view = names
+                .into_iter()
+                .map(|n| {
+                    let d = format!("{tag}:{n}");
+                    (n, d)
+                })
+                .collect();
+            self.host_shown_catalog(digest, None, view);
+        }
+    }
+
     /// read_item exempt; write_item uses `inventory-api`; delete_item is per-call.
     fn policy() -> Policy {
         Policy {
@@ -824,7 +917,7 @@ mod tests {
         assert!(g.catalog_fetched(
             epoch,
             rev(1, "c1"),
-            set(&["read_item", "write_item", "delete_item"])
+            cat("c1", &["read_item", "write_item", "delete_item"])
         ));
         g.host_fetched_catalog("sha256:c1");
         g
@@ -911,7 +1004,7 @@ mod tests {
             Err(ApprovalError::NotReady)
         );
         assert!(
-            !g.catalog_fetched(B, rev(1, "c1"), set(&["write_item"])),
+            !g.catalog_fetched(B, rev(1, "c1"), cat("c1", &["write_item"])),
             "other epoch's catalog is ignored"
         );
         assert_eq!(g.phase(), Phase::IdentityPending);
@@ -922,7 +1015,7 @@ mod tests {
         assert!(g.catalog_fetched(
             A,
             rev(1, "c1"),
-            set(&["read_item", "write_item", "delete_item"])
+            cat("c1", &["read_item", "write_item", "delete_item"])
         ));
         assert_eq!(g.phase(), Phase::CatalogReady);
         assert_eq!(g.current_catalog(), Some(&rev(1, "c1")));
@@ -993,7 +1086,7 @@ mod tests {
         assert!(g.catalog_fetched(
             B,
             rev(1, "c1"),
-            set(&["read_item", "write_item", "delete_item"])
+            cat("c1", &["read_item", "write_item", "delete_item"])
         ));
         assert_eq!(g.phase(), Phase::CatalogReady);
         let d = denial(g.decide_call("write_item", 8));
@@ -1017,7 +1110,7 @@ mod tests {
         assert!(g.catalog_fetched(
             B,
             rev(2, "c2"),
-            set(&["read_item", "write_item", "delete_item"])
+            cat("c2", &["read_item", "write_item", "delete_item"])
         ));
         let d = denial(g.decide_call("write_item", 9));
         assert_eq!(d.reason, DenialReason::CatalogStale);
@@ -1050,7 +1143,7 @@ mod tests {
         assert!(g.catalog_fetched(
             B,
             rev(3, "c3"),
-            set(&["read_item", "write_item", "delete_item", "gen_x"])
+            cat("c3", &["read_item", "write_item", "delete_item", "gen_x"])
         ));
         assert_eq!(g.current_epoch(), Some(B));
         assert_eq!(reason(&mut g, "write_item"), "catalog_stale");
@@ -1188,7 +1281,7 @@ mod tests {
         g.epoch_started(B);
         // Revoking a stale grant turns authorization_stale into authorization_required.
         assert_eq!(g.revoke(RevokeTarget::All).len(), 2);
-        g.catalog_fetched(B, rev(1, "c1"), set(&["write_item"]));
+        g.catalog_fetched(B, rev(1, "c1"), cat("c1", &["write_item"]));
         assert_eq!(reason(&mut g, "write_item"), "authorization_required");
 
         g.approve(req(B, &["write_item"], &[API]), 1, "g4".into())
@@ -1211,7 +1304,7 @@ mod tests {
             "identity_pending",
             "gating off still waits for identity"
         );
-        g.catalog_fetched(A, rev(1, "c1"), set(&["write_item"]));
+        g.catalog_fetched(A, rev(1, "c1"), cat("c1", &["write_item"]));
         assert_eq!(g.phase(), Phase::Ready);
         g.host_fetched_catalog("sha256:c0");
         assert_eq!(
@@ -1232,7 +1325,7 @@ mod tests {
         p.gating = Gating::Only(set(&["write_item"]));
         let mut g = Gate::new(p, "r".into(), "l".into());
         g.epoch_started(A);
-        g.catalog_fetched(A, rev(1, "c1"), set(&["write_item", "delete_item"]));
+        g.catalog_fetched(A, rev(1, "c1"), cat("c1", &["write_item", "delete_item"]));
         g.host_fetched_catalog("sha256:c1");
         assert_eq!(reason(&mut g, "delete_item"), "forward");
         assert_eq!(reason(&mut g, "write_item"), "authorization_required");
@@ -1350,7 +1443,7 @@ mod tests {
             Some(100 + RECENT_DENIALS as u64 + 4)
         );
         // A request for a tool that leaves the catalog is no longer proposed.
-        g.catalog_fetched(A, rev(2, "c2"), set(&["read_item"]));
+        g.catalog_fetched(A, rev(2, "c2"), cat("c2", &["read_item"]));
         assert_eq!(g.pending_requests().0, BTreeSet::new());
     }
 
@@ -1499,14 +1592,16 @@ mod tests {
             alive: bool,
         }
 
-        /// The rules restated from DESIGN.md, independent of `Gate`'s data layout.
+        /// The rules restated from the module doc, independent of `Gate`'s data layout.
         #[derive(Debug)]
         struct Model {
             policy: Policy,
             epochs: Vec<String>,
             running: Option<String>,
-            catalog: Option<(String, BTreeSet<String>)>,
-            host: Option<String>,
+            /// Digest and, per tool, its definition digest.
+            catalog: Option<(String, BTreeMap<String, String>)>,
+            /// Per tool, what the host was last shown.
+            host: Option<BTreeMap<String, String>>,
             grants: Vec<ModelGrant>,
             ended: bool,
         }
@@ -1555,14 +1650,16 @@ mod tests {
             }
 
             fn expected_call(&self, tool: &str) -> Result<(), DenialReason> {
-                let Some((digest, tools)) = &self.catalog else {
+                let Some((_, tools)) = &self.catalog else {
                     return Err(DenialReason::IdentityPending);
                 };
-                // Stale only against a revision the host actually fetched.
-                if self.host.as_ref().is_some_and(|h| h != digest) {
+                // Stale only when this tool, as the host was shown it, differs or is gone.
+                if let Some(shown) = self.host.as_ref().and_then(|h| h.get(tool))
+                    && tools.get(tool) != Some(shown)
+                {
                     return Err(DenialReason::CatalogStale);
                 }
-                if !tools.contains(tool) {
+                if !tools.contains_key(tool) {
                     return Err(DenialReason::UnknownTool);
                 }
                 if !self.gated(tool) || !self.valid(tool).is_empty() {
@@ -1591,7 +1688,7 @@ mod tests {
                 if r.tools.is_empty() {
                     return Err(ApprovalError::NoTools);
                 }
-                if let Some(t) = r.tools.iter().find(|t| !tools.contains(*t)) {
+                if let Some(t) = r.tools.iter().find(|t| !tools.contains_key(*t)) {
                     return Err(ApprovalError::UnknownTool(t.clone()));
                 }
                 if let Some(s) = r
@@ -1633,7 +1730,7 @@ mod tests {
                     policy, epochs: vec![], running: None, catalog: None, host: None, grants: vec![], ended: false,
                 };
                 let mut history = CatalogHistory::new();
-                let mut digests: Vec<String> = vec![];
+                let mut digests: Vec<(String, BTreeMap<String, String>)> = vec![];
                 let mut next_id = 0u32;
                 for (now, step) in steps.into_iter().enumerate() {
                     let now = now as u64;
@@ -1663,26 +1760,28 @@ mod tests {
                             let Some(epoch) = target else { continue };
                             let accepted = m.running.as_ref() == Some(&epoch);
                             let catalog = Catalog::from_tools(catalog_json(&names, variant)).unwrap();
+                            let catalog_digests = catalog.tool_digests().clone();
                             let revision = if accepted {
                                 history.observe(catalog).0
                             } else {
                                 CatalogRevision { number: 0, digest: catalog.digest().to_owned() }
                             };
-                            prop_assert_eq!(gate.catalog_fetched(&epoch, revision.clone(), names.clone()), accepted);
+                            let per_tool = catalog_digests.clone();
+                            prop_assert_eq!(gate.catalog_fetched(&epoch, revision.clone(), per_tool.clone()), accepted);
                             if accepted {
-                                digests.push(revision.digest.clone());
-                                m.catalog = Some((revision.digest, names));
+                                digests.push((revision.digest.clone(), per_tool.clone()));
+                                m.catalog = Some((revision.digest, per_tool));
                             }
                         }
                         Step::HostRefetch { stale } => {
-                            let digest = if stale {
+                            let shown = if stale {
                                 digests.iter().rev().nth(1).cloned()
                             } else {
-                                m.catalog.as_ref().map(|(d, _)| d.clone())
+                                m.catalog.clone()
                             };
-                            if let Some(d) = digest {
-                                gate.host_fetched_catalog(&d);
-                                m.host = Some(d);
+                            if let Some((d, tools)) = shown {
+                                gate.host_shown_catalog(&d, None, tools.clone());
+                                m.host = Some(tools);
                             }
                         }
                         Step::Approve { epoch, tools, scopes } => {
@@ -1728,9 +1827,10 @@ mod tests {
                                 CallDecision::Forward { grant_id, credential_scopes } => {
                                     prop_assert_eq!(expected, Ok(()), "forwarded {}", tool);
                                     // Invariants, stated directly.
-                                    let (digest, _) = m.catalog.as_ref().expect("catalog known");
-                                    // Never on a revision the host fetched and is now outdated.
-                                    prop_assert!(m.host.as_ref().is_none_or(|h| h == digest), "forwarded on a stale catalog");
+                                    let (_, current) = m.catalog.as_ref().expect("catalog known");
+                                    // Never on a definition the host was shown and is now outdated.
+                                    let shown = m.host.as_ref().and_then(|h| h.get(&tool));
+                                    prop_assert!(shown.is_none_or(|d| current.get(&tool) == Some(d)), "forwarded on a stale definition");
                                     prop_assert_eq!(credential_scopes.iter().cloned().collect::<BTreeSet<_>>(), m.scopes(&tool));
                                     if m.gated(&tool) {
                                         let id = grant_id.expect("gated tool forwarded without a grant");

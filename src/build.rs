@@ -57,6 +57,8 @@ pub enum BuildOutcome {
         errors: usize,
         /// The first file named by a diagnostic (`src/main.rs`).
         first_file: Option<String>,
+        /// `file:line:col` of the first error.
+        first_location: Option<String>,
         /// cargo's last `error:` line (e.g. lockfile needs to be updated but --locked was passed).
         summary: Option<String>,
         duration: Duration,
@@ -133,6 +135,34 @@ pub fn cancel_running() {
     }
 }
 
+/// Whether a cargo build of ours is running now.
+pub fn is_running() -> bool {
+    RUNNING_BUILD.load(Ordering::SeqCst) != 0
+}
+
+/// Hands a build the host abandoned (it closed the connection during a cold build, as hosts
+/// do before retrying) to a detached cargo of its own: our cargo is stopped, and the same
+/// `cargo build` goes on in its own process group with its output in `log`, so the host's retry
+/// finds it further along or done. cargo's lock on the target directory keeps it the only build
+/// of that directory: the retry's build waits for it instead of starting a second one.
+pub fn continue_in_background(req: &BuildRequest, log: &Path) -> std::io::Result<u32> {
+    use std::os::unix::process::CommandExt as _;
+    cancel_running();
+    if let Some(dir) = log.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let out = std::fs::File::create(log)?;
+    let err = out.try_clone()?;
+    let child = Command::new(&req.cargo)
+        .args(cargo_build_args(req))
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0)
+        .spawn()?;
+    Ok(child.id())
+}
+
 /// Runs cargo build and waits for it; compiler diagnostics appear on stderr as cargo renders them.
 pub fn run_build(req: &BuildRequest) -> Result<BuildOutcome, Failure> {
     let started = Instant::now();
@@ -196,7 +226,8 @@ pub fn run_build(req: &BuildRequest) -> Result<BuildOutcome, Failure> {
         return Ok(BuildOutcome::Failed {
             errors: scan.errors.max(1),
             first_file: scan.first_file,
-            summary: scan.last_error,
+            first_location: scan.first_location,
+            summary: scan.first_error.or(scan.last_error),
             duration,
         });
     }
@@ -223,6 +254,10 @@ struct StderrScan {
     reported_errors: Option<usize>,
     warnings: usize,
     first_file: Option<String>,
+    /// `file:line:col` of the first error.
+    first_location: Option<String>,
+    /// The first error's message.
+    first_error: Option<String>,
     last_error: Option<String>,
 }
 
@@ -248,6 +283,9 @@ fn scan_cargo_stderr(
             } else if rest.starts_with(": aborting due to") {
             } else if rest.starts_with(':') || rest.starts_with('[') {
                 scan.errors += 1;
+                if scan.first_error.is_none() {
+                    scan.first_error = Some(trimmed.to_string());
+                }
                 scan.last_error = Some(trimmed.to_string());
             }
         } else if trimmed.starts_with("warning:") && !trimmed.contains("generated") {
@@ -257,6 +295,7 @@ fn scan_cargo_stderr(
             && scan.errors > 0
         {
             scan.first_file = loc.split(':').next().map(str::to_string);
+            scan.first_location = Some(loc.trim().to_string());
         }
         if relay {
             match bar {

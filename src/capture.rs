@@ -29,9 +29,6 @@ pub enum CaptureProblem {
     EnvUnset(String),
     ExtraInputMissing(String),
     WrapperMissing(String),
-    /// No longer produced: an unknown key is an error when the configuration is read (kept
-    /// while `session` still names it).
-    UnknownConfigKeys(Vec<String>),
     UnpinnedGit(Vec<String>),
 }
 
@@ -49,11 +46,6 @@ impl std::fmt::Display for CaptureProblem {
             CaptureProblem::WrapperMissing(p) => write!(
                 f,
                 "configured wrapper `{p}` does not exist or is not executable"
-            ),
-            CaptureProblem::UnknownConfigKeys(k) => write!(
-                f,
-                "unknown keys in [package.metadata.mcp-dev]: {}",
-                k.join(", ")
             ),
             CaptureProblem::UnpinnedGit(d) => write!(
                 f,

@@ -48,6 +48,9 @@ use sha2::{Digest as _, Sha256};
 /// field list or the canonical encoding changes, so old and new digests can never collide.
 pub const DIGEST_DOMAIN: &str = "cargo-mcp-dev/catalog/v1\n";
 
+/// Domain-separation prefix of one tool's digest ([`Catalog::tool_digests`]).
+pub const TOOL_DIGEST_DOMAIN: &str = "cargo-mcp-dev/catalog-tool/v1\n";
+
 /// The `Tool` fields covered by the digest and the diff, in canonical order (see the module doc).
 pub const HASHED_FIELDS: [&str; 8] = [
     "name",
@@ -79,6 +82,8 @@ pub struct Catalog {
     /// Name -> index into `tools`.
     by_name: BTreeMap<String, usize>,
     digest: String,
+    /// Name -> digest of that tool's hashed fields (what "this tool changed" means).
+    tool_digests: BTreeMap<String, String>,
 }
 
 impl Catalog {
@@ -99,11 +104,13 @@ impl Catalog {
         }
         let mut buf = String::from(DIGEST_DOMAIN);
         buf.push('[');
+        let mut tool_digests = BTreeMap::new();
         // `by_name` iterates in name order: that is what makes the digest order-insensitive.
-        for (n, &index) in by_name.values().enumerate() {
+        for (n, (name, &index)) in by_name.iter().enumerate() {
             if n > 0 {
                 buf.push(',');
             }
+            let start = buf.len();
             buf.push('{');
             let mut first = true;
             for field in HASHED_FIELDS {
@@ -118,6 +125,10 @@ impl Catalog {
                 }
             }
             buf.push('}');
+            let mut h = Sha256::new();
+            h.update(TOOL_DIGEST_DOMAIN.as_bytes());
+            h.update(&buf.as_bytes()[start..]);
+            tool_digests.insert(name.clone(), crate::hashing::prefixed(&h.finalize()));
         }
         buf.push(']');
         let digest = crate::hashing::prefixed(&Sha256::digest(buf.as_bytes()));
@@ -125,12 +136,18 @@ impl Catalog {
             tools,
             by_name,
             digest,
+            tool_digests,
         })
     }
 
     /// `sha256:<64 hex>` over [`DIGEST_DOMAIN`] and the canonical encoding of the hashed fields.
     pub fn digest(&self) -> &str {
         &self.digest
+    }
+
+    /// Per tool, the digest of its hashed fields (same encoding as the catalog digest).
+    pub fn tool_digests(&self) -> &BTreeMap<String, String> {
+        &self.tool_digests
     }
 
     /// The tool as received, by name.

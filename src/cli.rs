@@ -261,11 +261,33 @@ pub struct RunArgs {
     /// Audit log path (default: target/mcp-dev/audit/<label>.jsonl).
     #[arg(long, value_name = "PATH")]
     pub audit_log: Option<PathBuf>,
+    /// How long requests wait for the first server of the session (e.g. `25s`, `90s`); then
+    /// `tools/list` gets the last catalog a real server of this package returned, or an error
+    /// that says the server is still building. Keep it under your host's connect timeout
+    /// (Claude Code: 30 s by default). [config: first-start-budget] [default: 25s]
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub first_start_budget: Option<std::time::Duration>,
+    /// On a warm start, how long `initialize` waits for the server's own answer before the
+    /// supervisor answers it. [config: handshake-wait] [default: 5s]
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub handshake_wait: Option<std::time::Duration>,
+    /// When the first build fails: `none` answers requests with the compiler error until a
+    /// build succeeds; `last-good` runs the last successfully built server from the store
+    /// (said in the status line and the launch record). [config: fallback] [default: none]
+    #[arg(long, value_enum, value_name = "WHAT")]
+    pub fallback: Option<FallbackMode>,
     #[arg(long, value_enum, default_value_t = MessageFormat::Human, value_name = "FMT", help = MESSAGE_FORMAT_HELP, help_heading = heading::OUTPUT)]
     pub message_format: MessageFormat,
     /// Arguments passed to the server.
     #[arg(last = true, value_name = "ARGS")]
     pub server_args: Vec<String>,
+}
+
+/// `--fallback`: what runs when the first build fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FallbackMode {
+    None,
+    LastGood,
 }
 
 #[derive(Debug, Args, Clone)]

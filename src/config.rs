@@ -44,6 +44,9 @@ pub const KNOWN_KEYS: &[&str] = &[
     "ignore",
     "restart",
     "debounce-ms",
+    "first-start-budget",
+    "handshake-wait",
+    "fallback",
     "audit-log",
     "gate",
     "exempt",
@@ -68,6 +71,12 @@ pub struct McpDevConfig {
     pub ignore: Vec<String>,
     pub restart: Option<String>,
     pub debounce_ms: Option<u64>,
+    /// e.g. `"25s"` (humantime).
+    pub first_start_budget: Option<String>,
+    /// e.g. `"5s"` (humantime).
+    pub handshake_wait: Option<String>,
+    /// `"none"` or `"last-good"`.
+    pub fallback: Option<String>,
     pub audit_log: Option<String>,
     pub gate: Option<GateSetting>,
     #[serde(default)]
@@ -280,6 +289,7 @@ const CREDENTIAL_SCOPE_KEYS: &[&str] = &["env", "tools"];
 const RESTART_VALUES: &[&str] = &["supervise", "disconnect", "manual"];
 const APPROVAL_VALUES: &[&str] = &["per-epoch", "per-call"];
 const GATE_KEYWORDS: &[&str] = &["all", "off"];
+const FALLBACK_VALUES: &[&str] = &["none", "last-good"];
 
 fn path_of(parts: &[&str]) -> Vec<String> {
     parts.iter().map(|p| p.to_string()).collect()
@@ -377,6 +387,22 @@ impl LoadedConfig {
         }
         if let Some(a) = &c.approval {
             check_value("approval", a, APPROVAL_VALUES)?;
+        }
+        if let Some(f) = &c.fallback {
+            check_value("fallback", f, FALLBACK_VALUES)?;
+        }
+        for (key, value) in [
+            ("first-start-budget", &c.first_start_budget),
+            ("handshake-wait", &c.handshake_wait),
+        ] {
+            if let Some(v) = value
+                && let Err(e) = humantime::parse_duration(v)
+            {
+                return Err(invalid(
+                    &[key],
+                    format!("\"{v}\" is not a duration ({e}); e.g. \"25s\" or \"2m\""),
+                ));
+            }
         }
         if let Some(GateSetting::Keyword(k)) = &c.gate
             && !GATE_KEYWORDS.contains(&k.as_str())
@@ -530,6 +556,10 @@ mod tests {
             (
                 json!({"approval": "per_call"}),
                 "unknown value approval = \"per_call\" in [package.metadata.mcp-dev]: did you mean \"per-call\"? (expected \"per-epoch\" or \"per-call\")",
+            ),
+            (
+                json!({"fallback": "last_good"}),
+                "unknown value fallback = \"last_good\" in [package.metadata.mcp-dev]: did you mean \"last-good\"? (expected \"none\" or \"last-good\")",
             ),
             (
                 json!({"gate": "of"}),

@@ -78,7 +78,7 @@ impl Prepared {
         self.target.display_path(exe)
     }
 
-    fn request(&self, relay_stderr: bool) -> BuildRequest {
+    pub fn request(&self, relay_stderr: bool) -> BuildRequest {
         BuildRequest {
             cargo: self.cargo.clone(),
             args: self.args.clone(),
@@ -133,6 +133,9 @@ pub enum CycleOutcome {
     Failed {
         errors: usize,
         first_file: Option<String>,
+        /// `file:line:col` of the first error.
+        first_location: Option<String>,
+        /// The first error's message.
         summary: Option<String>,
         last_good: Option<IdentityRecord>,
         duration: Duration,
@@ -161,11 +164,13 @@ pub fn run_cycle(
         BuildOutcome::Failed {
             errors,
             first_file,
+            first_location,
             summary,
             duration,
         } => Ok(CycleOutcome::Failed {
             errors,
             first_file,
+            first_location,
             summary,
             last_good: previous,
             duration,

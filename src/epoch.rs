@@ -36,6 +36,9 @@ pub struct LaunchRecord {
     pub started_at: String,
     /// The epoch this one replaced, if any.
     pub replaced: Option<String>,
+    /// Why an older build runs instead of the newest one (`--fallback last-good`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
 }
 
 impl LaunchRecord {
@@ -59,6 +62,7 @@ impl LaunchRecord {
             runtime: record.runtime.clone(),
             started_at,
             replaced,
+            fallback: None,
         }
     }
 }

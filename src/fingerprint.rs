@@ -520,10 +520,10 @@ pub fn dependency_changes(old: &IdentityRecord, new: &IdentityRecord) -> Vec<Str
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn inputs() -> IdentityInputs {
+    pub(crate) fn inputs() -> IdentityInputs {
         IdentityInputs {
             label: "inventory".into(),
             package: PackageRef {

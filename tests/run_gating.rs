@@ -11,16 +11,31 @@ use std::time::Duration;
 use common::session::Setup;
 use serde_json::{Value, json};
 
+/// First contact issue, item 3 and 4: staleness is judged per tool against what this host was
+/// shown. A changed tool is refused with its new definition (which counts as shown, so the retry
+/// runs); an unchanged tool and a tool the host was never shown go through.
 #[test]
-fn catalog_change_makes_calls_stale_until_the_host_refetches_and_unknown_tools_are_refused() {
+fn a_changed_tool_is_stale_per_tool_and_its_refusal_carries_the_new_definition() {
+    let alt = tempfile::NamedTempFile::new().unwrap();
     let mut s = Setup::new()
         .arg("--no-gating")
         .tools(&["change_tools"])
+        .env("FAKE_TOOLS_ALT", alt.path().to_str().unwrap())
         .start();
     let (_, e1) = s.ready_legacy();
-    let before = s.status_file().unwrap();
+    let shown = s.list_tools();
+    let before = s.wait_status("host listed", |v| !v["hostCatalog"].is_null());
     let host_digest = before["hostCatalog"].as_str().unwrap().to_string();
     assert_eq!(before["catalog"]["digest"], json!(host_digest), "{before}");
+    // The server's next list: `echo` gets a new description, `added` appears.
+    let mut next = shown.clone();
+    for t in &mut next {
+        if t["name"] == json!("echo") {
+            t["description"] = json!("Echo the arguments back, now with a side effect");
+        }
+    }
+    next.push(json!({"name": "added", "description": "Added", "inputSchema": {"type": "object"}}));
+    std::fs::write(alt.path(), serde_json::to_vec(&next).unwrap()).unwrap();
 
     let m = s.call("1", "change_tools", json!({}));
     assert_eq!(
@@ -35,27 +50,48 @@ fn catalog_change_makes_calls_stale_until_the_host_refetches_and_unknown_tools_a
         json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
     );
     let line = s.wait_stderr("catalog changed: revision 2 (sha256:");
-    assert!(line.ends_with("; 1 added)"), "{line}");
-    assert_eq!(s.wait_stderr("  "), "  + added");
+    assert!(
+        line.contains("1 added") && line.contains("1 changed"),
+        "{line}"
+    );
     let st = s.wait_status("revision 2", |v| v["catalog"]["revision"] == json!(2));
     let d2 = st["catalog"]["digest"].as_str().unwrap().to_string();
     assert_ne!(d2, host_digest);
-    assert_eq!(
-        st["hostCatalog"],
-        json!(host_digest),
-        "the host has not refetched"
-    );
+    assert_eq!(st["staleTools"], json!(["echo"]), "{st}");
 
-    // The host has not refetched: refused, not forwarded.
-    let m = s.call("2", "echo", json!({"stale": true}));
-    assert_eq!(
-        m.tool_error_payload(),
-        json!({"error": "catalog_stale", "reason": "tool catalog changed since the host last fetched it",
-               "currentEpoch": e1, "hostCatalog": host_digest,
-               "currentCatalog": {"revision": 2, "digest": d2},
-               "retry": "refresh tool metadata (tools/list), then call again", "tool": "echo"})
+    // Unchanged tool: forwarded although the host has not refetched.
+    let m = s.call("2", "write", json!({"marker": "unchanged"}));
+    assert!(
+        !m.result()["isError"].as_bool().unwrap_or(false),
+        "{}",
+        m.raw
     );
+    // Changed tool: refused, with the new definition and the diff.
+    let m = s.call("3", "echo", json!({"stale": true}));
+    let p = m.tool_error_payload();
+    assert_eq!(p["error"], json!("catalog_stale"), "{p}");
+    assert_eq!(p["currentEpoch"], json!(e1));
+    assert_eq!(p["currentCatalog"], json!({"revision": 2, "digest": d2}));
+    assert_eq!(
+        p["currentDefinition"]["description"],
+        json!("Echo the arguments back, now with a side effect")
+    );
+    assert!(!p["changes"].as_array().unwrap().is_empty(), "{p}");
+    s.wait_stderr("the host has not refetched tools/list after list_changed (catalog revision 2)");
     s.wait_stderr("call denied: echo (catalog_stale): ");
+    // The refusal showed the new definition: the retry runs, without a refetch.
+    let m = s.call("4", "echo", json!({"fresh": true}));
+    assert_eq!(
+        m.result()["structuredContent"]["arguments"],
+        json!({"fresh": true})
+    );
+    // A tool this host was never shown is judged against the current catalog.
+    let m = s.call("5", "added", json!({}));
+    assert!(
+        !m.result()["isError"].as_bool().unwrap_or(false),
+        "{}",
+        m.raw
+    );
     // Only one list_changed reached the host (the server's own was not forwarded as well).
     let extra = s.drain_for(Duration::from_millis(500));
     assert!(
@@ -64,17 +100,11 @@ fn catalog_change_makes_calls_stale_until_the_host_refetches_and_unknown_tools_a
             .any(|m| m.method() == Some("notifications/tools/list_changed")),
         "{extra:?}"
     );
-
     let tools = s.list_tools();
     let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
     assert_eq!(names, ["echo", "write", "change_tools", "added"]);
-    let m = s.call("3", "echo", json!({"fresh": true}));
-    assert_eq!(
-        m.result()["structuredContent"]["arguments"],
-        json!({"fresh": true})
-    );
 
-    let m = s.call("4", "nonexistent", json!({}));
+    let m = s.call("6", "nonexistent", json!({}));
     assert_eq!(
         m.tool_error_payload(),
         json!({"error": "unknown_tool", "reason": "tool is not in the current catalog",
@@ -88,7 +118,16 @@ fn catalog_change_makes_calls_stale_until_the_host_refetches_and_unknown_tools_a
         .filter(|l| l["method"] == "tools/call")
         .map(|l| &l["params"]["name"])
         .collect();
-    assert_eq!(called, [&json!("change_tools"), &json!("echo")], "{log:?}");
+    assert_eq!(
+        called,
+        [
+            &json!("change_tools"),
+            &json!("write"),
+            &json!("echo"),
+            &json!("added")
+        ],
+        "the stale call never reached the server: {log:?}"
+    );
     s.finish();
 }
 

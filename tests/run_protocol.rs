@@ -518,21 +518,30 @@ fn modern_listen_opened_during_cold_start_hears_the_first_catalog() {
         "subscriptions/listen",
         Some(json!({"notifications": {"toolsListChanged": true}, "_meta": meta})),
     );
-    // Answered from the last known catalog (none yet) while the server builds.
+    // Held until the real server answers (never `[]` from nobody): the host holds the real
+    // catalog from its first list, so no list_changed is owed.
     let l = s.roundtrip(r#""l0""#, "tools/list", Some(json!({"_meta": meta})));
-    assert_eq!(
-        l.value,
-        json!({"jsonrpc": "2.0", "id": "l0", "result": {"tools": [], "resultType": "complete",
-               "ttlMs": 0, "cacheScope": "private"}})
+    let names: Vec<&str> = l.result()["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(names, ["echo", "write"], "{}", l.raw);
+    let ack = s.notification_within(
+        "notifications/subscriptions/acknowledged",
+        Duration::from_secs(10),
     );
-    s.server_started();
-    // The real catalog differs from the `[]` the host holds: its open listen must hear about it.
-    let n = s.notification_within("notifications/tools/list_changed", Duration::from_secs(10));
     assert_eq!(
-        n.value["params"]["_meta"][SUBSCRIPTION_ID],
-        json!("sub-1"),
-        "{}",
-        n.raw
+        ack.value["params"]["_meta"][SUBSCRIPTION_ID],
+        json!("sub-1")
+    );
+    let extra = s.drain_for(Duration::from_millis(500));
+    assert!(
+        !extra
+            .iter()
+            .any(|m| m.method() == Some("notifications/tools/list_changed")),
+        "{extra:?}"
     );
     s.finish();
 }
@@ -549,7 +558,10 @@ impl ErrorCode for common::rpc::Msg {
 
 #[test]
 fn server_discover_before_the_first_build_falls_back_to_initialize() {
-    let mut s = Setup::new().arg("--no-gating").start();
+    // A wait shorter than any build: the probe is answered before a server exists.
+    let mut s = Setup::new()
+        .args(&["--no-gating", "--handshake-wait", "10ms"])
+        .start();
     let d = s.roundtrip(
         r#""d0""#,
         "server/discover",
@@ -558,7 +570,7 @@ fn server_discover_before_the_first_build_falls_back_to_initialize() {
     assert_eq!(
         d.value,
         json!({"jsonrpc": "2.0", "id": "d0", "error": {"code": -32601,
-            "message": "server/discover is not available while the server is being built for the first time; use initialize",
+            "message": "server/discover is not available while the server is being built; use initialize",
             "data": {"error": "server_building", "source": "cargo-mcp-dev"}}})
     );
     // The client falls back to the legacy handshake, which then works end to end.
@@ -566,6 +578,29 @@ fn server_discover_before_the_first_build_falls_back_to_initialize() {
     let m = s.call("1", "echo", json!({"era": "legacy"}));
     assert_echo(&m, &json!({"era": "legacy"}), "r1");
     assert_eq!(s.status_file().unwrap()["era"], json!("legacy"));
+    s.finish();
+}
+
+#[test]
+fn server_discover_during_a_quick_first_build_gets_the_servers_answer() {
+    let mut s = Setup::new().arg("--no-gating").start();
+    let d = s.roundtrip(
+        r#""d0""#,
+        "server/discover",
+        Some(json!({"_meta": modern_meta()})),
+    );
+    assert_eq!(
+        d.result()["supportedVersions"],
+        json!(["2026-07-28"]),
+        "{}",
+        d.raw
+    );
+    assert_eq!(
+        d.result()["capabilities"]["tools"]["listChanged"],
+        json!(true),
+        "{}",
+        d.raw
+    );
     s.finish();
 }
 

@@ -401,7 +401,7 @@ fn restart_mode_disconnect_fails_in_flight_calls_and_exits_107() {
 }
 
 #[test]
-fn calls_during_a_restart_are_refused_with_identity_pending() {
+fn calls_during_a_restart_wait_for_the_new_epoch_and_are_judged_there() {
     let mut s = Setup::new()
         .arg("--no-gating")
         .env("FAKE_STARTUP_DELAY_MS", "2500")
@@ -411,31 +411,23 @@ fn calls_during_a_restart_are_refused_with_identity_pending() {
     s.set_revision("r2");
     let (_, e2, was) = s.server_replaced();
     assert_eq!(was, e1);
+    // Sent in the restart's gap: held (bounded), then judged against the new epoch, which
+    // runs it: never the old server, never twice.
     let m = s.call(r#""p""#, "echo", json!({}));
     assert_eq!(
-        m.tool_error_payload(),
-        json!({"error": "identity_pending",
-               "reason": "server is starting or restarting; its execution epoch and tool catalog are not known yet",
-               "currentEpoch": e2,
-               "retry": "wait for the server to come up, refresh tool metadata, then call again",
-               "tool": "echo"})
-    );
-    s.wait_stderr("call denied: echo (identity_pending): ");
-    assert!(
-        !newest_child_log(&s)
-            .iter()
-            .any(|l| l["method"] == "tools/call"),
-        "refused calls are not queued"
+        m.result()["structuredContent"]["revision"],
+        json!("r2"),
+        "{}",
+        m.raw
     );
     wait_ready(&mut s, &e2);
     let m = s.call("2", "echo", json!({}));
     assert_eq!(m.result()["structuredContent"]["revision"], json!("r2"));
-    // The refused call was not queued and delivered later either.
     let calls = newest_child_log(&s)
         .iter()
         .filter(|l| l["method"] == "tools/call")
         .count();
-    assert_eq!(calls, 1);
+    assert_eq!(calls, 2);
     s.finish();
 }
 
@@ -500,10 +492,11 @@ fn a_crash_loop_is_reported_instead_of_spun() {
         5,
         "no restart after the loop"
     );
-    // Calls are refused, not queued.
+    // Calls are refused at once (no server is coming), not queued.
     let m = s.call("1", "echo", json!({}));
     let p = m.tool_error_payload();
-    assert_eq!(p["error"], json!("identity_pending"), "{p}");
+    assert_eq!(p["error"], json!("server_unavailable"), "{p}");
+    assert_eq!(p["reason"], json!("crash loop"), "{p}");
     s.finish();
 }
 

@@ -37,6 +37,19 @@ pub struct SessionJournal {
     pub runs: Vec<RunEntry>,
     pub epochs: Vec<EpochEntry>,
     pub grants: Vec<GrantEntry>,
+    /// What each host connection was shown, and from which source.
+    pub presented: Vec<PresentedEntry>,
+}
+
+/// One `catalog_presented` record: a catalog (or one tool's definition) a host was shown.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PresentedEntry {
+    pub time: String,
+    pub run: String,
+    pub epoch: Option<String>,
+    #[serde(flatten)]
+    pub record: super::records::CatalogPresented,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -73,6 +86,9 @@ pub struct EpochEntry {
     /// Time the epoch was replaced or its server exited.
     pub ended: Option<String>,
     pub exit_status: Option<String>,
+    /// The agent run whose supervisor started it.
+    #[serde(skip)]
+    pub run: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -105,6 +121,8 @@ pub struct CallEntry {
     /// The grant that authorized it; `None` for an ungated call (or a call never forwarded).
     pub grant: Option<String>,
     pub credential_scopes: Vec<String>,
+    /// The catalog revision of this tool as the host was shown it (when it was current).
+    pub shown_revision: Option<u64>,
     pub outcome: CallOutcome,
 }
 
@@ -173,6 +191,7 @@ impl Journals {
                 runs: b.runs,
                 epochs: b.epochs,
                 grants: b.grants,
+                presented: b.presented,
             },
             activity: b.calls,
         }
@@ -283,6 +302,34 @@ impl Journals {
             ],
             rows.collect(),
         );
+
+        out.push_str("\nShown to the host\n");
+        let rows = self.session.presented.iter().map(|p| {
+            let r = &p.record;
+            let what = match (&r.tool, r.tools) {
+                (Some(t), _) => format!("tool {t}"),
+                (None, Some(n)) => format!("{n} tools"),
+                _ => "-".into(),
+            };
+            vec![
+                p.time.clone(),
+                p.run.clone(),
+                r.source.clone(),
+                r.revision
+                    .map(|n| format!("rev {n}"))
+                    .unwrap_or_else(|| "-".into()),
+                r.digest
+                    .as_deref()
+                    .map(|d| d.get(..19).unwrap_or(d).to_owned())
+                    .unwrap_or_else(|| "-".into()),
+                what,
+            ]
+        });
+        table(
+            out,
+            &["TIME", "RUN", "SOURCE", "REVISION", "DIGEST", "WHAT"],
+            rows.collect(),
+        );
     }
 
     fn render_activity(&self, out: &mut String) {
@@ -323,13 +370,18 @@ impl Journals {
                 c.call_id.clone(),
                 c.tool.clone(),
                 c.epoch.clone().unwrap_or_else(|| "-".into()),
+                c.shown_revision
+                    .map(|n| format!("rev {n}"))
+                    .unwrap_or_else(|| "-".into()),
                 grant,
                 outcome,
             ]
         });
         table(
             out,
-            &["TIME", "RUN", "CALL", "TOOL", "EPOCH", "GRANT", "OUTCOME"],
+            &[
+                "TIME", "RUN", "CALL", "TOOL", "EPOCH", "SHOWN", "GRANT", "OUTCOME",
+            ],
             rows.collect(),
         );
     }
@@ -370,6 +422,7 @@ struct Builder {
     runs: Vec<RunEntry>,
     epochs: Vec<EpochEntry>,
     grants: Vec<GrantEntry>,
+    presented: Vec<PresentedEntry>,
     calls: Vec<CallEntry>,
     /// (run, callId) → index in `calls` of the newest call with that id (ids are reused).
     call_index: HashMap<(String, String), usize>,
@@ -409,6 +462,7 @@ impl Builder {
                     replaced_by: None,
                     ended: None,
                     exit_status: None,
+                    run: None,
                 });
                 self.epochs.len() - 1
             }
@@ -435,6 +489,7 @@ impl Builder {
             epoch: r.epoch.clone(),
             grant: None,
             credential_scopes: Vec::new(),
+            shown_revision: None,
             outcome: CallOutcome::Pending,
         });
         self.call_index.insert(key, self.calls.len() - 1);
@@ -446,6 +501,16 @@ impl Builder {
         match r.record_type.as_str() {
             rt::RUN_STARTED => {
                 let id = s(&d["agentRun"]).unwrap_or_else(|| r.run.clone());
+                // Epochs of an earlier run that never recorded an end: that supervisor stopped
+                // without writing it (killed, crashed, power loss).
+                for e in self
+                    .epochs
+                    .iter_mut()
+                    .filter(|e| e.ended.is_none() && e.run.as_ref().is_some_and(|run| *run != id))
+                {
+                    e.ended = Some("unknown".into());
+                    e.exit_status = Some("supervisor stopped".into());
+                }
                 let entry = self.run(&id);
                 entry.started = Some(r.time.clone());
                 entry.client = d["client"].as_object().map(|c| ClientInfo {
@@ -459,6 +524,15 @@ impl Builder {
                 let entry = self.run(&r.run);
                 entry.ended = Some(r.time.clone());
                 entry.end_reason = s(&d["reason"]);
+                // A server still running when its run ended ended with it.
+                for e in self
+                    .epochs
+                    .iter_mut()
+                    .filter(|e| e.ended.is_none() && e.run.as_deref() == Some(r.run.as_str()))
+                {
+                    e.ended = Some(r.time.clone());
+                    e.exit_status = Some("stopped at session end".into());
+                }
             }
             rt::GATING_DISABLED => self.run(&r.run).gating = Some("off".into()),
             rt::SERVER_STARTED => {
@@ -467,6 +541,7 @@ impl Builder {
                 };
                 let e = self.epoch(&id, &r.time);
                 e.started = r.time.clone();
+                e.run = Some(r.run.clone());
                 e.pid = d["pid"].as_u64().or(e.pid);
                 e.identity_digest = s(&d["identityDigest"]);
                 e.executable_sha256 = s(&d["executableSha256"]);
@@ -491,7 +566,7 @@ impl Builder {
                 };
                 let e = self.epoch(&id, &r.time);
                 e.ended.get_or_insert_with(|| r.time.clone());
-                e.exit_status = s(&d["status"]).or_else(|| d.get("status").map(Value::to_string));
+                e.exit_status = crate::audit::records::ServerExited::from_data(d).map(|x| x.status);
             }
             rt::APPROVAL_GRANTED => {
                 let g = &d["grant"];
@@ -526,6 +601,17 @@ impl Builder {
                 let c = &mut self.calls[i];
                 c.grant = s(&d["grant"]);
                 c.credential_scopes = strings(&d["credentialScopes"]);
+                c.shown_revision = d["shownRevision"].as_u64();
+            }
+            rt::CATALOG_PRESENTED => {
+                if let Ok(record) = serde_json::from_value(d.clone()) {
+                    self.presented.push(PresentedEntry {
+                        time: r.time.clone(),
+                        run: r.run.clone(),
+                        epoch: r.epoch.clone(),
+                        record,
+                    });
+                }
             }
             rt::TOOL_RESULT => {
                 let duration_ms = d["durationMs"].as_u64();

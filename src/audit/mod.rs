@@ -17,6 +17,7 @@ pub mod chain;
 pub mod journal;
 pub mod keys;
 pub mod log;
+pub mod records;
 pub mod verify;
 
 use std::path::PathBuf;
@@ -66,11 +67,13 @@ pub mod record_type {
     pub const RUN_STARTED: &str = "run_started";
     /// `{reason}`
     pub const RUN_ENDED: &str = "run_ended";
-    /// A server process exited. `{epoch, status}` (`status`: free text, e.g. `"exit 1"`,
-    /// `"signal 9"`; the journal also accepts the record's own `epoch`).
+    /// A server process ended ([`super::records::ServerExited`]).
     pub const SERVER_EXITED: &str = "server_exited";
     /// Gating was turned off for this run (free data, e.g. `{source}`).
     pub const GATING_DISABLED: &str = "gating_disabled";
+    /// A host connection was shown a catalog or one tool's definition
+    /// ([`super::records::CatalogPresented`]).
+    pub const CATALOG_PRESENTED: &str = "catalog_presented";
 
     /// Every type above, in the order listed.
     pub const ALL: &[&str] = &[
@@ -88,6 +91,7 @@ pub mod record_type {
         RUN_ENDED,
         SERVER_EXITED,
         GATING_DISABLED,
+        CATALOG_PRESENTED,
     ];
 }
 

@@ -1,7 +1,6 @@
 //! `cargo mcp-dev build`: build + identity + status line, for watch loops (bacon, cargo-watch,
 //! watchexec). Records the identity under `target/mcp-dev/identity/`.
 
-use crate::capture::CaptureProblem;
 use crate::cli::{BuildArgs, MessageFormat};
 use crate::cycle::{self, CycleOutcome, Prepared};
 use crate::error::CmdResult;
@@ -26,11 +25,7 @@ pub fn report(prep: &Prepared, outcome: &CycleOutcome, json: bool) -> std::io::R
     }
     status::line(&cycle::status_line(prep, outcome));
     if let CycleOutcome::Complete { problems, .. } = outcome {
-        // Unknown config keys were already reported when the configuration was read.
-        for p in problems
-            .iter()
-            .filter(|p| !matches!(p, CaptureProblem::UnknownConfigKeys(_)))
-        {
+        for p in problems {
             status::warn(&p.to_string());
         }
     }

@@ -15,15 +15,19 @@ use crossbeam_channel::{Receiver, Sender, unbounded};
 
 use crate::approval::{ApprovalMode, CredentialScope, Gating, Policy};
 use crate::audit::{AuditLog, KeyStore};
-use crate::cli::{MessageFormat, RestartMode, RunArgs};
+use crate::cli::{FallbackMode, MessageFormat, RestartMode, RunArgs};
 use crate::config::{GateSetting, LoadedConfig};
 use crate::cycle::{self, Prepared};
 use crate::epoch;
+use crate::epoch::LaunchRecord;
 use crate::error::{CmdResult, Failure};
 use crate::fingerprint::IdentityRecord;
 use crate::proxy::framing::{DEFAULT_MAX_LINE, Frame, LineReader};
 use crate::proxy::outlet::{self, Outlet};
-use crate::session::{Event, Io, Session, SessionConfig};
+use crate::session::state::RecordedFacts;
+use crate::session::{
+    BuildResult, Clock, Event, Fallback, Io, Restart, Session, SessionConfig, Timer,
+};
 use crate::supervisor::{self, LaunchSpec, Worker, unix};
 use crate::{control, exit_codes, output, status, watch};
 
@@ -72,12 +76,18 @@ struct Shell {
     done: Sender<()>,
     host_out: Outlet,
     children: HashMap<String, Outlet>,
+    workers: HashMap<String, Worker>,
     prep: Arc<Mutex<Prepared>>,
     server_args: Vec<String>,
     label: String,
     sink: StatusSink,
     build_lock: PathBuf,
     watcher: Option<Arc<watch::Rewatcher>>,
+    audit: AuditLog,
+    status_file: PathBuf,
+    launch_dir: PathBuf,
+    facts_file: PathBuf,
+    started: Instant,
 }
 
 impl Io for Shell {
@@ -117,7 +127,7 @@ impl Io for Shell {
             });
     }
 
-    fn spawn(&mut self, epoch: &str, record: &IdentityRecord) -> Result<Worker, String> {
+    fn spawn(&mut self, epoch: &str, record: &IdentityRecord) -> Result<u32, String> {
         // The wrapper runs from the project tree (it may rely on its location): make sure it is
         // still the script whose digest the identity recorded.
         if let (Some(w), Some(path)) = (&record.wrapper, record.launch.argv.first())
@@ -205,11 +215,16 @@ impl Io for Shell {
                     }
                 }
             });
-        Ok(spawned.worker)
+        let pid = spawned.worker.pid;
+        self.workers.insert(epoch.to_string(), spawned.worker);
+        Ok(pid)
     }
 
-    fn stop(&mut self, epoch: &str, worker: Worker, grace: Duration) {
+    fn stop(&mut self, epoch: &str, grace: Duration) {
         let stdin = self.children.remove(epoch);
+        let Some(worker) = self.workers.remove(epoch) else {
+            return;
+        };
         let events = self.events.clone();
         let e = epoch.to_string();
         let _ = std::thread::Builder::new()
@@ -227,12 +242,21 @@ impl Io for Shell {
             });
     }
 
-    fn schedule_held_check(&mut self, delay: Duration) {
-        self.send_after(delay, Event::HeldCallsDue);
+    fn reap(&mut self, epoch: &str) {
+        self.children.remove(epoch);
+        if let Some(worker) = self.workers.remove(epoch) {
+            worker.kill_group();
+        }
     }
 
-    fn schedule_restart(&mut self, delay: Duration) {
-        self.send_after(delay, Event::RestartDue);
+    fn schedule(&mut self, delay: Duration, timer: Timer) {
+        let events = self.events.clone();
+        let _ = std::thread::Builder::new()
+            .name("timer".into())
+            .spawn(move || {
+                std::thread::sleep(delay);
+                let _ = events.send(Event::Timer(timer));
+            });
     }
 
     fn close_host(&mut self) {
@@ -242,18 +266,103 @@ impl Io for Shell {
     fn status(&mut self, line: &str) {
         self.sink.emit(line);
     }
+
+    fn verbose(&mut self, line: &str) {
+        status::verbose_line(line);
+    }
+
+    fn audit(
+        &mut self,
+        kind: &str,
+        agent_run: &str,
+        epoch: Option<&str>,
+        data: serde_json::Value,
+    ) -> Result<(), String> {
+        self.audit
+            .append(kind, agent_run, epoch, data)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    fn publish_status(&mut self, snapshot: &serde_json::Value) {
+        let text = serde_json::to_string_pretty(snapshot).expect("json") + "\n";
+        write_atomic(&self.status_file, text.as_bytes());
+    }
+
+    fn record_launch(&mut self, launch: &LaunchRecord) {
+        let text = serde_json::to_string_pretty(launch).expect("json") + "\n";
+        write_atomic(
+            &self.launch_dir.join(format!("{}.json", launch.epoch)),
+            text.as_bytes(),
+        );
+        write_atomic(&self.launch_dir.join("latest.json"), text.as_bytes());
+    }
+
+    fn record_facts(&mut self, facts: &RecordedFacts) {
+        let text = serde_json::to_string(facts).expect("json");
+        write_atomic(&self.facts_file, text.as_bytes());
+    }
+
+    fn clock(&mut self) -> Clock {
+        let now = std::time::SystemTime::now();
+        Clock {
+            mono_ms: self.started.elapsed().as_millis() as u64,
+            wall_ms: now
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+            rfc3339: humantime::format_rfc3339_millis(now).to_string(),
+        }
+    }
+
+    fn mint_id(&mut self) -> String {
+        epoch::mint()
+    }
 }
 
-impl Shell {
-    /// Delivers `event` through the event channel after `delay` (a timer thread).
-    fn send_after(&self, delay: Duration, event: Event) {
-        let events = self.events.clone();
-        let _ = std::thread::Builder::new()
-            .name("timer".into())
-            .spawn(move || {
-                std::thread::sleep(delay);
-                let _ = events.send(event);
-            });
+/// Writes a file through a temporary name and a rename (readers never see half a file).
+fn write_atomic(path: &std::path::Path, bytes: &[u8]) {
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    if std::fs::write(&tmp, bytes).is_ok() {
+        let _ = std::fs::rename(&tmp, path);
+    }
+}
+
+/// What the session needs of one build cycle.
+fn build_result(prep: &Prepared, outcome: Result<cycle::CycleOutcome, String>) -> BuildResult {
+    let outcome = match outcome {
+        Ok(o) => o,
+        Err(e) => return BuildResult::Error(e),
+    };
+    let line = cycle::status_line(prep, &outcome);
+    match outcome {
+        cycle::CycleOutcome::Failed {
+            errors,
+            first_location,
+            summary,
+            last_good,
+            ..
+        } => BuildResult::Failed {
+            line,
+            errors,
+            first_location,
+            first_error: summary,
+            last_good: last_good.map(Box::new),
+        },
+        cycle::CycleOutcome::Complete {
+            record,
+            changed,
+            problems,
+            ..
+        } => BuildResult::Complete {
+            line,
+            changed: changed.iter().map(|c| c.name().to_string()).collect(),
+            warnings: problems.iter().map(|p| p.to_string()).collect(),
+            record: Box::new(record),
+        },
     }
 }
 
@@ -264,20 +373,29 @@ fn build_once(
     server_args: &[String],
     lock_path: &PathBuf,
     sink: &StatusSink,
-) -> Result<cycle::CycleOutcome, String> {
+) -> BuildResult {
     if let Some(dir) = lock_path.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
-    let lock = std::fs::OpenOptions::new()
+    let lock = match std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(lock_path)
-        .map_err(|e| format!("cannot open build lock {}: {e}", lock_path.display()))?;
+    {
+        Ok(l) => l,
+        Err(e) => {
+            return BuildResult::Error(format!(
+                "cannot open build lock {}: {e}",
+                lock_path.display()
+            ));
+        }
+    };
     if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
         sink.emit("waiting for another cargo mcp-dev build of this target directory to finish");
-        rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
-            .map_err(|e| e.to_string())?;
+        if let Err(e) = rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive) {
+            return BuildResult::Error(e.to_string());
+        }
     }
     // Manifests may have changed since the last build: re-resolve (cheap when cached).
     let current = {
@@ -285,6 +403,7 @@ fn build_once(
         p.refresh().unwrap_or_else(|_| p.clone())
     };
     let result = cycle::run_cycle(&current, server_args, true).map_err(|f| f.message);
+    let result = build_result(&current, result);
     *prep.lock().expect("prep") = current;
     drop(lock);
     result
@@ -435,8 +554,10 @@ pub fn execute(args: RunArgs) -> CmdResult {
         None
     } else {
         let tx = events_tx.clone();
+        let shown = t.clone();
         let w = Arc::new(watch::Rewatcher::new(debounce, move |batch| {
-            let _ = tx.send(Event::SourcesChanged(batch));
+            let paths = batch.iter().map(|p| shown.display_path(p)).collect();
+            let _ = tx.send(Event::SourcesChanged(paths));
         }));
         if let Err(e) = w.follow(t) {
             sink.emit(&format!(
@@ -446,15 +567,75 @@ pub fn execute(args: RunArgs) -> CmdResult {
         Some(w)
     };
 
+    let duration_setting = |flag: Option<Duration>,
+                            key: &str,
+                            value: &Option<String>,
+                            default: Duration|
+     -> Result<Duration, Failure> {
+        match (flag, value) {
+            (Some(d), _) => Ok(d),
+            (None, Some(text)) => humantime::parse_duration(text).map_err(|e| {
+                Failure::new(
+                    exit_codes::USAGE,
+                    format!("`{key} = \"{text}\"` in [package.metadata.mcp-dev] is not a duration ({e}); write e.g. \"25s\""),
+                )
+            }),
+            (None, None) => Ok(default),
+        }
+    };
+    let c = &t.config.config;
+    let first_start_budget = duration_setting(
+        args.first_start_budget,
+        "first-start-budget",
+        &c.first_start_budget,
+        crate::session::DEFAULT_FIRST_START_BUDGET,
+    )?;
+    let handshake_wait = duration_setting(
+        args.handshake_wait,
+        "handshake-wait",
+        &c.handshake_wait,
+        crate::session::DEFAULT_HANDSHAKE_WAIT,
+    )?;
+    let fallback = match (args.fallback, c.fallback.as_deref()) {
+        (Some(FallbackMode::LastGood), _) | (None, Some("last-good")) => Fallback::LastGood,
+        (Some(FallbackMode::None), _) | (None, None | Some("none")) => Fallback::None,
+        (None, Some(other)) => {
+            return Err(Failure::new(
+                exit_codes::USAGE,
+                format!(
+                    "`fallback = \"{other}\"` in [package.metadata.mcp-dev]: expected \"none\" or \"last-good\""
+                ),
+            ));
+        }
+    };
+    let recorded: RecordedFacts = std::fs::read(layout.facts_file(&label))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    // Warm: a build of this identity was recorded and its stored executable is still there.
+    let warm = prep
+        .last_identity()
+        .is_some_and(|r| std::path::Path::new(&r.executable.store_path).exists());
     let cfg = SessionConfig {
-        restart,
+        label: label.clone(),
+        package_name: t.resolved.package_name.clone(),
+        package_version: t.resolved.package_version.clone(),
+        restart: match restart {
+            RestartMode::Supervise => Restart::Supervise,
+            RestartMode::Disconnect => Restart::Disconnect,
+            RestartMode::Manual => Restart::Manual,
+        },
+        fallback,
         grace: Duration::from_millis(1000),
         gating_off,
-        status_file: layout.status_file(&label),
-        launch_dir: layout.launch_dir(&label),
-        facts_file: layout.facts_file(&label),
-        socket_path: socket.clone(),
-        prep: prep.clone(),
+        first_start_budget,
+        handshake_wait,
+        restart_hold: crate::session::DEFAULT_RESTART_HOLD,
+        warm,
+        recorded,
+        supervisor_pid: std::process::id(),
+        audit_path: audit_path.display().to_string(),
+        socket_path: socket.as_ref().map(|p| p.display().to_string()),
     };
     let shell = Shell {
         events: events_tx.clone(),
@@ -462,12 +643,18 @@ pub fn execute(args: RunArgs) -> CmdResult {
         done: done_tx,
         host_out: host_out.clone(),
         children: HashMap::new(),
+        workers: HashMap::new(),
         prep: Arc::new(Mutex::new(prep.clone())),
         server_args: args.server_args.clone(),
         label: label.clone(),
         sink: sink.clone(),
         build_lock: layout.build_lock(),
         watcher,
+        audit,
+        status_file: layout.status_file(&label),
+        launch_dir: layout.launch_dir(&label),
+        facts_file: layout.facts_file(&label),
+        started: Instant::now(),
     };
     sink.emit(&format!(
         "session started: {label} (restart mode {}, gating {}, audit {}, control {})",
@@ -479,13 +666,7 @@ pub fn execute(args: RunArgs) -> CmdResult {
             .map(|p| p.display().to_string())
             .unwrap_or_else(|| "none".into())
     ));
-    let shared: Shared = Arc::new(Mutex::new(Session::new(
-        shell,
-        cfg,
-        policy,
-        Some(audit),
-        audit_path,
-    )));
+    let shared: Shared = Arc::new(Mutex::new(Session::new(shell, cfg, policy)));
     {
         let mut s = shared.lock().unwrap_or_else(|e| e.into_inner());
         s.io().me = Arc::downgrade(&shared);
@@ -502,7 +683,25 @@ pub fn execute(args: RunArgs) -> CmdResult {
             Err(_) => break,
         }
     }
-    crate::build::cancel_running();
+    let abandoned = shared
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .first_build_abandoned();
+    if abandoned && crate::build::is_running() {
+        let log = layout.root().join("background-build.log");
+        let req = prep.request(false);
+        match crate::build::continue_in_background(&req, &log) {
+            Ok(pid) => sink.emit(&format!(
+                "the host closed the connection during the first build; the build goes on in the background (cargo pid {pid}, output in {}) so the host's retry finds it further along",
+                log.display()
+            )),
+            Err(e) => sink.emit(&format!(
+                "the host closed the connection during the first build; could not continue it in the background ({e})"
+            )),
+        }
+    } else {
+        crate::build::cancel_running();
+    }
     host_out.close();
     let _ = host_closed_rx.recv_timeout(Duration::from_secs(2));
     drop(shared);

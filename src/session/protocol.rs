@@ -1,5 +1,5 @@
 //! MCP protocol facts the session needs (see docs/protocol-notes.md): eras, `_meta` keys,
-//! what to announce before the server is up, and when a new server is incompatible with what
+//! and when a new server is incompatible with what
 //! the host was told. Pure functions over JSON values.
 
 use serde_json::{Value, json};
@@ -78,41 +78,13 @@ pub fn advertise_list_changed(result: &mut Value) {
     }
 }
 
-/// The `initialize` result announced before the server is up: the last real answer of this
-/// server when we have one, else one built from the package.
-pub fn announce_initialize(
-    params: &Value,
-    facts: Option<&Value>,
-    name: &str,
-    version: &str,
-) -> Value {
-    let requested = params
-        .get("protocolVersion")
-        .and_then(|v| v.as_str())
-        .unwrap_or(LEGACY_VERSIONS[0]);
-    let mut result = match facts.and_then(|f| f.get("initialize")) {
-        Some(init) => init.clone(),
-        None => json!({
-            "protocolVersion": LEGACY_VERSIONS[0],
-            "capabilities": {"tools": {"listChanged": true}},
-            "serverInfo": {"name": name, "version": version},
-        }),
-    };
-    // Servers answer the client's version when they support it; rmcp and the SDKs do.
-    let known = facts.and_then(|f| f.get("initialize")).is_none();
-    if known && LEGACY_VERSIONS.contains(&requested) {
-        result["protocolVersion"] = json!(requested);
+/// Capabilities as compared between servers: `tools.listChanged` is ours to announce.
+pub fn capabilities_without_list_changed(caps: &Value) -> Value {
+    let mut c = caps.clone();
+    if let Some(t) = c.get_mut("tools").and_then(|t| t.as_object_mut()) {
+        t.remove("listChanged");
     }
-    advertise_list_changed(&mut result);
-    result
-}
-
-/// The `server/discover` result announced before the server is up, only when this server
-/// answered one before (otherwise the host is told to fall back to `initialize`).
-pub fn announce_discover(facts: Option<&Value>) -> Option<Value> {
-    let mut d = facts?.get("discover")?.clone();
-    advertise_list_changed(&mut d);
-    Some(d)
+    c
 }
 
 /// Why a new server cannot continue a connection negotiated with `version`/`caps`, if it cannot.
@@ -134,14 +106,10 @@ pub fn incompatibility(
     } else if version != new_version {
         return Some(format!("speaks protocol {new_version}, not {version}"));
     }
-    let norm = |c: &Value| {
-        let mut c = c.clone();
-        if let Some(t) = c.get_mut("tools").and_then(|t| t.as_object_mut()) {
-            t.remove("listChanged");
-        }
-        c
-    };
-    let (a, b) = (norm(caps), norm(new_caps));
+    let (a, b) = (
+        capabilities_without_list_changed(caps),
+        capabilities_without_list_changed(new_caps),
+    );
     if a != b {
         return Some(format!("has capabilities {b} instead of {a}"));
     }
@@ -162,20 +130,6 @@ mod tests {
         );
         assert_eq!(recover_id(br#"{"id": "a-b", "#).unwrap().get(), "\"a-b\"");
         assert!(recover_id(b"garbage").is_none());
-    }
-
-    #[test]
-    fn announced_handshake_follows_facts_or_package() {
-        let p = json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t"}});
-        let r = announce_initialize(&p, None, "inv", "0.1.0");
-        assert_eq!(r["protocolVersion"], "2025-06-18");
-        assert_eq!(r["capabilities"]["tools"]["listChanged"], true);
-        assert_eq!(r["serverInfo"]["name"], "inv");
-        let facts = json!({"initialize": {"protocolVersion": "2025-03-26", "capabilities": {"tools": {}}, "serverInfo": {"name": "real"}}});
-        let r = announce_initialize(&p, Some(&facts), "inv", "0.1.0");
-        assert_eq!(r["protocolVersion"], "2025-03-26");
-        assert_eq!(r["serverInfo"]["name"], "real");
-        assert!(announce_discover(Some(&facts)).is_none());
     }
 
     #[test]

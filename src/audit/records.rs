@@ -1,0 +1,99 @@
+//! Typed audit records shared by the writer (the session), the verifier and the journals, so a
+//! field cannot be written under one name and read under another.
+//!
+//! Owns: the `data` shapes of the record types that the journals read. Must not touch: I/O.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// `server_exited`: a server process ended (by itself, replaced, or at session end).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerExited {
+    pub epoch: String,
+    pub pid: u32,
+    /// How it ended, for humans: `exit code 3`, `signal 9 (SIGKILL)`, `replaced`,
+    /// `stopped at session end`.
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    pub lived_ms: u64,
+}
+
+impl ServerExited {
+    pub fn to_data(&self) -> Value {
+        serde_json::to_value(self).expect("record serializes")
+    }
+
+    /// Reads the record's data; records written before the typed shape (`exit` instead of
+    /// `status`) are read too.
+    pub fn from_data(data: &Value) -> Option<ServerExited> {
+        if let Ok(r) = serde_json::from_value::<ServerExited>(data.clone()) {
+            return Some(r);
+        }
+        let status = data
+            .get("status")
+            .or_else(|| data.get("exit"))
+            .and_then(Value::as_str)?;
+        Some(ServerExited {
+            epoch: data
+                .get("epoch")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+            pid: data.get("pid").and_then(Value::as_u64).unwrap_or(0) as u32,
+            status: status.to_string(),
+            code: None,
+            signal: None,
+            lived_ms: data.get("livedMs").and_then(Value::as_u64).unwrap_or(0),
+        })
+    }
+}
+
+/// `catalog_presented`: a host connection received a catalog or one tool's definition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CatalogPresented {
+    /// The agent run (one host connection per run).
+    pub connection: String,
+    /// `server`, `recorded catalog` or `stale-call result`.
+    pub source: String,
+    pub digest: Option<String>,
+    pub revision: Option<u64>,
+    /// Number of tools shown (whole catalogs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<u64>,
+    /// The one tool shown (stale-call results).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recorded_epoch: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recorded_identity: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn server_exited_round_trips_and_reads_the_old_shape() {
+        let r = ServerExited {
+            epoch: "E".into(),
+            pid: 7,
+            status: "exit code 3".into(),
+            code: Some(3),
+            signal: None,
+            lived_ms: 10,
+        };
+        assert_eq!(ServerExited::from_data(&r.to_data()), Some(r));
+        let old = json!({"pid": 7, "exit": "signal 9 (SIGKILL)", "livedMs": 5});
+        assert_eq!(
+            ServerExited::from_data(&old).map(|r| r.status),
+            Some("signal 9 (SIGKILL)".to_string())
+        );
+    }
+}

@@ -1,0 +1,213 @@
+//! Catalog room: fetching each server's `tools/list`, publishing new revisions, and what the
+//! host connection was shown.
+//!
+//! Owns: the supervisor's own paged `tools/list` (bounded), catalog revisions and their audit
+//! records (`catalog_refreshed`, `catalog_presented`), the recorded catalog kept for later
+//! first contacts, and telling the host when what it holds is outdated. Must not touch: gating
+//! decisions (the gate judges per tool from what this room tells it), I/O (the port).
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::catalog::Catalog;
+use crate::hashing::short;
+use crate::proxy::envelope::{self, Message};
+
+impl<I: Io> Session<I> {
+    pub(super) fn fetch_catalog(&mut self, cursor: Option<String>) {
+        let modern = self.era() == Some(Era::Modern);
+        let meta = self.host.modern_meta.clone();
+        let Some(child) = &mut self.child else { return };
+        if cursor.is_none() {
+            child.catalog_pages.clear();
+            child.pages_fetched = 0;
+        }
+        child.phase = ChildPhase::FetchingCatalog;
+        let epoch = child.epoch.clone();
+        let mut params = json!({});
+        if let Some(c) = cursor {
+            params["cursor"] = json!(c);
+        }
+        if modern {
+            params["_meta"] = meta.unwrap_or(json!({}));
+        }
+        let id = self.alloc(Pending::CatalogPage {
+            epoch: epoch.clone(),
+        });
+        self.io
+            .to_child(&epoch, envelope::request_line(id, "tools/list", &params));
+    }
+
+    pub(super) fn on_catalog_page(&mut self, epoch: &str, msg: &Message) {
+        if msg.is_error() {
+            // A server without tools: an empty catalog is still a catalog (it said so).
+            return self.catalog_complete(epoch, Vec::new());
+        }
+        let result = msg.result_value();
+        let tools = result
+            .get("tools")
+            .and_then(|t| t.as_array())
+            .cloned()
+            .unwrap_or_default();
+        let next = result
+            .get("nextCursor")
+            .and_then(|c| c.as_str())
+            .map(str::to_string);
+        let Some(c) = &mut self.child else { return };
+        c.catalog_pages.extend(tools);
+        c.pages_fetched += 1;
+        let over =
+            c.pages_fetched >= MAX_CATALOG_PAGES || c.catalog_pages.len() > MAX_CATALOG_TOOLS;
+        match next {
+            Some(_) if over => {
+                let (pages, tools) = (c.pages_fetched, c.catalog_pages.len());
+                c.catalog_pages.truncate(MAX_CATALOG_TOOLS);
+                self.io.status(&format!(
+                    "the server's tools/list kept paging ({pages} pages, {tools} tools): stopped at the limit of {MAX_CATALOG_PAGES} pages / {MAX_CATALOG_TOOLS} tools; the catalog holds what was fetched"
+                ));
+                let pages = self
+                    .child
+                    .as_mut()
+                    .map(|c| std::mem::take(&mut c.catalog_pages))
+                    .unwrap_or_default();
+                self.catalog_complete(epoch, pages);
+            }
+            Some(cursor) => self.fetch_catalog(Some(cursor)),
+            None => {
+                let pages = self
+                    .child
+                    .as_mut()
+                    .map(|c| std::mem::take(&mut c.catalog_pages))
+                    .unwrap_or_default();
+                self.catalog_complete(epoch, pages);
+            }
+        }
+    }
+
+    pub(super) fn catalog_complete(&mut self, epoch: &str, tools: Vec<Value>) {
+        let catalog = match Catalog::from_tools(tools) {
+            Ok(c) => c,
+            Err(e) => {
+                self.io.status(&format!(
+                    "server's tools/list is invalid ({e}); treating its catalog as empty"
+                ));
+                Catalog::from_tools(Vec::new()).expect("empty catalog")
+            }
+        };
+        let digests = catalog.tool_digests().clone();
+        let tools_json = catalog.tools_json();
+        let (revision, diff) = self.catalog.observe(catalog);
+        self.gate.catalog_fetched(epoch, revision.clone(), digests);
+        let summary = diff
+            .as_ref()
+            .map(|d| d.summary())
+            .unwrap_or_else(|| "first".into());
+        if let Some(d) = &diff {
+            self.io.status(&format!(
+                "catalog changed: revision {} ({}; {})",
+                revision.number,
+                short(&revision.digest),
+                d.summary()
+            ));
+            for line in d.render_human() {
+                self.io.status(&format!("  {line}"));
+            }
+        }
+        self.audit_record(
+            audit::CATALOG_REFRESHED,
+            Some(epoch),
+            json!({
+                "revision": revision.number, "digest": revision.digest, "summary": summary,
+                // Human lines only: server JSON may hold floats, which the audit encoding refuses.
+                "changes": diff.as_ref().map(|d| d.render_human()),
+            }),
+        );
+        let identity = self
+            .child
+            .as_ref()
+            .map(|c| c.record.identity_digest.clone())
+            .unwrap_or_default();
+        let now = self.io.clock().rfc3339;
+        self.recorded.catalog = Some(RecordedCatalog {
+            tools: tools_json,
+            digest: revision.digest.clone(),
+            epoch: epoch.to_string(),
+            identity_digest: identity,
+            recorded_at: now,
+        });
+        let facts = self.recorded.clone();
+        self.io.record_facts(&facts);
+        // Tell the host only when what it holds is no longer current (or it holds nothing yet
+        // because its request was refused).
+        let refused = std::mem::take(&mut self.host.list_refused);
+        if (self.host_list_outdated() || refused)
+            && self.host.notified_revision != Some(revision.number)
+        {
+            self.notify_list_changed();
+        }
+        self.set_phase(ChildPhase::Ready);
+        self.lifecycle = match &self.lifecycle {
+            Lifecycle::Stopping => Lifecycle::Stopping,
+            _ => Lifecycle::Serving,
+        };
+        self.flush_held();
+        self.publish();
+    }
+
+    /// Whether the last whole catalog the host was shown differs from the current one (new
+    /// tools count: the host should hear about them, though calls to unchanged tools are not
+    /// stale).
+    pub(super) fn host_list_outdated(&self) -> bool {
+        match (self.gate.host_catalog(), self.catalog.current()) {
+            (Some(shown), Some(current)) => shown != current.digest,
+            _ => false,
+        }
+    }
+
+    /// A `tools/list` answer of the server reached the host: merge its pages, and when the last
+    /// one passed, that is what this host connection now holds.
+    pub(super) fn observe_host_list(&mut self, msg: &Message) {
+        if msg.is_error() {
+            return;
+        }
+        let result = msg.result_value();
+        if let Some(tools) = result.get("tools").and_then(|t| t.as_array()) {
+            self.host.list_pages.extend(tools.iter().cloned());
+        }
+        if result.get("nextCursor").and_then(|c| c.as_str()).is_none() {
+            let pages = std::mem::take(&mut self.host.list_pages);
+            if let Ok(c) = Catalog::from_tools(pages) {
+                self.host_was_shown(&c, "server", None);
+                self.publish();
+            }
+        }
+    }
+
+    /// Records a whole catalog shown to the host (`catalog_presented`) and tells the gate.
+    pub(super) fn host_was_shown(
+        &mut self,
+        shown: &Catalog,
+        source: &str,
+        provenance: Option<(&str, &str)>,
+    ) {
+        let revision = self
+            .catalog
+            .current()
+            .filter(|r| r.digest == shown.digest())
+            .map(|r| r.number);
+        self.gate
+            .host_shown_catalog(shown.digest(), revision, shown.tool_digests().clone());
+        self.host.shown_tools = shown
+            .names()
+            .filter_map(|n| shown.tool(n).map(|t| (n.to_string(), t.clone())))
+            .collect();
+        let epoch = self.current_epoch().map(str::to_string);
+        let mut data = json!({"connection": self.agent_run, "source": source, "digest": shown.digest(),
+                               "revision": revision, "tools": shown.len()});
+        if let Some((from_epoch, identity)) = provenance {
+            data["recordedEpoch"] = json!(from_epoch);
+            data["recordedIdentity"] = json!(identity);
+        }
+        self.audit_record(audit::CATALOG_PRESENTED, epoch.as_deref(), data);
+    }
+}

@@ -1,0 +1,395 @@
+//! Child room: every line the server writes on its stdout.
+//!
+//! Owns: mapping the server's answers back to the host's ids, the server's own requests and
+//! notifications (re-tagged for the host), the handshake result of each new server and whether
+//! it can continue the host's connection, and what happens to non-JSON or oversized output.
+//! Must not touch: gating, held-request policy, I/O (the port).
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::proxy::envelope::{self, Kind, Message};
+
+impl<I: Io> Session<I> {
+    pub(super) fn on_child_line(&mut self, epoch: &str, line: &[u8]) {
+        if self.current_epoch() != Some(epoch) {
+            return; // late output of a replaced child
+        }
+        let msg = match Message::parse(line) {
+            Ok(m) => m,
+            Err(_) => return self.on_child_garbage(epoch, line),
+        };
+        match msg.kind() {
+            Kind::Response => self.on_child_response(epoch, msg),
+            Kind::Request => {
+                let child_id = msg.id().expect("request").to_owned();
+                let host_id = self.next_id;
+                self.next_id += 1;
+                self.child_requests
+                    .insert(host_id, (epoch.to_string(), child_id));
+                let mut msg = msg;
+                msg.set_id(envelope::numeric_id(host_id));
+                self.io.to_host(msg.to_line());
+            }
+            Kind::Notification => self.on_child_notification(msg),
+        }
+    }
+
+    /// Not JSON-RPC (a stray `println!`, invalid UTF-8): never forwarded. If it names one of
+    /// our request ids, that request is answered so the host never waits forever.
+    fn on_child_garbage(&mut self, epoch: &str, line: &[u8]) {
+        let text = String::from_utf8_lossy(line);
+        let cut: String = text.chars().take(200).collect();
+        self.io.status(&format!(
+            "server wrote non-JSON to stdout: {}{} ({} epoch {}; use stderr for logs)",
+            cut.escape_debug(),
+            if text.chars().count() > 200 {
+                "…"
+            } else {
+                ""
+            },
+            self.label(),
+            crate::epoch::short(epoch)
+        ));
+        if let Some(id) = protocol::recover_id(line).and_then(|r| envelope::parse_numeric_id(&r))
+            && matches!(self.pending.get(&id), Some(Pending::Host { .. }))
+        {
+            self.answer_broken(
+                id,
+                "the server's answer was not valid JSON",
+                json!({"error": "invalid_response"}),
+            );
+        }
+    }
+
+    /// Answers one pending host request that the server's output cannot answer.
+    fn answer_broken(&mut self, id: u64, why: &str, payload: Value) {
+        let Some(Pending::Host { host_id, call, .. }) = self.pending.remove(&id) else {
+            return;
+        };
+        if let Some(call) = call {
+            let result = self.tool_error(&payload, &format!("{why}; the call may have run."));
+            self.audit_record(
+                audit::TOOL_RESULT,
+                self.current_epoch().map(str::to_string).as_deref(),
+                json!({"callId": call.call_id, "tool": call.tool, "isError": true, "durationMs": 0}),
+            );
+            self.io.to_host(envelope::result_line(&host_id, &result));
+        } else {
+            self.io.to_host(envelope::error_line(
+                Some(&host_id),
+                codes::SERVER_UNAVAILABLE,
+                why,
+                payload,
+            ));
+        }
+    }
+
+    fn on_child_notification(&mut self, mut msg: Message) {
+        let method = msg.method().unwrap_or_default().to_string();
+        let params = msg.params_value();
+        if method == "notifications/tools/list_changed" {
+            // Same epoch, new catalog: refetch; the host hears about it only if the digest moved.
+            if self.child_ready() {
+                self.fetch_catalog(None);
+            }
+            return;
+        }
+        if let Some(sid) = params.pointer(&format!(
+            "/_meta/{}",
+            protocol::SUBSCRIPTION_ID.replace('/', "~1")
+        )) {
+            // Re-tag with the host's listen id; a repeated acknowledgement after a restart is ours.
+            let Some(our) = sid.as_u64() else { return };
+            let Some(l) = self.listens.iter_mut().find(|l| l.child_id == Some(our)) else {
+                return;
+            };
+            let host_sid: Value = serde_json::from_str(l.host_id.get()).unwrap_or(Value::Null);
+            let wants_tools = l.tools;
+            let mut params = params.clone();
+            params["_meta"][protocol::SUBSCRIPTION_ID] = host_sid.clone();
+            msg.set_params(&params);
+            if method == "notifications/subscriptions/acknowledged" {
+                if l.acknowledged {
+                    return;
+                }
+                l.acknowledged = true;
+                self.io.to_host(msg.to_line());
+                // A stream opened while the host held an outdated view hears about the current
+                // catalog right after its ack.
+                if wants_tools && self.host_list_outdated() {
+                    let params = json!({"_meta": {protocol::SUBSCRIPTION_ID: host_sid}});
+                    self.io.to_host(envelope::notification_line(
+                        "notifications/tools/list_changed",
+                        Some(&params),
+                    ));
+                }
+                return;
+            }
+        }
+        if method == "notifications/cancelled"
+            && let Some(req) = params.get("requestId")
+        {
+            // A cancellation names a request its sender issued: the child's own request to the
+            // host goes out under the id the host saw.
+            let req_text = req.to_string();
+            let ours = self
+                .child_requests
+                .iter()
+                .find(|(_, (_, child_id))| child_id.get() == req_text)
+                .map(|(host_id, _)| *host_id);
+            if let Some(host_facing) = ours {
+                self.child_requests.remove(&host_facing);
+                let mut params = params.clone();
+                params["requestId"] = json!(host_facing);
+                msg.set_params(&params);
+                self.io.to_host(msg.to_line());
+                return;
+            }
+            // The server ends one of the host's requests, which it knows under our id.
+            if let Some(our) = req.as_u64() {
+                match self.pending.get(&our) {
+                    Some(Pending::Host {
+                        method, host_id, ..
+                    }) if method == "subscriptions/listen" => {
+                        // 2026-07-28: a listen stream ends with a cancellation.
+                        let host_id_text = host_id.get().to_string();
+                        self.pending.remove(&our);
+                        let mut params = params.clone();
+                        params["requestId"] =
+                            serde_json::from_str(&host_id_text).unwrap_or(Value::Null);
+                        self.listens.retain(|l| l.host_id.get() != host_id_text);
+                        msg.set_params(&params);
+                        self.io.to_host(msg.to_line());
+                    }
+                    Some(Pending::Host { .. }) => {
+                        // Every host request gets exactly one answer: this one, an error.
+                        self.answer_broken(
+                            our,
+                            "the server cancelled this request",
+                            json!({"error": "cancelled_by_server"}),
+                        );
+                    }
+                    _ => {}
+                }
+            }
+            return;
+        }
+        self.io.to_host(msg.to_line());
+    }
+
+    fn on_child_response(&mut self, epoch: &str, mut msg: Message) {
+        let Some(id) = msg.id().and_then(envelope::parse_numeric_id) else {
+            self.io
+                .status("server answered a request id it was never sent; dropped");
+            return;
+        };
+        let Some(p) = self.pending.remove(&id) else {
+            return;
+        };
+        if p.epoch() != epoch {
+            return;
+        }
+        match p {
+            Pending::Host {
+                host_id,
+                method,
+                call,
+                ..
+            } => {
+                if method == "subscriptions/listen" {
+                    self.listens.retain(|l| l.host_id.get() != host_id.get());
+                }
+                if let Some(call) = call {
+                    let is_error = msg.is_error() || envelope::result_is_error(msg.result());
+                    let now = self.now();
+                    self.audit_record(
+                        audit::TOOL_RESULT,
+                        Some(epoch),
+                        json!({
+                            "callId": call.call_id, "tool": call.tool, "isError": is_error,
+                            "durationMs": now.saturating_sub(call.started_ms),
+                        }),
+                    );
+                }
+                if method == "server/discover" && !msg.is_error() {
+                    let mut result = msg.result_value();
+                    protocol::advertise_list_changed(&mut result);
+                    // What the host now holds: a later server must keep to it.
+                    let version = self
+                        .host
+                        .modern_meta
+                        .as_ref()
+                        .and_then(|m| m.get(protocol::PROTOCOL_VERSION))
+                        .and_then(|v| v.as_str())
+                        .unwrap_or(protocol::MODERN_VERSION)
+                        .to_string();
+                    self.host.negotiated = Some(Negotiated {
+                        protocol_version: version,
+                        capabilities: result.get("capabilities").cloned().unwrap_or(json!({})),
+                        announced: false,
+                    });
+                    msg.set_result(&result);
+                }
+                msg.set_id(host_id);
+                self.io.to_host(msg.to_line());
+                if method == "tools/list" {
+                    // Forwarded first: what the host was shown is worked out after.
+                    self.observe_host_list(&msg);
+                }
+            }
+            Pending::Handshake { answer, modern, .. } => {
+                self.on_handshake_result(epoch, msg, answer, modern)
+            }
+            Pending::CatalogPage { .. } => self.on_catalog_page(epoch, &msg),
+        }
+    }
+
+    fn on_handshake_result(
+        &mut self,
+        epoch: &str,
+        msg: Message,
+        answer: Option<RawId>,
+        modern: bool,
+    ) {
+        if msg.is_error() {
+            self.io.status(&format!(
+                "server refused the handshake: {}",
+                String::from_utf8_lossy(&msg.to_line())
+                    .trim()
+                    .escape_debug()
+            ));
+            if let Some(h) = answer {
+                let mut m = msg;
+                m.set_id(h);
+                self.io.to_host(m.to_line());
+            }
+            return;
+        }
+        let mut result = msg.result_value();
+        let version = result
+            .get("protocolVersion")
+            .and_then(|v| v.as_str())
+            .unwrap_or(protocol::MODERN_VERSION)
+            .to_string();
+        let caps = result.get("capabilities").cloned().unwrap_or(json!({}));
+        if !modern {
+            self.recorded.capabilities = Some(caps.clone());
+            let facts = self.recorded.clone();
+            self.io.record_facts(&facts);
+        }
+        match (self.host.negotiated.clone(), answer) {
+            (_, Some(host_id)) => {
+                protocol::advertise_list_changed(&mut result);
+                self.host.negotiated = Some(Negotiated {
+                    protocol_version: version,
+                    capabilities: result["capabilities"].clone(),
+                    announced: false,
+                });
+                self.io.to_host(envelope::result_line(&host_id, &result));
+            }
+            (Some(n), None) if n.announced && !modern => {
+                // The supervisor answered the handshake: only the version is binding.
+                if version != n.protocol_version {
+                    self.close_connection(&format!(
+                        "the host was told protocol {} (the version it asked for) while the server was building, but the server answers {version}; reconnect the server in the host (the server does not support the host's version)",
+                        n.protocol_version
+                    ));
+                    return;
+                }
+                let norm = |c: &Value| protocol::capabilities_without_list_changed(c);
+                if norm(&n.capabilities) != norm(&caps) {
+                    self.io.status(&format!(
+                        "the server's capabilities {} differ from those announced while it was building; reconnect the server in the host to use them",
+                        norm(&caps)
+                    ));
+                }
+                if let Some(n) = &mut self.host.negotiated {
+                    n.announced = false;
+                }
+            }
+            (Some(n), None) => {
+                if let Some(why) = protocol::incompatibility(
+                    &n.protocol_version,
+                    &n.capabilities,
+                    &version,
+                    &caps,
+                    modern,
+                    &result,
+                ) {
+                    self.close_connection(&format!(
+                        "the new server {why} (negotiated: {}); the host must reconnect",
+                        n.protocol_version
+                    ));
+                    return;
+                }
+            }
+            (None, None) => {}
+        }
+        if modern {
+            self.reopen_listens(epoch);
+            self.fetch_catalog(None);
+        } else if self.host.initialized {
+            self.io.to_child(
+                epoch,
+                envelope::notification_line("notifications/initialized", None),
+            );
+            self.fetch_catalog(None);
+        } else {
+            self.set_phase(ChildPhase::AwaitingInitialized);
+        }
+    }
+
+    fn reopen_listens(&mut self, epoch: &str) {
+        let listens: Vec<(String, Value)> = self
+            .listens
+            .iter()
+            .filter(|l| l.child_id.is_none())
+            .map(|l| (l.host_id.get().to_string(), l.params.clone()))
+            .collect();
+        for (host_id_text, params) in listens {
+            let host_id = serde_json::value::RawValue::from_string(host_id_text.clone())
+                .expect("valid raw id");
+            let id = self.alloc(Pending::Host {
+                host_id,
+                method: "subscriptions/listen".into(),
+                epoch: epoch.to_string(),
+                call: None,
+            });
+            if let Some(l) = self
+                .listens
+                .iter_mut()
+                .find(|l| l.host_id.get() == host_id_text)
+            {
+                l.child_id = Some(id);
+            }
+            self.io.to_child(
+                epoch,
+                envelope::request_line(id, "subscriptions/listen", &params),
+            );
+        }
+    }
+
+    pub(super) fn on_child_oversize(&mut self, epoch: &str, prefix: &[u8], len: usize) {
+        self.io.status(&format!(
+            "server wrote a {len}-byte line to stdout, over the limit; dropped ({} epoch {})",
+            self.label(),
+            crate::epoch::short(epoch)
+        ));
+        // If it was an answer, its requester must not hang.
+        if let Some(id) = protocol::recover_id(prefix).and_then(|r| envelope::parse_numeric_id(&r))
+        {
+            if matches!(self.pending.get(&id), Some(Pending::CatalogPage { .. })) {
+                self.pending.remove(&id);
+                self.io.status("the server's tools/list page was over the line limit; its catalog is treated as empty");
+                self.catalog_complete(epoch, Vec::new());
+                return;
+            }
+            self.answer_broken(
+                id,
+                "the server's answer was larger than the line limit and was dropped",
+                json!({"error": "message_too_large", "bytes": len}),
+            );
+        }
+    }
+}

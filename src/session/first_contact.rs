@@ -1,0 +1,298 @@
+//! First-contact room: requests that arrive before a server can answer them.
+//!
+//! Owns: the legacy handshake answered by the supervisor (with the version the host asked
+//! for, never one remembered from another host), the warm-start wait for the server's own
+//! answer, held requests and their deadlines, the recorded catalog answered when the
+//! first-start budget runs out, and the answers given while the build is broken.
+//!
+//! The rule (README "First contact"): no answer the host receives describes state that no real
+//! server produced. Must not touch: gating (held calls are judged by the router when released),
+//! I/O (the port).
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::proxy::envelope::{self, Message};
+
+impl<I: Io> Session<I> {
+    /// Legacy `initialize` from the host.
+    pub(super) fn on_host_initialize(&mut self, msg: Message) {
+        let host_id = msg.id().expect("request").to_owned();
+        let params = msg.params_value();
+        self.host.era = Some(Era::Legacy);
+        self.host.client_info = params.get("clientInfo").cloned();
+        self.host.init_params = Some(params.clone());
+        self.host.initialized = false;
+        self.audit_record(audit::RUN_STARTED, None, json!({
+            "agentRun": self.agent_run, "client": self.host.client_info, "gating": if self.cfg.gating_off { "off" } else { "on" },
+            "label": self.label(), "event": "initialize",
+        }));
+        match &self.child {
+            Some(c) if c.phase == ChildPhase::Started && !c.stopping => {
+                // The server is up: the host gets its real answer.
+                let epoch = c.epoch.clone();
+                let id = self.alloc(Pending::Handshake {
+                    epoch: epoch.clone(),
+                    answer: Some(host_id),
+                    modern: false,
+                });
+                self.set_phase(ChildPhase::Handshaking);
+                self.io
+                    .to_child(&epoch, envelope::request_line(id, "initialize", &params));
+            }
+            None if self.cfg.warm
+                && self.lifecycle == Lifecycle::FirstStart
+                && self.replacing.is_none() =>
+            {
+                // Warm start: the server is moments away; wait (bounded) for its own answer.
+                self.host.waiting_initialize = Some(WaitingInitialize { host_id });
+                self.io
+                    .schedule(self.cfg.handshake_wait, Timer::HandshakeWait);
+            }
+            _ => self.announce_initialize(host_id),
+        }
+    }
+
+    /// The warm-start wait is over and the server has not answered: answer it ourselves.
+    pub(super) fn handshake_wait_over(&mut self) {
+        if let Some(w) = self.host.waiting_initialize.take() {
+            self.announce_initialize(w.host_id);
+        }
+    }
+
+    /// Answers `initialize` before a server is up: the version the host asked for (when we
+    /// know it), capabilities a real server of this package reported (else tools only), and
+    /// the package's own name. The first server is initialized with the host's own params;
+    /// only if it answers another version is the connection closed.
+    fn announce_initialize(&mut self, host_id: RawId) {
+        let params = self.host.init_params.clone().unwrap_or(json!({}));
+        let requested = params
+            .get("protocolVersion")
+            .and_then(|v| v.as_str())
+            .unwrap_or(protocol::LEGACY_VERSIONS[0]);
+        let version = if protocol::LEGACY_VERSIONS.contains(&requested) {
+            requested.to_string()
+        } else {
+            protocol::LEGACY_VERSIONS[0].to_string()
+        };
+        let mut result = json!({
+            "protocolVersion": version,
+            "capabilities": self.recorded.capabilities.clone().unwrap_or(json!({"tools": {}})),
+            "serverInfo": {"name": self.cfg.package_name, "version": self.cfg.package_version},
+        });
+        protocol::advertise_list_changed(&mut result);
+        self.host.negotiated = Some(Negotiated {
+            protocol_version: version.clone(),
+            capabilities: result["capabilities"].clone(),
+            announced: true,
+        });
+        let why = match &self.lifecycle {
+            Lifecycle::BuildBroken { .. } => "the build failed",
+            _ if self.child.is_some() => "the server is starting",
+            _ => "the server is building",
+        };
+        self.io.status(&format!(
+            "handshake answered by the supervisor while {why} (protocol {version}, as the host asked); tools/list waits for the server"
+        ));
+        self.io.to_host(envelope::result_line(&host_id, &result));
+    }
+
+    /// Holds a request until a server can answer it or its deadline passes.
+    pub(super) fn hold(&mut self, msg: Message, wait: Duration) {
+        if self.held.len() >= HELD_LIMIT {
+            self.io.status(&format!(
+                "more than {HELD_LIMIT} requests wait for the server; answering the newest at once"
+            ));
+            return self.answer_unavailable(msg);
+        }
+        let now = self.now();
+        self.held.push_back(Held {
+            msg,
+            deadline_ms: now + wait.as_millis() as u64,
+            since_ms: now,
+        });
+        self.io.schedule(wait, Timer::HeldDeadline);
+    }
+
+    /// How long a request may wait for the server in the current state, if it may wait.
+    pub(super) fn hold_budget(&self) -> Option<Duration> {
+        match self.lifecycle {
+            Lifecycle::FirstStart => Some(self.cfg.first_start_budget),
+            // A restart's gap: the next server is on its way.
+            Lifecycle::Serving if self.replacing.is_some() || self.child.is_some() => {
+                Some(self.cfg.restart_hold)
+            }
+            Lifecycle::Serving if self.restart_scheduled => Some(self.cfg.restart_hold),
+            _ => None,
+        }
+    }
+
+    /// Releases held requests once the server is ready: each is judged as if it arrived now.
+    pub(super) fn flush_held(&mut self) {
+        while self.child_ready() {
+            let Some(h) = self.held.pop_front() else {
+                break;
+            };
+            self.route_host_request(h.msg);
+        }
+    }
+
+    /// Held requests whose deadline passed get their answer now.
+    pub(super) fn expire_held(&mut self) {
+        if self.child_ready() {
+            return self.flush_held();
+        }
+        let now = self.now();
+        let mut kept = std::collections::VecDeque::new();
+        while let Some(h) = self.held.pop_front() {
+            if h.deadline_ms > now {
+                kept.push_back(h);
+                continue;
+            }
+            if h.msg.method() == Some("server/discover") && self.child.is_some() {
+                // The server is up and handshaking: its own answer is close; wait out the budget.
+                let wait = self.cfg.first_start_budget;
+                kept.push_back(Held {
+                    deadline_ms: h.since_ms + wait.as_millis() as u64,
+                    since_ms: h.since_ms,
+                    msg: h.msg,
+                });
+                self.io.schedule(wait, Timer::HeldDeadline);
+                continue;
+            }
+            self.answer_expired(h);
+        }
+        self.held = kept;
+    }
+
+    fn answer_expired(&mut self, h: Held) {
+        let waited = self.now().saturating_sub(h.since_ms);
+        let method = h.msg.method().unwrap_or_default().to_string();
+        match method.as_str() {
+            "tools/list" if self.recorded.catalog.is_some() => self.answer_list_from_record(h.msg),
+            // Judged now: with no server this is `identity_pending`, said plainly.
+            "tools/call" => self.on_host_call(h.msg),
+            "server/discover" => self.refuse_discover(h.msg),
+            _ => {
+                let id = h.msg.id().expect("request").to_owned();
+                self.io.status(&format!(
+                    "{method} waited {:.1} s for the server, which is still not up; answered with an error",
+                    waited as f64 / 1000.0
+                ));
+                if method == "tools/list" {
+                    self.host.list_refused = true;
+                }
+                self.io.to_host(envelope::error_line(
+                    Some(&id),
+                    codes::SERVER_UNAVAILABLE,
+                    &format!(
+                        "the MCP server is still building ({:.0} s so far); its tools appear when it is up: retry, or reconnect in a moment",
+                        waited as f64 / 1000.0
+                    ),
+                    json!({"error": "server_building", "waitedMs": waited,
+                           "retry": "retry the request; hosts that list tools once: reconnect the server when the build is done"}),
+                ));
+            }
+        }
+    }
+
+    /// `server/discover` could not be answered by a real server in time: the host falls back to
+    /// `initialize`, which every server supports (the answer says why, in its message).
+    pub(super) fn refuse_discover(&mut self, msg: Message) {
+        let id = msg.id().expect("request").to_owned();
+        if self.host.negotiated.is_none() {
+            self.host.era = None;
+            self.host.modern_meta = None;
+        }
+        self.io.to_host(envelope::error_line(
+            Some(&id),
+            -32601,
+            "server/discover is not available while the server is being built; use initialize",
+            json!({"error": "server_building"}),
+        ));
+    }
+
+    /// The first-start budget ran out: the most recent catalog a real server of this package
+    /// produced, recorded as the source of what the host was shown.
+    fn answer_list_from_record(&mut self, msg: Message) {
+        let Some(rec) = self.recorded.catalog.clone() else {
+            return;
+        };
+        let id = msg.id().expect("request").to_owned();
+        let mut result = json!({"tools": rec.tools});
+        if self.era() == Some(Era::Modern) {
+            result["resultType"] = json!("complete");
+            result["ttlMs"] = json!(0);
+            result["cacheScope"] = json!("private");
+        }
+        self.io.status(&format!(
+            "the server is still building: tools/list answered with the catalog recorded from epoch {} ({}, identity {}); calls are checked against the real catalog when the server is up",
+            crate::epoch::short(&rec.epoch),
+            crate::hashing::short(&rec.digest),
+            crate::hashing::short(&rec.identity_digest)
+        ));
+        self.io.to_host(envelope::result_line(&id, &result));
+        if let Ok(c) = crate::catalog::Catalog::from_tools(rec.tools.clone()) {
+            self.host_was_shown(
+                &c,
+                "recorded catalog",
+                Some((&rec.epoch, &rec.identity_digest)),
+            );
+        }
+    }
+
+    /// Answers one request that no server will answer soon (build broken, crash loop, closing).
+    pub(super) fn answer_unavailable(&mut self, msg: Message) {
+        if msg.method() == Some("tools/call") {
+            return self.on_host_call(msg);
+        }
+        let id = msg.id().expect("request").to_owned();
+        if msg.method() == Some("tools/list") {
+            self.host.list_refused = true;
+        }
+        let (message, data) = self.unavailable_reason();
+        self.io.to_host(envelope::error_line(
+            Some(&id),
+            codes::SERVER_UNAVAILABLE,
+            &message,
+            data,
+        ));
+    }
+
+    /// Why no server can answer now: one sentence and the machine-readable payload.
+    pub(super) fn unavailable_reason(&self) -> (String, Value) {
+        match &self.lifecycle {
+            Lifecycle::BuildBroken { message } => (
+                format!(
+                    "the MCP server's build failed: {message}; it starts as soon as a build succeeds (save a fix)"
+                ),
+                json!({"error": "build_failed", "firstError": message,
+                       "retry": "fix the build; the server starts as soon as a build succeeds"}),
+            ),
+            Lifecycle::CrashLoop => (
+                "the MCP server keeps exiting; it restarts when the sources change or on `cargo mcp-dev restart`".into(),
+                json!({"error": "server_unavailable", "reason": "crash loop"}),
+            ),
+            Lifecycle::Stopping => (
+                "the connection is closing".into(),
+                json!({"error": "server_unavailable", "reason": "closing"}),
+            ),
+            _ => (
+                "no MCP server is running (restart mode manual: `cargo mcp-dev restart`)".into(),
+                json!({"error": "server_unavailable"}),
+            ),
+        }
+    }
+
+    /// Every held request gets its answer now (the server will not come soon).
+    pub(super) fn fail_held(&mut self) {
+        while let Some(h) = self.held.pop_front() {
+            self.answer_unavailable(h.msg);
+        }
+        if let Some(w) = self.host.waiting_initialize.take() {
+            self.announce_initialize(w.host_id);
+        }
+    }
+}

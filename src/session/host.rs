@@ -1,0 +1,299 @@
+//! Host room: every message the host sends (our stdin).
+//!
+//! Owns: parsing errors answered to the host, the era the host speaks, routing requests to the
+//! server (ids mapped into our id space), host notifications and the host's answers to the
+//! server's requests. Must not touch: gating (the router), held-request policy (first contact),
+//! I/O (the port).
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::proxy::envelope::{self, Kind, Message};
+
+impl<I: Io> Session<I> {
+    pub(super) fn on_host_line(&mut self, line: &[u8]) {
+        let msg = match Message::parse(line) {
+            Ok(m) => m,
+            Err(e) => {
+                self.io.status(&format!(
+                    "host sent an invalid message ({e}); answered with an error"
+                ));
+                let id = protocol::recover_id(line);
+                self.io.to_host(envelope::error_line(
+                    id.as_deref(),
+                    e.code(),
+                    &e.to_string(),
+                    json!({}),
+                ));
+                return;
+            }
+        };
+        match msg.kind() {
+            Kind::Response => self.on_host_response(msg),
+            Kind::Notification => self.on_host_notification(msg),
+            Kind::Request => self.on_host_request(msg),
+        }
+    }
+
+    pub(super) fn on_host_oversize(&mut self, prefix: &[u8], len: usize) {
+        self.io.status(&format!(
+            "host sent a message of {len} bytes, over the line limit; answered with a parse error"
+        ));
+        let id = protocol::recover_id(prefix);
+        self.io.to_host(envelope::error_line(
+            id.as_deref(),
+            -32700,
+            "message too large",
+            json!({"bytes": len}),
+        ));
+    }
+
+    fn note_era(&mut self, msg: &Message) {
+        // Runs for every request: only `_meta` is parsed.
+        let Some(meta) = envelope::params_meta(msg.params()) else {
+            return;
+        };
+        if let Some(meta) = protocol::modern_meta_of(&meta) {
+            if self.host.era.is_none() {
+                self.host.era = Some(Era::Modern);
+            }
+            if self.host.client_info.is_none() {
+                self.host.client_info = meta.get(protocol::CLIENT_INFO).cloned();
+            }
+            self.host.modern_meta = Some(meta);
+            self.advance_child();
+        }
+    }
+
+    fn on_host_request(&mut self, msg: Message) {
+        let method = msg.method().unwrap_or_default().to_string();
+        if method != "initialize" {
+            self.note_era(&msg);
+        }
+        match method.as_str() {
+            "initialize" => self.on_host_initialize(msg),
+            "ping" => {
+                let id = msg.id().expect("request").to_owned();
+                self.io.to_host(envelope::result_line(&id, &json!({})));
+            }
+            _ if self.child_ready() => self.route_host_request(msg),
+            "server/discover" => match self.hold_budget() {
+                // A real server's answer or, shortly, a fallback to `initialize`.
+                Some(_) => {
+                    let wait = self.cfg.handshake_wait;
+                    self.hold(msg, wait)
+                }
+                None => self.refuse_discover(msg),
+            },
+            _ => match self.hold_budget() {
+                Some(wait) => self.hold(msg, wait),
+                None => self.answer_unavailable(msg),
+            },
+        }
+    }
+
+    /// Sends a host request to the ready server under our own id.
+    pub(super) fn route_host_request(&mut self, msg: Message) {
+        let method = msg.method().unwrap_or_default().to_string();
+        if method == "tools/call" {
+            return self.on_host_call(msg);
+        }
+        let Some(child) = &self.child else {
+            return self.answer_unavailable(msg);
+        };
+        let epoch = child.epoch.clone();
+        let host_id = msg.id().expect("request").to_owned();
+        if method == "tools/list" && msg.params_value().get("cursor").is_none() {
+            self.host.list_pages.clear();
+        }
+        let mut msg = msg;
+        let id = self.alloc(Pending::Host {
+            host_id: host_id.clone(),
+            method: method.clone(),
+            epoch: epoch.clone(),
+            call: None,
+        });
+        if method == "subscriptions/listen" {
+            let params = msg.params_value();
+            let tools = params
+                .pointer("/notifications/toolsListChanged")
+                .and_then(|v| v.as_bool())
+                .unwrap_or(false);
+            match self
+                .listens
+                .iter_mut()
+                .find(|l| l.host_id.get() == host_id.get())
+            {
+                Some(l) => l.child_id = Some(id),
+                None => self.listens.push(Listen {
+                    host_id: host_id.clone(),
+                    params,
+                    child_id: Some(id),
+                    tools,
+                    acknowledged: false,
+                }),
+            }
+        }
+        msg.set_id(envelope::numeric_id(id));
+        self.io.to_child(&epoch, msg.to_line());
+    }
+
+    fn on_host_notification(&mut self, msg: Message) {
+        let method = msg.method().unwrap_or_default().to_string();
+        match method.as_str() {
+            "notifications/initialized" => {
+                self.host.initialized = true;
+                if let Some(c) = &self.child
+                    && c.phase == ChildPhase::AwaitingInitialized
+                {
+                    let epoch = c.epoch.clone();
+                    self.io.to_child(&epoch, msg.to_line());
+                    self.fetch_catalog(None);
+                }
+            }
+            "notifications/cancelled" => self.on_host_cancel(&msg),
+            m if m.starts_with("notifications/") => {
+                if let Some(c) = &self.child
+                    && !c.stopping
+                    && c.phase != ChildPhase::Started
+                {
+                    let epoch = c.epoch.clone();
+                    self.io.to_child(&epoch, msg.to_line());
+                }
+            }
+            // A request without an id (`tools/call` among them) is not a notification the server
+            // may act on: it would bypass the gate and the audit log. Dropped and reported.
+            other => {
+                let shown: String = other.chars().take(64).collect();
+                self.io.status(&format!(
+                    "host sent `{}` without an id (not a notification); dropped, not forwarded",
+                    shown.escape_debug()
+                ));
+            }
+        }
+    }
+
+    fn on_host_cancel(&mut self, msg: &Message) {
+        let params = msg.params_value();
+        let Some(req) = params.get("requestId") else {
+            return;
+        };
+        let req_text = req.to_string();
+        let found = self.pending.iter().find_map(|(id, p)| match p {
+            Pending::Host { host_id, epoch, .. } if host_id.get() == req_text => {
+                Some((*id, epoch.clone()))
+            }
+            _ => None,
+        });
+        if let Some((id, epoch)) = found {
+            let mut params = params.clone();
+            params["requestId"] = json!(id);
+            self.listens.retain(|l| l.host_id.get() != req_text);
+            if let Some(Pending::Host {
+                call: Some(call), ..
+            }) = self.pending.get(&id)
+            {
+                let line = format!("host cancelled {} ({})", call.tool, call.call_id);
+                self.io.verbose(&line);
+            }
+            self.io.to_child(
+                &epoch,
+                envelope::notification_line("notifications/cancelled", Some(&params)),
+            );
+            return;
+        }
+        // A held request the host gave up on is dropped (never forwarded later).
+        self.held
+            .retain(|h| h.msg.id().map(|i| i.get()) != Some(req_text.as_str()));
+    }
+
+    fn on_host_response(&mut self, mut msg: Message) {
+        let Some(id) = msg.id().and_then(envelope::parse_numeric_id) else {
+            self.io
+                .status("host answered a request nobody sent; dropped");
+            return;
+        };
+        let Some((epoch, child_id)) = self.child_requests.remove(&id) else {
+            self.io.verbose(&format!(
+                "host answered request {id} of a replaced server; dropped"
+            ));
+            return;
+        };
+        if self.current_epoch() != Some(epoch.as_str()) {
+            return;
+        }
+        msg.set_id(child_id);
+        self.io.to_child(&epoch, msg.to_line());
+    }
+
+    pub(super) fn set_phase(&mut self, phase: ChildPhase) {
+        if let Some(c) = &mut self.child {
+            c.phase = phase;
+        }
+    }
+
+    /// Moves a fresh child through the handshake as far as what the host has said allows.
+    pub(super) fn advance_child(&mut self) {
+        let Some(child) = &self.child else { return };
+        if child.phase != ChildPhase::Started {
+            return;
+        }
+        let epoch = child.epoch.clone();
+        match self.host.era {
+            None => {} // wait for the host's first message
+            Some(Era::Legacy) => {
+                if let Some(params) = self.host.init_params.clone() {
+                    // A host `initialize` still waiting (warm start) gets the server's own answer.
+                    let answer = self.host.waiting_initialize.take().map(|w| w.host_id);
+                    let id = self.alloc(Pending::Handshake {
+                        epoch: epoch.clone(),
+                        answer,
+                        modern: false,
+                    });
+                    self.set_phase(ChildPhase::Handshaking);
+                    self.io
+                        .to_child(&epoch, envelope::request_line(id, "initialize", &params));
+                }
+            }
+            Some(Era::Modern) => {
+                let params = json!({"_meta": self.host.modern_meta.clone().unwrap_or(json!({}))});
+                let id = self.alloc(Pending::Handshake {
+                    epoch: epoch.clone(),
+                    answer: None,
+                    modern: true,
+                });
+                self.set_phase(ChildPhase::Handshaking);
+                self.io.to_child(
+                    &epoch,
+                    envelope::request_line(id, "server/discover", &params),
+                );
+            }
+        }
+    }
+
+    /// `list_changed` to the host, on every stream that asked for it (modern) or plainly.
+    pub(super) fn notify_list_changed(&mut self) {
+        self.host.notified_revision = self.catalog.current().map(|r| r.number);
+        match self.era() {
+            Some(Era::Modern) => {
+                let targets: Vec<Value> = self
+                    .listens
+                    .iter()
+                    .filter(|l| l.tools)
+                    .map(|l| serde_json::from_str(l.host_id.get()).unwrap_or(Value::Null))
+                    .collect();
+                for sid in targets {
+                    let params = json!({"_meta": {protocol::SUBSCRIPTION_ID: sid}});
+                    self.io.to_host(envelope::notification_line(
+                        "notifications/tools/list_changed",
+                        Some(&params),
+                    ));
+                }
+            }
+            _ => self.io.to_host(envelope::notification_line(
+                "notifications/tools/list_changed",
+                None,
+            )),
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! In-flight room: requests whose server was replaced or exited while they ran.
+//!
+//! Owns: the one answer each such request gets (`epoch_transition`, never a replay) and its
+//! audit record. Must not touch: restarts themselves (lifecycle), I/O (the port).
+
+use serde_json::json;
+
+use super::*;
+use crate::proxy::envelope;
+
+impl<I: Io> Session<I> {
+    /// Every request pending at `epoch` gets an answer now; none is replayed.
+    pub(super) fn answer_in_flight(
+        &mut self,
+        epoch: &str,
+        new_epoch: Option<&str>,
+        cause: &str,
+        exit: Option<&str>,
+    ) {
+        let ids: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.epoch() == epoch)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            let Some(p) = self.pending.remove(&id) else {
+                continue;
+            };
+            match p {
+                Pending::Host {
+                    host_id,
+                    method,
+                    call,
+                    ..
+                } => {
+                    if method == "subscriptions/listen" {
+                        continue; // carried to the next child
+                    }
+                    let payload = json!({
+                        "error": "epoch_transition",
+                        "reason": if cause == "replaced" { "the server was replaced while this request was in flight" } else { "the server exited while this request was in flight" },
+                        "cause": cause,
+                        "oldEpoch": epoch,
+                        "newEpoch": new_epoch,
+                        "exit": exit,
+                        "mayHaveRun": true,
+                        "retried": false,
+                        "retry": "refresh tool metadata, check whether the call took effect, then decide whether to call again",
+                    });
+                    if let Some(call) = call {
+                        self.audit_record(audit::CALL_FAILED_EPOCH_TRANSITION, Some(epoch), json!({
+                            "callId": call.call_id, "tool": call.tool, "oldEpoch": epoch, "newEpoch": new_epoch, "cause": cause,
+                        }));
+                        let what = if cause == "replaced" {
+                            "was replaced"
+                        } else {
+                            "exited"
+                        };
+                        let hint = format!(
+                            "The server running epoch {epoch} {what} while `{}` was in flight; it may or may not have run and was not retried.",
+                            call.tool
+                        );
+                        self.io.to_host(envelope::result_line(
+                            &host_id,
+                            &self.tool_error(&payload, &hint),
+                        ));
+                    } else {
+                        self.io.to_host(envelope::error_line(
+                            Some(&host_id),
+                            codes::EPOCH_TRANSITION,
+                            &format!(
+                                "server {cause} while the request was in flight (epoch {epoch})"
+                            ),
+                            payload,
+                        ));
+                    }
+                }
+                Pending::Handshake {
+                    answer: Some(host_id),
+                    ..
+                } => {
+                    self.io.to_host(envelope::error_line(
+                        Some(&host_id),
+                        codes::EPOCH_TRANSITION,
+                        &format!("server {cause} during the handshake"),
+                        json!({"error": "epoch_transition", "oldEpoch": epoch}),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        for l in &mut self.listens {
+            l.child_id = None;
+        }
+        self.child_requests.retain(|_, (e, _)| e != epoch);
+        self.host.list_pages.clear();
+    }
+}

@@ -1,0 +1,440 @@
+//! Lifecycle room: builds, starting and replacing servers, exits, the crash loop, shutdown.
+//!
+//! Owns: [`Lifecycle`], [`Builds`], the child slot, epochs minted for new servers and the
+//! audit records of those transitions. Must not touch: message contents (host and child rooms),
+//! gating decisions (the gate), I/O (the port).
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::*;
+use crate::audit::records::ServerExited;
+use crate::epoch::LaunchRecord;
+use crate::hashing::short;
+
+impl<I: Io> Session<I> {
+    pub(super) fn on_sources_changed(&mut self, paths: Vec<String>) {
+        if self.lifecycle == Lifecycle::Stopping {
+            return;
+        }
+        let shown: Vec<&str> = paths.iter().take(3).map(String::as_str).collect();
+        self.io
+            .verbose(&format!("change detected: {}", shown.join(", ")));
+        if self.lifecycle == Lifecycle::CrashLoop {
+            self.lifecycle = Lifecycle::Serving;
+        }
+        self.request_build();
+    }
+
+    pub(super) fn request_build(&mut self) {
+        match self.builds {
+            // Changes during a build queue exactly one follow-up build.
+            Builds::Running | Builds::RunningWithFollowUp => {
+                self.builds = Builds::RunningWithFollowUp
+            }
+            Builds::Idle => {
+                self.builds = Builds::Running;
+                self.io.start_build();
+            }
+        }
+    }
+
+    pub(super) fn on_build_finished(&mut self, result: BuildResult) {
+        let follow_up = self.builds == Builds::RunningWithFollowUp;
+        self.builds = Builds::Idle;
+        if self.lifecycle == Lifecycle::Stopping {
+            return;
+        }
+        let epoch = self.current_epoch().map(str::to_string);
+        match result {
+            BuildResult::Error(message) => {
+                let line = format!("build failed: {message}");
+                self.io.status(&line);
+                self.last_build = Some(line);
+                self.build_broken(message, None);
+            }
+            BuildResult::Failed {
+                line,
+                errors,
+                first_location,
+                first_error,
+                last_good,
+            } => {
+                self.io.status(&line);
+                self.last_build = Some(line);
+                self.audit_record(
+                    audit::BUILD_COMPLETED,
+                    epoch.as_deref(),
+                    json!({"outcome": "failed", "errors": errors, "file": first_location}),
+                );
+                let message = match (&first_location, &first_error) {
+                    (Some(at), Some(e)) => format!("{at}: {e}"),
+                    (None, Some(e)) => e.clone(),
+                    (Some(at), None) => format!("{errors} error(s), the first at {at}"),
+                    (None, None) => format!("{errors} error(s)"),
+                };
+                self.build_broken(message, last_good.map(|r| *r));
+            }
+            BuildResult::Complete {
+                line,
+                record,
+                changed,
+                warnings,
+            } => {
+                self.io.status(&line);
+                self.last_build = Some(line);
+                for w in warnings {
+                    self.io.status(&format!("warning: {w}"));
+                }
+                self.audit_record(
+                    audit::BUILD_COMPLETED,
+                    epoch.as_deref(),
+                    json!({"outcome": if changed.is_empty() { "unchanged" } else { "changed" },
+                           "identityDigest": record.identity_digest,
+                           "executableSha256": record.executable.sha256,
+                           "changed": changed}),
+                );
+                if matches!(self.lifecycle, Lifecycle::BuildBroken { .. }) {
+                    self.lifecycle = if self.catalog.current().is_some() {
+                        Lifecycle::Serving
+                    } else {
+                        Lifecycle::FirstStart
+                    };
+                }
+                self.apply_build(*record);
+            }
+        }
+        if follow_up && self.lifecycle != Lifecycle::Stopping {
+            self.request_build();
+        }
+        self.publish();
+    }
+
+    /// The newest build failed. A running server keeps running; with no server, requests are
+    /// answered with the compiler's first error (or the last good build runs, if asked).
+    fn build_broken(&mut self, message: String, last_good: Option<IdentityRecord>) {
+        if self.child.is_some() || self.replacing.is_some() {
+            self.report_running();
+            return;
+        }
+        if self.cfg.fallback == Fallback::LastGood
+            && self.latest.is_none()
+            && let Some(record) = last_good
+        {
+            self.io.status(&format!(
+                "build failed; running the last good build {} instead (--fallback last-good); fix the error and save to run new code",
+                short(&record.identity_digest)
+            ));
+            self.latest = Some(record.clone());
+            self.spawn_child(
+                record,
+                None,
+                Some("last-good: the newest build failed".into()),
+            );
+            return;
+        }
+        self.io.status(&format!(
+            "no server running: the build failed ({message}); it starts as soon as a build succeeds"
+        ));
+        self.lifecycle = Lifecycle::BuildBroken { message };
+        self.fail_held();
+    }
+
+    fn apply_build(&mut self, record: IdentityRecord) {
+        self.latest = Some(record.clone());
+        let running_digest = self
+            .child
+            .as_ref()
+            .map(|c| c.record.identity_digest.clone());
+        match running_digest {
+            None if self.replacing.is_some() => {} // the restart in progress picks up `latest`
+            None => {
+                if self.lifecycle == Lifecycle::CrashLoop {
+                    self.io.status(
+                        "server not restarted: it is in a crash loop (waiting for a source change)",
+                    );
+                } else {
+                    self.spawn_child(record, None, None);
+                }
+            }
+            Some(d) if d == record.identity_digest => {
+                self.pending_apply = false;
+                self.report_running();
+            }
+            Some(_) => match self.cfg.restart {
+                Restart::Supervise => self.begin_replace(record, "new build"),
+                Restart::Manual => {
+                    self.pending_apply = true;
+                    if let Some(c) = &self.child {
+                        let line = format!(
+                            "running server unchanged: pid={} epoch={} (restart mode manual: run `cargo mcp-dev restart` to apply {})",
+                            c.pid,
+                            c.epoch,
+                            short(&record.identity_digest)
+                        );
+                        self.io.status(&line);
+                    }
+                }
+                Restart::Disconnect => {
+                    self.close_connection(&format!(
+                        "new build {} (restart mode disconnect); the host must reconnect",
+                        short(&record.identity_digest)
+                    ));
+                }
+            },
+        }
+    }
+
+    pub(super) fn report_running(&mut self) {
+        let line = match &self.child {
+            Some(c) => format!("running server unchanged: pid={} epoch={}", c.pid, c.epoch),
+            None => "no server running".to_string(),
+        };
+        self.io.status(&line);
+    }
+
+    pub(super) fn spawn_child(
+        &mut self,
+        record: IdentityRecord,
+        replaced: Option<String>,
+        fallback: Option<String>,
+    ) {
+        let epoch = self.io.mint_id();
+        self.spawn_child_as(epoch, record, replaced, fallback);
+    }
+
+    fn spawn_child_as(
+        &mut self,
+        epoch: String,
+        record: IdentityRecord,
+        replaced: Option<String>,
+        fallback: Option<String>,
+    ) {
+        let pid = match self.io.spawn(&epoch, &record) {
+            Ok(pid) => pid,
+            Err(e) => {
+                self.io.status(&format!("server failed to start: {e}"));
+                if self.catalog.current().is_none() {
+                    self.lifecycle = Lifecycle::BuildBroken {
+                        message: format!("the server failed to start: {e}"),
+                    };
+                }
+                self.fail_held();
+                self.publish();
+                return;
+            }
+        };
+        let clock = self.io.clock();
+        let mut launch = LaunchRecord::new(&epoch, pid, &record, clock.rfc3339, replaced.clone());
+        launch.fallback = fallback.clone();
+        self.io.record_launch(&launch);
+        self.gate.epoch_started(&epoch);
+        self.audit_record(audit::SERVER_STARTED, Some(&epoch), json!({
+            "epoch": epoch, "pid": pid, "identityDigest": record.identity_digest,
+            "executableSha256": record.executable.sha256, "argv": record.launch.argv, "label": self.label(),
+            "launch": launch,
+        }));
+        match &replaced {
+            Some(old) => {
+                self.io.status(&format!(
+                    "server replaced: pid={pid} epoch={epoch} (was {old})"
+                ));
+                self.audit_record(
+                    audit::SERVER_REPLACED,
+                    Some(&epoch),
+                    json!({"oldEpoch": old, "newEpoch": epoch, "pid": pid}),
+                );
+            }
+            None => self.io.status(&format!(
+                "server started: pid={pid} epoch={epoch} ({}{})",
+                short(&record.identity_digest),
+                if fallback.is_some() {
+                    ", last good build"
+                } else {
+                    ""
+                }
+            )),
+        }
+        self.child = Some(ChildState {
+            epoch,
+            pid,
+            record,
+            phase: ChildPhase::Started,
+            started_ms: clock.mono_ms,
+            stopping: false,
+            catalog_pages: Vec::new(),
+            pages_fetched: 0,
+        });
+        self.pending_apply = false;
+        self.advance_child();
+        self.publish();
+    }
+
+    /// Supervise mode: answer in-flight requests, stop the old child, then start the new one.
+    pub(super) fn begin_replace(&mut self, record: IdentityRecord, why: &str) {
+        let Some(child) = self.child.take() else {
+            self.spawn_child(record, None, None);
+            return;
+        };
+        let new_epoch = self.io.mint_id();
+        self.io.verbose(&format!("replacing server ({why})"));
+        self.gate.server_exited(&child.epoch);
+        self.answer_in_flight(&child.epoch, Some(&new_epoch), "replaced", None);
+        self.record_exit(&child, "replaced", None);
+        self.replacing = Some(Replacing {
+            new_epoch,
+            record,
+            old_epoch: child.epoch.clone(),
+        });
+        self.io.stop(&child.epoch, self.cfg.grace);
+        self.publish();
+    }
+
+    pub(super) fn on_child_stopped(&mut self, epoch: &str) {
+        if self.lifecycle == Lifecycle::Stopping {
+            return;
+        }
+        if let Some(r) = self.replacing.take() {
+            if r.old_epoch == epoch {
+                // Apply the newest successful build, which may be newer than the one that asked.
+                let record = self.latest.clone().unwrap_or(r.record);
+                self.spawn_child_as(r.new_epoch, record, Some(r.old_epoch), None);
+            } else {
+                self.replacing = Some(r);
+            }
+        }
+    }
+
+    fn record_exit(&mut self, child: &ChildState, status: &str, exit: Option<&ExitInfo>) {
+        let lived = self.now().saturating_sub(child.started_ms);
+        let record = ServerExited {
+            epoch: child.epoch.clone(),
+            pid: child.pid,
+            status: status.to_string(),
+            code: exit.and_then(|e| e.code),
+            signal: exit.and_then(|e| e.signal),
+            lived_ms: lived,
+        };
+        self.audit_record(audit::SERVER_EXITED, Some(&child.epoch), record.to_data());
+    }
+
+    pub(super) fn on_child_exited(&mut self, epoch: &str, exit: ExitInfo) {
+        let Some(child) = &self.child else { return };
+        if child.epoch != epoch || child.stopping {
+            return; // a replaced child: its requests were already answered
+        }
+        let child = self.child.take().expect("checked");
+        self.io.status(&format!(
+            "server exited: pid={} epoch={} ({exit})",
+            child.pid, child.epoch
+        ));
+        self.record_exit(&child, &exit.to_string(), Some(&exit));
+        self.gate.server_exited(epoch);
+        self.answer_in_flight(epoch, None, "exited", Some(&exit.to_string()));
+        self.io.reap(epoch); // grandchildren left in its group go too
+        if self.lifecycle == Lifecycle::Stopping {
+            return;
+        }
+        match self.cfg.restart {
+            Restart::Supervise => {
+                let now = self.now();
+                self.crashes.push_back(now);
+                while self
+                    .crashes
+                    .front()
+                    .is_some_and(|t| now.saturating_sub(*t) > CRASH_WINDOW_MS)
+                {
+                    self.crashes.pop_front();
+                }
+                if self.crashes.len() >= CRASH_LIMIT {
+                    self.lifecycle = Lifecycle::CrashLoop;
+                    self.io.status(&format!(
+                        "server crash loop: {} exits in {} s; not restarting until the sources change or `cargo mcp-dev restart`",
+                        self.crashes.len(),
+                        CRASH_WINDOW_MS / 1000
+                    ));
+                    self.fail_held();
+                } else if !self.restart_scheduled {
+                    let delay = Duration::from_millis(
+                        250u64 << (self.crashes.len().saturating_sub(1)).min(6),
+                    );
+                    self.restart_scheduled = true;
+                    self.io
+                        .status(&format!("restarting server in {} ms", delay.as_millis()));
+                    self.io.schedule(delay, Timer::Restart);
+                }
+            }
+            Restart::Manual => {
+                self.io.status(
+                    "restart mode manual: run `cargo mcp-dev restart` to start the server again",
+                );
+                self.fail_held();
+            }
+            Restart::Disconnect => self.close_connection(&format!(
+                "server exited ({exit}) in restart mode disconnect"
+            )),
+        }
+        self.publish();
+    }
+
+    pub(super) fn restart_due(&mut self) {
+        self.restart_scheduled = false;
+        if self.child.is_none()
+            && self.replacing.is_none()
+            && !matches!(self.lifecycle, Lifecycle::Stopping | Lifecycle::CrashLoop)
+            && let Some(record) = self.latest.clone()
+        {
+            self.spawn_child(record, None, None);
+        }
+    }
+
+    // ----- connection end -----------------------------------------------------------------
+
+    pub(super) fn close_connection(&mut self, why: &str) {
+        if self.exit_code.is_some() {
+            return;
+        }
+        if let Some(c) = &self.child {
+            let e = c.epoch.clone();
+            self.answer_in_flight(&e, None, "replaced", None);
+        }
+        self.io.status(&format!("connection closed: {why}"));
+        self.lifecycle = Lifecycle::Stopping;
+        self.fail_held();
+        self.io.close_host();
+        self.shutdown_with(why, crate::exit_codes::CONNECTION_CLOSED);
+    }
+
+    /// The session ends while its first build runs and no server ever came up: the shell
+    /// lets that build finish in the background for the host's retry.
+    pub fn first_build_abandoned(&self) -> bool {
+        self.builds != Builds::Idle && self.catalog.current().is_none()
+    }
+
+    pub fn shutdown(&mut self, why: &str) {
+        self.shutdown_with(why, crate::exit_codes::OK);
+    }
+
+    fn shutdown_with(&mut self, why: &str, code: i32) {
+        if self.exit_code.is_some() {
+            return;
+        }
+        self.lifecycle = Lifecycle::Stopping;
+        self.fail_held();
+        if let Some(c) = self.child.take() {
+            let e = c.epoch.clone();
+            self.answer_in_flight(&e, None, "exited", Some("supervisor shutting down"));
+            self.record_exit(&c, "stopped at session end", None);
+            self.io.stop(&e, Duration::from_millis(500));
+        }
+        self.gate.end_run();
+        self.audit_record(
+            audit::RUN_ENDED,
+            None,
+            json!({"reason": why, "agentRun": self.agent_run}),
+        );
+        self.exit_code = Some(code);
+        self.publish();
+    }
+}

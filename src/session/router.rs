@@ -1,0 +1,197 @@
+//! Router room: one `tools/call` from the host, judged and then forwarded or refused.
+//!
+//! Owns: asking the gate, the audit records around a call (`authorization_denied`, and
+//! `tool_called` written before the call is forwarded), the refusal a model can read, and a
+//! stale call's result carrying the tool's current definition and the diff from what this host
+//! was shown (itself a presentation of the new definition, recorded as such). Must not touch:
+//! the rules themselves (the gate), I/O (the port).
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::approval::{CallDecision, Denial, DenialReason};
+use crate::catalog::{self, Catalog};
+use crate::hashing;
+use crate::proxy::envelope::{self, Message};
+
+impl<I: Io> Session<I> {
+    pub(super) fn on_host_call(&mut self, mut msg: Message) {
+        let host_id = msg.id().expect("request").to_owned();
+        let (tool, arguments) = envelope::call_target(msg.params());
+        // Digest of the arguments exactly as the host sent them (never their values).
+        let args_digest =
+            hashing::sha256_bytes(arguments.map(|a| a.get()).unwrap_or("null").as_bytes());
+        let call_id = host_id.get().to_string();
+        if self.current_epoch().is_none()
+            && matches!(
+                self.lifecycle,
+                Lifecycle::BuildBroken { .. } | Lifecycle::CrashLoop | Lifecycle::Stopping
+            )
+        {
+            return self.refuse_unavailable_call(&host_id, &tool, &call_id);
+        }
+        let epoch_now = self.current_epoch().map(str::to_string);
+        let wall = self.io.clock().wall_ms;
+        match self.gate.decide_call(&tool, wall) {
+            CallDecision::Deny(denial) => {
+                let mut payload = denial.payload();
+                let mut hint = denial.human_hint();
+                if denial.reason == DenialReason::CatalogStale {
+                    hint = self.present_current_definition(&denial, &mut payload);
+                }
+                self.audit_record(audit::AUTHORIZATION_DENIED, epoch_now.as_deref(), json!({
+                    "callId": call_id, "tool": tool, "reason": denial.reason.as_str(),
+                    "approvedEpoch": denial.approved_epoch, "currentEpoch": denial.current_epoch,
+                }));
+                let shown_tool: String = tool.chars().take(128).collect();
+                self.io.status(&format!(
+                    "call denied: {} ({}): {}",
+                    shown_tool.escape_debug(),
+                    denial.reason.as_str(),
+                    denial.human_hint()
+                ));
+                self.io.to_host(envelope::result_line(
+                    &host_id,
+                    &self.tool_error(&payload, &hint),
+                ));
+                self.publish();
+            }
+            CallDecision::Forward {
+                grant_id,
+                credential_scopes,
+            } => {
+                let epoch = match &self.child {
+                    Some(c) if !c.stopping => c.epoch.clone(),
+                    _ => return, // unreachable: the gate says identity_pending without a child
+                };
+                let shown_revision = self.gate.host_shown(&tool).and_then(|s| s.revision);
+                // Written and flushed before forwarding; a call that cannot be audited is refused.
+                if let Err(e) = self.audit_required(audit::TOOL_CALLED, Some(&epoch), json!({
+                    "callId": call_id, "tool": tool, "grant": grant_id, "credentialScopes": credential_scopes,
+                    "argumentsDigest": args_digest, "shownRevision": shown_revision,
+                })) {
+                    self.io.status(&format!("call refused: audit log unavailable: {e}"));
+                    let payload = json!({"error": "audit_failed", "reason": e, "retry": "fix the audit log, then call again"});
+                    let result = self.tool_error(&payload, "The call was not forwarded because it could not be written to the audit log.");
+                    self.io.to_host(envelope::result_line(&host_id, &result));
+                    return;
+                }
+                let started_ms = self.now();
+                let id = self.alloc(Pending::Host {
+                    host_id,
+                    method: "tools/call".into(),
+                    epoch: epoch.clone(),
+                    call: Some(CallInfo {
+                        tool,
+                        call_id,
+                        started_ms,
+                    }),
+                });
+                msg.set_id(envelope::numeric_id(id));
+                self.io.to_child(&epoch, msg.to_line());
+            }
+        }
+    }
+
+    /// No server will answer soon (build broken, crash loop, closing): a tool error that says
+    /// why, recorded as a refused call.
+    fn refuse_unavailable_call(&mut self, host_id: &RawId, tool: &str, call_id: &str) {
+        let (message, mut payload) = self.unavailable_reason();
+        payload["tool"] = json!(tool);
+        self.audit_record(
+            audit::AUTHORIZATION_DENIED,
+            None,
+            json!({"callId": call_id, "tool": tool, "reason": payload["error"], "approvedEpoch": null, "currentEpoch": null}),
+        );
+        let result = self.tool_error(&payload, &format!("{message}."));
+        self.io.to_host(envelope::result_line(host_id, &result));
+    }
+
+    /// A stale call's result shows the tool's current definition and what changed since this
+    /// host was shown it: hosts that never refetch learn it here. Recorded as a presentation;
+    /// the next call of the tool is judged against it. Returns the sentence for the model.
+    fn present_current_definition(&mut self, denial: &Denial, payload: &mut Value) -> String {
+        let tool = denial.tool.clone();
+        let current = self.catalog.catalog().and_then(|c| c.tool(&tool)).cloned();
+        let shown = self.host.shown_tools.get(&tool).cloned();
+        let revision = self.catalog.current().map(|r| r.number);
+        let one = |t: &Option<Value>| Catalog::from_tools(t.iter().cloned().collect()).ok();
+        let changes = match (one(&shown), one(&current)) {
+            (Some(old), Some(new)) => catalog::diff(&old, &new).render_human(),
+            _ => Vec::new(),
+        };
+        let digest = current.as_ref().and_then(|_| {
+            self.catalog
+                .catalog()
+                .and_then(|c| c.tool_digests().get(&tool).cloned())
+        });
+        match &current {
+            Some(def) => {
+                payload["currentDefinition"] = json!({
+                    "name": tool,
+                    "description": def.get("description"),
+                    "inputSchema": def.get("inputSchema"),
+                    "outputSchema": def.get("outputSchema"),
+                    "annotations": def.get("annotations"),
+                });
+                self.host.shown_tools.insert(tool.clone(), def.clone());
+            }
+            None => {
+                payload["currentDefinition"] = Value::Null;
+                payload["removed"] = json!(true);
+                self.host.shown_tools.remove(&tool);
+            }
+        }
+        payload["changes"] = json!(changes);
+        payload["retry"] = json!(
+            "the tool's current definition is in currentDefinition: call again with arguments that match it (refetch tools/list to see every change)"
+        );
+        self.gate.host_shown_tool(&tool, digest.clone(), revision);
+        let epoch = self.current_epoch().map(str::to_string);
+        self.audit_record(
+            audit::CATALOG_PRESENTED,
+            epoch.as_deref(),
+            json!({"connection": self.agent_run, "source": "stale-call result", "tool": tool,
+                   "digest": digest, "revision": revision}),
+        );
+        self.note_host_not_refetching();
+        let mut text = match &current {
+            Some(def) => format!(
+                "The tool `{tool}` changed since this host listed it (catalog revision {}). Its current description: {}. Its current input schema: {}.",
+                revision.unwrap_or(0),
+                def.get("description")
+                    .and_then(|d| d.as_str())
+                    .unwrap_or("(none)"),
+                def.get("inputSchema")
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|| "{}".into())
+            ),
+            None => format!("The tool `{tool}` no longer exists in the server's current catalog."),
+        };
+        if !changes.is_empty() {
+            text.push_str(&format!(" Changes: {}.", changes.join("; ")));
+        }
+        text.push_str(" The call was not run; call again against the current definition.");
+        text
+    }
+
+    /// Once per revision: the host was told the list changed and still calls with old
+    /// definitions (Claude Code before v2.1.233, Python and most TS apps never refetch).
+    fn note_host_not_refetching(&mut self) {
+        let Some(revision) = self.catalog.current().map(|r| r.number) else {
+            return;
+        };
+        if self.host.stale_notice_revision == Some(revision) {
+            return;
+        }
+        self.host.stale_notice_revision = Some(revision);
+        let told = if self.host.notified_revision == Some(revision) {
+            "after list_changed "
+        } else {
+            ""
+        };
+        self.io.status(&format!(
+            "the host has not refetched tools/list {told}(catalog revision {revision}); stale calls are refused with the new definition. In Claude Code, `/mcp` reconnects the server"
+        ));
+    }
+}

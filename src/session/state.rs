@@ -1,0 +1,207 @@
+//! The session's state types: enums instead of combinations of booleans, so states that cannot
+//! happen cannot be written down.
+//!
+//! Owns: data only. Must not touch: I/O, decisions (the other rooms decide; this file names).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::fingerprint::IdentityRecord;
+use crate::proxy::envelope::Message;
+pub use crate::proxy::envelope::RawId;
+
+use super::protocol::Era;
+
+/// A raw JSON-RPC id kept for later answers.
+pub type RawIdText = RawId;
+
+/// Where the session is in its life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lifecycle {
+    /// No server of this session has been ready yet: requests are held (bounded by the
+    /// first-start budget), never answered from state no real server produced.
+    FirstStart,
+    /// A server has been up in this session (it may be restarting now).
+    Serving,
+    /// The newest build failed and no server runs: requests are answered with the compiler's
+    /// first error until a build succeeds.
+    BuildBroken { message: String },
+    /// The server exited too often: no automatic restarts until the sources change.
+    CrashLoop,
+    /// The session is ending.
+    Stopping,
+}
+
+/// Builds: never two at once; a change during a build queues exactly one more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Builds {
+    Idle,
+    Running,
+    RunningWithFollowUp,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChildPhase {
+    /// Started; waiting for the host's first message to know the era.
+    Started,
+    /// Our `initialize` (or modern `server/discover`) is in flight.
+    Handshaking,
+    /// Legacy: initialized; waiting for the host's `notifications/initialized` to pass on.
+    AwaitingInitialized,
+    /// Catalog fetch in flight.
+    FetchingCatalog,
+    /// Serving.
+    Ready,
+}
+
+#[derive(Debug, Clone)]
+pub struct ChildState {
+    pub epoch: String,
+    pub pid: u32,
+    pub record: IdentityRecord,
+    pub phase: ChildPhase,
+    pub started_ms: u64,
+    pub stopping: bool,
+    pub catalog_pages: Vec<Value>,
+    /// Pages fetched for the current catalog (bounded by [`MAX_CATALOG_PAGES`]).
+    pub pages_fetched: usize,
+}
+
+/// A replacement in progress: the new epoch starts when the old child has stopped.
+#[derive(Debug, Clone)]
+pub struct Replacing {
+    pub new_epoch: String,
+    pub record: IdentityRecord,
+    pub old_epoch: String,
+}
+
+/// What a child-facing id (always ours) stands for.
+#[derive(Debug)]
+pub enum Pending {
+    /// A host request forwarded to the child.
+    Host {
+        host_id: RawId,
+        method: String,
+        epoch: String,
+        call: Option<CallInfo>,
+    },
+    /// Our replay of the host's `initialize` (or modern `server/discover`); `answer` is the host
+    /// id to answer when the host is still waiting for it.
+    Handshake {
+        epoch: String,
+        answer: Option<RawId>,
+        modern: bool,
+    },
+    /// Our own `tools/list` page.
+    CatalogPage { epoch: String },
+}
+
+impl Pending {
+    pub fn epoch(&self) -> &str {
+        match self {
+            Pending::Host { epoch, .. }
+            | Pending::Handshake { epoch, .. }
+            | Pending::CatalogPage { epoch } => epoch,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct CallInfo {
+    pub tool: String,
+    pub call_id: String,
+    pub started_ms: u64,
+}
+
+/// A host request waiting for a server, with its deadline.
+#[derive(Debug)]
+pub struct Held {
+    pub msg: Message,
+    pub deadline_ms: u64,
+    pub since_ms: u64,
+}
+
+/// A host `subscriptions/listen` stream, carried across restarts.
+#[derive(Debug)]
+pub struct Listen {
+    pub host_id: RawId,
+    pub params: Value,
+    /// Our id for it at the current child.
+    pub child_id: Option<u64>,
+    pub tools: bool,
+    /// The host got this stream's acknowledgement (re-opened streams are not acknowledged twice).
+    pub acknowledged: bool,
+}
+
+/// What the host negotiated (legacy) or was first told (modern).
+#[derive(Debug, Clone)]
+pub struct Negotiated {
+    pub protocol_version: String,
+    pub capabilities: Value,
+    /// Answered by the supervisor before a server was up (to be confirmed by the first one).
+    pub announced: bool,
+}
+
+/// A host `initialize` answered by nobody yet (the warm-start wait).
+#[derive(Debug)]
+pub struct WaitingInitialize {
+    pub host_id: RawId,
+}
+
+/// The one host connection of this run (stdin/stdout).
+#[derive(Debug, Default)]
+pub struct HostConnection {
+    pub era: Option<Era>,
+    pub init_params: Option<Value>,
+    pub initialized: bool,
+    pub negotiated: Option<Negotiated>,
+    pub modern_meta: Option<Value>,
+    pub client_info: Option<Value>,
+    /// Each tool as this host was last shown it (to diff a stale call against).
+    pub shown_tools: std::collections::BTreeMap<String, Value>,
+    /// Pages of a `tools/list` answer passing through, until the last one.
+    pub list_pages: Vec<Value>,
+    /// An `initialize` held for the server's own answer.
+    pub waiting_initialize: Option<WaitingInitialize>,
+    /// The host asked for the catalog and got an error (nothing to show yet): tell it when
+    /// the first catalog exists.
+    pub list_refused: bool,
+    /// `list_changed` was sent for this catalog revision.
+    pub notified_revision: Option<u64>,
+    /// The "host has not refetched" status line was printed for this revision.
+    pub stale_notice_revision: Option<u64>,
+}
+
+/// What real servers of this package said before: kept by the shell between runs and used
+/// only with its provenance (which epoch and identity produced it).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RecordedFacts {
+    /// Capabilities of the last real `initialize` answer (never its protocol version: that
+    /// belongs to the host that asked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<Value>,
+    /// The last catalog a real server of this package returned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catalog: Option<RecordedCatalog>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RecordedCatalog {
+    pub tools: Vec<Value>,
+    pub digest: String,
+    pub epoch: String,
+    pub identity_digest: String,
+    pub recorded_at: String,
+}
+
+/// Crash-loop bounds: this many exits within the window stop automatic restarts.
+pub const CRASH_LIMIT: usize = 5;
+pub const CRASH_WINDOW_MS: u64 = 60_000;
+/// Requests held at once; more are answered at once.
+pub const HELD_LIMIT: usize = 1024;
+/// `tools/list` pages fetched for one catalog; a server that pages forever is cut off here.
+pub const MAX_CATALOG_PAGES: usize = 1000;
+/// Tools in one catalog (a bound on memory for a server that never stops listing).
+pub const MAX_CATALOG_TOOLS: usize = 100_000;

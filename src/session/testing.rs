@@ -1,0 +1,378 @@
+//! The test shell: runs the session core in memory against a scripted host and a fake child.
+//!
+//! Owns: [`FakeIo`] (records every effect; clock and ids are counters) and [`Harness`] (drives
+//! events, plays a well-behaved MCP server that answers what it is sent). Real processes and
+//! real SDK clients are exercised by `tests/` and `tests/e2e/`; this is the fast, exhaustive
+//! layer next to them.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::approval::{Gating, Policy};
+use crate::fingerprint::{IdentityRecord, identity_record};
+
+/// A `tool_called` record: its callId and epoch.
+pub type Intent = (Value, Option<String>);
+
+/// Every effect the session asked for, in order where order matters.
+#[derive(Default)]
+pub struct FakeIo {
+    pub to_host: Vec<Value>,
+    pub to_child: VecDeque<(String, Value)>,
+    pub builds_started: usize,
+    pub spawned: Vec<(String, u32)>,
+    pub stopped: Vec<String>,
+    pub reaped: Vec<String>,
+    pub timers: Vec<(u64, Timer)>,
+    pub host_closed: bool,
+    pub status: Vec<String>,
+    pub audit: Vec<(String, Option<String>, Value)>,
+    pub audit_fails: bool,
+    pub facts: Option<RecordedFacts>,
+    pub launches: Vec<LaunchRecord>,
+    pub now_ms: u64,
+    pub next_id: u64,
+    pub next_pid: u32,
+    pub spawn_error: Option<String>,
+    pub published: usize,
+    /// Every `tools/call` sent to a child: its epoch, and the `tool_called` records (callId,
+    /// epoch) written before it.
+    pub calls_sent: Vec<(String, Vec<Intent>)>,
+}
+
+impl Io for FakeIo {
+    fn to_host(&mut self, line: Vec<u8>) {
+        assert_eq!(line.last(), Some(&b'\n'), "one line per message");
+        assert!(
+            !line[..line.len() - 1].contains(&b'\n'),
+            "no newline inside a message"
+        );
+        self.to_host
+            .push(serde_json::from_slice(&line).expect("the session writes JSON to the host"));
+    }
+    fn to_child(&mut self, epoch: &str, line: Vec<u8>) {
+        let v: Value = serde_json::from_slice(&line).expect("the session writes JSON to the child");
+        if v["method"] == "tools/call" {
+            let intents = self
+                .audit
+                .iter()
+                .filter(|(k, _, _)| k == crate::audit::TOOL_CALLED)
+                .map(|(_, e, d)| (d["callId"].clone(), e.clone()))
+                .collect();
+            self.calls_sent.push((epoch.to_string(), intents));
+        }
+        self.to_child.push_back((epoch.to_string(), v));
+    }
+    fn start_build(&mut self) {
+        self.builds_started += 1;
+    }
+    fn spawn(&mut self, epoch: &str, _record: &IdentityRecord) -> Result<u32, String> {
+        if let Some(e) = &self.spawn_error {
+            return Err(e.clone());
+        }
+        self.next_pid += 1;
+        let pid = 1000 + self.next_pid;
+        self.spawned.push((epoch.to_string(), pid));
+        Ok(pid)
+    }
+    fn stop(&mut self, epoch: &str, _grace: Duration) {
+        self.stopped.push(epoch.to_string());
+    }
+    fn reap(&mut self, epoch: &str) {
+        self.reaped.push(epoch.to_string());
+    }
+    fn schedule(&mut self, delay: Duration, timer: Timer) {
+        self.timers
+            .push((self.now_ms + delay.as_millis() as u64, timer));
+    }
+    fn close_host(&mut self) {
+        self.host_closed = true;
+    }
+    fn status(&mut self, line: &str) {
+        self.status.push(line.to_string());
+    }
+    fn verbose(&mut self, _line: &str) {}
+    fn audit(
+        &mut self,
+        kind: &str,
+        _agent_run: &str,
+        epoch: Option<&str>,
+        data: Value,
+    ) -> Result<(), String> {
+        if self.audit_fails {
+            return Err("disk full".into());
+        }
+        self.audit
+            .push((kind.to_string(), epoch.map(str::to_string), data));
+        Ok(())
+    }
+    fn publish_status(&mut self, _snapshot: &Value) {
+        self.published += 1;
+    }
+    fn record_launch(&mut self, launch: &LaunchRecord) {
+        self.launches.push(launch.clone());
+    }
+    fn record_facts(&mut self, facts: &RecordedFacts) {
+        self.facts = Some(facts.clone());
+    }
+    fn clock(&mut self) -> Clock {
+        Clock {
+            mono_ms: self.now_ms,
+            wall_ms: 1_700_000_000_000 + self.now_ms,
+            rfc3339: format!("t+{}ms", self.now_ms),
+        }
+    }
+    fn mint_id(&mut self) -> String {
+        self.next_id += 1;
+        format!("ID{:04}", self.next_id)
+    }
+}
+
+/// An identity record whose executable digest is `exe`.
+pub fn record(exe: &str) -> IdentityRecord {
+    let mut i = crate::fingerprint::tests::inputs();
+    i.executable.sha256 = format!("sha256:{exe}");
+    identity_record(i)
+}
+
+pub fn complete(exe: &str) -> BuildResult {
+    BuildResult::Complete {
+        line: format!("build complete: {exe}"),
+        record: Box::new(record(exe)),
+        changed: vec!["executable".into()],
+        warnings: vec![],
+    }
+}
+
+pub fn failed(last_good: Option<&str>) -> BuildResult {
+    BuildResult::Failed {
+        line: "build failed: 1 error in src/main.rs".into(),
+        errors: 1,
+        first_location: Some("src/main.rs:12:5".into()),
+        first_error: Some("error[E0425]: cannot find value `x` in this scope".into()),
+        last_good: last_good.map(|e| Box::new(record(e))),
+    }
+}
+
+/// A tool definition as a server would list it.
+pub fn tool(name: &str, version: u32) -> Value {
+    json!({"name": name, "description": format!("{name} v{version}"),
+           "inputSchema": {"type": "object", "properties": {format!("f{version}"): {"type": "string"}}}})
+}
+
+/// The session under test plus a fake MCP server that answers what it is sent.
+pub struct Harness {
+    pub s: Session<FakeIo>,
+    /// The tools the fake server lists (per epoch, so a rebuild can change them).
+    pub tools: Vec<Value>,
+    /// Protocol version the fake server answers `initialize` with (`None`: the client's).
+    pub server_version: Option<String>,
+    /// The fake server answers `tools/call` at once (else the call stays in flight).
+    pub answer_calls: bool,
+    /// Host-side ids the harness allocates.
+    pub next_host_id: i64,
+}
+
+impl Harness {
+    pub fn new(configure: impl FnOnce(&mut SessionConfig)) -> Harness {
+        Self::with_policy(configure, Policy::default())
+    }
+
+    /// Everything exempt: tests of first contact and staleness, not approvals.
+    pub fn ungated(configure: impl FnOnce(&mut SessionConfig)) -> Harness {
+        let policy = Policy {
+            gating: Gating::Off,
+            ..Policy::default()
+        };
+        Self::with_policy(configure, policy)
+    }
+
+    pub fn with_policy(configure: impl FnOnce(&mut SessionConfig), policy: Policy) -> Harness {
+        let mut cfg = SessionConfig::new("inventory", "inventory", "0.1.0");
+        configure(&mut cfg);
+        let mut s = Session::new(FakeIo::default(), cfg, policy);
+        s.start();
+        Harness {
+            s,
+            tools: vec![tool("list_items", 1), tool("write_item", 1)],
+            server_version: None,
+            answer_calls: true,
+            next_host_id: 0,
+        }
+    }
+
+    pub fn io(&mut self) -> &mut FakeIo {
+        self.s.io()
+    }
+
+    pub fn advance(&mut self, ms: u64) {
+        let target = self.io().now_ms + ms;
+        loop {
+            let due = {
+                let io = self.io();
+                let next = io
+                    .timers
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (at, _))| *at <= target)
+                    .min_by_key(|(_, (at, _))| *at)
+                    .map(|(i, _)| i);
+                next.map(|i| io.timers.remove(i))
+            };
+            match due {
+                Some((at, timer)) => {
+                    let io = self.io();
+                    io.now_ms = io.now_ms.max(at);
+                    self.s.handle(Event::Timer(timer));
+                    self.serve();
+                }
+                None => break,
+            }
+        }
+        self.io().now_ms = target;
+    }
+
+    pub fn build(&mut self, result: BuildResult) {
+        self.s.handle(Event::BuildFinished(Box::new(result)));
+        self.serve();
+    }
+
+    /// The host sends a raw JSON message.
+    pub fn host(&mut self, msg: Value) {
+        self.s.handle(Event::HostLine(msg.to_string().into_bytes()));
+        self.serve();
+    }
+
+    /// The host sends a request; returns its id.
+    pub fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = json!(self.next_host_id);
+        self.next_host_id += 1;
+        self.host(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        id
+    }
+
+    pub fn initialize(&mut self, version: &str) -> Value {
+        self.request(
+            "initialize",
+            json!({"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}),
+        )
+    }
+
+    pub fn initialized(&mut self) {
+        self.host(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    }
+
+    pub fn call(&mut self, tool: &str) -> Value {
+        self.request("tools/call", json!({"name": tool, "arguments": {}}))
+    }
+
+    /// The answer the host got for `id`, if any (exactly one is asserted).
+    pub fn answer(&mut self, id: &Value) -> Option<Value> {
+        let answers: Vec<Value> = self
+            .io()
+            .to_host
+            .iter()
+            .filter(|m| m.get("id") == Some(id) && m.get("method").is_none())
+            .cloned()
+            .collect();
+        assert!(
+            answers.len() <= 1,
+            "request {id} answered twice: {answers:?}"
+        );
+        answers.into_iter().next()
+    }
+
+    /// Host notifications named `method` so far.
+    pub fn host_notes(&mut self, method: &str) -> usize {
+        self.io()
+            .to_host
+            .iter()
+            .filter(|m| m.get("method").and_then(Value::as_str) == Some(method))
+            .count()
+    }
+
+    pub fn current_epoch(&self) -> Option<String> {
+        self.s.current_epoch().map(str::to_string)
+    }
+
+    /// The fake server answers everything queued for it.
+    pub fn serve(&mut self) {
+        while let Some((epoch, msg)) = self.s.io().to_child.pop_front() {
+            if Some(epoch.as_str()) != self.s.current_epoch() {
+                continue;
+            }
+            let Some(id) = msg.get("id").cloned() else {
+                continue;
+            };
+            let method = msg["method"].as_str().unwrap_or_default().to_string();
+            let result = match method.as_str() {
+                "initialize" => {
+                    let v = self
+                        .server_version
+                        .clone()
+                        .or_else(|| {
+                            msg["params"]["protocolVersion"]
+                                .as_str()
+                                .map(str::to_string)
+                        })
+                        .unwrap_or_default();
+                    json!({"protocolVersion": v, "capabilities": {"tools": {}}, "serverInfo": {"name": "fake", "version": "1"}})
+                }
+                "server/discover" => json!({"supportedVersions": [protocol::MODERN_VERSION],
+                    "capabilities": {"tools": {}}, "serverInfo": {"name": "fake", "version": "1"}}),
+                "tools/list" => json!({"tools": self.tools}),
+                "tools/call" if self.answer_calls => {
+                    json!({"content": [{"type": "text", "text": format!("ran in {epoch}")}]})
+                }
+                "tools/call" => continue,
+                _ => json!({}),
+            };
+            let line = json!({"jsonrpc": "2.0", "id": id, "result": result});
+            self.s.handle(Event::ChildLine {
+                epoch: epoch.clone(),
+                line: line.to_string().into_bytes(),
+            });
+        }
+    }
+
+    /// Legacy connect: initialize, initialized; returns the initialize answer (if any yet).
+    pub fn connect_legacy(&mut self) -> Option<Value> {
+        let id = self.initialize("2025-06-18");
+        self.initialized();
+        self.answer(&id)
+    }
+
+    /// Names of the tools in a `tools/list` answer.
+    pub fn names(answer: &Value) -> Vec<String> {
+        answer["result"]["tools"]
+            .as_array()
+            .map(|t| {
+                t.iter()
+                    .filter_map(|t| t["name"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The `error` field of a tool error result.
+    pub fn tool_error(answer: &Value) -> Option<String> {
+        if answer["result"]["isError"] != json!(true) {
+            return None;
+        }
+        answer["result"]["_meta"]["dev.cargo-mcp-dev/error"]["error"]
+            .as_str()
+            .map(str::to_string)
+    }
+
+    pub fn audit_kinds(&mut self, kind: &str) -> Vec<Value> {
+        self.io()
+            .audit
+            .iter()
+            .filter(|(k, _, _)| k == kind)
+            .map(|(_, _, d)| d.clone())
+            .collect()
+    }
+}

@@ -1,0 +1,607 @@
+//! The session core in memory: every ordering of host messages against child readiness that
+//! real hosts produce (list before ready, call before list, list during a restart, discover
+//! before the build ends), and property tests over random event sequences.
+
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+use super::testing::*;
+use super::*;
+
+const V: &str = "2025-06-18";
+
+fn call_result_text(a: &Value) -> String {
+    a["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn cold_start_answers_initialize_with_the_hosts_version_and_holds_the_list() {
+    let mut h = Harness::ungated(|_| {});
+    let init = h
+        .connect_legacy()
+        .expect("cold initialize is answered at once");
+    assert_eq!(init["result"]["protocolVersion"], json!(V));
+    assert_eq!(
+        init["result"]["capabilities"]["tools"]["listChanged"],
+        json!(true)
+    );
+    let list = h.request("tools/list", json!({}));
+    let call = h.call("list_items");
+    h.advance(10_000);
+    assert_eq!(h.answer(&list), None, "held, never [] from nobody");
+    assert_eq!(h.answer(&call), None, "held during the first start");
+    h.build(complete("a"));
+    let list = h.answer(&list).expect("answered by the real server");
+    assert_eq!(Harness::names(&list), ["list_items", "write_item"]);
+    let epoch = h.current_epoch().unwrap();
+    assert_eq!(
+        call_result_text(&h.answer(&call).expect("call forwarded")),
+        format!("ran in {epoch}")
+    );
+    // The child was initialized with the host's own params.
+    assert_eq!(h.host_notes("notifications/tools/list_changed"), 0);
+    let presented = h.audit_kinds(audit::CATALOG_PRESENTED);
+    assert_eq!(presented.len(), 1);
+    assert_eq!(presented[0]["source"], json!("server"));
+    let called = h.audit_kinds(audit::TOOL_CALLED);
+    assert_eq!(called.len(), 1);
+}
+
+#[test]
+fn warm_start_passes_the_servers_own_handshake_through() {
+    let mut h = Harness::ungated(|c| c.warm = true);
+    let id = h.initialize(V);
+    assert_eq!(h.answer(&id), None, "warm: waits for the server");
+    h.advance(300);
+    h.build(complete("a"));
+    let init = h.answer(&id).expect("the server's answer");
+    assert_eq!(init["result"]["serverInfo"]["name"], json!("fake"));
+    assert_eq!(
+        init["result"]["capabilities"]["tools"]["listChanged"],
+        json!(true)
+    );
+}
+
+#[test]
+fn warm_start_wait_is_bounded() {
+    let mut h = Harness::ungated(|c| c.warm = true);
+    let id = h.initialize(V);
+    h.advance(DEFAULT_HANDSHAKE_WAIT.as_millis() as u64);
+    let init = h
+        .answer(&id)
+        .expect("answered by the supervisor after the wait");
+    assert_eq!(init["result"]["serverInfo"]["name"], json!("inventory"));
+    assert_eq!(init["result"]["protocolVersion"], json!(V));
+}
+
+#[test]
+fn another_hosts_version_is_never_reused() {
+    // Facts recorded from a server that a 2025-03-26 host talked to hold no version at all.
+    let mut h = Harness::ungated(|c| {
+        c.recorded.capabilities = Some(json!({"tools": {}, "logging": {}}));
+    });
+    let id = h.initialize("2025-11-25");
+    let init = h.answer(&id).unwrap();
+    assert_eq!(init["result"]["protocolVersion"], json!("2025-11-25"));
+    assert_eq!(init["result"]["capabilities"]["logging"], json!({}));
+}
+
+#[test]
+fn a_server_that_answers_another_version_closes_the_connection_with_both_named() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.server_version = Some("2025-03-26".into());
+    h.build(complete("a"));
+    assert!(h.io().host_closed);
+    let line = h
+        .io()
+        .status
+        .iter()
+        .find(|l| l.starts_with("connection closed"))
+        .cloned()
+        .unwrap();
+    assert!(
+        line.contains("2025-06-18") && line.contains("2025-03-26"),
+        "{line}"
+    );
+    assert_eq!(h.s.exit_code(), Some(crate::exit_codes::CONNECTION_CLOSED));
+}
+
+#[test]
+fn budget_out_with_a_recorded_catalog_then_per_tool_staleness() {
+    let recorded = RecordedCatalog {
+        tools: vec![tool("list_items", 1), tool("write_item", 1)],
+        digest: "sha256:old".into(),
+        epoch: "OLDEPOCH".into(),
+        identity_digest: "sha256:oldid".into(),
+        recorded_at: "t".into(),
+    };
+    let mut h = Harness::ungated(|c| c.recorded.catalog = Some(recorded));
+    h.connect_legacy();
+    let list = h.request("tools/list", json!({}));
+    h.advance(DEFAULT_FIRST_START_BUDGET.as_millis() as u64);
+    let shown = h.answer(&list).expect("recorded catalog after the budget");
+    assert_eq!(Harness::names(&shown), ["list_items", "write_item"]);
+    let p = h.audit_kinds(audit::CATALOG_PRESENTED);
+    assert_eq!(p[0]["source"], json!("recorded catalog"));
+    assert_eq!(p[0]["recordedEpoch"], json!("OLDEPOCH"));
+    // The real server changed write_item only.
+    h.tools = vec![tool("list_items", 1), tool("write_item", 2)];
+    h.build(complete("a"));
+    assert_eq!(h.host_notes("notifications/tools/list_changed"), 1);
+    let ok = h.call("list_items");
+    assert!(
+        Harness::tool_error(&h.answer(&ok).unwrap()).is_none(),
+        "unchanged tool goes through"
+    );
+    let stale = h.call("write_item");
+    let a = h.answer(&stale).unwrap();
+    assert_eq!(Harness::tool_error(&a).as_deref(), Some("catalog_stale"));
+    let payload = &a["result"]["_meta"]["dev.cargo-mcp-dev/error"];
+    assert_eq!(
+        payload["currentDefinition"]["description"],
+        json!("write_item v2")
+    );
+    assert!(
+        !payload["changes"].as_array().unwrap().is_empty(),
+        "{payload}"
+    );
+    assert!(
+        a["result"]["content"][1]["text"]
+            .as_str()
+            .unwrap()
+            .contains("write_item v2")
+    );
+    // The refusal presented the new definition: the retry runs.
+    let retry = h.call("write_item");
+    assert!(Harness::tool_error(&h.answer(&retry).unwrap()).is_none());
+    let p = h.audit_kinds(audit::CATALOG_PRESENTED);
+    assert_eq!(p.last().unwrap()["source"], json!("stale-call result"));
+    let notices = h
+        .io()
+        .status
+        .iter()
+        .filter(|l| l.contains("has not refetched"))
+        .count();
+    assert_eq!(notices, 1);
+}
+
+#[test]
+fn budget_out_without_a_record_is_an_error_never_an_empty_list() {
+    let mut h = Harness::ungated(|c| c.first_start_budget = std::time::Duration::from_secs(3));
+    h.connect_legacy();
+    let list = h.request("tools/list", json!({}));
+    h.advance(3000);
+    let a = h.answer(&list).unwrap();
+    assert_eq!(a["error"]["data"]["error"], json!("server_building"));
+    assert_eq!(a["error"]["data"]["source"], json!("cargo-mcp-dev"));
+    h.build(complete("a"));
+    assert_eq!(
+        h.host_notes("notifications/tools/list_changed"),
+        1,
+        "told once it exists"
+    );
+}
+
+#[test]
+fn a_broken_first_build_answers_with_the_compiler_error_and_recovers() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    let list = h.request("tools/list", json!({}));
+    let call = h.call("list_items");
+    h.build(failed(None));
+    let a = h.answer(&list).unwrap();
+    assert_eq!(a["error"]["data"]["error"], json!("build_failed"));
+    let msg = a["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("src/main.rs:12:5") && msg.contains("E0425"),
+        "{msg}"
+    );
+    let c = h.answer(&call).unwrap();
+    assert_eq!(Harness::tool_error(&c).as_deref(), Some("build_failed"));
+    assert!(matches!(h.s.lifecycle(), Lifecycle::BuildBroken { .. }));
+    // New requests are answered the same way, at once.
+    let again = h.request("tools/list", json!({}));
+    assert!(h.answer(&again).is_some());
+    h.build(complete("a"));
+    assert_eq!(*h.s.lifecycle(), Lifecycle::Serving);
+    assert_eq!(h.host_notes("notifications/tools/list_changed"), 1);
+}
+
+#[test]
+fn fallback_last_good_runs_the_stored_build_and_says_so() {
+    let mut h = Harness::ungated(|c| c.fallback = Fallback::LastGood);
+    h.connect_legacy();
+    let list = h.request("tools/list", json!({}));
+    h.build(failed(Some("old")));
+    assert_eq!(Harness::names(&h.answer(&list).unwrap()).len(), 2);
+    let launch = h.io().launches.last().cloned().unwrap();
+    assert!(launch.fallback.unwrap().contains("last-good"));
+    assert!(
+        h.io()
+            .status
+            .iter()
+            .any(|l| l.contains("--fallback last-good"))
+    );
+}
+
+#[test]
+fn discover_before_the_build_ends_falls_back_to_initialize() {
+    let mut h = Harness::ungated(|_| {});
+    let meta = json!({"_meta": {protocol::PROTOCOL_VERSION: protocol::MODERN_VERSION}});
+    let d = h.request("server/discover", meta);
+    assert_eq!(h.answer(&d), None);
+    h.advance(DEFAULT_HANDSHAKE_WAIT.as_millis() as u64);
+    let a = h.answer(&d).unwrap();
+    assert_eq!(a["error"]["code"], json!(-32601));
+    // The client falls back: a legacy session works end to end.
+    h.connect_legacy().expect("initialize answered");
+    let list = h.request("tools/list", json!({}));
+    h.build(complete("a"));
+    assert_eq!(Harness::names(&h.answer(&list).unwrap()).len(), 2);
+}
+
+#[test]
+fn warm_discover_gets_the_servers_answer() {
+    let mut h = Harness::ungated(|c| c.warm = true);
+    let meta = json!({"_meta": {protocol::PROTOCOL_VERSION: protocol::MODERN_VERSION}});
+    let d = h.request("server/discover", meta.clone());
+    h.advance(200);
+    h.build(complete("a"));
+    let a = h.answer(&d).unwrap();
+    assert_eq!(a["result"]["serverInfo"]["name"], json!("fake"));
+    let list = h.request("tools/list", meta);
+    assert_eq!(Harness::names(&h.answer(&list).unwrap()).len(), 2);
+}
+
+#[test]
+fn list_and_call_during_a_restart_wait_for_the_new_server() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    let old = h.current_epoch().unwrap();
+    h.build(complete("b"));
+    assert!(h.current_epoch().is_none(), "old server stopping");
+    let list = h.request("tools/list", json!({}));
+    let call = h.call("list_items");
+    assert!(h.answer(&call).is_none(), "held for the new epoch");
+    h.s.handle(Event::ChildStopped { epoch: old.clone() });
+    h.serve();
+    let new = h.current_epoch().unwrap();
+    assert_ne!(new, old);
+    assert!(h.answer(&list).is_some());
+    assert_eq!(
+        call_result_text(&h.answer(&call).unwrap()),
+        format!("ran in {new}")
+    );
+}
+
+#[test]
+fn in_flight_calls_are_answered_once_and_never_replayed() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    h.answer_calls = false;
+    let call = h.call("write_item");
+    let old = h.current_epoch().unwrap();
+    h.build(complete("b"));
+    let a = h.answer(&call).unwrap();
+    assert_eq!(Harness::tool_error(&a).as_deref(), Some("epoch_transition"));
+    h.answer_calls = true;
+    h.s.handle(Event::ChildStopped { epoch: old });
+    h.serve();
+    let forwarded_calls = h
+        .io()
+        .audit
+        .iter()
+        .filter(|(k, _, _)| k == audit::TOOL_CALLED)
+        .count();
+    assert_eq!(forwarded_calls, 1, "not replayed to the new server");
+}
+
+#[test]
+fn a_tools_call_without_an_id_never_reaches_the_server() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    h.io().to_child.clear();
+    h.host(json!({"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "write_item"}}));
+    assert!(h.io().to_child.is_empty());
+    assert!(h.io().status.iter().any(|l| l.contains("without an id")));
+}
+
+#[test]
+fn a_server_side_cancel_still_answers_the_hosts_call() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    h.answer_calls = false;
+    let call = h.call("write_item");
+    let epoch = h.current_epoch().unwrap();
+    // Our id for the call is the newest pending one.
+    let ours = *h.s.pending.keys().max().unwrap();
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": ours}});
+    h.s.handle(Event::ChildLine {
+        epoch,
+        line: cancel.to_string().into_bytes(),
+    });
+    let a = h.answer(&call).expect("exactly one answer");
+    assert_eq!(
+        Harness::tool_error(&a).as_deref(),
+        Some("cancelled_by_server")
+    );
+}
+
+#[test]
+fn a_server_that_pages_forever_is_cut_off() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    let epoch = h.current_epoch().unwrap();
+    h.s.handle(Event::ChildLine {
+        epoch: epoch.clone(),
+        line: br#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#.to_vec(),
+    });
+    for _ in 0..MAX_CATALOG_PAGES + 5 {
+        let Some((_, msg)) = h.io().to_child.pop_front() else {
+            break;
+        };
+        let page = json!({"jsonrpc": "2.0", "id": msg["id"], "result": {"tools": [tool("t", 1)], "nextCursor": "more"}});
+        h.s.handle(Event::ChildLine {
+            epoch: epoch.clone(),
+            line: page.to_string().into_bytes(),
+        });
+    }
+    assert!(h.io().to_child.is_empty(), "stopped asking");
+    assert!(h.io().status.iter().any(|l| l.contains("kept paging")));
+}
+
+#[test]
+fn server_exit_is_recorded_with_its_status() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    let epoch = h.current_epoch().unwrap();
+    h.s.handle(Event::ChildExited {
+        epoch,
+        exit: ExitInfo {
+            code: Some(3),
+            signal: None,
+        },
+    });
+    let exited = h.audit_kinds(audit::SERVER_EXITED);
+    let r = crate::audit::records::ServerExited::from_data(&exited[0]).unwrap();
+    assert_eq!((r.status.as_str(), r.code), ("exit code 3", Some(3)));
+}
+
+#[test]
+fn the_core_imports_no_io() {
+    // Mechanical check of the module contract (see mod.rs).
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/session");
+    let forbidden = [
+        "std::fs",
+        "std::process",
+        "std::os",
+        "std::net",
+        "SystemTime",
+        "console::",
+        "indicatif",
+        "crate::status",
+        "Instant",
+    ];
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if name == "tests.rs" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let code: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect();
+        for f in forbidden {
+            assert!(!code.iter().any(|l| l.contains(f)), "{name} uses {f}");
+        }
+        assert!(text.lines().count() <= 600, "{name} is over 600 lines");
+    }
+}
+
+// ----- property tests --------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+enum Step {
+    Init,
+    List,
+    Call(bool),
+    IdlessCall,
+    BuildOk(u8),
+    BuildFail,
+    ChildExit,
+    Stopped,
+    Advance(u16),
+    ServerChangesTools,
+    CallsStall(bool),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        Just(Step::Init),
+        Just(Step::List),
+        any::<bool>().prop_map(Step::Call),
+        Just(Step::IdlessCall),
+        (0u8..3).prop_map(Step::BuildOk),
+        Just(Step::BuildFail),
+        Just(Step::ChildExit),
+        Just(Step::Stopped),
+        (0u16..30_000).prop_map(Step::Advance),
+        Just(Step::ServerChangesTools),
+        any::<bool>().prop_map(Step::CallsStall),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+    /// Invariants of the article over random event sequences: every host request is answered
+    /// exactly once by the end; no `tools/call` reaches a server without a `tool_called` record
+    /// for the current epoch written before it; no call is sent twice; the host never receives
+    /// a tool list no server returned.
+    #[test]
+    fn session_invariants(steps in prop::collection::vec(step(), 1..40), gated in any::<bool>()) {
+        let policy = if gated { approval::Policy::default() } else {
+            approval::Policy { gating: approval::Gating::Off, ..approval::Policy::default() }
+        };
+        let mut h = Harness::with_policy(|_| {}, policy);
+        let mut requests = Vec::new();
+        let mut forwarded_calls = 0usize;
+        let mut version = 1;
+        for step in steps {
+            let before = h.io().to_child.len();
+            match step {
+                Step::Init => { requests.push(h.initialize(V)); h.initialized(); }
+                Step::List => requests.push(h.request("tools/list", json!({}))),
+                Step::Call(write) => requests.push(h.call(if write { "write_item" } else { "list_items" })),
+                Step::IdlessCall => h.host(json!({"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "write_item"}})),
+                Step::BuildOk(n) => h.build(complete(&format!("e{n}"))),
+                Step::BuildFail => h.build(failed(None)),
+                Step::ChildExit => if let Some(epoch) = h.current_epoch() {
+                    h.s.handle(Event::ChildExited { epoch, exit: ExitInfo { code: Some(1), signal: None } });
+                    h.serve();
+                },
+                Step::Stopped => {
+                    let stopped = h.io().stopped.last().cloned();
+                    if let Some(epoch) = stopped { h.s.handle(Event::ChildStopped { epoch }); h.serve(); }
+                }
+                Step::Advance(ms) => h.advance(ms as u64),
+                Step::ServerChangesTools => { version += 1; h.tools = vec![tool("list_items", 1), tool("write_item", version)]; }
+                Step::CallsStall(stall) => h.answer_calls = !stall,
+            }
+            let _ = before;
+            // Every tools/call sent to a server so far had its intent record first.
+            let calls_sent = h.io().audit.iter().filter(|(k, _, _)| k == audit::TOOL_CALLED).count();
+            prop_assert!(calls_sent >= forwarded_calls);
+            forwarded_calls = calls_sent;
+        }
+        // The n-th call that reached a server had n intent records before it, the last of them
+        // naming that server's epoch.
+        for (n, (epoch, intents)) in h.io().calls_sent.iter().enumerate() {
+            prop_assert!(intents.len() > n, "call {} forwarded before its tool_called record", n);
+            prop_assert_eq!(intents[n].1.as_deref(), Some(epoch.as_str()));
+        }
+        prop_assert_eq!(h.io().calls_sent.len(), forwarded_calls, "a call forwarded twice or without a record");
+        h.s.handle(Event::HostEof);
+        h.serve();
+        for id in &requests {
+            let answers = h.io().to_host.iter().filter(|m| m.get("id") == Some(id) && m.get("method").is_none()).count();
+            prop_assert_eq!(answers, 1, "request {} answered {} times", id, answers);
+        }
+        for m in &h.io().to_host {
+            if let Some(tools) = m.pointer("/result/tools").and_then(Value::as_array) {
+                prop_assert!(!tools.is_empty(), "an empty list nobody returned: {}", m);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_call_in_a_restart_gap_that_outlasts_the_hold_is_judged_then() {
+    let mut h = Harness::ungated(|c| c.restart_hold = std::time::Duration::from_secs(2));
+    h.connect_legacy();
+    h.build(complete("a"));
+    h.build(complete("b"));
+    let call = h.call("list_items");
+    h.advance(1999);
+    assert!(h.answer(&call).is_none());
+    h.advance(1);
+    let a = h.answer(&call).expect("answered when the hold ran out");
+    assert_eq!(Harness::tool_error(&a).as_deref(), Some("identity_pending"));
+}
+
+#[test]
+fn a_host_that_cancels_a_held_request_never_has_it_forwarded() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    let call = h.call("write_item");
+    h.host(json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": call}}));
+    h.build(complete("a"));
+    assert!(h.io().calls_sent.is_empty());
+}
+
+#[test]
+fn held_requests_are_bounded() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    let ids: Vec<Value> = (0..HELD_LIMIT + 3)
+        .map(|_| h.request("tools/list", json!({})))
+        .collect();
+    let answered = ids.iter().filter(|id| h.answer(id).is_some()).count();
+    assert_eq!(answered, 3, "the overflow is answered at once");
+}
+
+/// Architecture issue: the writer (the session) and the reader (`audit show`) share one record
+/// type, so the journal shows how each epoch ended. The old session wrote `exit` where the
+/// journal read `status`, and never ended the last epoch.
+#[test]
+fn the_journal_reads_what_the_session_writes() {
+    use crate::audit::chain::{FORMAT_VERSION, GENESIS_PREV, Record};
+    use crate::audit::journal::Journals;
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    let first = h.current_epoch().unwrap();
+    h.s.handle(Event::ChildExited {
+        epoch: first.clone(),
+        exit: ExitInfo {
+            code: Some(3),
+            signal: None,
+        },
+    });
+    h.advance(1000);
+    let second = h.current_epoch().expect("restarted");
+    let list = h.request("tools/list", json!({}));
+    assert!(h.answer(&list).is_some());
+    let call = h.call("list_items");
+    assert!(h.answer(&call).is_some());
+    h.s.handle(Event::HostEof);
+    let run = h.s.agent_run().to_string();
+    let records: Vec<Record> = h
+        .io()
+        .audit
+        .iter()
+        .enumerate()
+        .map(|(i, (kind, epoch, data))| Record {
+            v: FORMAT_VERSION,
+            seq: i as u64 + 1,
+            time: format!("t{i}"),
+            record_type: kind.clone(),
+            run: run.clone(),
+            epoch: epoch.clone(),
+            prev: GENESIS_PREV.into(),
+            data: data.clone(),
+            hash: String::new(),
+            mac: String::new(),
+        })
+        .collect();
+    let j = Journals::from_records(&records);
+    let ended: Vec<(String, Option<String>)> = j
+        .session
+        .epochs
+        .iter()
+        .map(|e| (e.epoch.clone(), e.exit_status.clone()))
+        .collect();
+    assert_eq!(
+        ended,
+        [
+            (first, Some("exit code 3".into())),
+            (second, Some("stopped at session end".into()))
+        ]
+    );
+    assert_eq!(j.session.presented.len(), 1);
+    assert_eq!(j.activity[0].shown_revision, Some(1));
+    let text = j.render_human(crate::audit::journal::JournalView::Both);
+    assert!(text.contains("exited: exit code 3"), "{text}");
+    assert!(text.contains("Shown to the host"), "{text}");
+}
