@@ -407,7 +407,7 @@ pub struct DemoArgs {
     /// Create the demo project here instead of a temporary directory.
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
-    /// Target directory to reuse between demos (default: inside the project).
+    /// Target directory to reuse between demos (default: $CARGO_TARGET_DIR, else inside the project).
     #[arg(long, value_name = "DIRECTORY")]
     pub target_dir: Option<PathBuf>,
 }

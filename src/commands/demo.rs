@@ -242,6 +242,10 @@ fn start_host(manifest: &Path, target_dir: &Path) -> Result<Host, Failure> {
     })
 }
 
+fn root_cwd() -> PathBuf {
+    std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"))
+}
+
 fn denial(result: &Value) -> Option<Value> {
     if result.get("isError") != Some(&json!(true)) {
         return None;
@@ -277,9 +281,18 @@ pub fn execute(args: DemoArgs) -> CmdResult {
         (None, None) => unreachable!("a temporary directory exists when --dir is absent"),
     };
     let project = root.join(DEMO_NAME);
+    // Like cargo: --target-dir, else $CARGO_TARGET_DIR, else inside the project.
     let target_dir = args
         .target_dir
         .clone()
+        .or_else(|| std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from))
+        .map(|d| {
+            if d.is_absolute() {
+                d
+            } else {
+                root_cwd().join(d)
+            }
+        })
         .unwrap_or_else(|| project.join("target"));
     n.say(&format!(
         "creating a small rmcp server in {}",
