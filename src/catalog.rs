@@ -38,11 +38,12 @@
 //! integers (`1`), as in RFC 8785. Array order (`enum`, `required`) is kept: it is what was sent.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
+
+use crate::canonical::{self, Numbers};
 
 /// Domain-separation prefix hashed before the canonical tool list. Bump the version when the
 /// field list or the canonical encoding changes, so old and new digests can never collide.
@@ -102,36 +103,37 @@ impl Catalog {
                 return Err(CatalogError::DuplicateName(name.to_owned()));
             }
         }
-        let mut buf = String::from(DIGEST_DOMAIN);
-        buf.push('[');
+        let mut buf: Vec<u8> = DIGEST_DOMAIN.as_bytes().to_vec();
+        buf.push(b'[');
         let mut tool_digests = BTreeMap::new();
         // `by_name` iterates in name order: that is what makes the digest order-insensitive.
         for (n, (name, &index)) in by_name.iter().enumerate() {
             if n > 0 {
-                buf.push(',');
+                buf.push(b',');
             }
             let start = buf.len();
-            buf.push('{');
+            buf.push(b'{');
             let mut first = true;
             for field in HASHED_FIELDS {
                 if let Some(value) = hashed_field(&tools[index], field) {
                     if !first {
-                        buf.push(',');
+                        buf.push(b',');
                     }
                     first = false;
-                    write_canonical_str(&mut buf, field);
-                    buf.push(':');
-                    write_canonical(&mut buf, value);
+                    canonical::write_str(field, &mut buf);
+                    buf.push(b':');
+                    canonical::write(value, Numbers::Integral, &mut buf)
+                        .expect("the integral policy accepts every number");
                 }
             }
-            buf.push('}');
+            buf.push(b'}');
             let mut h = Sha256::new();
             h.update(TOOL_DIGEST_DOMAIN.as_bytes());
-            h.update(&buf.as_bytes()[start..]);
+            h.update(&buf[start..]);
             tool_digests.insert(name.clone(), crate::hashing::prefixed(&h.finalize()));
         }
-        buf.push(']');
-        let digest = crate::hashing::prefixed(&Sha256::digest(buf.as_bytes()));
+        buf.push(b']');
+        let digest = crate::hashing::prefixed(&Sha256::digest(&buf));
         Ok(Catalog {
             tools,
             by_name,
@@ -184,66 +186,9 @@ fn hashed_field<'a>(tool: &'a Value, field: &str) -> Option<&'a Value> {
     tool.get(field).filter(|v| !v.is_null())
 }
 
-/// Canonical JSON: no whitespace, object keys sorted by UTF-8 bytes, integral floats as integers.
-/// Sorting here (rather than relying on serde_json's map) keeps the digest stable even if some
-/// dependency turns on serde_json's `preserve_order` feature.
-fn write_canonical(buf: &mut String, value: &Value) {
-    match value {
-        Value::Null => buf.push_str("null"),
-        Value::Bool(b) => buf.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) => write_number(buf, n),
-        Value::String(s) => write_canonical_str(buf, s),
-        Value::Array(items) => {
-            buf.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    buf.push(',');
-                }
-                write_canonical(buf, item);
-            }
-            buf.push(']');
-        }
-        Value::Object(map) => {
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-            buf.push('{');
-            for (i, (k, v)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    buf.push(',');
-                }
-                write_canonical_str(buf, k);
-                buf.push(':');
-                write_canonical(buf, v);
-            }
-            buf.push('}');
-        }
-    }
-}
-
-fn write_number(buf: &mut String, n: &serde_json::Number) {
-    // 2^53: beyond it an f64 no longer holds every integer, so leave such values as serde prints.
-    const EXACT: f64 = 9_007_199_254_740_992.0;
-    match n.as_f64() {
-        Some(f) if !n.is_i64() && !n.is_u64() && f.fract() == 0.0 && f.abs() < EXACT => {
-            // `-0.0` becomes `0`, like RFC 8785.
-            let _ = write!(buf, "{}", f as i64);
-        }
-        _ => {
-            let _ = write!(buf, "{n}");
-        }
-    }
-}
-
-fn write_canonical_str(buf: &mut String, s: &str) {
-    // serde_json's string escaping is deterministic; reuse it rather than re-implement it.
-    buf.push_str(&serde_json::to_string(s).unwrap_or_default());
-}
-
-/// Canonical text of a value (also used to compare values the way the digest does).
+/// Canonical text of a value, as the digest encodes it (used to compare and show values).
 fn canonical(value: &Value) -> String {
-    let mut buf = String::new();
-    write_canonical(&mut buf, value);
-    buf
+    canonical::to_string(value)
 }
 
 fn same(a: Option<&Value>, b: Option<&Value>) -> bool {

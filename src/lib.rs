@@ -9,6 +9,7 @@
 pub mod approval;
 pub mod audit;
 pub mod build;
+pub mod canonical;
 pub mod capture;
 pub mod catalog;
 pub mod cli;

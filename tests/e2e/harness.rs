@@ -461,7 +461,7 @@ impl Scenario {
         }
     }
 
-    fn control_args(&self) -> Vec<String> {
+    pub fn control_args(&self) -> Vec<String> {
         vec![
             "--manifest-path".into(),
             self.manifest().display().to_string(),

@@ -11,6 +11,7 @@
 //! Every denial is asserted as a tool result with `isError: true` (never a transport or protocol
 //! failure): `Driver::call` fails the scenario otherwise.
 
+mod first_contact;
 mod harness;
 
 use std::path::Path;
@@ -510,22 +511,33 @@ fn s08_cold_start_python2_probe_and_ts_v2_double_spawn() {
             d.stderr.grep(0, "server started:").is_empty(),
             "cold build cannot be done yet"
         );
-        // Before the first server: an empty catalog, and calls refused as identity_pending.
-        let early = d.cmd(json!({"op": "list_tools"}), secs(10));
-        assert_eq!(early["ok"], json!(true), "{early}");
-        assert_eq!(early["tools"], json!([]), "{early}");
-        d.call_denied("list_items", json!({}), "identity_pending");
+        // Before the first server: the list waits (first-start budget, 25 s), then, with no
+        // catalog ever recorded for this package, an error that says so. Never `[]`.
+        let early = d.cmd(json!({"op": "list_tools"}), secs(45));
+        assert_eq!(early["ok"], json!(false), "{early}");
+        assert_eq!(early["error"]["code"], json!(-31002), "{early}");
+        assert_eq!(
+            early["error"]["data"]["error"],
+            json!("server_building"),
+            "{early}"
+        );
+        assert!(
+            d.stderr.grep(0, "server started:").is_empty(),
+            "cold build cannot be done yet"
+        );
         d.stderr.wait_for(0, "server started:", s.within(secs(420)));
         s.wait_ready(None);
         assert!(
             d.wait_list_changed(10_000),
-            "the host held [] and must be told"
+            "the host's list was refused: it must be told when the catalog exists"
         );
         assert_eq!(d.list_tools(), TOOLS);
         assert_eq!(
             structured(&d.call("list_items", json!({})))["revision"],
             json!("A")
         );
+        let presented = records_of(&s.audit_records(), "catalog_presented").len();
+        assert_eq!(presented, 1, "one list reached the host, from the server");
         close_clean(&s, d);
     }
     {
