@@ -25,7 +25,7 @@
 
 mod catalog_fetch;
 mod child;
-mod control;
+pub mod control;
 mod first_contact;
 mod host;
 mod inflight;
