@@ -32,7 +32,7 @@ mod inflight;
 mod lifecycle;
 pub mod protocol;
 mod router;
-mod snapshot;
+pub mod snapshot;
 pub mod state;
 #[cfg(test)]
 pub mod testing;

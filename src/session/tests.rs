@@ -665,3 +665,17 @@ fn control_requests_are_typed_and_refused_when_malformed() {
     });
     assert_eq!(rx.recv().unwrap()["ok"], json!(false));
 }
+
+#[test]
+fn the_status_document_round_trips_through_its_type() {
+    let mut h = Harness::new(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    let denied = h.call("write_item");
+    assert!(h.answer(&denied).is_some());
+    let v = h.s.status_json();
+    let back: super::snapshot::StatusSnapshot = serde_json::from_value(v.clone()).unwrap();
+    assert_eq!(serde_json::to_value(&back).unwrap(), v);
+    assert_eq!(back.lifecycle, "serving");
+    assert_eq!(back.pending_approval.tools.len(), 1);
+}

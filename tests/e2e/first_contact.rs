@@ -179,7 +179,14 @@ fn fc_changed_start_recorded_catalog_then_per_tool() {
     to_b_with_schema_change(&s);
     let mut d = s.driver(
         Client::TsV1,
-        &["--no-gating", "--first-start-budget", "1s"],
+        // No warm-start wait for the handshake, and a budget shorter than the rebuild.
+        &[
+            "--no-gating",
+            "--first-start-budget",
+            "200ms",
+            "--handshake-wait",
+            "1ms",
+        ],
         &[],
     );
     d.connect(30_000);
