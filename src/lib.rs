@@ -24,6 +24,7 @@ pub mod hashing;
 pub mod output;
 pub mod paths;
 pub mod proxy;
+pub mod sanitize;
 pub mod session;
 pub mod status;
 pub mod store;

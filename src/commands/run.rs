@@ -37,6 +37,8 @@ struct StatusSink {
 impl StatusSink {
     fn emit(&self, line: &str) {
         if self.json {
+            // JSON escapes C0 controls but not DEL or C1 ones: clean the text first.
+            let line = crate::sanitize::line(line);
             let event = serde_json::json!({"event": "status", "label": self.label, "message": line,
                 "time": humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()});
             status::raw(&event.to_string());
@@ -86,6 +88,15 @@ impl Io for Shell {
     }
 
     fn to_child(&mut self, epoch: &str, line: Vec<u8>) {
+        if let Some(method) = request_without_id(&line) {
+            // Defence in depth (issue 12, `id: null` bypass): a request that lost its id would
+            // run without an answer, a gate decision or an audit record. Never forward one.
+            self.sink.emit(&format!(
+                "dropped a `{}` without an id on its way to the server (a request needs an id; it was not gated or audited)",
+                crate::sanitize::line(&method)
+            ));
+            return;
+        }
         if let Some(out) = self.children.get(epoch) {
             out.send(line);
         }
@@ -192,11 +203,14 @@ impl Io for Shell {
                 loop {
                     match reader.next_frame() {
                         Ok(Frame::Line(line)) => {
-                            let mut out = Vec::with_capacity(prefix.len() + line.len() + 1);
-                            out.extend_from_slice(prefix.as_bytes());
-                            out.extend_from_slice(&line);
-                            out.push(b'\n');
-                            let _ = err.write_all(&out);
+                            // The server's stderr reaches the user's terminal: no escape
+                            // sequences (issue 12, terminal escape injection).
+                            let text = crate::sanitize::bytes_line(&line);
+                            let mut out = String::with_capacity(prefix.len() + text.len() + 1);
+                            out.push_str(&prefix);
+                            out.push_str(&text);
+                            out.push('\n');
+                            let _ = err.write_all(out.as_bytes());
                         }
                         Ok(Frame::Oversize { len, .. }) => {
                             let _ = writeln!(err, "{prefix}<{len} bytes on one line, not shown>");
@@ -241,6 +255,28 @@ impl Io for Shell {
 
     fn status(&mut self, line: &str) {
         self.sink.emit(line);
+    }
+}
+
+/// The method of a line bound for the server that names a method but carries no id and is not
+/// an MCP notification (`notifications/…`): e.g. a `tools/call` sent as a notification. Lines
+/// the session writes have sorted keys, so requests and responses start with `{"error"` or
+/// `{"id"` and are passed without parsing; only the rest (notifications) is parsed.
+pub(crate) fn request_without_id(line: &[u8]) -> Option<String> {
+    use crate::proxy::envelope::{Kind, Message, is_notification_method};
+    if (line.starts_with(br#"{"id":"#) && !line.starts_with(br#"{"id":null"#))
+        || line.starts_with(br#"{"error":"#)
+    {
+        return None;
+    }
+    let body = line.strip_suffix(b"\n").unwrap_or(line);
+    match Message::parse(body) {
+        Ok(m) if m.kind() == &Kind::Notification => {
+            let method = m.method().unwrap_or_default();
+            (!is_notification_method(method)).then(|| method.to_string())
+        }
+        Ok(_) => None,
+        Err(e) => e.dropped_method().map(str::to_string),
     }
 }
 
@@ -599,6 +635,37 @@ fn spawn_parent_watch(events: Sender<Event>) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Issue 12, critical finding (`id: null` / no id): the shell never writes a non-notification
+    /// method without an id to the server, whatever the session hands it.
+    #[test]
+    fn requests_without_an_id_never_reach_the_server() {
+        let drop = |l: &str| request_without_id(format!("{l}\n").as_bytes());
+        assert_eq!(
+            drop(r#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"write"}}"#).as_deref(),
+            Some("tools/call")
+        );
+        assert_eq!(
+            drop(r#"{"aaa":1,"jsonrpc":"2.0","method":"tools/call"}"#).as_deref(),
+            Some("tools/call")
+        );
+        assert_eq!(
+            drop(r#"{"id":null,"jsonrpc":"2.0","method":"tools/call"}"#).as_deref(),
+            Some("tools/call")
+        );
+        assert_eq!(
+            drop(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#),
+            None
+        );
+        assert_eq!(
+            drop(r#"{"id":3,"jsonrpc":"2.0","method":"tools/call"}"#),
+            None
+        );
+        assert_eq!(
+            drop(r#"{"error":{"code":1,"message":"x"},"id":0,"jsonrpc":"2.0"}"#),
+            None
+        );
+    }
 
     fn loaded(v: serde_json::Value) -> LoadedConfig {
         LoadedConfig::from_package_metadata(&json!({ "mcp-dev": v })).unwrap()

@@ -1,0 +1,68 @@
+//! Issue 12 (hardening): one test per finding that needs a real `cargo-mcp-dev run` (the fake
+//! std-only server from `tests/fixtures/fake-server`). Findings covered by unit tests are named in
+//! the module they fix (`proxy::envelope`, `sanitize`, `commands::approve`, `audit::*`, `store`,
+//! `proxy::outlet`, `control`, `fsutil`).
+
+mod common;
+
+use std::time::Duration;
+
+use common::session::Setup;
+use serde_json::json;
+
+/// Critical finding "`id: null` bypasses approvals and the audit log": a `tools/call` with
+/// `"id": null`, or with no id at all, never reaches the server (no side effect, nothing in
+/// `FAKE_LOG`), and the one with `"id": null` is answered `-32600` with id null.
+#[test]
+fn id_null_and_id_less_calls_never_reach_the_server() {
+    let mut s = Setup::new().arg("--no-gating").start();
+    s.ready_legacy();
+    s.send(r#"{"jsonrpc":"2.0","id":null,"method":"tools/call","params":{"name":"write","arguments":{"marker":"null-id"}}}"#);
+    let m = s.message("an answer with id null", |m| {
+        m.id.as_deref() == Some("null")
+    });
+    assert_eq!(m.error()["code"], json!(-32600), "{}", m.raw);
+    s.send(r#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"write","arguments":{"marker":"no-id"}}}"#);
+    // A normal call afterwards still works, and is the only write that ran.
+    let m = s.call("7", "write", json!({"marker": "real"}));
+    assert_eq!(
+        m.result()["structuredContent"]["args"],
+        json!({"marker": "real"})
+    );
+    let effects = s.side_effects();
+    assert_eq!(effects.len(), 1, "{effects:?}");
+    let log = s.fake_log_raw();
+    assert!(
+        !log.iter()
+            .any(|l| l.contains("null-id") || l.contains("no-id")),
+        "the server received a call without an id: {log:?}"
+    );
+    s.finish();
+}
+
+/// High finding "terminal escape injection": a tool name with escape sequences chosen by the
+/// agent, and a catalog description chosen by the server, are printed on stderr without a
+/// single ESC/BEL byte reaching the terminal.
+#[test]
+fn escape_sequences_never_reach_the_terminal() {
+    let mut s = Setup::new().start();
+    s.ready_legacy();
+    let evil = "\u{1b}[2J\u{1b}]0;pwned\u{7}write";
+    let m = s.call("1", evil, json!({}));
+    assert_eq!(
+        m.tool_error_payload()["error"],
+        json!("unknown_tool"),
+        "{}",
+        m.raw
+    );
+    let line = s.wait_stderr("call denied: ");
+    assert!(line.contains("\\x1b[2J\\x1b]0;pwned\\x07write"), "{line}");
+    s.send("hello \u{1b}[31m not json");
+    s.drain_for(Duration::from_millis(300));
+    let all = s.stderr_lines().join("\n");
+    assert!(
+        !all.contains('\u{1b}') && !all.contains('\u{7}'),
+        "raw control bytes on stderr: {all:?}"
+    );
+    s.finish();
+}
