@@ -66,3 +66,48 @@ fn escape_sequences_never_reach_the_terminal() {
     );
     s.finish();
 }
+
+/// High finding "a set-aside audit log bricks `run`": a torn last line (a crash mid-append)
+/// used to make every later `run` exit 1. Now the log and its anchor are kept aside, a new chain
+/// starts (one status line), and `audit verify` reports the break with both chains (exit 109).
+#[test]
+fn torn_audit_log_is_set_aside_and_run_starts() {
+    use cargo_mcp_dev::audit::{AuditLog, KeyStore};
+    use std::io::Write;
+    let setup = Setup::new();
+    let log_path = setup
+        .project
+        .target_dir()
+        .join("mcp-dev/audit/fake-server.jsonl");
+    let keys = KeyStore::at(&setup.project.home);
+    {
+        let mut log = AuditLog::open(&log_path, &keys).unwrap();
+        log.append("run_started", "R0", None, json!({"agentRun": "R0"}))
+            .unwrap();
+    }
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&log_path)
+        .unwrap()
+        .write_all(b"{\"v\":1,\"seq\":2,\"ti")
+        .unwrap();
+    let mut s = setup.start();
+    let line = s.wait_stderr("audit log set aside: ");
+    assert!(line.contains("incomplete"), "{line}");
+    s.ready_legacy();
+    let project_run = s.cli(&["audit", "verify"]);
+    s.finish();
+    project_run.expect_code(109);
+    assert!(
+        project_run.stderr.contains("chain break at record 1"),
+        "{}",
+        project_run.stderr
+    );
+    assert!(
+        project_run
+            .stderr
+            .contains("earlier chain failed verification"),
+        "{}",
+        project_run.stderr
+    );
+}

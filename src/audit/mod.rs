@@ -17,6 +17,7 @@ pub mod chain;
 pub mod journal;
 pub mod keys;
 pub mod log;
+pub mod recover;
 pub mod verify;
 
 use std::path::PathBuf;
@@ -32,7 +33,8 @@ pub use journal::{
 pub use keys::{Anchor, HOME_ENV, KeyStore};
 pub use log::{AppendedRecord, AuditLog};
 pub use record_type::*;
-pub use verify::{VerifyFailure, VerifyReport, read_records, verify};
+pub use recover::{CHAIN_RESTARTED, Recovery, open_for_run};
+pub use verify::{ChainBreak, VerifyFailure, VerifyReport, read_records, verify};
 
 /// Record type names (the `type` field) and the `data` fields the journals read. `data` is free
 /// JSON chosen by the caller (integers only, see [`chain`]); fields not listed are kept and

@@ -326,38 +326,24 @@ fn build_once(
     result
 }
 
-/// Opens the audit log. A log whose tail this user's key cannot verify (tampered, truncated, or
-/// written under another key) is never appended to: it is set aside, kept as evidence for
-/// `audit verify`, and a new log starts.
-fn open_audit(path: &std::path::Path, keys: &KeyStore) -> Result<AuditLog, Failure> {
-    use crate::audit::AuditError;
-    let fatal = |e: AuditError| {
-        Failure::error(format!("audit log: {e}"))
-            .with_note("tool calls are only forwarded when they can be audited")
-    };
-    match AuditLog::open(path, keys) {
-        Ok(log) => Ok(log),
-        Err(e @ (AuditError::CorruptTail { .. } | AuditError::BadAnchor { .. })) => {
-            let stamp = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0);
-            let aside = path.with_extension(format!("set-aside-{stamp}.jsonl"));
-            std::fs::rename(path, &aside).map_err(|re| {
-                fatal(AuditError::Io {
-                    action: "set aside",
-                    path: path.to_path_buf(),
-                    source: re,
-                })
-            })?;
-            status::warn(&format!(
-                "audit log {} cannot be verified with this user's key ({e}); it was set aside as {} and a new log starts",
-                path.display(),
-                aside.display()
-            ));
-            AuditLog::open(path, keys).map_err(fatal)
+/// Opens the audit log for this run. A log that does not verify completely with this user's key
+/// (torn, tampered, truncated, removed by `cargo clean` while its anchor survived, or written
+/// under another key) is never appended to: it and its anchor are set aside, kept as evidence
+/// for `audit verify`, and a new chain starts that names the old head; one status line says so.
+fn open_audit(
+    path: &std::path::Path,
+    keys: &KeyStore,
+    sink: &StatusSink,
+) -> Result<AuditLog, Failure> {
+    match crate::audit::open_for_run(path, keys) {
+        Ok((log, recovery)) => {
+            if let Some(r) = recovery {
+                sink.emit(&r.status_line(path));
+            }
+            Ok(log)
         }
-        Err(e) => Err(fatal(e)),
+        Err(e) => Err(Failure::error(format!("audit log: {e}"))
+            .with_note("tool calls are only forwarded when they can be audited")),
     }
 }
 
@@ -435,11 +421,11 @@ pub fn execute(args: RunArgs) -> CmdResult {
         })
         .unwrap_or_else(|| layout.audit_log(&label));
     let keys = KeyStore::from_env().map_err(|e| Failure::error(e.to_string()))?;
-    let audit = open_audit(&audit_path, &keys)?;
     let sink = StatusSink {
         json: args.message_format == MessageFormat::Json,
         label: label.clone(),
     };
+    let audit = open_audit(&audit_path, &keys, &sink)?;
     let socket_path = control::socket_path(&t.resolved.target_dir, &label);
 
     let (events_tx, events_rx) = unbounded::<Event>();
