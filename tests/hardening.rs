@@ -111,3 +111,35 @@ fn torn_audit_log_is_set_aside_and_run_starts() {
         project_run.stderr
     );
 }
+
+/// Medium finding "the stored executable is run without checking it still has the hashed
+/// bytes": an entry replaced after capture is refused at launch, naming the digest that did not
+/// match, and the replacement never runs.
+#[test]
+fn replaced_store_entry_is_refused_at_launch() {
+    let mut s = Setup::new().start();
+    s.ready_legacy();
+    let store = s.project.target_dir().join("mcp-dev/store");
+    let entry = std::fs::read_dir(&store)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("sha256-")
+        })
+        .expect("a store entry");
+    let digest = entry.file_name().unwrap().to_string_lossy()["sha256-".len()..].to_string();
+    let marker = s.project.scratch().join("evil-ran");
+    std::fs::remove_file(&entry).unwrap();
+    std::fs::write(&entry, format!("#!/bin/sh\ntouch {}\n", marker.display())).unwrap();
+    std::fs::set_permissions(&entry, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    s.cli(&["restart"]).expect_code(0);
+    let line = s.wait_stderr_matching("a refused launch", |l| {
+        l.contains("does not have the bytes that were hashed")
+    });
+    assert!(line.contains(&digest), "{line}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!marker.exists(), "the replaced entry ran");
+}

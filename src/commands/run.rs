@@ -143,7 +143,15 @@ impl Io for Shell {
                 w.path
             ));
         }
+        // The store entry must still hold the bytes the identity hashed (issue 12: a replaced or
+        // symlinked entry used to run as trusted). Opened once, hashed through the descriptor,
+        // and executed through that descriptor when it is argv[0].
+        let entry = std::path::Path::new(&record.executable.store_path);
+        let verified = crate::store::open_verified(entry, &record.executable.sha256)
+            .map_err(|e| e.to_string())?;
+        let direct = record.launch.argv.first() == Some(&record.executable.store_path);
         let spec = LaunchSpec {
+            program: direct.then(|| Arc::new(verified)),
             argv: record.launch.argv.clone(),
             cwd: PathBuf::from(&record.launch.cwd),
             env: vec![
