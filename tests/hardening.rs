@@ -143,3 +143,258 @@ fn replaced_store_entry_is_refused_at_launch() {
     std::thread::sleep(Duration::from_millis(300));
     assert!(!marker.exists(), "the replaced entry ran");
 }
+
+/// A host that reads the supervisor's stdout only when told to (the shared session helper always
+/// reads): for the flood findings.
+mod raw_host {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Child, ChildStdin, ChildStdout, Stdio};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use super::common::fixture::Project;
+    use super::common::session::SUITE;
+    use serde_json::{Value, json};
+
+    pub struct Host {
+        pub project: Project,
+        pub child: Child,
+        pub stdin: Option<ChildStdin>,
+        pub stdout: BufReader<ChildStdout>,
+        pub stderr: Arc<Mutex<Vec<String>>>,
+        tools: Vec<String>,
+    }
+
+    impl Host {
+        pub fn start(tools: &[&str], env: &[(&str, &str)]) -> Host {
+            let project = Project::built_fake_server(SUITE);
+            let list: Vec<Value> = tools
+                .iter()
+                .map(|t| json!({"name": t, "inputSchema": {"type": "object"}}))
+                .collect();
+            let tools_file = project.scratch().join("tools.json");
+            std::fs::write(&tools_file, Value::Array(list).to_string()).unwrap();
+            let mut cmd = project.command(["run", "--no-gating", "--no-watch"]);
+            cmd.env("FAKE_TOOLS", &tools_file);
+            for (k, v) in env {
+                cmd.env(k, v);
+            }
+            cmd.stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            let mut child = cmd.spawn().expect("spawn run");
+            let stdin = child.stdin.take();
+            let stdout = BufReader::new(child.stdout.take().unwrap());
+            let stderr = Arc::new(Mutex::new(Vec::new()));
+            let err = child.stderr.take().unwrap();
+            let lines = stderr.clone();
+            std::thread::spawn(move || {
+                for l in BufReader::new(err).lines() {
+                    let Ok(l) = l else { break };
+                    lines.lock().unwrap().push(l);
+                }
+            });
+            Host {
+                project,
+                child,
+                stdin,
+                stdout,
+                stderr,
+                tools: tools.iter().map(|t| t.to_string()).collect(),
+            }
+        }
+
+        pub fn send(&mut self, line: &str) {
+            let s = self.stdin.as_mut().unwrap();
+            s.write_all(line.as_bytes()).unwrap();
+            s.write_all(b"\n").unwrap();
+            s.flush().unwrap();
+        }
+
+        /// Reads stdout until the response with `id` (counting the other lines).
+        pub fn read_until(&mut self, id: &Value, max: Duration) -> (Value, usize) {
+            let deadline = Instant::now() + max;
+            let mut others = 0;
+            loop {
+                assert!(Instant::now() < deadline, "no answer to {id}");
+                let mut line = String::new();
+                let n = self.stdout.read_line(&mut line).unwrap();
+                assert!(n > 0, "stdout closed before the answer to {id}");
+                let v: Value = serde_json::from_str(line.trim_end()).unwrap();
+                if v.get("id") == Some(id) && v.get("method").is_none() {
+                    return (v, others);
+                }
+                others += 1;
+            }
+        }
+
+        pub fn ready(&mut self) {
+            self.send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#);
+            self.read_until(&json!(1), Duration::from_secs(60));
+            self.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+            self.wait_stderr("server started: ", Duration::from_secs(60));
+            // List from the running server (a list answered during the build is not current).
+            for id in 2..40 {
+                self.send(&format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/list"}}"#
+                ));
+                let (v, _) = self.read_until(&json!(id), Duration::from_secs(60));
+                let names: Vec<&str> = v["result"]["tools"]
+                    .as_array()
+                    .map(|t| t.iter().filter_map(|t| t["name"].as_str()).collect())
+                    .unwrap_or_default();
+                if names == self.tools {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            panic!("no tool list from the server");
+        }
+
+        pub fn wait_stderr(&self, needle: &str, max: Duration) -> String {
+            let deadline = Instant::now() + max;
+            loop {
+                if let Some(l) = self
+                    .stderr
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .find(|l| l.contains(needle))
+                {
+                    return l.clone();
+                }
+                if Instant::now() >= deadline {
+                    let all = self.stderr.lock().unwrap().clone();
+                    let tail: Vec<&String> = all.iter().rev().take(15).collect();
+                    panic!("no `{needle}` on stderr; last lines: {tail:?}");
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+
+        /// Peak resident memory of the supervisor (VmHWM), in KiB.
+        pub fn peak_kib(&self) -> u64 {
+            let status =
+                std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+                .unwrap()
+        }
+    }
+
+    impl Drop for Host {
+        fn drop(&mut self) {
+            self.stdin = None;
+            let deadline = Instant::now() + Duration::from_secs(8);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Medium finding "unbounded memory" (a server flooding notifications while the host is not
+/// reading; 1.1 GiB observed): 256 MiB of notifications cost the supervisor at most its queue
+/// bound (16 MiB) plus its baseline; the dropped ones are counted in a status line, and the
+/// call's own answer still arrives once the host reads again.
+#[test]
+fn notification_flood_while_the_host_does_not_read_is_bounded() {
+    let mut h = raw_host::Host::start(
+        &["flood_notifications"],
+        &[("FAKE_FLOOD_LINES", "256000"), ("FAKE_FLOOD_BYTES", "1024")],
+    );
+    h.ready();
+    let base = h.peak_kib();
+    h.send(r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"flood_notifications","arguments":{}}}"#);
+    h.wait_stderr("the host is not reading its stdin", Duration::from_secs(60));
+    // Let the whole flood arrive while the host is still not reading.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !h
+        .stderr
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains("dropped 200000 lines"))
+    {
+        assert!(std::time::Instant::now() < deadline, "flood did not finish");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let peak = h.peak_kib();
+    eprintln!(
+        "notification flood: 256000 x 1 KiB, supervisor VmHWM {base} KiB before, {peak} KiB after"
+    );
+    assert!(
+        peak < base + 48 * 1024,
+        "peak {peak} KiB (baseline {base} KiB)"
+    );
+    let (answer, seen) = h.read_until(&json!(3), Duration::from_secs(60));
+    assert_eq!(
+        answer["result"]["structuredContent"]["lines"],
+        json!(256000)
+    );
+    assert!(seen < 256000, "{seen}");
+}
+
+/// Medium finding "unbounded memory" (1 MiB host requests while the server stalls): requests
+/// that no longer fit the server's queue (64 MiB) are answered with `server_not_reading` instead
+/// of being held; every request gets exactly one answer.
+#[test]
+fn host_requests_while_the_server_stalls_are_bounded_and_answered() {
+    let mut h = raw_host::Host::start(&["stall", "echo"], &[("FAKE_STALL_MS", "120000")]);
+    h.ready();
+    let base = h.peak_kib();
+    h.send(r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"stall","arguments":{}}}"#);
+    std::thread::sleep(Duration::from_millis(300));
+    let big = "b".repeat(1 << 20);
+    let n = 160;
+    // Write on a thread: the supervisor keeps reading its stdin (nothing blocks on the stall).
+    let mut stdin = h.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        for i in 0..n {
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{{"name":"echo","arguments":{{"pad":"{big}"}}}}}}"#,
+                100 + i
+            );
+            stdin.write_all(line.as_bytes()).unwrap();
+            stdin.write_all(b"\n").unwrap();
+        }
+        stdin
+    });
+    let mut refused = 0;
+    let stdin = writer.join().unwrap();
+    h.stdin = Some(stdin);
+    h.wait_stderr(
+        "the server is not reading its stdin",
+        Duration::from_secs(60),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while refused < 90 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {refused} answered"
+        );
+        let mut line = String::new();
+        use std::io::BufRead;
+        h.stdout.read_line(&mut line).unwrap();
+        let v: serde_json::Value = serde_json::from_str(line.trim_end()).unwrap();
+        if v["error"]["data"]["error"] == json!("server_not_reading") {
+            refused += 1;
+        }
+    }
+    let peak = h.peak_kib();
+    eprintln!(
+        "stalled server: {n} x 1 MiB requests, {refused}+ refused, supervisor VmHWM {base} KiB before, {peak} KiB after"
+    );
+    assert!(
+        peak < base + 100 * 1024,
+        "peak {peak} KiB (baseline {base} KiB)"
+    );
+}

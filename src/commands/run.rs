@@ -84,7 +84,20 @@ struct Shell {
 
 impl Io for Shell {
     fn to_host(&mut self, line: Vec<u8>) {
-        self.host_out.send(line);
+        // Bounded (issue 12): a host that stops reading while the server floods notifications
+        // costs at most the outlet's bound; dropped notifications are counted and reported.
+        let sent = if is_notification_line(&line) {
+            self.host_out.send_droppable(line)
+        } else {
+            self.host_out.send(line)
+        };
+        if let Err(full) = sent {
+            self.report_drop(
+                full,
+                "the host is not reading its stdin",
+                self.host_out.limit(),
+            );
+        }
     }
 
     fn to_child(&mut self, epoch: &str, line: Vec<u8>) {
@@ -97,8 +110,26 @@ impl Io for Shell {
             ));
             return;
         }
-        if let Some(out) = self.children.get(epoch) {
-            out.send(line);
+        let Some(out) = self.children.get(epoch) else {
+            return;
+        };
+        let notification = is_notification_line(&line);
+        let sent = if notification {
+            out.send_droppable(line.clone())
+        } else {
+            out.send(line.clone())
+        };
+        if let Err(full) = sent {
+            let limit = out.limit();
+            self.report_drop(full, "the server is not reading its stdin", limit);
+            // A request that cannot be queued is answered (as if by the server) with an error:
+            // every host request gets exactly one answer, and nothing waits on a stalled pipe.
+            if !notification && let Some(answer) = stalled_answer(&line) {
+                let _ = self.events.send(Event::ChildLine {
+                    epoch: epoch.to_string(),
+                    line: answer,
+                });
+            }
         }
     }
 
@@ -288,7 +319,45 @@ pub(crate) fn request_without_id(line: &[u8]) -> Option<String> {
     }
 }
 
+/// Whether a line we write is a notification (no id). Lines the session writes have sorted keys
+/// (`serde_json` without `preserve_order`), so a notification starts with `{"jsonrpc":…,"method"`.
+fn is_notification_line(line: &[u8]) -> bool {
+    line.starts_with(br#"{"jsonrpc":"2.0","method":"#)
+}
+
+/// The error response to a request (our numeric id) that the stalled server's queue refused.
+fn stalled_answer(line: &[u8]) -> Option<Vec<u8>> {
+    use crate::proxy::envelope::{self, Kind, Message};
+    let body = line.strip_suffix(b"\n").unwrap_or(line);
+    let msg = Message::parse(body).ok()?;
+    if msg.kind() != &Kind::Request {
+        return None;
+    }
+    let id = msg.id()?;
+    envelope::parse_numeric_id(id)?;
+    let mut answer = envelope::error_line(
+        Some(id),
+        crate::session::codes::SERVER_UNAVAILABLE,
+        "the server is not reading its stdin; the request was not delivered",
+        serde_json::json!({"error": "server_not_reading"}),
+    );
+    answer.pop();
+    Some(answer)
+}
+
 impl Shell {
+    /// One status line for the first refused line and then one per 1000 (never one per line).
+    fn report_drop(&self, full: outlet::Full, why: &str, limit: usize) {
+        if full.dropped == 1 || full.dropped.is_multiple_of(1000) {
+            self.sink.emit(&format!(
+                "dropped {} line{} so far: {why} (queue bound {} MiB)",
+                full.dropped,
+                if full.dropped == 1 { "" } else { "s" },
+                limit >> 20
+            ));
+        }
+    }
+
     /// Delivers `event` through the event channel after `delay` (a timer thread).
     fn send_after(&self, delay: Duration, event: Event) {
         let events = self.events.clone();
