@@ -157,7 +157,8 @@ mod raw_host {
     use serde_json::{Value, json};
 
     pub struct Host {
-        pub project: Project,
+        /// Keeps the temp dir alive.
+        _project: Project,
         pub child: Child,
         pub stdin: Option<ChildStdin>,
         pub stdout: BufReader<ChildStdout>,
@@ -195,7 +196,7 @@ mod raw_host {
                 }
             });
             Host {
-                project,
+                _project: project,
                 child,
                 stdin,
                 stdout,
