@@ -399,3 +399,36 @@ fn host_requests_while_the_server_stalls_are_bounded_and_answered() {
         "peak {peak} KiB (baseline {base} KiB)"
     );
 }
+
+/// Medium finding "the audit `flock` blocks the whole session" (15 s freeze observed): while
+/// another process holds a lock on the log, a call fails closed with `audit_failed` within the
+/// lock deadline (2 s), nothing runs, other requests are still answered, and once the lock is
+/// released calls go through again.
+#[test]
+fn a_foreign_lock_on_the_audit_log_fails_the_call_not_the_session() {
+    let mut s = Setup::new().arg("--no-gating").start();
+    s.ready_legacy();
+    let log = s
+        .project
+        .target_dir()
+        .join("mcp-dev/audit/fake-server.jsonl");
+    let holder = std::fs::File::open(&log).unwrap();
+    rustix::fs::flock(&holder, rustix::fs::FlockOperation::LockShared).unwrap();
+    let t = std::time::Instant::now();
+    let m = s.call("1", "write", json!({"marker": "locked"}));
+    assert_eq!(
+        m.tool_error_payload()["error"],
+        json!("audit_failed"),
+        "{}",
+        m.raw
+    );
+    assert!(t.elapsed() < Duration::from_secs(6), "{:?}", t.elapsed());
+    assert!(s.side_effects().is_empty());
+    drop(holder);
+    let m = s.call("2", "write", json!({"marker": "free"}));
+    assert_eq!(
+        m.result()["structuredContent"]["args"],
+        json!({"marker": "free"})
+    );
+    s.finish();
+}

@@ -131,6 +131,11 @@ pub enum AuditError {
     BadAnchor { path: PathBuf, reason: String },
     #[error("invalid audit record: {0}")]
     InvalidRecord(String),
+    #[error(
+        "audit log {} is locked by another process (waited {waited_ms} ms); the call was not forwarded",
+        path.display()
+    )]
+    LockTimeout { path: PathBuf, waited_ms: u64 },
     #[error(transparent)]
     Chain(#[from] ChainError),
     #[error("audit log failed verification: {0}")]
