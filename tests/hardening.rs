@@ -432,3 +432,26 @@ fn a_foreign_lock_on_the_audit_log_fails_the_call_not_the_session() {
     );
     s.finish();
 }
+
+/// Medium finding "a second supervisor for the same label removes the first one's control
+/// socket": a second `run` (a host's probe copy) that exits leaves the first one reachable, and
+/// says which pid holds the socket.
+#[test]
+fn a_second_supervisor_leaves_the_first_ones_socket_alone() {
+    let mut s = Setup::new().start();
+    s.ready_legacy();
+    let first_pid = s.supervisor_pid();
+    let out = s
+        .project
+        .command(["run"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("(pid {first_pid}) holds the control socket")),
+        "{stderr}"
+    );
+    s.cli(&["status", "--json"]).expect_code(0);
+    s.finish();
+}

@@ -517,19 +517,23 @@ pub fn execute(args: RunArgs) -> CmdResult {
     let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);
     spawn_signal_watch(events_tx.clone())?;
     spawn_parent_watch(events_tx.clone());
-    let socket = match control::serve(&socket_path, events_tx.clone()) {
-        Ok(true) => Some(socket_path.clone()),
-        Ok(false) => {
-            sink.emit(&format!(
-                "another supervisor for `{label}` holds the control socket; this session takes it over when that one exits"
-            ));
-            Some(socket_path.clone())
+    let served = match control::serve(&socket_path, events_tx.clone()) {
+        Ok(s) => {
+            if let Some(pid) = s.other_owner {
+                sink.emit(&format!(
+                    "another supervisor for `{label}`{} holds the control socket {}; this session leaves it alone and takes it over when that one exits",
+                    pid.map(|p| format!(" (pid {p})")).unwrap_or_default(),
+                    socket_path.display()
+                ));
+            }
+            Some(s)
         }
         Err(e) => {
             sink.emit(&format!("warning: control socket unavailable ({e}); approve/status/restart will not reach this session"));
             None
         }
     };
+    let socket = served.as_ref().map(|_| socket_path.clone());
     let watcher = if args.no_watch {
         None
     } else {
@@ -605,8 +609,8 @@ pub fn execute(args: RunArgs) -> CmdResult {
     host_out.close();
     let _ = host_closed_rx.recv_timeout(Duration::from_secs(2));
     drop(shared);
-    if let Some(p) = socket {
-        let _ = std::fs::remove_file(p);
+    if let (Some(p), Some(s)) = (socket, served) {
+        s.release(&p);
     }
     status::verbose_line(&format!(
         "session lasted {:.1}s",
