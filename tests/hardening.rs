@@ -455,3 +455,59 @@ fn a_second_supervisor_leaves_the_first_ones_socket_alone() {
     s.cli(&["status", "--json"]).expect_code(0);
     s.finish();
 }
+
+/// Medium finding "SIGXFSZ kills the supervisor mid-append and leaves a torn record": under a
+/// file-size limit, an append that does not fit fails with an error (EFBIG), the process lives,
+/// and the log still verifies. Runs in a child copy of this test binary (the limit and the
+/// signal disposition are per process).
+#[test]
+fn file_size_limit_fails_the_append_and_keeps_the_log_valid() {
+    if std::env::var_os("HARDENING_FSIZE_CHILD").is_some() {
+        use cargo_mcp_dev::audit::{AuditLog, KeyStore, verify};
+        let dir = std::path::PathBuf::from(std::env::var_os("HARDENING_FSIZE_CHILD").unwrap());
+        let keys = KeyStore::at(dir.join("state"));
+        let path = dir.join("audit.jsonl");
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        log.append("x", "R", None, json!({"pad": "p".repeat(100)}))
+            .unwrap();
+        cargo_mcp_dev::supervisor::unix::survive_file_size_limit().unwrap();
+        let limit = std::fs::metadata(&path).unwrap().len() + 600;
+        rustix::process::setrlimit(
+            rustix::process::Resource::Fsize,
+            rustix::process::Rlimit {
+                current: Some(limit),
+                maximum: Some(limit),
+            },
+        )
+        .unwrap();
+        let mut failed = false;
+        for _ in 0..20 {
+            if let Err(e) = log.append("x", "R", None, json!({"pad": "p".repeat(100)})) {
+                assert!(e.to_string().contains("File too large"), "{e}");
+                failed = true;
+                break;
+            }
+        }
+        assert!(failed, "the limit was never reached");
+        let r = verify(&path, &keys).unwrap();
+        assert!(r.records >= 2);
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "file_size_limit_fails_the_append_and_keeps_the_log_valid",
+            "--nocapture",
+        ])
+        .env("HARDENING_FSIZE_CHILD", tmp.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "child {:?}: {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
