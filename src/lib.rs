@@ -20,6 +20,7 @@ pub mod epoch;
 pub mod error;
 pub mod exit_codes;
 pub mod fingerprint;
+pub mod fsutil;
 pub mod hashing;
 pub mod output;
 pub mod paths;

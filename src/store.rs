@@ -241,18 +241,12 @@ impl Store {
 
     fn remember_stamp(&self, executable: &Path, stamp: &StatStamp, sha256: &str) {
         let path = self.stamp_path(executable);
-        if let Some(dir) = path.parent() {
-            let _ = fs::create_dir_all(dir);
-        }
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        if fs::write(
-            &tmp,
-            serde_json::to_string(&(stamp, sha256)).unwrap_or_default(),
-        )
-        .is_ok()
-        {
-            let _ = fs::rename(&tmp, &path);
-        }
+        let _ = crate::fsutil::write_atomic(
+            &path,
+            serde_json::to_string(&(stamp, sha256))
+                .unwrap_or_default()
+                .as_bytes(),
+        );
     }
 
     /// Re-hashes an entry and checks it still matches its name (used before exec when paranoid,

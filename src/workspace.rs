@@ -399,14 +399,8 @@ fn read_cache(path: &Path) -> Option<Resolved> {
 }
 
 fn write_cache(path: &Path, r: &Resolved) {
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
     if let Ok(text) = serde_json::to_string(r) {
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        if std::fs::write(&tmp, text).is_ok() {
-            let _ = std::fs::rename(&tmp, path);
-        }
+        let _ = crate::fsutil::write_atomic(path, text.as_bytes());
     }
 }
 

@@ -511,3 +511,32 @@ fn file_size_limit_fails_the_append_and_keeps_the_log_valid() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Medium finding "writes under `target/mcp-dev` follow symlinks (a planted `latest.json` link
+/// overwrote a file outside the project)": the file outside stays untouched.
+#[test]
+fn a_planted_latest_json_link_does_not_overwrite_outside_files() {
+    let setup = Setup::new();
+    let outside = setup.project.scratch().join("precious.txt");
+    std::fs::write(&outside, "precious").unwrap();
+    let launch = setup
+        .project
+        .target_dir()
+        .join("mcp-dev/launch/fake-server");
+    std::fs::create_dir_all(&launch).unwrap();
+    std::os::unix::fs::symlink(&outside, launch.join("latest.json")).unwrap();
+    let status_dir = setup.project.target_dir().join("mcp-dev/status");
+    let _ = std::fs::remove_dir_all(&status_dir);
+    std::fs::create_dir_all(status_dir.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(setup.project.scratch(), &status_dir).unwrap();
+    let mut s = setup.start();
+    s.ready_legacy();
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), "precious");
+    assert!(!s_is_link(&status_dir));
+    assert!(!s_is_link(&launch.join("latest.json")));
+    s.finish();
+}
+
+fn s_is_link(p: &std::path::Path) -> bool {
+    std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink())
+}

@@ -378,14 +378,7 @@ fn build_once(
     lock_path: &PathBuf,
     sink: &StatusSink,
 ) -> Result<cycle::CycleOutcome, String> {
-    if let Some(dir) = lock_path.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(lock_path)
+    let lock = crate::fsutil::open_lock_file(lock_path)
         .map_err(|e| format!("cannot open build lock {}: {e}", lock_path.display()))?;
     if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
         sink.emit("waiting for another cargo mcp-dev build of this target directory to finish");
@@ -421,6 +414,33 @@ fn open_audit(
         }
         Err(e) => Err(Failure::error(format!("audit log: {e}"))
             .with_note("tool calls are only forwarded when they can be audited")),
+    }
+}
+
+/// Removes symbolic links planted where the session writes its files (status, launch records,
+/// facts) before it starts, so its writes cannot be redirected outside the project (issue 12).
+/// Links planted while the session runs are the session writer's to refuse (see
+/// [`crate::fsutil::write_atomic`]).
+fn sweep_planted_links(layout: &crate::paths::Layout, label: &str) {
+    let status = layout.status_file(label);
+    let facts = layout.facts_file(label);
+    let launch = layout.launch_dir(label);
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    dirs.extend(status.parent().map(PathBuf::from));
+    dirs.extend(facts.parent().map(PathBuf::from));
+    dirs.extend(launch.parent().map(PathBuf::from));
+    dirs.push(launch.clone());
+    for dir in dirs {
+        crate::fsutil::remove_planted_link(&dir);
+        let _ = crate::fsutil::ensure_dir(&dir);
+    }
+    for file in [status, facts, launch.join("latest.json")] {
+        if crate::fsutil::remove_planted_link(&file) {
+            status::warn(&format!(
+                "removed a symbolic link planted at {} (cargo mcp-dev writes its own file there)",
+                file.display()
+            ));
+        }
     }
 }
 
@@ -549,6 +569,7 @@ pub fn execute(args: RunArgs) -> CmdResult {
         Some(w)
     };
 
+    sweep_planted_links(&layout, &label);
     let cfg = SessionConfig {
         restart,
         grace: Duration::from_millis(1000),
