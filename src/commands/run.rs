@@ -375,7 +375,7 @@ impl Shell {
 fn build_once(
     prep: &Arc<Mutex<Prepared>>,
     server_args: &[String],
-    lock_path: &PathBuf,
+    lock_path: &std::path::Path,
     sink: &StatusSink,
 ) -> Result<cycle::CycleOutcome, String> {
     let lock = crate::fsutil::open_lock_file(lock_path)
