@@ -642,7 +642,6 @@ mod tests {
         assert!(changed(|i| i.dependencies.reverse()).is_empty());
     }
 
-    #[test]
     /// Issue 12, low finding "the environment digest is unkeyed": without the key, a guess of
     /// the value cannot be checked against the recorded digest.
     #[test]
