@@ -540,3 +540,77 @@ fn a_planted_latest_json_link_does_not_overwrite_outside_files() {
 fn s_is_link(p: &std::path::Path) -> bool {
     std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink())
 }
+
+/// Low finding "a tampered middle record is not noticed when appending" (and the high finding
+/// on set-aside logs): every single-bit flip of every record, every deleted record and every
+/// truncation of a valid log is caught by the writer before a run's first append: the log is set
+/// aside with its anchor and a new chain starts; it is never extended. Prints the count (README,
+/// Reliability).
+#[test]
+fn the_writer_catches_every_mutation_before_its_first_append() {
+    use cargo_mcp_dev::audit::{AuditLog, KeyStore, open_for_run};
+    let tmp = tempfile::tempdir().unwrap();
+    let keys = KeyStore::at(tmp.path().join("state"));
+    let path = tmp.path().join("audit.jsonl");
+    {
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        for i in 0..8 {
+            log.append(
+                "tool_called",
+                "R",
+                Some("E"),
+                json!({"callId": i, "tool": "w"}),
+            )
+            .unwrap();
+        }
+    }
+    let original = std::fs::read(&path).unwrap();
+    let anchor_path = keys.anchor_path(&path).unwrap();
+    let anchor = std::fs::read(&anchor_path).unwrap();
+    let mut mutations: Vec<Vec<u8>> = Vec::new();
+    for offset in 0..original.len() {
+        let mut m = original.clone();
+        m[offset] ^= 0x01;
+        mutations.push(m);
+    }
+    let lines: Vec<&[u8]> = original.split_inclusive(|&b| b == b'\n').collect();
+    for skip in 0..lines.len() {
+        let m: Vec<u8> = lines
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != skip)
+            .flat_map(|(_, l)| l.iter().copied())
+            .collect();
+        mutations.push(m);
+    }
+    for cut in 0..original.len() {
+        mutations.push(original[..cut].to_vec());
+    }
+    let total = mutations.len();
+    let mut caught = 0;
+    let mut tail_only = 0;
+    for m in mutations {
+        // Each mutation starts from the valid log's own anchor, at the original path.
+        for entry in std::fs::read_dir(tmp.path()).unwrap() {
+            let p = entry.unwrap().path();
+            if p.to_string_lossy().contains(".set-aside-") {
+                std::fs::remove_file(p).unwrap();
+            }
+        }
+        std::fs::write(&path, &m).unwrap();
+        std::fs::write(&anchor_path, &anchor).unwrap();
+        // What a tail-only check (the writer before this fix) notices.
+        if AuditLog::open(&path, &keys).is_err() {
+            tail_only += 1;
+        }
+        let (log, recovery) = open_for_run(&path, &keys).unwrap();
+        drop(log);
+        if recovery.is_some() {
+            caught += 1;
+        }
+    }
+    eprintln!(
+        "audit mutations caught by the writer before appending: {caught}/{total} (a tail-only check: {tail_only}/{total})"
+    );
+    assert_eq!(caught, total);
+}

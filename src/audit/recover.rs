@@ -159,8 +159,8 @@ fn set_aside(path: &Path, keys: &KeyStore, problem: &str) -> Result<Recovery, Au
         .map(|m| m.len() > 0)
         .unwrap_or(false);
     let set_aside_log = if non_empty {
-        let aside = path.with_file_name(format!("{file_name}.set-aside-{stamp}.jsonl"));
-        rename_new(path, &aside).map_err(AuditError::io("set aside audit log", path))?;
+        let aside = move_aside(path, &format!("{file_name}.set-aside-{stamp}"), "jsonl")
+            .map_err(AuditError::io("set aside audit log", path))?;
         Some(aside)
     } else {
         None
@@ -171,8 +171,8 @@ fn set_aside(path: &Path, keys: &KeyStore, problem: &str) -> Result<Recovery, Au
                 .file_stem()
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            let aside = a.with_file_name(format!("{stem}.set-aside-{stamp}.json"));
-            rename_new(a, &aside).map_err(AuditError::io("set aside anchor", a))?;
+            let aside = move_aside(a, &format!("{stem}.set-aside-{stamp}"), "json")
+                .map_err(AuditError::io("set aside anchor", a))?;
             Some(aside)
         }
         _ => None,
@@ -187,6 +187,25 @@ fn set_aside(path: &Path, keys: &KeyStore, problem: &str) -> Result<Recovery, Au
         set_aside_anchor,
         previous_head,
     })
+}
+
+/// Moves `from` to `<base>.<ext>` beside it, or `<base>-2.<ext>`… when that name is taken (two
+/// recoveries in the same second): evidence is never overwritten.
+fn move_aside(from: &Path, base: &str, ext: &str) -> std::io::Result<PathBuf> {
+    let mut n = 1;
+    loop {
+        let name = if n == 1 {
+            format!("{base}.{ext}")
+        } else {
+            format!("{base}-{n}.{ext}")
+        };
+        let to = from.with_file_name(name);
+        match rename_new(from, &to) {
+            Ok(()) => return Ok(to),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => n += 1,
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// `rename`, refusing to replace an existing destination (hard link + unlink: both names exist
