@@ -614,3 +614,119 @@ fn the_writer_catches_every_mutation_before_its_first_append() {
     );
     assert_eq!(caught, total);
 }
+
+/// Critical finding, property over a real session: 600 host lines of every shape (valid calls
+/// with number and string ids, `"id": null`, no id, non-id ids, a method with a result, broken
+/// JSON, bytes that are not UTF-8, cancellations), generated from a fixed seed, with gating on
+/// and no grant. No `tools/call` reaches the server; every call with a valid id is answered
+/// exactly once and has an `authorization_denied` audit record; every invalid one is answered
+/// once with id null; a notification gets no answer.
+#[test]
+fn no_host_line_shape_gets_a_call_past_the_gate() {
+    use proptest::strategy::{Strategy, ValueTree};
+    use proptest::test_runner::TestRunner;
+    let mut runner = TestRunner::deterministic();
+    let shapes = proptest::collection::vec((0u8..10, proptest::arbitrary::any::<u32>()), 600)
+        .new_tree(&mut runner)
+        .unwrap()
+        .current();
+    let mut s = Setup::new().start();
+    s.ready_legacy();
+    let mut valid_ids: Vec<String> = Vec::new();
+    let mut null_answers = 0;
+    for (i, (shape, r)) in shapes.iter().enumerate() {
+        let tool = if r % 2 == 0 { "write" } else { "echo" };
+        let call = |id: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0",{id}"method":"tools/call","params":{{"name":"{tool}","arguments":{{"marker":"m{i}"}}}}}}"#
+            )
+        };
+        match shape {
+            0 => {
+                valid_ids.push(format!("{}", 1000 + i));
+                s.send(&call(&format!(r#""id":{},"#, 1000 + i)));
+            }
+            1 => {
+                valid_ids.push(format!("\"s{i}\""));
+                s.send(&call(&format!(r#""id":"s{i}","#)));
+            }
+            2 => {
+                null_answers += 1;
+                s.send(&call(r#""id":null,"#));
+            }
+            3 => s.send(&call("")),
+            4 => {
+                null_answers += 1;
+                let bad = ["{}", "true", "[]", "[1]", "false"][(*r as usize) % 5];
+                s.send(&call(&format!(r#""id":{bad},"#)));
+            }
+            5 => {
+                null_answers += 1;
+                let junk: String = call("").chars().take((*r as usize) % 40 + 1).collect();
+                s.send(&junk);
+            }
+            6 => {
+                null_answers += 1;
+                s.send_bytes(b"{\"jsonrpc\":\"2.0\",\"method\":\"tools/call\",\"id\":\xff}\n");
+            }
+            7 => s.send(&format!(
+                r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{}}}}}"#,
+                r % 2000
+            )),
+            8 => {
+                null_answers += 1;
+                s.send(r#"{"jsonrpc":"2.0","id":null,"method":"tools/call","result":{}}"#);
+            }
+            _ => {
+                valid_ids.push(format!("\"w{i}\""));
+                let params = ["[]", r#"{"name":5}"#, r#"{"arguments":{}}"#, r#"{"name":"write","arguments":[1]}"#]
+                    [(*r as usize) % 4];
+                s.send(&format!(
+                    r#"{{"jsonrpc":"2.0","id":"w{i}","method":"tools/call","params":{params}}}"#
+                ));
+            }
+        }
+    }
+    s.request("\"end\"", "ping", None);
+    s.response("\"end\"");
+    let msgs = s.drain_for(Duration::from_millis(800));
+    let mut all = msgs;
+    all.extend(s.drain_for(Duration::from_millis(200)));
+    let answers: Vec<&common::rpc::Msg> = all.iter().filter(|m| m.is_response()).collect();
+    for id in &valid_ids {
+        let n = answers
+            .iter()
+            .filter(|m| m.id.as_deref() == Some(id.as_str()))
+            .count();
+        assert_eq!(n, 1, "answers to id {id}");
+    }
+    let nulls = answers
+        .iter()
+        .filter(|m| m.id.as_deref() == Some("null"))
+        .count();
+    assert_eq!(nulls, null_answers, "answers with id null");
+    let log = s.fake_log_raw();
+    assert!(
+        !log.iter().any(|l| l.contains("tools/call")),
+        "a tools/call reached the server: {:?}",
+        log.iter().find(|l| l.contains("tools/call"))
+    );
+    assert!(s.side_effects().is_empty());
+    let audit = std::fs::read_to_string(
+        s.project
+            .target_dir()
+            .join("mcp-dev/audit/fake-server.jsonl"),
+    )
+    .unwrap();
+    let denied = audit
+        .lines()
+        .filter(|l| l.contains("\"type\":\"authorization_denied\""))
+        .count();
+    assert_eq!(denied, valid_ids.len(), "one denial record per valid call");
+    eprintln!(
+        "host lines tried: {} ({} valid calls denied and audited, {null_answers} invalid answered with id null)",
+        shapes.len(),
+        valid_ids.len()
+    );
+    s.finish();
+}
