@@ -131,6 +131,15 @@ pub fn capture(
         problems.push(CaptureProblem::UnpinnedGit(unpinned));
     }
 
+    // Keyed with the audit key (issue 12: an unkeyed digest lets a reader of the identity file
+    // test guesses of a secret value). Loaded only when variables are declared.
+    let env_key = if cfg.env.is_empty() {
+        None
+    } else {
+        crate::audit::KeyStore::from_env()
+            .and_then(|k| k.load_or_create_key())
+            .ok()
+    };
     let env: Vec<EnvDigest> = cfg
         .env
         .iter()
@@ -141,7 +150,10 @@ pub fn capture(
             }
             EnvDigest {
                 name: name.clone(),
-                sha256: value.map(|v| fingerprint::env_value_digest(name, &v)),
+                sha256: value.map(|v| match &env_key {
+                    Some(key) => fingerprint::env_value_mac(key, name, &v),
+                    None => fingerprint::ENV_SET_UNKEYED.to_string(),
+                }),
             }
         })
         .collect();

@@ -284,12 +284,18 @@ pub struct ControlArgs {
 pub struct ApproveArgs {
     #[command(flatten)]
     pub control: ControlArgs,
-    /// Approve without asking (scripted use).
+    /// Approve without asking (scripted use). Needs `--tool` or `--all-requested`: the agent
+    /// chooses which tools it asks for, so `--yes` alone would grant whatever it asked.
     #[arg(short, long)]
     pub yes: bool,
-    /// Tool to approve (repeatable; default: the tools requested by pending denials).
+    /// Tool to approve (repeatable; default when asking interactively: the tools requested by
+    /// pending denials).
     #[arg(long = "tool", value_name = "NAME")]
     pub tools: Vec<String>,
+    /// Approve every tool requested by pending denials (with `--yes`: lists them on stderr
+    /// before granting).
+    #[arg(long, conflicts_with = "tools")]
+    pub all_requested: bool,
     /// Credential scope to approve (repeatable; default: the scopes the approved tools use).
     #[arg(long = "credential-scope", value_name = "SCOPE")]
     pub credential_scopes: Vec<String>,

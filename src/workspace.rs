@@ -299,6 +299,22 @@ fn absolute(p: &Path) -> PathBuf {
 
 /// The manifest cargo would use: `--manifest-path`, else the nearest Cargo.toml upwards.
 pub fn locate_manifest(explicit: Option<&Path>) -> Result<PathBuf, Failure> {
+    let found = locate_manifest_any(explicit)?;
+    // cargo metadata (and every path in its JSON) is UTF-8: refuse clearly instead of panicking
+    // later (issue 12).
+    if found.to_str().is_none() {
+        return Err(Failure::new(
+            exit_codes::METADATA_FAILED,
+            format!(
+                "the path `{}` is not valid UTF-8; cargo metadata and cargo mcp-dev need UTF-8 paths (rename the directory)",
+                found.display()
+            ),
+        ));
+    }
+    Ok(found)
+}
+
+fn locate_manifest_any(explicit: Option<&Path>) -> Result<PathBuf, Failure> {
     if let Some(p) = explicit {
         let abs = absolute(p);
         if abs.file_name().map(|n| n != "Cargo.toml").unwrap_or(true) {
@@ -351,7 +367,7 @@ fn cache_file_for(manifest: &Path, args: &CargoArgs, host: &str) -> PathBuf {
         "CARGO_BUILD_TARGET_DIR",
     ];
     let key = serde_json::json!({
-        "manifest": manifest,
+        "manifest": manifest.to_string_lossy(),
         "package": args.package,
         "features": args.features,
         "allFeatures": args.all_features,
@@ -399,14 +415,8 @@ fn read_cache(path: &Path) -> Option<Resolved> {
 }
 
 fn write_cache(path: &Path, r: &Resolved) {
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
     if let Ok(text) = serde_json::to_string(r) {
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        if std::fs::write(&tmp, text).is_ok() {
-            let _ = std::fs::rename(&tmp, path);
-        }
+        let _ = crate::fsutil::write_atomic(path, text.as_bytes());
     }
 }
 
@@ -733,6 +743,20 @@ pub fn unpinned_git_dependencies(deps: &[ResolvedDependency]) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+
+    /// Issue 12, low finding "a non-UTF-8 path panics (workspace handling)": a clear error.
+    #[test]
+    fn non_utf8_manifest_path_is_an_error_not_a_panic() {
+        use std::os::unix::ffi::OsStrExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join(std::ffi::OsStr::from_bytes(b"proj-\xff"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("Cargo.toml"), "[package]\nname = \"x\"\n").unwrap();
+        let e = locate_manifest(Some(&dir.join("Cargo.toml"))).unwrap_err();
+        assert!(e.message.contains("not valid UTF-8"), "{}", e.message);
+        let _ = cache_file_for(&dir.join("Cargo.toml"), &CargoArgs::default(), "h");
+    }
+
     use super::*;
 
     #[test]

@@ -246,6 +246,15 @@ pub fn verify_record_mac(
     Ok(mac.verify_slice(&tag).is_ok())
 }
 
+/// HMAC-SHA256 of `message` under the key, for uses outside the log (e.g. the keyed digest of a
+/// declared env value). Callers start `message` with their own domain tag, so no such tag can
+/// collide with a record MAC (over 32 raw bytes) or an anchor MAC (over `seq:hash`).
+pub fn keyed_digest(key: &AuditKey, message: &[u8]) -> String {
+    let mut mac = key.hmac();
+    mac.update(message);
+    crate::hashing::hex_lower(mac.finalize().into_bytes())
+}
+
 /// `mac` of an anchor naming head `seq` with hash `hash_hex`.
 pub fn anchor_mac(key: &AuditKey, seq: u64, hash_hex: &str) -> String {
     let mut mac = key.hmac();

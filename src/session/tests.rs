@@ -514,7 +514,7 @@ proptest! {
         for (kind, epoch, data) in &h.io().audit {
             match kind.as_str() {
                 audit::SERVER_STARTED => live = epoch.clone(),
-                audit::SERVER_EXITED => if *epoch == live { live = None },
+                audit::SERVER_EXITED if *epoch == live => live = None,
                 audit::APPROVAL_GRANTED => {
                     grants.insert(data["grant"]["id"].as_str().unwrap().to_string(),
                                   data["grant"]["executionEpoch"].as_str().unwrap().to_string());
