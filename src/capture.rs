@@ -117,13 +117,9 @@ pub fn capture(
             None => None,
         };
         dependencies.push(DependencyEntry {
-            id: d.id.clone(),
-            name: d.name.clone(),
-            version: d.version.clone(),
-            source: d.source.clone(),
-            checksum: d.checksum.clone(),
-            features: d.features.clone(),
             source_digest,
+            local_root: None,
+            ..d.clone()
         });
     }
     let unpinned = crate::workspace::unpinned_git_dependencies(&r.dependencies);

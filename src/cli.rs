@@ -131,6 +131,34 @@ pub struct CargoArgs {
     pub frozen: bool,
 }
 
+impl CargoArgs {
+    /// The flags that decide how cargo resolves the package graph, in the order cargo prints
+    /// them: the one place both `cargo metadata` and `cargo build` get them from.
+    pub fn resolution_flags(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if self.locked {
+            v.push("--locked".into());
+        }
+        if self.offline {
+            v.push("--offline".into());
+        }
+        if self.frozen {
+            v.push("--frozen".into());
+        }
+        if self.all_features {
+            v.push("--all-features".into());
+        }
+        if self.no_default_features {
+            v.push("--no-default-features".into());
+        }
+        for f in &self.features {
+            v.push("--features".into());
+            v.push(f.clone());
+        }
+        v
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Build the server, capture its identity and print the status line (for bacon, cargo-watch, watchexec).

@@ -135,9 +135,13 @@ pub struct DependencyEntry {
     pub source: Option<String>,
     pub checksum: Option<String>,
     pub features: Vec<String>,
-    /// Path packages: digest of their source files.
+    /// Path packages: digest of their source files (set by identity capture).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub source_digest: Option<String>,
+    /// Path packages: their root on this machine (set by resolution, for hashing and watching;
+    /// never part of an identity record: absolute paths differ between checkouts).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub local_root: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -511,6 +515,7 @@ pub(crate) mod tests {
                 checksum: None,
                 features: vec![],
                 source_digest: Some("sha256:c1".into()),
+                local_root: None,
             }],
             runtime: Runtime {
                 rustc_release: "1.95.0".into(),
@@ -692,6 +697,7 @@ pub(crate) mod tests {
             checksum: Some("c".into()),
             features: vec![],
             source_digest: None,
+            local_root: None,
         });
         let b = identity_record(i);
         let ch = dependency_changes(&a, &b);

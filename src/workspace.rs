@@ -18,6 +18,7 @@ use crate::cli::CargoArgs;
 use crate::config::LoadedConfig;
 use crate::error::Failure;
 use crate::exit_codes;
+use crate::fingerprint::DependencyEntry;
 use crate::hashing;
 
 /// Bumped whenever [`Resolved`] changes shape, so old cache entries are ignored.
@@ -142,23 +143,6 @@ pub struct LocalPackage {
     pub has_build_script: bool,
 }
 
-/// One package of the resolved dependency graph (normal and build edges, dev excluded).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, PartialOrd, Ord)]
-#[serde(rename_all = "camelCase")]
-pub struct ResolvedDependency {
-    pub id: String,
-    pub name: String,
-    pub version: String,
-    /// `registry+…`, `git+…#rev`, or null for path packages.
-    pub source: Option<String>,
-    /// From Cargo.lock (registry packages only).
-    pub checksum: Option<String>,
-    pub features: Vec<String>,
-    /// For path packages: their root, whose sources identity hashes.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub local_root: Option<PathBuf>,
-}
-
 /// What `cargo metadata` told us, reduced to what cargo mcp-dev needs (this is what is cached).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Resolved {
@@ -178,8 +162,9 @@ pub struct Resolved {
     pub metadata: serde_json::Value,
     /// The server package and every local package it depends on (watched; path deps hashed).
     pub local_packages: Vec<LocalPackage>,
-    /// Every package reachable from the server, excluding the server itself.
-    pub dependencies: Vec<ResolvedDependency>,
+    /// Every package reachable from the server, excluding the server itself (normal and build
+    /// edges, dev excluded): the same type identity records list.
+    pub dependencies: Vec<DependencyEntry>,
     /// Files whose digests key the cache (manifests, lockfile, cargo config files).
     pub key_files: Vec<PathBuf>,
     pub key_digest: String,
@@ -454,25 +439,7 @@ fn run_metadata(
         "--filter-platform".into(),
         args.target.clone().unwrap_or_else(|| host.to_string()),
     ];
-    if args.locked {
-        other.push("--locked".into());
-    }
-    if args.offline {
-        other.push("--offline".into());
-    }
-    if args.frozen {
-        other.push("--frozen".into());
-    }
-    if args.all_features {
-        other.push("--all-features".into());
-    }
-    if args.no_default_features {
-        other.push("--no-default-features".into());
-    }
-    for f in &args.features {
-        other.push("--features".into());
-        other.push(f.clone());
-    }
+    other.extend(args.resolution_flags());
     cmd.other_options(other);
     let metadata = cmd.exec().map_err(|e| {
         Failure::new(
@@ -558,7 +525,7 @@ pub fn reduce(
             .get(id)
             .map(|n| n.features.iter().map(|f| f.to_string()).collect())
             .unwrap_or_default();
-        dependencies.push(ResolvedDependency {
+        dependencies.push(DependencyEntry {
             id: p.id.repr.clone(),
             name: p.name.to_string(),
             version: p.version.to_string(),
@@ -567,6 +534,7 @@ pub fn reduce(
                 .cloned(),
             source,
             features,
+            source_digest: None,
             local_root: if p.source.is_none() { Some(root) } else { None },
         });
     }
@@ -729,7 +697,7 @@ fn lock_checksums(lockfile: &Path) -> BTreeMap<(String, String, Option<String>),
 }
 
 /// Git dependencies whose lockfile source does not pin a revision (`#<commit>`).
-pub fn unpinned_git_dependencies(deps: &[ResolvedDependency]) -> Vec<String> {
+pub fn unpinned_git_dependencies(deps: &[DependencyEntry]) -> Vec<String> {
     deps.iter()
         .filter(|d| {
             d.source
@@ -771,13 +739,14 @@ mod tests {
 
     #[test]
     fn unpinned_git_detected() {
-        let dep = |s: &str| ResolvedDependency {
+        let dep = |s: &str| DependencyEntry {
             id: "x".into(),
             name: "x".into(),
             version: "1.0.0".into(),
             source: Some(s.into()),
             checksum: None,
             features: vec![],
+            source_digest: None,
             local_root: None,
         };
         assert_eq!(
