@@ -167,18 +167,17 @@ fn fc_manual_mode_ts_v1() {
 /// Changed start: the recorded catalog is from an older build whose tools differ. With a short
 /// first-start budget the host gets the recorded catalog (said as such in the audit log); the
 /// real catalog then decides per tool.
-#[test]
-fn fc_changed_start_recorded_catalog_then_per_tool() {
-    let mut s = Scenario::new("fc-chg", secs(300));
+fn changed_start(name: &str, client: Client) {
+    let mut s = Scenario::new(name, secs(300));
     {
-        let mut d = s.driver(Client::TsV1, &["--no-gating"], &[]);
+        let mut d = s.driver(client, &["--no-gating"], &[]);
         d.connect(30_000);
         assert_eq!(d.list_tools(), TOOLS);
         close_clean(&s, d);
     }
     to_b_with_schema_change(&s);
     let mut d = s.driver(
-        Client::TsV1,
+        client,
         // No warm-start wait for the handshake, and a budget shorter than the rebuild.
         &[
             "--no-gating",
@@ -201,17 +200,25 @@ fn fc_changed_start_recorded_catalog_then_per_tool() {
     let (_, epoch) = pid_epoch(&line);
     s.wait_ready(Some(&epoch));
     let r = d.call("list_items", json!({}));
-    assert_eq!(structured(&r)["revision"], json!("B"), "{r}");
-    let p = d.call_denied("write_item", old_args(), "catalog_stale");
-    assert!(
-        p["currentDefinition"]["inputSchema"]["properties"]["warehouse"].is_object(),
-        "{p}"
-    );
+    assert_eq!(structured(&r)["revision"], json!("B"), "{client:?}: {r}");
+    if client == Client::TsV1Auto {
+        let r = d.cmd(
+            json!({"op": "wait_event", "event": "tools_refetched", "timeoutMs": 10_000}),
+            secs(20),
+        );
+        assert_eq!(r["ok"], json!(true), "{r}");
+    } else {
+        let p = d.call_denied("write_item", old_args(), "catalog_stale");
+        assert!(
+            p["currentDefinition"]["inputSchema"]["properties"]["warehouse"].is_object(),
+            "{client:?}: {p}"
+        );
+    }
     let r = d.call(
         "write_item",
         json!({"sku": "c", "qty": 1, "warehouse": "n"}),
     );
-    assert_eq!(structured(&r)["revision"], json!("B"), "{r}");
+    assert_eq!(structured(&r)["revision"], json!("B"), "{client:?}: {r}");
     close_clean(&s, d);
     assert_audit_verifies(&s);
     let records = s.audit_records();
@@ -224,28 +231,31 @@ fn fc_changed_start_recorded_catalog_then_per_tool() {
 }
 
 /// Build broken at start, then fixed: the host is told the compiler's first error, and the
-/// server starts (with list_changed) when a build works. Then `--fallback last-good`.
-#[test]
-fn fc_broken_then_fixed_python1_and_fallback_last_good() {
-    let mut s = Scenario::new("fc-brk", secs(360));
-    // A first session records a good build for the fallback below.
+/// server starts (with list_changed) when a build works. With `last_good`, then broken again
+/// under `--fallback last-good`: the last good build serves and says so.
+fn broken_then_fixed(name: &str, client: Client, last_good: bool) {
+    let mut s = Scenario::new(name, secs(360));
+    // A first session records a good build (the fallback's, and a warm start's).
     {
-        let mut d = s.driver(Client::Py1, &["--no-gating"], &[]);
+        let mut d = s.driver(client, &["--no-gating"], &[]);
         d.connect(30_000);
         assert_eq!(d.list_tools(), TOOLS);
         close_clean(&s, d);
     }
-    s.edit("src/main.rs", |t| {
-        t.replacen(
-            "const REVISION: &str = \"A\";",
-            "const REVISION: &str = undefined_name;",
-            1,
-        )
-    });
-    let mut d = s.driver(Client::Py1, &["--no-gating"], &[]);
+    let break_it = |s: &Scenario| {
+        s.edit("src/main.rs", |t| {
+            t.replacen(
+                "const REVISION: &str = \"A\";",
+                "const REVISION: &str = undefined_name;",
+                1,
+            )
+        })
+    };
+    break_it(&s);
+    let mut d = s.driver(client, &["--no-gating"], &[]);
     d.connect(30_000);
     let r = d.cmd(json!({"op": "list_tools"}), secs(120));
-    assert_eq!(r["ok"], json!(false), "{r}");
+    assert_eq!(r["ok"], json!(false), "{client:?}: {r}");
     assert_eq!(r["error"]["data"]["error"], json!("build_failed"), "{r}");
     let first = r["error"]["data"]["firstError"]
         .as_str()
@@ -269,49 +279,87 @@ fn fc_broken_then_fixed_python1_and_fallback_last_good() {
         .wait_for(mark, "server started:", s.within(secs(150)));
     let (_, epoch) = pid_epoch(&line);
     s.wait_ready(Some(&epoch));
-    assert!(d.wait_list_changed(10_000), "told once a catalog exists");
-    assert_eq!(d.list_tools(), TOOLS);
-    let r = d.call("list_items", json!({}));
-    assert_eq!(structured(&r)["revision"], json!("A"), "{r}");
-    close_clean(&s, d);
-
-    // Broken again, with --fallback last-good: the last good build serves, and says so.
-    s.edit("src/main.rs", |t| {
-        t.replacen(
-            "const REVISION: &str = \"A\";",
-            "const REVISION: &str = undefined_name;",
-            1,
-        )
-    });
-    let mut d = s.driver(
-        Client::Py1,
-        &["--no-gating", "--fallback", "last-good"],
-        &[],
-    );
-    d.connect(30_000);
-    assert_eq!(d.list_tools(), TOOLS);
-    let r = d.call("list_items", json!({}));
-    assert_eq!(structured(&r)["revision"], json!("A"), "{r}");
-    d.stderr.wait_for(0, "--fallback last-good", secs(5));
-    let launch: Value = serde_json::from_slice(
-        &std::fs::read(
-            s.mcp_dev_dir()
-                .join("launch")
-                .join(&s.label)
-                .join("latest.json"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
     assert!(
-        launch["fallback"]
-            .as_str()
-            .unwrap_or("")
-            .contains("last-good"),
-        "{launch}"
+        d.wait_list_changed(10_000),
+        "{client:?}: told once a catalog exists"
     );
+    assert_eq!(d.list_tools(), TOOLS);
+    let r = d.call("list_items", json!({}));
+    assert_eq!(structured(&r)["revision"], json!("A"), "{r}");
     close_clean(&s, d);
+    if last_good {
+        break_it(&s);
+        let mut d = s.driver(client, &["--no-gating", "--fallback", "last-good"], &[]);
+        d.connect(30_000);
+        assert_eq!(d.list_tools(), TOOLS);
+        let r = d.call("list_items", json!({}));
+        assert_eq!(structured(&r)["revision"], json!("A"), "{r}");
+        d.stderr.wait_for(0, "--fallback last-good", secs(5));
+        let launch: Value = serde_json::from_slice(
+            &std::fs::read(
+                s.mcp_dev_dir()
+                    .join("launch")
+                    .join(&s.label)
+                    .join("latest.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert!(
+            launch["fallback"]
+                .as_str()
+                .unwrap_or("")
+                .contains("last-good"),
+            "{launch}"
+        );
+        close_clean(&s, d);
+    }
     assert_audit_verifies(&s);
+}
+
+#[test]
+fn fc_changed_start_python2() {
+    changed_start("fc-chg-py2", Client::Py2);
+}
+
+#[test]
+fn fc_changed_start_python1() {
+    changed_start("fc-chg-py1", Client::Py1);
+}
+
+#[test]
+fn fc_changed_start_ts_v1_never_refetches() {
+    changed_start("fc-chg-tsv1", Client::TsV1);
+}
+
+#[test]
+fn fc_changed_start_ts_v1_list_changed() {
+    changed_start("fc-chg-tsv1a", Client::TsV1Auto);
+}
+
+#[test]
+fn fc_changed_start_ts_v2_auto() {
+    changed_start("fc-chg-tsv2", Client::TsV2);
+}
+
+#[test]
+fn fc_broken_then_fixed_python1_and_fallback_last_good() {
+    broken_then_fixed("fc-brk-py1", Client::Py1, true);
+}
+
+#[test]
+fn fc_broken_then_fixed_python2() {
+    broken_then_fixed("fc-brk-py2", Client::Py2, false);
+}
+
+#[test]
+fn fc_broken_then_fixed_ts_v1() {
+    broken_then_fixed("fc-brk-tsv1", Client::TsV1, false);
+}
+
+#[test]
+fn fc_broken_then_fixed_ts_v2_auto() {
+    broken_then_fixed("fc-brk-tsv2", Client::TsV2, false);
 }
 
 /// Two different clients in turn on one package: each gets its own protocol version (never
