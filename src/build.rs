@@ -83,29 +83,12 @@ pub fn cargo_build_args(req: &BuildRequest) -> Vec<String> {
     } else if a.release {
         v.push("--release".into());
     }
-    for f in &a.features {
-        v.extend(["--features".into(), f.clone()]);
-    }
-    if a.all_features {
-        v.push("--all-features".into());
-    }
-    if a.no_default_features {
-        v.push("--no-default-features".into());
-    }
+    v.extend(a.resolution_flags());
     if let Some(t) = &a.target {
         v.extend(["--target".into(), t.clone()]);
     }
     if let Some(d) = &a.target_dir {
         v.extend(["--target-dir".into(), d.display().to_string()]);
-    }
-    if a.locked {
-        v.push("--locked".into());
-    }
-    if a.offline {
-        v.push("--offline".into());
-    }
-    if a.frozen {
-        v.push("--frozen".into());
     }
     v.push("--color".into());
     v.push(if status::color_enabled() {

@@ -111,13 +111,9 @@ pub fn capture(
             None => None,
         };
         dependencies.push(DependencyEntry {
-            id: d.id.clone(),
-            name: d.name.clone(),
-            version: d.version.clone(),
-            source: d.source.clone(),
-            checksum: d.checksum.clone(),
-            features: d.features.clone(),
             source_digest,
+            local_root: None,
+            ..d.clone()
         });
     }
     let unpinned = crate::workspace::unpinned_git_dependencies(&r.dependencies);
@@ -125,6 +121,15 @@ pub fn capture(
         problems.push(CaptureProblem::UnpinnedGit(unpinned));
     }
 
+    // Keyed with the audit key (issue 12: an unkeyed digest lets a reader of the identity file
+    // test guesses of a secret value). Loaded only when variables are declared.
+    let env_key = if cfg.env.is_empty() {
+        None
+    } else {
+        crate::audit::KeyStore::from_env()
+            .and_then(|k| k.load_or_create_key())
+            .ok()
+    };
     let env: Vec<EnvDigest> = cfg
         .env
         .iter()
@@ -135,7 +140,10 @@ pub fn capture(
             }
             EnvDigest {
                 name: name.clone(),
-                sha256: value.map(|v| fingerprint::env_value_digest(name, &v)),
+                sha256: value.map(|v| match &env_key {
+                    Some(key) => fingerprint::env_value_mac(key, name, &v),
+                    None => fingerprint::ENV_SET_UNKEYED.to_string(),
+                }),
             }
         })
         .collect();

@@ -156,6 +156,34 @@ pub struct CargoArgs {
     pub frozen: bool,
 }
 
+impl CargoArgs {
+    /// The flags that decide how cargo resolves the package graph, in the order cargo prints
+    /// them: the one place both `cargo metadata` and `cargo build` get them from.
+    pub fn resolution_flags(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if self.locked {
+            v.push("--locked".into());
+        }
+        if self.offline {
+            v.push("--offline".into());
+        }
+        if self.frozen {
+            v.push("--frozen".into());
+        }
+        if self.all_features {
+            v.push("--all-features".into());
+        }
+        if self.no_default_features {
+            v.push("--no-default-features".into());
+        }
+        for f in &self.features {
+            v.push("--features".into());
+            v.push(f.clone());
+        }
+        v
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Build the server, capture its identity and print the status line (for bacon, cargo-watch, watchexec).
@@ -313,12 +341,18 @@ pub struct ControlArgs {
 pub struct ApproveArgs {
     #[command(flatten)]
     pub control: ControlArgs,
-    /// Approve without asking (scripted use).
+    /// Approve without asking (scripted use). Needs `--tool` or `--all-requested`: the agent
+    /// chooses which tools it asks for, so `--yes` alone would grant whatever it asked.
     #[arg(short, long)]
     pub yes: bool,
-    /// Tool to approve (repeatable; default: the tools requested by pending denials).
+    /// Tool to approve (repeatable; default when asking interactively: the tools requested by
+    /// pending denials).
     #[arg(long = "tool", value_name = "NAME")]
     pub tools: Vec<String>,
+    /// Approve every tool requested by pending denials (with `--yes`: lists them on stderr
+    /// before granting).
+    #[arg(long, conflicts_with = "tools")]
+    pub all_requested: bool,
     /// Credential scope to approve (repeatable; default: the scopes the approved tools use).
     #[arg(long = "credential-scope", value_name = "SCOPE")]
     pub credential_scopes: Vec<String>,

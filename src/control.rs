@@ -7,9 +7,10 @@
 //! operation does is the session's business.
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crossbeam_channel::{Sender, bounded};
@@ -21,16 +22,31 @@ use crate::supervisor::unix::current_uid;
 /// Largest request accepted (requests are tiny; this bounds a hostile peer).
 const MAX_REQUEST: u64 = 64 * 1024;
 
-/// `$XDG_RUNTIME_DIR/cargo-mcp-dev` or `/tmp/cargo-mcp-dev-<uid>`: short paths (socket paths
-/// are limited to ~100 bytes), private to the user.
+/// Where sockets live, private to the user: `$CARGO_MCP_DEV_HOME/run`, else
+/// `$XDG_RUNTIME_DIR/cargo-mcp-dev`, else the state directory's `run` (under `$XDG_STATE_HOME`
+/// or `~/.local/state`, which other users cannot pre-create), and only as a last resort
+/// `/tmp/cargo-mcp-dev-<uid>`. A shared `/tmp` directory can be created by another user first
+/// (issue 12); such a directory is refused ([`ensure_private_dir`]), never used.
 pub fn socket_dir() -> PathBuf {
-    if let Some(home) = std::env::var_os("CARGO_MCP_DEV_HOME") {
-        return PathBuf::from(home).join("run");
+    socket_dirs().into_iter().next().expect("at least /tmp")
+}
+
+fn socket_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(home) = std::env::var_os("CARGO_MCP_DEV_HOME").filter(|h| !h.is_empty()) {
+        dirs.push(PathBuf::from(home).join("run"));
     }
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(d) if !d.is_empty() => PathBuf::from(d).join("cargo-mcp-dev"),
-        _ => std::env::temp_dir().join(format!("cargo-mcp-dev-{}", current_uid())),
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        let d = PathBuf::from(d);
+        if d.is_absolute() {
+            dirs.push(d.join("cargo-mcp-dev"));
+        }
     }
+    if let Ok(keys) = crate::audit::KeyStore::from_env() {
+        dirs.push(keys.dir().join("run"));
+    }
+    dirs.push(std::env::temp_dir().join(format!("cargo-mcp-dev-{}", current_uid())));
+    dirs
 }
 
 /// The socket of the supervisor for `label` building into `target_dir`.
@@ -41,18 +57,22 @@ pub fn socket_path(target_dir: &Path, label: &str) -> PathBuf {
         label.chars().take(24).collect::<String>(),
         &key[..12]
     );
-    let dir = socket_dir();
-    let p = dir.join(&name);
-    // Fall back to a shorter directory when the path would not fit in sun_path.
-    if p.as_os_str().len() > 100 {
-        return std::env::temp_dir()
-            .join(format!("cmd-{}", current_uid()))
-            .join(&key[..16]);
+    // The first directory whose path fits in sun_path (a choice that depends only on the
+    // environment, so `approve` finds the socket `run` bound).
+    for dir in socket_dirs() {
+        let p = dir.join(&name);
+        if p.as_os_str().len() <= 100 {
+            return p;
+        }
     }
-    p
+    std::env::temp_dir()
+        .join(format!("cmd-{}", current_uid()))
+        .join(&key[..16])
 }
 
-/// Creates (or checks) the owner-only directory.
+/// Creates (mode 0700) or checks the owner-only directory: it must be a real directory (not a
+/// symlink), owned by us, with no access for group or others. A directory that fails is
+/// refused, not repaired: someone else may already have put a socket in it.
 pub fn ensure_private_dir(dir: &Path) -> Result<(), String> {
     if !dir.exists() {
         std::fs::DirBuilder::new()
@@ -72,13 +92,12 @@ pub fn ensure_private_dir(dir: &Path) -> Result<(), String> {
             meta.uid()
         ));
     }
-    if meta.permissions().mode() & 0o077 != 0 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| {
-            format!(
-                "{} is accessible to others and cannot be fixed: {e}",
-                dir.display()
-            )
-        })?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "{} has mode {mode:04o}: group or others can reach it; refusing it (check its content, then `chmod 700` it)",
+            dir.display()
+        ));
     }
     Ok(())
 }
@@ -105,58 +124,144 @@ fn peer_credentials_uid(_stream: &UnixStream) -> Option<u32> {
     Some(current_uid())
 }
 
+/// The control socket as this process holds it.
+#[derive(Debug, Clone)]
+pub struct Served {
+    /// The pid of another live supervisor that holds the socket (this one takes over when it
+    /// exits), `None` when this process bound it.
+    pub other_owner: Option<Option<u32>>,
+    bound: Arc<Mutex<Option<(u64, u64)>>>,
+}
+
+impl Served {
+    /// Removes the socket file, only if it is still the one this process bound (a second
+    /// supervisor for the same label must never remove the first one's socket; issue 12).
+    pub fn release(&self, path: &Path) {
+        let ours = *self.bound.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(id), Ok(m)) = (ours, std::fs::symlink_metadata(path))
+            && (m.dev(), m.ino()) == id
+        {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    /// Whether this process holds the socket now.
+    pub fn owned(&self) -> bool {
+        self.bound
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+}
+
 /// Binds the socket and serves requests on a thread; each request becomes [`Event::Control`].
 ///
 /// If another live supervisor holds the socket (a host's probing second copy, or a second host
-/// session), this one keeps trying in the background and takes over once the other exits, so the
-/// session that stays always ends up reachable. Returns `Ok(false)` in that case.
-pub fn serve(path: &Path, events: Sender<Event>) -> Result<bool, String> {
+/// session), this one never removes it: it keeps trying in the background and takes over once
+/// the other exits, so the session that stays always ends up reachable. [`Served::other_owner`]
+/// then names the other one's pid (from the socket's peer credentials).
+pub fn serve(path: &Path, events: Sender<Event>) -> Result<Served, String> {
     let dir = path.parent().ok_or("socket path has no directory")?;
     ensure_private_dir(dir)?;
+    let bound = Arc::new(Mutex::new(None));
     match try_bind(path)? {
-        Some(listener) => {
+        Bind::Bound(listener, id) => {
+            *bound.lock().unwrap_or_else(|e| e.into_inner()) = Some(id);
             spawn_acceptor(listener, events)?;
-            Ok(true)
+            Ok(Served {
+                other_owner: None,
+                bound,
+            })
         }
-        None => {
+        Bind::Busy(pid) => {
             let path = path.to_path_buf();
+            let slot = bound.clone();
             std::thread::Builder::new()
                 .name("control-wait".into())
                 .spawn(move || {
                     loop {
                         std::thread::sleep(Duration::from_millis(250));
                         match try_bind(&path) {
-                            Ok(Some(listener)) => {
+                            Ok(Bind::Bound(listener, id)) => {
+                                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(id);
                                 let _ = spawn_acceptor(listener, events);
                                 return;
                             }
-                            Ok(None) => continue,
+                            Ok(Bind::Busy(_)) => continue,
                             Err(_) => return,
                         }
                     }
                 })
                 .map_err(|e| e.to_string())?;
-            Ok(false)
+            Ok(Served {
+                other_owner: Some(pid),
+                bound,
+            })
         }
     }
 }
 
-/// Binds unless a live supervisor answers on `path`; a stale socket file is replaced.
-fn try_bind(path: &Path) -> Result<Option<UnixListener>, String> {
-    if path.exists() {
-        if UnixStream::connect(path).is_ok() {
-            return Ok(None);
+enum Bind {
+    /// Bound; the socket file's `(dev, ino)`.
+    Bound(UnixListener, (u64, u64)),
+    /// A live supervisor answers on the path (its pid when the kernel says).
+    Busy(Option<u32>),
+}
+
+/// Binds unless a live supervisor answers on `path`. A stale socket of ours is replaced; a
+/// directory, a file that is not a socket, or a socket of another user is reported, never
+/// removed.
+fn try_bind(path: &Path) -> Result<Bind, String> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            if let Ok(stream) = UnixStream::connect(path) {
+                return Ok(Bind::Busy(peer_pid(&stream)));
+            }
+            if m.uid() != current_uid() {
+                return Err(format!(
+                    "{} is a socket of uid {}, not yours; refusing it",
+                    path.display(),
+                    m.uid()
+                ));
+            }
+            let _ = std::fs::remove_file(path);
         }
-        let _ = std::fs::remove_file(path);
+        Ok(m) if m.is_dir() => {
+            return Err(format!(
+                "{} is a directory, not a socket; remove it to enable approve/status/restart",
+                path.display()
+            ));
+        }
+        Ok(_) => {
+            return Err(format!(
+                "{} exists and is not a socket; remove it to enable approve/status/restart",
+                path.display()
+            ));
+        }
+        Err(_) => {}
     }
     match UnixListener::bind(path) {
         Ok(l) => {
             let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
-            Ok(Some(l))
+            let m = std::fs::symlink_metadata(path)
+                .map_err(|e| format!("cannot inspect {}: {e}", path.display()))?;
+            Ok(Bind::Bound(l, (m.dev(), m.ino())))
         }
-        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Ok(Bind::Busy(None)),
         Err(e) => Err(format!("cannot bind {}: {e}", path.display())),
     }
+}
+
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn peer_pid(stream: &UnixStream) -> Option<u32> {
+    rustix::net::sockopt::socket_peercred(stream)
+        .ok()
+        .map(|c| c.pid.as_raw_nonzero().get() as u32)
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn peer_pid(_stream: &UnixStream) -> Option<u32> {
+    None
 }
 
 fn spawn_acceptor(listener: UnixListener, events: Sender<Event>) -> Result<(), String> {
@@ -210,9 +315,21 @@ fn handle(stream: UnixStream, own: u32, events: Sender<Event>) {
     let _ = writeln!(writer, "{answer}");
 }
 
-/// Client side: one request, one answer.
+/// Client side: one request, one answer. The peer must run as the same user (a socket planted
+/// by someone else never receives a decision).
 pub fn request(path: &Path, request: &Value) -> Result<Value, String> {
+    if let Ok(m) = std::fs::symlink_metadata(path)
+        && m.is_dir()
+    {
+        return Err(format!("{} is a directory, not a socket", path.display()));
+    }
     let mut stream = UnixStream::connect(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !peer_allowed(peer_uid(&stream), current_uid()) {
+        return Err(format!(
+            "{}: the process behind this socket runs as another user; refusing to talk to it",
+            path.display()
+        ));
+    }
     stream.set_read_timeout(Some(Duration::from_secs(15))).ok();
     writeln!(stream, "{request}").map_err(|e| e.to_string())?;
     let mut line = String::new();
@@ -233,8 +350,11 @@ mod tests {
         assert!(!peer_allowed(None, 1000));
     }
 
+    /// Issue 12, medium finding "a shared socket directory under /tmp can be pre-created by
+    /// another user": a directory with group/other access, or owned by someone else, or a
+    /// symlink, is refused (it used to be chmod-ed and used).
     #[test]
-    fn private_dir_is_created_0700_and_fixed() {
+    fn private_dir_is_created_0700_and_others_are_refused() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("run");
         ensure_private_dir(&p).unwrap();
@@ -243,11 +363,52 @@ mod tests {
             0o700
         );
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-        ensure_private_dir(&p).unwrap();
-        assert_eq!(
-            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
-            0o700
+        let e = ensure_private_dir(&p).unwrap_err();
+        assert!(e.contains("mode 0755"), "{e}");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let link = d.path().join("link");
+        std::os::unix::fs::symlink(&p, &link).unwrap();
+        assert!(ensure_private_dir(&link).is_err());
+        if current_uid() == 0 {
+            let theirs = d.path().join("theirs");
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&theirs)
+                .unwrap();
+            rustix::fs::chown(&theirs, Some(rustix::process::Uid::from_raw(4242)), None).unwrap();
+            let e = ensure_private_dir(&theirs).unwrap_err();
+            assert!(e.contains("owned by uid 4242"), "{e}");
+        }
+    }
+
+    /// Issue 12, medium finding "a second supervisor for the same label removes the first one's
+    /// control socket", and low finding "a directory at the socket path is misreported".
+    #[test]
+    fn a_second_server_never_removes_the_first_ones_socket() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("s/x.sock");
+        let (tx1, _rx1) = crossbeam_channel::unbounded();
+        let first = serve(&path, tx1).unwrap();
+        assert!(first.owned() && first.other_owner.is_none());
+        let (tx2, _rx2) = crossbeam_channel::unbounded();
+        let second = serve(&path, tx2).unwrap();
+        assert_eq!(second.other_owner, Some(Some(std::process::id())));
+        assert!(!second.owned());
+        second.release(&path);
+        assert!(
+            path.exists(),
+            "the second supervisor removed the first one's socket"
         );
+        first.release(&path);
+        assert!(!path.exists());
+
+        let dir_path = d.path().join("s/dir.sock");
+        std::fs::create_dir(&dir_path).unwrap();
+        let (tx3, _rx3) = crossbeam_channel::unbounded();
+        let e = serve(&dir_path, tx3).unwrap_err();
+        assert!(e.contains("is a directory, not a socket"), "{e}");
+        let e = request(&dir_path, &json!({})).unwrap_err();
+        assert!(e.contains("is a directory"), "{e}");
     }
 
     #[test]
@@ -255,7 +416,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let path = d.path().join("s/x.sock");
         let (tx, rx) = crossbeam_channel::unbounded();
-        assert!(serve(&path, tx).unwrap());
+        assert!(serve(&path, tx).unwrap().owned());
         std::thread::spawn(move || {
             if let Ok(Event::Control { request, reply }) = rx.recv() {
                 let _ = reply.send(json!({"ok": true, "echo": request}));

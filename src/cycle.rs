@@ -108,13 +108,8 @@ pub fn read_record(path: &Path) -> Result<IdentityRecord, Failure> {
 }
 
 pub fn write_record(path: &Path, record: &IdentityRecord) -> Result<(), Failure> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
     let text = serde_json::to_string_pretty(record).expect("record serializes");
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, text + "\n")?;
-    std::fs::rename(&tmp, path)?;
+    crate::fsutil::write_atomic(path, (text + "\n").as_bytes())?;
     Ok(())
 }
 

@@ -26,6 +26,9 @@ pub const NO_SUPERVISOR: i32 = 106;
 pub const CONNECTION_CLOSED: i32 = 107;
 /// `demo`: a step did not behave as narrated.
 pub const DEMO_FAILED: i32 = 108;
+/// `audit verify`: the current chain verified, but the log's history has a break (an earlier
+/// chain was set aside by `run`; both chains are reported on stderr).
+pub const AUDIT_BREAK: i32 = 109;
 
 /// (code, meaning) pairs for help text and the README.
 pub const TABLE: &[(i32, &str)] = &[
@@ -46,6 +49,10 @@ pub const TABLE: &[(i32, &str)] = &[
         "run closed the host connection on purpose",
     ),
     (DEMO_FAILED, "a demo step did not behave as narrated"),
+    (
+        AUDIT_BREAK,
+        "audit log verified, but an earlier chain was set aside (break reported)",
+    ),
 ];
 
 /// The table rendered for `--help`.

@@ -15,7 +15,7 @@
 //! | `dependency tree` | per reachable package (normal + build edges): name, version, source, checksum, enabled features, and for path packages a digest of their source files | what went into the binary, including path deps whose code changed |
 //! | `runtime` | rustc release, commit hash, host, target triple, profile, RUSTFLAGS, CARGO_ENCODED_RUSTFLAGS, requested features | same source, different compiler or flags, different code |
 //! | `config` | the `[package.metadata.mcp-dev]` table | changes what is gated, watched and hashed |
-//! | `env` | for each declared variable: name and digest of its value (or unset) | declared behaviour switches |
+//! | `env` | for each declared variable: name and keyed digest of its value (or unset) | declared behaviour switches |
 //! | `extra inputs` | for each declared file/dir: relative path and content digest (files sorted, relative names included) | data the server loads at run time |
 //! | `wrapper` | the wrapper script's relative path and digest | it decides how the server starts |
 //! | `launcher` | cargo-mcp-dev version and the sha256 of its own executable | the supervisor is part of what acts |
@@ -26,7 +26,8 @@
 //! does not change what runs; the executable's bytes are hashed instead), package ids of path
 //! packages (they embed absolute paths; name, version and source digest are used instead), the
 //! absolute workspace root, executable size and path (implied by the digest), and values of
-//! variables (only their digests, salted with the variable name, are stored).
+//! variables (only their keyed digests, HMAC with the per-user audit key over name and value, are
+//! stored; without a key, only whether the variable is set).
 
 use std::collections::BTreeMap;
 
@@ -134,9 +135,13 @@ pub struct DependencyEntry {
     pub source: Option<String>,
     pub checksum: Option<String>,
     pub features: Vec<String>,
-    /// Path packages: digest of their source files.
+    /// Path packages: digest of their source files (set by identity capture).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub source_digest: Option<String>,
+    /// Path packages: their root on this machine (set by resolution, for hashing and watching;
+    /// never part of an identity record: absolute paths differ between checkouts).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub local_root: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -165,7 +170,7 @@ pub struct Runtime {
 #[serde(rename_all = "camelCase")]
 pub struct EnvDigest {
     pub name: String,
-    /// Digest of the value salted with the name; null when unset.
+    /// Keyed digest of the value (`hmac-sha256:…`, see [`env_value_mac`]); null when unset.
     pub sha256: Option<String>,
 }
 
@@ -255,14 +260,40 @@ pub struct IdentityRecord {
 }
 
 /// Digest of an env value, salted with its name so equal values of different variables differ.
+///
+/// Unkeyed: whoever reads the identity file can test guesses of the value (issue 12). Records
+/// use [`env_value_mac`] instead; this stays for comparisons with records written before.
 pub fn env_value_digest(name: &str, value: &str) -> String {
+    sha256_bytes(&env_message(b"cargo-mcp-dev/env/v1\0", name, value))
+}
+
+fn env_message(tag: &[u8], name: &str, value: &str) -> Vec<u8> {
     let mut buf = Vec::with_capacity(name.len() + value.len() + 32);
-    buf.extend_from_slice(b"cargo-mcp-dev/env/v1\0");
+    buf.extend_from_slice(tag);
     buf.extend_from_slice(name.as_bytes());
     buf.push(0);
     buf.extend_from_slice(value.as_bytes());
-    sha256_bytes(&buf)
+    buf
 }
+
+/// Keyed digest of an env value: HMAC-SHA256 with the per-user audit key over the name and the
+/// value (`hmac-sha256:<hex>`). A reader of the identity file cannot test guesses of a secret
+/// value without the key; the same user on the same machine still sees a change of value as a
+/// change of the `env` component. Records of different users (or machines) are not comparable
+/// on this component.
+pub fn env_value_mac(key: &crate::audit::AuditKey, name: &str, value: &str) -> String {
+    format!(
+        "hmac-sha256:{}",
+        crate::audit::chain::keyed_digest(
+            key,
+            &env_message(b"cargo-mcp-dev/env/v2\0", name, value)
+        )
+    )
+}
+
+/// Recorded for a set variable when no audit key is available: names only, never a value
+/// digest.
+pub const ENV_SET_UNKEYED: &str = "set (value not recorded: no audit key)";
 
 fn dependency_digest(list: &[DependencyEntry]) -> String {
     let mut entries: Vec<Value> = list
@@ -555,6 +586,7 @@ pub(crate) mod tests {
                 checksum: None,
                 features: vec![],
                 source_digest: Some("sha256:c1".into()),
+                local_root: None,
             }],
             runtime: Runtime {
                 rustc_release: "1.95.0".into(),
@@ -686,6 +718,24 @@ pub(crate) mod tests {
         assert!(changed(|i| i.dependencies.reverse()).is_empty());
     }
 
+    /// Issue 12, low finding "the environment digest is unkeyed": without the key, a guess of
+    /// the value cannot be checked against the recorded digest.
+    #[test]
+    fn env_digest_is_keyed() {
+        let k1 = crate::audit::AuditKey::from_bytes([1; 32]);
+        let k2 = crate::audit::AuditKey::from_bytes([2; 32]);
+        let d = env_value_mac(&k1, "TOKEN", "secret-value");
+        assert!(
+            d.starts_with("hmac-sha256:") && !d.contains("secret"),
+            "{d}"
+        );
+        assert_eq!(d, env_value_mac(&k1, "TOKEN", "secret-value"));
+        assert_ne!(d, env_value_mac(&k2, "TOKEN", "secret-value"));
+        assert_ne!(d, env_value_mac(&k1, "OTHER", "secret-value"));
+        assert_ne!(d, env_value_mac(&k1, "TOKEN", "other-value"));
+        assert!(!d.ends_with(&env_value_digest("TOKEN", "secret-value")[7..]));
+    }
+
     #[test]
     fn env_digest_is_salted_and_hides_the_value() {
         let d = env_value_digest("TOKEN", "secret-value");
@@ -718,6 +768,7 @@ pub(crate) mod tests {
             checksum: Some("c".into()),
             features: vec![],
             source_digest: None,
+            local_root: None,
         });
         let b = identity_record(i);
         let ch = dependency_changes(&a, &b);

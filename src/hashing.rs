@@ -99,10 +99,9 @@ pub fn sha256_json(value: &serde_json::Value) -> String {
     sha256_bytes(canonical_json(value).as_bytes())
 }
 
-/// Canonical JSON: keys sorted (serde_json's default map is a BTreeMap), no whitespace.
+/// Canonical JSON ([`crate::canonical`], integral floats as integers).
 pub fn canonical_json(value: &serde_json::Value) -> String {
-    // Round-trip through Value guarantees sorted keys even for values built with json!{} macros.
-    serde_json::to_string(value).expect("serializing a Value cannot fail")
+    crate::canonical::to_string(value)
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 pub mod approval;
 pub mod audit;
 pub mod build;
+pub mod canonical;
 pub mod capture;
 pub mod catalog;
 pub mod cli;
@@ -20,10 +21,12 @@ pub mod epoch;
 pub mod error;
 pub mod exit_codes;
 pub mod fingerprint;
+pub mod fsutil;
 pub mod hashing;
 pub mod output;
 pub mod paths;
 pub mod proxy;
+pub mod sanitize;
 pub mod session;
 pub mod status;
 pub mod store;
@@ -37,6 +40,8 @@ use clap::Parser;
 /// Entry point of the binary: parses arguments (accepting both `cargo mcp-dev …` and a direct
 /// `cargo-mcp-dev …`), runs the command and returns the exit code.
 pub fn main_entry() -> i32 {
+    // A file-size limit must fail a write, not kill us mid-append (see the function).
+    let _ = supervisor::unix::survive_file_size_limit();
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     // Invoked directly (`cargo-mcp-dev build`) rather than by cargo (`cargo-mcp-dev mcp-dev build`):
     // insert the subcommand name so both spellings parse the same way.

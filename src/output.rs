@@ -35,6 +35,9 @@ pub fn stdout_line(line: &str) -> std::io::Result<()> {
 }
 
 /// Writes a block of text (human output of `identity`, `status`, `audit show`) to stdout.
+/// Control characters are escaped ([`crate::sanitize::lines`]): such text may quote the server
+/// (tool names in `audit show`).
 pub fn stdout_text(text: &str) -> std::io::Result<()> {
-    stdout_line(text.strip_suffix('\n').unwrap_or(text))
+    let text = crate::sanitize::lines(text);
+    stdout_line(text.strip_suffix('\n').unwrap_or(&text))
 }

@@ -69,7 +69,10 @@ fn write_stderr(text: &str) {
 }
 
 /// A status line exactly as documented (the status pair and friends). Printed even with `-q`.
+/// Untrusted parts (tool names, server output) are made safe by [`crate::sanitize::line`]: a
+/// status line is always one line, with no control characters.
 pub fn line(text: &str) {
+    let text = &*crate::sanitize::line(text);
     let s = settings();
     if s.color {
         // Colour only the leading verb phrase (up to the first ':'); the text stays greppable.
@@ -91,11 +94,12 @@ pub fn line(text: &str) {
 /// A detail line under a status line (indented), hidden with `-q`.
 pub fn detail(text: &str) {
     if !quiet() {
-        write_stderr(&format!("  {text}"));
+        write_stderr(&format!("  {}", crate::sanitize::line(text)));
     }
 }
 
-/// Raw passthrough (cargo's own stderr, the server's stderr).
+/// Raw passthrough of trusted text (cargo's own coloured diagnostics, text this crate styled).
+/// Untrusted text goes through [`crate::sanitize`] first.
 pub fn raw(text: &str) {
     write_stderr(text);
 }
@@ -112,11 +116,12 @@ pub fn note(msg: &str) {
 /// Informational line shown with `-v`.
 pub fn verbose_line(msg: &str) {
     if verbose() > 0 {
-        write_stderr(msg);
+        write_stderr(&crate::sanitize::lines(msg));
     }
 }
 
 fn prefixed(word: &str, style: Style, msg: &str) {
+    let msg = &crate::sanitize::lines(msg);
     if color_enabled() {
         write_stderr(&format!("{}: {msg}", style.apply_to(word)));
     } else {

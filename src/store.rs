@@ -36,6 +36,67 @@ pub enum StoreError {
     Corrupt { path: PathBuf, actual: String },
     #[error("store I/O on `{path}`: {source}")]
     Io { path: PathBuf, source: io::Error },
+    #[error("store entry `{path}` is a symbolic link or not a regular file; refusing to run it")]
+    NotRegular { path: PathBuf },
+    #[error(
+        "store entry `{path}` does not have the bytes that were hashed: the identity records executable {expected}, the file now hashes to {actual} (replaced after capture?); not started"
+    )]
+    Mismatch {
+        path: PathBuf,
+        expected: String,
+        actual: String,
+    },
+}
+
+/// Opens a store entry for execution and checks it still has the bytes its identity recorded.
+///
+/// The file is opened once without following a symbolic link (`O_NOFOLLOW`), must be a regular
+/// file, and is hashed through the open descriptor; the caller then executes that same
+/// descriptor (see [`crate::supervisor::LaunchSpec::program`]), so the bytes hashed are the bytes
+/// run even if the path is replaced meanwhile. Issue 12: a replaced or symlinked store file used
+/// to run as trusted.
+pub fn open_verified(path: &Path, expected_sha256: &str) -> Result<File, StoreError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let flags = (rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC).bits() as i32;
+    let file = match fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
+            return Err(StoreError::NotRegular { path: path.into() });
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(StoreError::Missing(path.into()));
+        }
+        Err(e) => {
+            return Err(StoreError::Io {
+                path: path.into(),
+                source: e,
+            });
+        }
+    };
+    let meta = file.metadata().map_err(|source| StoreError::Io {
+        path: path.into(),
+        source,
+    })?;
+    if !meta.file_type().is_file() {
+        return Err(StoreError::NotRegular { path: path.into() });
+    }
+    let (actual, _) = hashing::sha256_reader(&file).map_err(|source| StoreError::Io {
+        path: path.into(),
+        source,
+    })?;
+    let normalize = |d: &str| d.strip_prefix("sha256:").unwrap_or(d).to_string();
+    if normalize(&actual) != normalize(expected_sha256) {
+        return Err(StoreError::Mismatch {
+            path: path.into(),
+            expected: expected_sha256.to_string(),
+            actual,
+        });
+    }
+    Ok(file)
 }
 
 #[derive(Debug, Clone)]
@@ -180,18 +241,12 @@ impl Store {
 
     fn remember_stamp(&self, executable: &Path, stamp: &StatStamp, sha256: &str) {
         let path = self.stamp_path(executable);
-        if let Some(dir) = path.parent() {
-            let _ = fs::create_dir_all(dir);
-        }
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        if fs::write(
-            &tmp,
-            serde_json::to_string(&(stamp, sha256)).unwrap_or_default(),
-        )
-        .is_ok()
-        {
-            let _ = fs::rename(&tmp, &path);
-        }
+        let _ = crate::fsutil::write_atomic(
+            &path,
+            serde_json::to_string(&(stamp, sha256))
+                .unwrap_or_default()
+                .as_bytes(),
+        );
     }
 
     /// Re-hashes an entry and checks it still matches its name (used before exec when paranoid,
@@ -234,6 +289,36 @@ fn touch(path: &Path) {
     // Entries are read-only; updating times needs no write permission for the owner.
     if let Ok(f) = File::open(path) {
         let _ = f.set_modified(std::time::SystemTime::now());
+    }
+}
+
+#[cfg(test)]
+mod verified_tests {
+    use super::*;
+
+    /// Issue 12, medium finding "the stored executable is run without checking it still has the
+    /// hashed bytes": a replaced entry and a symlinked entry are refused, naming the digests.
+    #[test]
+    fn replaced_or_symlinked_entries_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("bin");
+        fs::write(&src, b"#!/bin/sh\necho hi\n").unwrap();
+        let store = Store::new(tmp.path().join("store"));
+        let s = store.capture(&src).unwrap();
+        open_verified(&s.store_path, &s.sha256).unwrap();
+        // Replaced in place (the entry is read-only, but its owner can still swap it).
+        fs::remove_file(&s.store_path).unwrap();
+        fs::write(&s.store_path, b"#!/bin/sh\necho evil\n").unwrap();
+        let e = open_verified(&s.store_path, &s.sha256).unwrap_err();
+        assert!(matches!(e, StoreError::Mismatch { .. }), "{e}");
+        assert!(e.to_string().contains(&s.sha256), "{e}");
+        // A symlink to the right bytes is still refused.
+        fs::remove_file(&s.store_path).unwrap();
+        let good = tmp.path().join("good");
+        fs::write(&good, b"#!/bin/sh\necho hi\n").unwrap();
+        std::os::unix::fs::symlink(&good, &s.store_path).unwrap();
+        let e = open_verified(&s.store_path, &s.sha256).unwrap_err();
+        assert!(matches!(e, StoreError::NotRegular { .. }), "{e}");
     }
 }
 

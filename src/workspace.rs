@@ -18,6 +18,7 @@ use crate::cli::CargoArgs;
 use crate::config::LoadedConfig;
 use crate::error::Failure;
 use crate::exit_codes;
+use crate::fingerprint::DependencyEntry;
 use crate::hashing;
 
 /// Bumped whenever [`Resolved`] changes shape, so old cache entries are ignored.
@@ -142,23 +143,6 @@ pub struct LocalPackage {
     pub has_build_script: bool,
 }
 
-/// One package of the resolved dependency graph (normal and build edges, dev excluded).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, PartialOrd, Ord)]
-#[serde(rename_all = "camelCase")]
-pub struct ResolvedDependency {
-    pub id: String,
-    pub name: String,
-    pub version: String,
-    /// `registry+…`, `git+…#rev`, or null for path packages.
-    pub source: Option<String>,
-    /// From Cargo.lock (registry packages only).
-    pub checksum: Option<String>,
-    pub features: Vec<String>,
-    /// For path packages: their root, whose sources identity hashes.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub local_root: Option<PathBuf>,
-}
-
 /// What `cargo metadata` told us, reduced to what cargo mcp-dev needs (this is what is cached).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Resolved {
@@ -181,8 +165,9 @@ pub struct Resolved {
     pub metadata: serde_json::Value,
     /// The server package and every local package it depends on (watched; path deps hashed).
     pub local_packages: Vec<LocalPackage>,
-    /// Every package reachable from the server, excluding the server itself.
-    pub dependencies: Vec<ResolvedDependency>,
+    /// Every package reachable from the server, excluding the server itself (normal and build
+    /// edges, dev excluded): the same type identity records list.
+    pub dependencies: Vec<DependencyEntry>,
     /// Files whose digests key the cache (manifests, lockfile, cargo config files).
     pub key_files: Vec<PathBuf>,
     pub key_digest: String,
@@ -339,6 +324,22 @@ fn absolute(p: &Path) -> PathBuf {
 
 /// The manifest cargo would use: `--manifest-path`, else the nearest Cargo.toml upwards.
 pub fn locate_manifest(explicit: Option<&Path>) -> Result<PathBuf, Failure> {
+    let found = locate_manifest_any(explicit)?;
+    // cargo metadata (and every path in its JSON) is UTF-8: refuse clearly instead of panicking
+    // later (issue 12).
+    if found.to_str().is_none() {
+        return Err(Failure::new(
+            exit_codes::METADATA_FAILED,
+            format!(
+                "the path `{}` is not valid UTF-8; cargo metadata and cargo mcp-dev need UTF-8 paths (rename the directory)",
+                found.display()
+            ),
+        ));
+    }
+    Ok(found)
+}
+
+fn locate_manifest_any(explicit: Option<&Path>) -> Result<PathBuf, Failure> {
     if let Some(p) = explicit {
         let abs = absolute(p);
         if abs.file_name().map(|n| n != "Cargo.toml").unwrap_or(true) {
@@ -391,7 +392,7 @@ fn cache_file_for(manifest: &Path, args: &CargoArgs, host: &str) -> PathBuf {
         "CARGO_BUILD_TARGET_DIR",
     ];
     let key = serde_json::json!({
-        "manifest": manifest,
+        "manifest": manifest.to_string_lossy(),
         "package": args.package,
         "features": args.features,
         "allFeatures": args.all_features,
@@ -439,14 +440,8 @@ fn read_cache(path: &Path) -> Option<Resolved> {
 }
 
 fn write_cache(path: &Path, r: &Resolved) {
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
     if let Ok(text) = serde_json::to_string(r) {
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        if std::fs::write(&tmp, text).is_ok() {
-            let _ = std::fs::rename(&tmp, path);
-        }
+        let _ = crate::fsutil::write_atomic(path, text.as_bytes());
     }
 }
 
@@ -484,25 +479,7 @@ fn run_metadata(
         "--filter-platform".into(),
         args.target.clone().unwrap_or_else(|| host.to_string()),
     ];
-    if args.locked {
-        other.push("--locked".into());
-    }
-    if args.offline {
-        other.push("--offline".into());
-    }
-    if args.frozen {
-        other.push("--frozen".into());
-    }
-    if args.all_features {
-        other.push("--all-features".into());
-    }
-    if args.no_default_features {
-        other.push("--no-default-features".into());
-    }
-    for f in &args.features {
-        other.push("--features".into());
-        other.push(f.clone());
-    }
+    other.extend(args.resolution_flags());
     cmd.other_options(other);
     let metadata = cmd.exec().map_err(|e| {
         Failure::new(
@@ -588,7 +565,7 @@ pub fn reduce(
             .get(id)
             .map(|n| n.features.iter().map(|f| f.to_string()).collect())
             .unwrap_or_default();
-        dependencies.push(ResolvedDependency {
+        dependencies.push(DependencyEntry {
             id: p.id.repr.clone(),
             name: p.name.to_string(),
             version: p.version.to_string(),
@@ -597,6 +574,7 @@ pub fn reduce(
                 .cloned(),
             source,
             features,
+            source_digest: None,
             local_root: if p.source.is_none() { Some(root) } else { None },
         });
     }
@@ -760,7 +738,7 @@ fn lock_checksums(lockfile: &Path) -> BTreeMap<(String, String, Option<String>),
 }
 
 /// Git dependencies whose lockfile source does not pin a revision (`#<commit>`).
-pub fn unpinned_git_dependencies(deps: &[ResolvedDependency]) -> Vec<String> {
+pub fn unpinned_git_dependencies(deps: &[DependencyEntry]) -> Vec<String> {
     deps.iter()
         .filter(|d| {
             d.source
@@ -774,6 +752,20 @@ pub fn unpinned_git_dependencies(deps: &[ResolvedDependency]) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+
+    /// Issue 12, low finding "a non-UTF-8 path panics (workspace handling)": a clear error.
+    #[test]
+    fn non_utf8_manifest_path_is_an_error_not_a_panic() {
+        use std::os::unix::ffi::OsStrExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join(std::ffi::OsStr::from_bytes(b"proj-\xff"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("Cargo.toml"), "[package]\nname = \"x\"\n").unwrap();
+        let e = locate_manifest(Some(&dir.join("Cargo.toml"))).unwrap_err();
+        assert!(e.message.contains("not valid UTF-8"), "{}", e.message);
+        let _ = cache_file_for(&dir.join("Cargo.toml"), &CargoArgs::default(), "h");
+    }
+
     use super::*;
 
     #[test]
@@ -788,13 +780,14 @@ mod tests {
 
     #[test]
     fn unpinned_git_detected() {
-        let dep = |s: &str| ResolvedDependency {
+        let dep = |s: &str| DependencyEntry {
             id: "x".into(),
             name: "x".into(),
             version: "1.0.0".into(),
             source: Some(s.into()),
             checksum: None,
             features: vec![],
+            source_digest: None,
             local_root: None,
         };
         assert_eq!(

@@ -343,7 +343,11 @@ fn declared_env_change_is_env_and_the_value_is_never_written() {
     run1.expect_code(0);
     let d1 = p.record(LABEL, "dev")["env"][0].clone();
     assert_eq!(d1["name"], "FAKE_IDENTITY_MODE");
-    assert!(d1["sha256"].as_str().unwrap().starts_with("sha256:"));
+    // Keyed with the audit key (issue 12: an unkeyed digest lets a reader test guesses).
+    let digest = d1["sha256"].as_str().unwrap();
+    assert!(digest.starts_with("hmac-sha256:"), "{digest}");
+    let unkeyed = cargo_mcp_dev::fingerprint::env_value_digest("FAKE_IDENTITY_MODE", first);
+    assert!(!digest.contains(&unkeyed["sha256:".len()..]), "{digest}");
 
     p.set_env("FAKE_IDENTITY_MODE", second);
     let run2 = p.build(&["--message-format", "json"]);

@@ -168,9 +168,21 @@ fn approvals_are_bound_to_the_epoch_and_status_shows_them() {
     assert_eq!(st["grants"], json!([]));
     assert_eq!(st["pendingApproval"]["tools"], json!(["write"]));
 
-    // Without --tool: the tools of pending denials.
+    // Issue 12, high finding "`approve --yes` without `--tool` grants every tool the agent asked
+    // for": `--yes` alone is a usage error and grants nothing.
     let out = s.cli(&["approve", "--yes"]);
+    out.expect_code(2);
+    assert!(out.stderr.contains("--all-requested"), "{}", out.stderr);
+    let st: Value = serde_json::from_str(&s.cli(&["status", "--json"]).stdout).unwrap();
+    assert_eq!(st["grants"], json!([]), "{st}");
+    // With --all-requested: the tools of pending denials, listed before they are granted.
+    let out = s.cli(&["approve", "--yes", "--all-requested"]);
     out.expect_code(0);
+    assert!(
+        out.stderr.contains("granting every requested tool: write"),
+        "{}",
+        out.stderr
+    );
     let grant_line = out
         .stderr
         .lines()
@@ -221,6 +233,10 @@ fn approvals_are_bound_to_the_epoch_and_status_shows_them() {
     );
     let st = s.status_file().unwrap();
     assert_eq!(st["grants"], json!([]), "{st}");
+    // The file the real supervisor writes is exactly the typed status document.
+    let typed: cargo_mcp_dev::session::snapshot::StatusSnapshot =
+        serde_json::from_value(st.clone()).unwrap_or_else(|e| panic!("{e}: {st}"));
+    assert_eq!(typed.server.map(|s| s.epoch), Some(e2.clone()));
     let m = s.call("3", "write", json!({"marker": "c"}));
     let p = m.tool_error_payload();
     assert_eq!(p["error"], json!("authorization_stale"), "{p}");

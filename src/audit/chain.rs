@@ -127,19 +127,19 @@ impl Record {
         out.extend_from_slice(data);
         out.extend_from_slice(b",\"epoch\":");
         match &self.epoch {
-            Some(epoch) => write_string(epoch, &mut out),
+            Some(epoch) => crate::canonical::write_str(epoch, &mut out),
             None => out.extend_from_slice(b"null"),
         }
         out.extend_from_slice(b",\"prev\":");
-        write_string(&self.prev, &mut out);
+        crate::canonical::write_str(&self.prev, &mut out);
         out.extend_from_slice(b",\"run\":");
-        write_string(&self.run, &mut out);
+        crate::canonical::write_str(&self.run, &mut out);
         out.extend_from_slice(b",\"seq\":");
         out.extend_from_slice(self.seq.to_string().as_bytes());
         out.extend_from_slice(b",\"time\":");
-        write_string(&self.time, &mut out);
+        crate::canonical::write_str(&self.time, &mut out);
         out.extend_from_slice(b",\"type\":");
-        write_string(&self.record_type, &mut out);
+        crate::canonical::write_str(&self.record_type, &mut out);
         out.extend_from_slice(b",\"v\":");
         out.extend_from_slice(self.v.to_string().as_bytes());
         out.push(b'}');
@@ -184,24 +184,24 @@ impl Record {
         out.extend_from_slice(b",\"seq\":");
         out.extend_from_slice(self.seq.to_string().as_bytes());
         out.extend_from_slice(b",\"time\":");
-        write_string(&self.time, &mut out);
+        crate::canonical::write_str(&self.time, &mut out);
         out.extend_from_slice(b",\"type\":");
-        write_string(&self.record_type, &mut out);
+        crate::canonical::write_str(&self.record_type, &mut out);
         out.extend_from_slice(b",\"run\":");
-        write_string(&self.run, &mut out);
+        crate::canonical::write_str(&self.run, &mut out);
         out.extend_from_slice(b",\"epoch\":");
         match &self.epoch {
-            Some(epoch) => write_string(epoch, &mut out),
+            Some(epoch) => crate::canonical::write_str(epoch, &mut out),
             None => out.extend_from_slice(b"null"),
         }
         out.extend_from_slice(b",\"prev\":");
-        write_string(&self.prev, &mut out);
+        crate::canonical::write_str(&self.prev, &mut out);
         out.extend_from_slice(b",\"data\":");
         out.extend_from_slice(data);
         out.extend_from_slice(b",\"hash\":");
-        write_string(&self.hash, &mut out);
+        crate::canonical::write_str(&self.hash, &mut out);
         out.extend_from_slice(b",\"mac\":");
-        write_string(&self.mac, &mut out);
+        crate::canonical::write_str(&self.mac, &mut out);
         out.push(b'}');
         out
     }
@@ -246,6 +246,15 @@ pub fn verify_record_mac(
     Ok(mac.verify_slice(&tag).is_ok())
 }
 
+/// HMAC-SHA256 of `message` under the key, for uses outside the log (e.g. the keyed digest of a
+/// declared env value). Callers start `message` with their own domain tag, so no such tag can
+/// collide with a record MAC (over 32 raw bytes) or an anchor MAC (over `seq:hash`).
+pub fn keyed_digest(key: &AuditKey, message: &[u8]) -> String {
+    let mut mac = key.hmac();
+    mac.update(message);
+    crate::hashing::hex_lower(mac.finalize().into_bytes())
+}
+
 /// `mac` of an anchor naming head `seq` with hash `hash_hex`.
 pub fn anchor_mac(key: &AuditKey, seq: u64, hash_hex: &str) -> String {
     let mut mac = key.hmac();
@@ -266,55 +275,11 @@ pub fn verify_anchor_mac(
     Ok(mac.verify_slice(&tag).is_ok())
 }
 
-/// Appends the canonical encoding of `value` to `out` (see the module doc).
+/// Appends the canonical encoding of `value` to `out` (see the module doc): the crate's one
+/// encoder ([`crate::canonical`]) with integers only.
 pub fn canonical_json(value: &Value, out: &mut Vec<u8>) -> Result<(), ChainError> {
-    match value {
-        Value::Null => out.extend_from_slice(b"null"),
-        Value::Bool(true) => out.extend_from_slice(b"true"),
-        Value::Bool(false) => out.extend_from_slice(b"false"),
-        Value::Number(n) => {
-            if let Some(u) = n.as_u64() {
-                out.extend_from_slice(u.to_string().as_bytes());
-            } else if let Some(i) = n.as_i64() {
-                out.extend_from_slice(i.to_string().as_bytes());
-            } else {
-                return Err(ChainError::NonIntegerNumber(n.to_string()));
-            }
-        }
-        Value::String(s) => write_string(s, out),
-        Value::Array(items) => {
-            out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                canonical_json(item, out)?;
-            }
-            out.push(b']');
-        }
-        Value::Object(map) => {
-            // Sort explicitly: serde_json's map is insertion-ordered when another crate in the
-            // build enables its `preserve_order` feature.
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-            out.push(b'{');
-            for (i, (k, v)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_string(k, out);
-                out.push(b':');
-                canonical_json(v, out)?;
-            }
-            out.push(b'}');
-        }
-    }
-    Ok(())
-}
-
-fn write_string(s: &str, out: &mut Vec<u8>) {
-    // Writing a &str into a Vec cannot fail.
-    serde_json::to_writer(&mut *out, s).expect("serializing a str into a Vec is infallible");
+    crate::canonical::write(value, crate::canonical::Numbers::IntegersOnly, out)
+        .map_err(|e| ChainError::NonIntegerNumber(e.0))
 }
 
 #[cfg(test)]

@@ -44,6 +44,7 @@ pub struct AppendedRecord {
 pub struct AuditLog {
     file: File,
     state: WriterState,
+    lock_deadline: std::time::Duration,
 }
 
 #[derive(Debug)]
@@ -103,6 +104,7 @@ impl AuditLog {
             AnchorFile::open(&keys.anchor_path_for_canonical(&canonical), &canonical_path)?;
         let mut log = AuditLog {
             file,
+            lock_deadline: APPEND_LOCK_DEADLINE,
             state: WriterState {
                 path: path.to_owned(),
                 canonical_path,
@@ -113,7 +115,7 @@ impl AuditLog {
             },
         };
         {
-            let _lock = Lock::exclusive(&log.file, &log.state.path)?;
+            let _lock = Lock::exclusive(&log.file, &log.state.path, log.lock_deadline)?;
             let len = log.state.current_len(&log.file)?;
             log.state.read_head(&log.file, len)?;
         }
@@ -135,7 +137,7 @@ impl AuditLog {
         if run.is_empty() {
             return Err(AuditError::InvalidRecord("empty run id".into()));
         }
-        let _lock = Lock::exclusive(&self.file, &self.state.path)?;
+        let _lock = Lock::exclusive(&self.file, &self.state.path, self.lock_deadline)?;
         let state = &mut self.state;
         let len = state.current_len(&self.file)?;
         if len != state.seen_len {
@@ -185,6 +187,11 @@ impl AuditLog {
             seq,
             hash: record.hash,
         })
+    }
+
+    /// How long an append waits for the log's lock (default [`APPEND_LOCK_DEADLINE`]).
+    pub fn set_lock_deadline(&mut self, deadline: std::time::Duration) {
+        self.lock_deadline = deadline;
     }
 
     /// Flushes the log to stable storage (fsync). Not called by `append`.
@@ -310,28 +317,64 @@ fn read_last_line(file: &File, len: u64) -> std::io::Result<Result<Vec<u8>, Stri
     }
 }
 
+/// How long an append waits for the log's lock before failing (issue 12: another process
+/// holding a lock on the log used to freeze the whole session). The call being recorded then
+/// fails closed (it is not forwarded) and the session goes on.
+pub const APPEND_LOCK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long a reader (`audit verify`) waits for writers.
+pub const READ_LOCK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A `flock` on a log, held until drop.
 pub(crate) struct Lock<'a>(&'a File);
 
 impl<'a> Lock<'a> {
-    fn exclusive(file: &'a File, path: &Path) -> Result<Lock<'a>, AuditError> {
-        Self::take(file, path, rustix::fs::FlockOperation::LockExclusive)
+    fn exclusive(
+        file: &'a File,
+        path: &Path,
+        deadline: std::time::Duration,
+    ) -> Result<Lock<'a>, AuditError> {
+        Self::take(
+            file,
+            path,
+            rustix::fs::FlockOperation::NonBlockingLockExclusive,
+            deadline,
+        )
     }
 
     /// For readers (verify): excludes writers, so the log and its anchor are read as one state.
     pub(crate) fn shared(file: &'a File, path: &Path) -> Result<Lock<'a>, AuditError> {
-        Self::take(file, path, rustix::fs::FlockOperation::LockShared)
+        Self::take(
+            file,
+            path,
+            rustix::fs::FlockOperation::NonBlockingLockShared,
+            READ_LOCK_DEADLINE,
+        )
     }
 
+    /// Non-blocking attempts with a short back-off until `deadline` has passed.
     fn take(
         file: &'a File,
         path: &Path,
         op: rustix::fs::FlockOperation,
+        deadline: std::time::Duration,
     ) -> Result<Lock<'a>, AuditError> {
+        let start = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_micros(200);
         loop {
             match rustix::fs::flock(file, op) {
                 Ok(()) => return Ok(Lock(file)),
                 Err(rustix::io::Errno::INTR) => continue,
+                Err(rustix::io::Errno::WOULDBLOCK) => {
+                    let waited = start.elapsed();
+                    if waited >= deadline {
+                        return Err(AuditError::LockTimeout {
+                            path: path.to_owned(),
+                            waited_ms: waited.as_millis() as u64,
+                        });
+                    }
+                    std::thread::sleep(pause.min(deadline - waited));
+                    pause = (pause * 2).min(std::time::Duration::from_millis(50));
+                }
                 Err(e) => return Err(AuditError::io("lock audit log", path)(e.into())),
             }
         }
@@ -541,6 +584,25 @@ mod tests {
         let mut again = AuditLog::open(&path, &keys).unwrap();
         assert_eq!(again.head(), Some((2, big.hash.as_str())));
         assert_eq!(again.append("x", "R", None, json!({})).unwrap().seq, 3);
+    }
+
+    /// Issue 12, medium finding "the audit `flock` blocks the whole session": another process
+    /// holding a lock makes an append fail after the deadline instead of blocking forever.
+    #[test]
+    fn a_held_lock_fails_the_append_after_the_deadline() {
+        let (_tmp, keys, path) = setup();
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        log.append("x", "R", None, json!({})).unwrap();
+        let other = File::open(&path).unwrap();
+        rustix::fs::flock(&other, rustix::fs::FlockOperation::LockShared).unwrap();
+        log.set_lock_deadline(std::time::Duration::from_millis(300));
+        let t = std::time::Instant::now();
+        let err = log.append("x", "R", None, json!({})).unwrap_err();
+        assert!(matches!(err, AuditError::LockTimeout { .. }), "{err}");
+        assert!(t.elapsed() < std::time::Duration::from_secs(2));
+        assert!(err.to_string().contains("another process"), "{err}");
+        drop(other);
+        assert_eq!(log.append("x", "R", None, json!({})).unwrap().seq, 2);
     }
 
     /// `cargo test -- --ignored --nocapture append_latency`: median append latency.

@@ -18,6 +18,7 @@ pub mod journal;
 pub mod keys;
 pub mod log;
 pub mod records;
+pub mod recover;
 pub mod verify;
 
 use std::path::PathBuf;
@@ -33,7 +34,8 @@ pub use journal::{
 pub use keys::{Anchor, HOME_ENV, KeyStore};
 pub use log::{AppendedRecord, AuditLog};
 pub use record_type::*;
-pub use verify::{VerifyFailure, VerifyReport, read_records, verify};
+pub use recover::{CHAIN_RESTARTED, Recovery, open_for_run};
+pub use verify::{ChainBreak, VerifyFailure, VerifyReport, read_records, verify};
 
 /// Record type names (the `type` field) and the `data` fields the journals read. `data` is free
 /// JSON chosen by the caller (integers only, see [`chain`]); fields not listed are kept and
@@ -133,6 +135,11 @@ pub enum AuditError {
     BadAnchor { path: PathBuf, reason: String },
     #[error("invalid audit record: {0}")]
     InvalidRecord(String),
+    #[error(
+        "audit log {} is locked by another process (waited {waited_ms} ms); the call was not forwarded",
+        path.display()
+    )]
+    LockTimeout { path: PathBuf, waited_ms: u64 },
     #[error(transparent)]
     Chain(#[from] ChainError),
     #[error("audit log failed verification: {0}")]

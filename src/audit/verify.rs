@@ -32,7 +32,28 @@ pub struct VerifyReport {
     pub epochs: usize,
     pub head_seq: u64,
     pub head_hash: String,
+    /// When the first record is a [`super::recover::CHAIN_RESTARTED`]: the break, and the
+    /// verification of the chain that was set aside (with its own anchor).
+    pub previous: Option<Box<ChainBreak>>,
 }
+
+/// A break in a log's history: the chain before it was set aside (see [`super::recover`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainBreak {
+    /// Why the old chain could not be extended (as recorded in the restart record).
+    pub reason: String,
+    /// Time of the restart record.
+    pub time: String,
+    pub previous_log: Option<PathBuf>,
+    pub previous_anchor: Option<PathBuf>,
+    /// `(seq, hash)` the old anchor named.
+    pub previous_head: Option<(u64, String)>,
+    /// The old chain checked against its set-aside anchor.
+    pub previous: Result<VerifyReport, VerifyFailure>,
+}
+
+/// How many set-aside chains `verify` follows back.
+const MAX_BREAKS: usize = 16;
 
 /// The first problem found. `line` is 1-based; `0` means the problem is not at a line (missing
 /// or empty log, missing key, missing or invalid anchor). For a truncated tail, `line` and `seq`
@@ -70,7 +91,13 @@ fn short(hash: &str) -> &str {
 
 /// Verifies the log at `path` with the key and anchor in `keys`.
 pub fn verify(path: &Path, keys: &KeyStore) -> Result<VerifyReport, VerifyFailure> {
-    verify_and_collect(path, keys).map(|(report, _)| report)
+    verify_inner(path, keys, None, true, MAX_BREAKS).map(|(report, _)| report)
+}
+
+/// [`verify()`] without following breaks or keeping records (a writer checking a log before a
+/// run's first append).
+pub(crate) fn verify_quiet(path: &Path, keys: &KeyStore) -> Result<(), VerifyFailure> {
+    verify_inner(path, keys, None, false, 0).map(|_| ())
 }
 
 /// [`verify()`], also returning the records it checked (one read of the log, so journals show
@@ -79,8 +106,52 @@ pub(crate) fn verify_and_collect(
     path: &Path,
     keys: &KeyStore,
 ) -> Result<(VerifyReport, Vec<Record>), VerifyFailure> {
-    let (contents, anchor_path, anchor) =
-        read_log_and_anchor(path, keys).map_err(|e| fail(0, None, e.to_string()))?;
+    verify_inner(path, keys, None, true, MAX_BREAKS)
+}
+
+fn chain_break(first: &Record, keys: &KeyStore, depth: usize) -> ChainBreak {
+    let d = &first.data;
+    let path_of = |v: &serde_json::Value| v.as_str().map(PathBuf::from);
+    let head_of =
+        |v: &serde_json::Value| Some((v["seq"].as_u64()?, v["hash"].as_str()?.to_string()));
+    let previous_log = path_of(&d["previousLog"]);
+    let previous_anchor = path_of(&d["previousAnchor"]);
+    let previous = match (&previous_log, &previous_anchor) {
+        (None, _) => Err(fail(
+            0,
+            None,
+            "no log was left to set aside (removed, e.g. by `cargo clean`); only its anchored head is known",
+        )),
+        (Some(log), anchor) => verify_inner(
+            log,
+            keys,
+            Some(anchor.as_deref()),
+            true,
+            depth.saturating_sub(1),
+        )
+        .map(|(r, _)| r),
+    };
+    ChainBreak {
+        reason: d["reason"].as_str().unwrap_or("?").to_string(),
+        time: first.time.clone(),
+        previous_log,
+        previous_anchor,
+        previous_head: head_of(&d["previousHead"]),
+        previous,
+    }
+}
+
+/// `anchor_override`: `Some(Some(path))` checks against that anchor file (a set-aside chain),
+/// `Some(None)` against no anchor at all.
+fn verify_inner(
+    path: &Path,
+    keys: &KeyStore,
+    anchor_override: Option<Option<&Path>>,
+    collect: bool,
+    depth: usize,
+) -> Result<(VerifyReport, Vec<Record>), VerifyFailure> {
+    let (contents, anchor_path, anchor) = read_log_and_anchor(path, keys, anchor_override)
+        .map_err(|e| fail(0, None, e.to_string()))?;
     if contents.is_empty() {
         return Err(fail(
             0,
@@ -201,7 +272,9 @@ pub(crate) fn verify_and_collect(
         }
         hashes.push(record.hash.clone());
         last = Some((line, record.seq, record.hash.clone()));
-        records.push(record);
+        if collect || line == 1 {
+            records.push(record);
+        }
     }
     let (last_line, head_seq, head_hash) = last.expect("a non-empty log has at least one line");
 
@@ -255,12 +328,22 @@ pub(crate) fn verify_and_collect(
             ));
         }
     }
+    let previous = match records.first() {
+        Some(first) if first.record_type == super::recover::CHAIN_RESTARTED && depth > 0 => {
+            Some(Box::new(chain_break(first, keys, depth)))
+        }
+        _ => None,
+    };
+    if !collect {
+        records.clear();
+    }
     let report = VerifyReport {
         records: head_seq,
         runs: runs.len(),
         epochs: epochs.len(),
         head_seq,
         head_hash,
+        previous,
     };
     Ok((report, records))
 }
@@ -291,15 +374,26 @@ fn read_log(path: &Path) -> Result<Vec<u8>, AuditError> {
 /// the two reads. The anchor result is kept as is: line problems are reported before anchor ones.
 type LogAndAnchor = (Vec<u8>, PathBuf, Result<Option<Anchor>, AuditError>);
 
-fn read_log_and_anchor(path: &Path, keys: &KeyStore) -> Result<LogAndAnchor, AuditError> {
+fn read_log_and_anchor(
+    path: &Path,
+    keys: &KeyStore,
+    anchor_override: Option<Option<&Path>>,
+) -> Result<LogAndAnchor, AuditError> {
     let file = open_log(path)?;
-    let anchor_path = keys.anchor_path(path)?;
+    let anchor_path = match anchor_override {
+        None => keys.anchor_path(path)?,
+        Some(Some(p)) => p.to_owned(),
+        Some(None) => PathBuf::from("(none)"),
+    };
     let lock = Lock::shared(&file, path)?;
     let mut contents = Vec::new();
     (&file)
         .read_to_end(&mut contents)
         .map_err(AuditError::io("read audit log", path))?;
-    let anchor = keys::read_anchor_at(&anchor_path);
+    let anchor = match anchor_override {
+        Some(None) => Ok(None),
+        _ => keys::read_anchor_at(&anchor_path),
+    };
     drop(lock);
     Ok((contents, anchor_path, anchor))
 }

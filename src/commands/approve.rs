@@ -48,6 +48,12 @@ pub fn execute(args: ApproveArgs) -> CmdResult {
         return Ok(exit_codes::OK);
     }
 
+    if args.yes && args.tools.is_empty() && !args.all_requested {
+        return Err(Failure::new(
+            exit_codes::USAGE,
+            "--yes needs --tool NAME (repeatable) or --all-requested: the tools of pending denials are chosen by the agent",
+        ));
+    }
     let st = control_client::call(&args.control, &json!({"op": "status"}))?;
     let epoch = st
         .pointer("/server/epoch")
@@ -72,14 +78,15 @@ pub fn execute(args: ApproveArgs) -> CmdResult {
     if tools.is_empty() {
         return Err(Failure::error(format!(
             "nothing to approve: no denied call is waiting; pass --tool NAME (tools: {})",
-            catalog.iter().cloned().collect::<Vec<_>>().join(", ")
+            crate::sanitize::review(&catalog.iter().cloned().collect::<Vec<_>>().join(", "))
         )));
     }
     for t in &tools {
         if !catalog.contains(t) {
             return Err(Failure::error(format!(
-                "tool `{t}` is not in the current catalog (tools: {})",
-                catalog.iter().cloned().collect::<Vec<_>>().join(", ")
+                "tool `{}` is not in the current catalog (tools: {})",
+                crate::sanitize::review(t),
+                crate::sanitize::review(&catalog.iter().cloned().collect::<Vec<_>>().join(", "))
             )));
         }
     }
@@ -93,6 +100,16 @@ pub fn execute(args: ApproveArgs) -> CmdResult {
     };
 
     status::raw(&review(&st, &epoch, &tools, &scopes));
+    if args.yes && args.all_requested {
+        status::line(&format!(
+            "granting every requested tool: {}",
+            tools
+                .iter()
+                .map(|t| crate::sanitize::review(t).into_owned())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     if !args.yes {
         if !std::io::stdin().is_terminal() {
             return Err(Failure::new(
@@ -140,7 +157,7 @@ pub fn execute(args: ApproveArgs) -> CmdResult {
     for g in &granted {
         status::line(&format!(
             "approved: {} for epoch {} (grant {}, expires {})",
-            strings(&g["toolScope"]).join(", "),
+            crate::sanitize::review(&strings(&g["toolScope"]).join(", ")),
             g["executionEpoch"].as_str().unwrap_or("?"),
             g["id"].as_str().unwrap_or("?"),
             g["expiresWhen"].as_str().unwrap_or("?")
@@ -165,35 +182,39 @@ fn strings(v: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// What the human reviews before deciding.
+/// What the human reviews before deciding. Every piece that comes from the server or the agent
+/// (tool names, descriptions, hints, catalog lines, scope and env names, even the label) goes
+/// through [`crate::sanitize::review`]: no escape sequence reaches the terminal and invisible or
+/// bidi characters are shown as `<U+XXXX>` (issue 12, terminal escape injection).
 fn review(st: &Value, epoch: &str, tools: &BTreeSet<String>, scopes: &BTreeSet<String>) -> String {
+    use crate::sanitize::review as r;
     let mut out = String::new();
     out.push_str(&format!(
         "Approve for `{}` (agent run {}):\n  epoch     {} (pid {}, identity {})\n",
-        st["label"].as_str().unwrap_or("?"),
-        st["agentRun"].as_str().unwrap_or("?"),
-        epoch,
+        r(st["label"].as_str().unwrap_or("?")),
+        r(st["agentRun"].as_str().unwrap_or("?")),
+        r(epoch),
         st.pointer("/server/pid").cloned().unwrap_or(Value::Null),
-        st.pointer("/server/identityDigest")
+        r(st.pointer("/server/identityDigest")
             .and_then(|d| d.as_str())
-            .unwrap_or("?")
+            .unwrap_or("?"))
     ));
     match st.get("sinceLastApproval").filter(|v| !v.is_null()) {
         Some(since) => {
             out.push_str(&format!(
                 "  changed since the last approved epoch {}:\n    identity: {}\n",
-                since["epoch"].as_str().unwrap_or("?"),
-                since["identity"]
+                r(since["epoch"].as_str().unwrap_or("?")),
+                r(since["identity"]
                     .as_str()
                     .filter(|s| !s.is_empty())
-                    .unwrap_or("no component changed (restart only)")
+                    .unwrap_or("no component changed (restart only)"))
             ));
             let lines = strings(&since["catalog"]);
             if lines.is_empty() {
                 out.push_str("    catalog: unchanged\n");
             }
             for l in lines {
-                out.push_str(&format!("    catalog: {l}\n"));
+                out.push_str(&format!("    catalog: {}\n", r(&l)));
             }
         }
         None => out.push_str("  first approval in this run\n"),
@@ -207,7 +228,8 @@ fn review(st: &Value, epoch: &str, tools: &BTreeSet<String>, scopes: &BTreeSet<S
             .unwrap_or(Value::Null);
         let pol = &st["toolPolicy"][t];
         out.push_str(&format!(
-            "  tool      {t} ({}{})\n",
+            "  tool      {} ({}{})\n",
+            r(t),
             pol["mode"].as_str().unwrap_or("per-epoch"),
             if pol["gated"] == false {
                 ", not gated"
@@ -218,14 +240,14 @@ fn review(st: &Value, epoch: &str, tools: &BTreeSet<String>, scopes: &BTreeSet<S
         if let Some(desc) = d["description"].as_str() {
             out.push_str(&format!(
                 "            {}\n",
-                desc.lines().next().unwrap_or("")
+                r(desc.lines().next().unwrap_or(""))
             ));
         }
         if let Some(a) = d["annotations"].as_object().filter(|a| !a.is_empty()) {
             let hints: Vec<String> = a.iter().map(|(k, v)| format!("{k}={v}")).collect();
             out.push_str(&format!(
                 "            hints from the server (not trusted): {}\n",
-                hints.join(" ")
+                r(&hints.join(" "))
             ));
         }
     }
@@ -234,10 +256,43 @@ fn review(st: &Value, epoch: &str, tools: &BTreeSet<String>, scopes: &BTreeSet<S
     } else {
         for s in scopes {
             out.push_str(&format!(
-                "  credential scope {s} (env {})\n",
-                strings(&st["policy"]["credentialScopeEnv"][s]).join(", ")
+                "  credential scope {} (env {})\n",
+                r(s),
+                r(&strings(&st["policy"]["credentialScopeEnv"][s]).join(", "))
             ));
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 12, high finding "terminal escape injection": the approve screen shows escape
+    /// sequences, invisible and bidi characters from the server instead of passing them to the
+    /// terminal.
+    #[test]
+    fn review_screen_neutralises_server_text() {
+        let st = json!({
+            "label": "srv",
+            "agentRun": "R",
+            "server": {"pid": 1, "identityDigest": "sha256:ab"},
+            "sinceLastApproval": {"epoch": "E0", "identity": "executable",
+                "catalog": ["~ write: description \u{1b}[2K changed"]},
+            "catalogDetails": [{"name": "wri\u{202e}te", "description": "safe\u{1b}[8mhidden\u{1b}]0;t\u{7}",
+                "annotations": {"readOnlyHint": "\u{1b}[32mtrue"}}],
+            "toolPolicy": {},
+            "policy": {"credentialScopeEnv": {}},
+        });
+        let tools: BTreeSet<String> = ["wri\u{202e}te".to_string()].into();
+        let text = review(&st, "E1", &tools, &BTreeSet::new());
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}') && !text.contains('\u{202e}'),
+            "{text}"
+        );
+        assert!(text.contains("wri<U+202E>te"), "{text}");
+        assert!(text.contains("safe\\x1b[8mhidden\\x1b]0;t\\x07"), "{text}");
+        assert!(text.contains("description \\x1b[2K changed"), "{text}");
+    }
 }

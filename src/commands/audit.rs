@@ -39,7 +39,8 @@ fn run_verify(a: &AuditPathArgs) -> CmdResult {
             if a.json {
                 output::stdout_line(
                     &serde_json::json!({"ok": true, "path": path, "records": r.records, "runs": r.runs,
-                        "epochs": r.epochs, "headSeq": r.head_seq, "headHash": r.head_hash})
+                        "epochs": r.epochs, "headSeq": r.head_seq, "headHash": r.head_hash,
+                        "breaks": breaks_json(&r)})
                     .to_string(),
                 )?;
             }
@@ -52,7 +53,42 @@ fn run_verify(a: &AuditPathArgs) -> CmdResult {
                 r.head_seq,
                 &r.head_hash[..r.head_hash.len().min(16)]
             ));
-            Ok(exit_codes::OK)
+            if r.previous.is_none() {
+                return Ok(exit_codes::OK);
+            }
+            let mut next = r.previous.as_deref();
+            while let Some(b) = next {
+                status::line(&format!(
+                    "chain break at record 1 ({}): an earlier chain was set aside: {}",
+                    b.time, b.reason
+                ));
+                status::detail(&format!(
+                    "earlier log: {}; its anchor: {}; anchored head: {}",
+                    b.previous_log
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_else(|| "gone".into()),
+                    b.previous_anchor
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_else(|| "none".into()),
+                    b.previous_head
+                        .as_ref()
+                        .map(|(s, h)| format!("seq {s} {}", &h[..h.len().min(16)]))
+                        .unwrap_or_else(|| "none".into()),
+                ));
+                match &b.previous {
+                    Ok(p) => status::detail(&format!(
+                        "earlier chain verified: {} records, head {} {}",
+                        p.records,
+                        p.head_seq,
+                        &p.head_hash[..p.head_hash.len().min(16)]
+                    )),
+                    Err(f) => status::detail(&format!("earlier chain failed verification: {f}")),
+                }
+                next = b.previous.as_ref().ok().and_then(|p| p.previous.as_deref());
+            }
+            Ok(exit_codes::AUDIT_BREAK)
         }
         Err(f) => {
             if a.json {
@@ -66,6 +102,25 @@ fn run_verify(a: &AuditPathArgs) -> CmdResult {
             ))
         }
     }
+}
+
+/// Every break, newest first, as JSON.
+fn breaks_json(r: &crate::audit::VerifyReport) -> serde_json::Value {
+    let mut out = Vec::new();
+    let mut next = r.previous.as_deref();
+    while let Some(b) = next {
+        out.push(serde_json::json!({
+            "time": b.time, "reason": b.reason, "previousLog": b.previous_log,
+            "previousAnchor": b.previous_anchor,
+            "previousHead": b.previous_head.as_ref().map(|(s, h)| serde_json::json!({"seq": s, "hash": h})),
+            "previousChain": match &b.previous {
+                Ok(p) => serde_json::json!({"ok": true, "records": p.records, "headSeq": p.head_seq, "headHash": p.head_hash}),
+                Err(f) => serde_json::json!({"ok": false, "line": f.line, "seq": f.seq, "reason": f.reason}),
+            },
+        }));
+        next = b.previous.as_ref().ok().and_then(|p| p.previous.as_deref());
+    }
+    serde_json::Value::Array(out)
 }
 
 fn log_path(a: &AuditPathArgs) -> Result<PathBuf, Failure> {

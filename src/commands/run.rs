@@ -41,6 +41,8 @@ struct StatusSink {
 impl StatusSink {
     fn emit(&self, line: &str) {
         if self.json {
+            // JSON escapes C0 controls but not DEL or C1 ones: clean the text first.
+            let line = crate::sanitize::line(line);
             let event = serde_json::json!({"event": "status", "label": self.label, "message": line,
                 "time": humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()});
             status::raw(&event.to_string());
@@ -92,12 +94,52 @@ struct Shell {
 
 impl Io for Shell {
     fn to_host(&mut self, line: Vec<u8>) {
-        self.host_out.send(line);
+        // Bounded (issue 12): a host that stops reading while the server floods notifications
+        // costs at most the outlet's bound; dropped notifications are counted and reported.
+        let sent = if is_notification_line(&line) {
+            self.host_out.send_droppable(line)
+        } else {
+            self.host_out.send(line)
+        };
+        if let Err(full) = sent {
+            self.report_drop(
+                full,
+                "the host is not reading its stdin",
+                self.host_out.limit(),
+            );
+        }
     }
 
     fn to_child(&mut self, epoch: &str, line: Vec<u8>) {
-        if let Some(out) = self.children.get(epoch) {
-            out.send(line);
+        if let Some(method) = request_without_id(&line) {
+            // Defence in depth (issue 12, `id: null` bypass): a request that lost its id would
+            // run without an answer, a gate decision or an audit record. Never forward one.
+            self.sink.emit(&format!(
+                "dropped a `{}` without an id on its way to the server (a request needs an id; it was not gated or audited)",
+                crate::sanitize::line(&method)
+            ));
+            return;
+        }
+        let Some(out) = self.children.get(epoch) else {
+            return;
+        };
+        let notification = is_notification_line(&line);
+        let sent = if notification {
+            out.send_droppable(line.clone())
+        } else {
+            out.send(line.clone())
+        };
+        if let Err(full) = sent {
+            let limit = out.limit();
+            self.report_drop(full, "the server is not reading its stdin", limit);
+            // A request that cannot be queued is answered (as if by the server) with an error:
+            // every host request gets exactly one answer, and nothing waits on a stalled pipe.
+            if !notification && let Some(answer) = stalled_answer(&line) {
+                let _ = self.events.send(Event::ChildLine {
+                    epoch: epoch.to_string(),
+                    line: answer,
+                });
+            }
         }
     }
 
@@ -142,7 +184,15 @@ impl Io for Shell {
                 w.path
             ));
         }
+        // The store entry must still hold the bytes the identity hashed (issue 12: a replaced or
+        // symlinked entry used to run as trusted). Opened once, hashed through the descriptor,
+        // and executed through that descriptor when it is argv[0].
+        let entry = std::path::Path::new(&record.executable.store_path);
+        let verified = crate::store::open_verified(entry, &record.executable.sha256)
+            .map_err(|e| e.to_string())?;
+        let direct = record.launch.argv.first() == Some(&record.executable.store_path);
         let spec = LaunchSpec {
+            program: direct.then(|| Arc::new(verified)),
             argv: record.launch.argv.clone(),
             cwd: PathBuf::from(&record.launch.cwd),
             env: vec![
@@ -202,11 +252,14 @@ impl Io for Shell {
                 loop {
                     match reader.next_frame() {
                         Ok(Frame::Line(line)) => {
-                            let mut out = Vec::with_capacity(prefix.len() + line.len() + 1);
-                            out.extend_from_slice(prefix.as_bytes());
-                            out.extend_from_slice(&line);
-                            out.push(b'\n');
-                            let _ = err.write_all(&out);
+                            // The server's stderr reaches the user's terminal: no escape
+                            // sequences (issue 12, terminal escape injection).
+                            let text = crate::sanitize::bytes_line(&line);
+                            let mut out = String::with_capacity(prefix.len() + text.len() + 1);
+                            out.push_str(&prefix);
+                            out.push_str(&text);
+                            out.push('\n');
+                            let _ = err.write_all(out.as_bytes());
                         }
                         Ok(Frame::Oversize { len, .. }) => {
                             let _ = writeln!(err, "{prefix}<{len} bytes on one line, not shown>");
@@ -320,14 +373,11 @@ impl Io for Shell {
     }
 }
 
-/// Writes a file through a temporary name and a rename (readers never see half a file).
+/// Writes one of the session's files: no-follow, exclusive temporary file, atomic rename
+/// ([`crate::fsutil::write_atomic`]); a failure is reported once per file kind, not fatal.
 fn write_atomic(path: &std::path::Path, bytes: &[u8]) {
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    if std::fs::write(&tmp, bytes).is_ok() {
-        let _ = std::fs::rename(&tmp, path);
+    if let Err(e) = crate::fsutil::write_atomic(path, bytes) {
+        status::verbose_line(&format!("could not write {}: {e}", path.display()));
     }
 }
 
@@ -366,23 +416,77 @@ fn build_result(prep: &Prepared, outcome: Result<cycle::CycleOutcome, String>) -
     }
 }
 
+/// The method of a line bound for the server that names a method but carries no id and is not
+/// an MCP notification (`notifications/…`): e.g. a `tools/call` sent as a notification. Lines
+/// the session writes have sorted keys, so requests and responses start with `{"error"` or
+/// `{"id"` and are passed without parsing; only the rest (notifications) is parsed.
+pub(crate) fn request_without_id(line: &[u8]) -> Option<String> {
+    use crate::proxy::envelope::{Kind, Message, is_notification_method};
+    if (line.starts_with(br#"{"id":"#) && !line.starts_with(br#"{"id":null"#))
+        || line.starts_with(br#"{"error":"#)
+    {
+        return None;
+    }
+    let body = line.strip_suffix(b"\n").unwrap_or(line);
+    match Message::parse(body) {
+        Ok(m) if m.kind() == &Kind::Notification => {
+            let method = m.method().unwrap_or_default();
+            (!is_notification_method(method)).then(|| method.to_string())
+        }
+        Ok(_) => None,
+        Err(e) => e.dropped_method().map(str::to_string),
+    }
+}
+
+/// Whether a line we write is a notification (no id). Lines the session writes have sorted keys
+/// (`serde_json` without `preserve_order`), so a notification starts with `{"jsonrpc":…,"method"`.
+fn is_notification_line(line: &[u8]) -> bool {
+    line.starts_with(br#"{"jsonrpc":"2.0","method":"#)
+}
+
+/// The error response to a request (our numeric id) that the stalled server's queue refused.
+fn stalled_answer(line: &[u8]) -> Option<Vec<u8>> {
+    use crate::proxy::envelope::{self, Kind, Message};
+    let body = line.strip_suffix(b"\n").unwrap_or(line);
+    let msg = Message::parse(body).ok()?;
+    if msg.kind() != &Kind::Request {
+        return None;
+    }
+    let id = msg.id()?;
+    envelope::parse_numeric_id(id)?;
+    let mut answer = envelope::error_line(
+        Some(id),
+        crate::session::codes::SERVER_UNAVAILABLE,
+        "the server is not reading its stdin; the request was not delivered",
+        serde_json::json!({"error": "server_not_reading"}),
+    );
+    answer.pop();
+    Some(answer)
+}
+
+impl Shell {
+    /// One status line for the first refused line and then one per 1000 (never one per line).
+    fn report_drop(&self, full: outlet::Full, why: &str, limit: usize) {
+        if full.dropped == 1 || full.dropped.is_multiple_of(1000) {
+            self.sink.emit(&format!(
+                "dropped {} line{} so far: {why} (queue bound {} MiB)",
+                full.dropped,
+                if full.dropped == 1 { "" } else { "s" },
+                limit >> 20
+            ));
+        }
+    }
+}
+
 /// One build under the per-target-dir build lock (a second supervisor, e.g. a host's probe
 /// copy, waits here instead of starting a concurrent build).
 fn build_once(
     prep: &Arc<Mutex<Prepared>>,
     server_args: &[String],
-    lock_path: &PathBuf,
+    lock_path: &std::path::Path,
     sink: &StatusSink,
 ) -> BuildResult {
-    if let Some(dir) = lock_path.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    let lock = match std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(lock_path)
-    {
+    let lock = match crate::fsutil::open_lock_file(lock_path) {
         Ok(l) => l,
         Err(e) => {
             return BuildResult::Error(format!(
@@ -409,38 +513,51 @@ fn build_once(
     result
 }
 
-/// Opens the audit log. A log whose tail this user's key cannot verify (tampered, truncated, or
-/// written under another key) is never appended to: it is set aside, kept as evidence for
-/// `audit verify`, and a new log starts.
-fn open_audit(path: &std::path::Path, keys: &KeyStore) -> Result<AuditLog, Failure> {
-    use crate::audit::AuditError;
-    let fatal = |e: AuditError| {
-        Failure::error(format!("audit log: {e}"))
-            .with_note("tool calls are only forwarded when they can be audited")
-    };
-    match AuditLog::open(path, keys) {
-        Ok(log) => Ok(log),
-        Err(e @ (AuditError::CorruptTail { .. } | AuditError::BadAnchor { .. })) => {
-            let stamp = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0);
-            let aside = path.with_extension(format!("set-aside-{stamp}.jsonl"));
-            std::fs::rename(path, &aside).map_err(|re| {
-                fatal(AuditError::Io {
-                    action: "set aside",
-                    path: path.to_path_buf(),
-                    source: re,
-                })
-            })?;
-            status::warn(&format!(
-                "audit log {} cannot be verified with this user's key ({e}); it was set aside as {} and a new log starts",
-                path.display(),
-                aside.display()
-            ));
-            AuditLog::open(path, keys).map_err(fatal)
+/// Opens the audit log for this run. A log that does not verify completely with this user's key
+/// (torn, tampered, truncated, removed by `cargo clean` while its anchor survived, or written
+/// under another key) is never appended to: it and its anchor are set aside, kept as evidence
+/// for `audit verify`, and a new chain starts that names the old head; one status line says so.
+fn open_audit(
+    path: &std::path::Path,
+    keys: &KeyStore,
+    sink: &StatusSink,
+) -> Result<AuditLog, Failure> {
+    match crate::audit::open_for_run(path, keys) {
+        Ok((log, recovery)) => {
+            if let Some(r) = recovery {
+                sink.emit(&r.status_line(path));
+            }
+            Ok(log)
         }
-        Err(e) => Err(fatal(e)),
+        Err(e) => Err(Failure::error(format!("audit log: {e}"))
+            .with_note("tool calls are only forwarded when they can be audited")),
+    }
+}
+
+/// Removes symbolic links planted where the session writes its files (status, launch records,
+/// facts) before it starts, so its writes cannot be redirected outside the project (issue 12).
+/// Links planted while the session runs are the session writer's to refuse (see
+/// [`crate::fsutil::write_atomic`]).
+fn sweep_planted_links(layout: &crate::paths::Layout, label: &str) {
+    let status = layout.status_file(label);
+    let facts = layout.facts_file(label);
+    let launch = layout.launch_dir(label);
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    dirs.extend(status.parent().map(PathBuf::from));
+    dirs.extend(facts.parent().map(PathBuf::from));
+    dirs.extend(launch.parent().map(PathBuf::from));
+    dirs.push(launch.clone());
+    for dir in dirs {
+        crate::fsutil::remove_planted_link(&dir);
+        let _ = crate::fsutil::ensure_dir(&dir);
+    }
+    for file in [status, facts, launch.join("latest.json")] {
+        if crate::fsutil::remove_planted_link(&file) {
+            status::warn(&format!(
+                "removed a symbolic link planted at {} (cargo mcp-dev writes its own file there)",
+                file.display()
+            ));
+        }
     }
 }
 
@@ -518,11 +635,11 @@ pub fn execute(args: RunArgs) -> CmdResult {
         })
         .unwrap_or_else(|| layout.audit_log(&label));
     let keys = KeyStore::from_env().map_err(|e| Failure::error(e.to_string()))?;
-    let audit = open_audit(&audit_path, &keys)?;
     let sink = StatusSink {
         json: args.message_format == MessageFormat::Json,
         label: label.clone(),
     };
+    let audit = open_audit(&audit_path, &keys, &sink)?;
     let socket_path = control::socket_path(&t.resolved.target_dir, &label);
 
     let (events_tx, events_rx) = unbounded::<Event>();
@@ -537,19 +654,23 @@ pub fn execute(args: RunArgs) -> CmdResult {
     let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);
     spawn_signal_watch(events_tx.clone())?;
     spawn_parent_watch(events_tx.clone());
-    let socket = match control::serve(&socket_path, events_tx.clone()) {
-        Ok(true) => Some(socket_path.clone()),
-        Ok(false) => {
-            sink.emit(&format!(
-                "another supervisor for `{label}` holds the control socket; this session takes it over when that one exits"
-            ));
-            Some(socket_path.clone())
+    let served = match control::serve(&socket_path, events_tx.clone()) {
+        Ok(s) => {
+            if let Some(pid) = s.other_owner {
+                sink.emit(&format!(
+                    "another supervisor for `{label}`{} holds the control socket {}; this session leaves it alone and takes it over when that one exits",
+                    pid.map(|p| format!(" (pid {p})")).unwrap_or_default(),
+                    socket_path.display()
+                ));
+            }
+            Some(s)
         }
         Err(e) => {
             sink.emit(&format!("warning: control socket unavailable ({e}); approve/status/restart will not reach this session"));
             None
         }
     };
+    let socket = served.as_ref().map(|_| socket_path.clone());
     let watcher = if args.no_watch {
         None
     } else {
@@ -616,6 +737,7 @@ pub fn execute(args: RunArgs) -> CmdResult {
     let warm = prep
         .last_identity()
         .is_some_and(|r| std::path::Path::new(&r.executable.store_path).exists());
+    sweep_planted_links(&layout, &label);
     let cfg = SessionConfig {
         label: label.clone(),
         package_name: t.resolved.package_name.clone(),
@@ -705,8 +827,8 @@ pub fn execute(args: RunArgs) -> CmdResult {
     host_out.close();
     let _ = host_closed_rx.recv_timeout(Duration::from_secs(2));
     drop(shared);
-    if let Some(p) = socket {
-        let _ = std::fs::remove_file(p);
+    if let (Some(p), Some(s)) = (socket, served) {
+        s.release(&p);
     }
     status::verbose_line(&format!(
         "session lasted {:.1}s",
@@ -798,6 +920,37 @@ fn spawn_parent_watch(events: Sender<Event>) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Issue 12, critical finding (`id: null` / no id): the shell never writes a non-notification
+    /// method without an id to the server, whatever the session hands it.
+    #[test]
+    fn requests_without_an_id_never_reach_the_server() {
+        let drop = |l: &str| request_without_id(format!("{l}\n").as_bytes());
+        assert_eq!(
+            drop(r#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"write"}}"#).as_deref(),
+            Some("tools/call")
+        );
+        assert_eq!(
+            drop(r#"{"aaa":1,"jsonrpc":"2.0","method":"tools/call"}"#).as_deref(),
+            Some("tools/call")
+        );
+        assert_eq!(
+            drop(r#"{"id":null,"jsonrpc":"2.0","method":"tools/call"}"#).as_deref(),
+            Some("tools/call")
+        );
+        assert_eq!(
+            drop(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#),
+            None
+        );
+        assert_eq!(
+            drop(r#"{"id":3,"jsonrpc":"2.0","method":"tools/call"}"#),
+            None
+        );
+        assert_eq!(
+            drop(r#"{"error":{"code":1,"message":"x"},"id":0,"jsonrpc":"2.0"}"#),
+            None
+        );
+    }
 
     fn loaded(v: serde_json::Value) -> LoadedConfig {
         LoadedConfig::from_package_metadata(&json!({ "mcp-dev": v })).unwrap()

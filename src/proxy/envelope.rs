@@ -36,6 +36,19 @@ pub enum EnvelopeError {
     NotJson(String),
     #[error("not a JSON-RPC 2.0 message: {0}")]
     NotJsonRpc(String),
+    /// A message naming a `method` whose `id` is present but is not a valid request id
+    /// (`null`, `true`, an object…). JSON-RPC 2.0: a request's id must be a string or a number;
+    /// without an id member it would be a notification, but an explicit `"id": null` makes it
+    /// an invalid request, never a notification. It must be answered with `-32600` and id
+    /// `null` and never forwarded (a `tools/call` with `"id": null` used to reach the server
+    /// ungated and unrecorded).
+    #[error("invalid request: {method} has id {id}; a request id must be a string or a number")]
+    InvalidRequestId {
+        /// The method named by the message (already checked to be a string).
+        method: String,
+        /// The raw JSON text of the id (`null`, `true`, `{}`…).
+        id: String,
+    },
 }
 
 impl EnvelopeError {
@@ -43,9 +56,35 @@ impl EnvelopeError {
     pub fn code(&self) -> i64 {
         match self {
             EnvelopeError::NotJson(_) => -32700,
-            EnvelopeError::NotJsonRpc(_) => -32600,
+            EnvelopeError::NotJsonRpc(_) | EnvelopeError::InvalidRequestId { .. } => -32600,
         }
     }
+
+    /// The method of a message that named one but was not a valid request (see
+    /// [`EnvelopeError::InvalidRequestId`]): the caller reports it ("dropped `tools/call` with
+    /// id null") and answers `-32600` with id `null`.
+    pub fn dropped_method(&self) -> Option<&str> {
+        match self {
+            EnvelopeError::InvalidRequestId { method, .. } => Some(method),
+            _ => None,
+        }
+    }
+}
+
+/// Whether `method` may travel as a notification (a message without an id). MCP names every
+/// notification `notifications/…`; anything else without an id (`tools/call`, `tools/list`…)
+/// is a request that lost its id and must never be forwarded: it would run without an answer,
+/// a gate decision or an audit record.
+pub fn is_notification_method(method: &str) -> bool {
+    method.starts_with("notifications/")
+}
+
+/// Whether a JSON id text is a valid JSON-RPC request id (a string or a number).
+fn is_valid_id(raw: &str) -> bool {
+    matches!(
+        raw.as_bytes().first(),
+        Some(b'"') | Some(b'-') | Some(b'0'..=b'9')
+    )
 }
 
 impl Message {
@@ -80,11 +119,35 @@ impl Message {
             ),
             None => None,
         };
-        let has_id = fields.get("id").map(|v| v.get() != "null").unwrap_or(false);
-        let kind = match (&method, has_id) {
-            (Some(_), true) => Kind::Request,
-            (Some(_), false) => Kind::Notification,
-            (None, _) if fields.contains_key("result") || fields.contains_key("error") => {
+        let id = fields.get("id").map(|v| v.get());
+        let answer = fields.contains_key("result") || fields.contains_key("error");
+        let kind = match (&method, id) {
+            (Some(_), _) if answer => {
+                return Err(EnvelopeError::NotJsonRpc(
+                    "both a method and a result or error".into(),
+                ));
+            }
+            // A method and no id member at all: a notification.
+            (Some(_), None) => Kind::Notification,
+            (Some(_), Some(raw)) if is_valid_id(raw) => Kind::Request,
+            // A method with `"id": null` (or any other non-id): an invalid request, never a
+            // notification.
+            (Some(m), Some(raw)) => {
+                return Err(EnvelopeError::InvalidRequestId {
+                    method: m.clone(),
+                    id: raw.chars().take(40).collect(),
+                });
+            }
+            (None, _) if answer => {
+                // A response's id may be null (an error answering an unreadable request).
+                if let Some(raw) = id
+                    && raw != "null"
+                    && !is_valid_id(raw)
+                {
+                    return Err(EnvelopeError::NotJsonRpc(
+                        "id must be a string or a number".into(),
+                    ));
+                }
                 Kind::Response
             }
             (None, _) => {
@@ -93,14 +156,6 @@ impl Message {
                 ));
             }
         };
-        if let Some(id) = fields.get("id") {
-            let t = id.get().as_bytes().first().copied();
-            if !matches!(t, Some(b'"') | Some(b'-') | Some(b'0'..=b'9') | Some(b'n')) {
-                return Err(EnvelopeError::NotJsonRpc(
-                    "id must be a string or a number".into(),
-                ));
-            }
-        }
         Ok(Message {
             fields,
             method,
@@ -326,6 +381,39 @@ mod tests {
         );
     }
 
+    /// Issue 12, critical finding "`id: null` bypasses approvals and the audit log": a
+    /// `tools/call` with `"id": null` used to classify as a notification (and was forwarded to
+    /// the server ungated and unrecorded). It is an invalid request (-32600), never a
+    /// notification; only a message with no id member at all is one.
+    #[test]
+    fn id_null_request_is_invalid_not_a_notification() {
+        let e = Message::parse(
+            br#"{"jsonrpc":"2.0","id":null,"method":"tools/call","params":{"name":"write"}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.code(), -32600);
+        assert_eq!(e.dropped_method(), Some("tools/call"));
+        assert!(e.to_string().contains("id null"), "{e}");
+        for id in ["true", "false", "{}", "[]", "[1]", r#"{"a":1}"#] {
+            let line = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call"}}"#);
+            let e = Message::parse(line.as_bytes()).unwrap_err();
+            assert_eq!(e.dropped_method(), Some("tools/call"), "{line}");
+        }
+        // No id member: a notification (the session must never forward one named
+        // `tools/call`: `is_notification_method` says which names may travel without an id).
+        let m = Message::parse(br#"{"jsonrpc":"2.0","method":"tools/call","params":{}}"#).unwrap();
+        assert_eq!(m.kind(), &Kind::Notification);
+        assert!(!is_notification_method("tools/call"));
+        assert!(is_notification_method("notifications/cancelled"));
+        // A response's id may be null (an error for an unreadable request).
+        let m =
+            Message::parse(br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"x"}}"#)
+                .unwrap();
+        assert_eq!(m.kind(), &Kind::Response);
+        // A method and a result at once is neither.
+        assert!(Message::parse(br#"{"jsonrpc":"2.0","id":1,"method":"x","result":{}}"#).is_err());
+    }
+
     #[test]
     fn call_target_and_error_flag_without_a_tree() {
         let m = Message::parse(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{"b":[1,{"c":2}]},"name":"write_item","_meta":{"progressToken":3}}}"#).unwrap();
@@ -350,5 +438,172 @@ mod tests {
         assert_eq!(v["id"], json!(3));
         let v: Value = serde_json::from_slice(&error_line(None, -32700, "m", Value::Null)).unwrap();
         assert_eq!(v["id"], Value::Null);
+    }
+
+    mod fuzz {
+        //! Property tests (issue 12, "fuzz targets for host lines and child lines through the
+        //! envelope"): every message shape a peer can send, plus arbitrary bytes, classified
+        //! without a panic and consistently with JSON-RPC 2.0; no `tools/call` is ever a
+        //! forwardable message unless it is a request with a valid id (which the session gates
+        //! and audits). Fixed case counts, so CI runs the same amount of fuzzing every time.
+        use super::*;
+        use proptest::prelude::*;
+
+        fn id_strategy() -> impl Strategy<Value = Option<String>> {
+            prop_oneof![
+                Just(None),
+                Just(Some("null".to_string())),
+                Just(Some("true".to_string())),
+                Just(Some("{}".to_string())),
+                Just(Some("[0]".to_string())),
+                Just(Some("1.0".to_string())),
+                Just(Some("-0".to_string())),
+                Just(Some("1e3".to_string())),
+                any::<i64>().prop_map(|n| Some(n.to_string())),
+                "[a-z0-9\\\\\"\u{202e}\u{0}-\u{1f}]{0,8}"
+                    .prop_map(|s| Some(Value::String(s).to_string())),
+            ]
+        }
+
+        fn method_strategy() -> impl Strategy<Value = Option<String>> {
+            prop_oneof![
+                Just(None),
+                Just(Some(r#""tools/call""#.to_string())),
+                Just(Some(r#""tools/list""#.to_string())),
+                Just(Some(r#""notifications/cancelled""#.to_string())),
+                Just(Some(r#""tools\/call""#.to_string())),
+                Just(Some("5".to_string())),
+                Just(Some("null".to_string())),
+                "[a-z/]{0,12}".prop_map(|s| Some(Value::String(s).to_string())),
+            ]
+        }
+
+        /// A JSON object line built from optional members, in a random order, sometimes with a
+        /// duplicated key, `\r`, or trailing garbage.
+        fn shaped_line() -> impl Strategy<Value = Vec<u8>> {
+            (
+                prop_oneof![
+                    Just(Some(r#""2.0""#)),
+                    Just(None),
+                    Just(Some(r#""1.0""#)),
+                    Just(Some("2.0"))
+                ],
+                id_strategy(),
+                method_strategy(),
+                prop_oneof![
+                    Just(None),
+                    Just(Some(r#"{"name":"write","arguments":{"a":1}}"#)),
+                    Just(Some("[]")),
+                    Just(Some("null"))
+                ],
+                prop_oneof![Just(None), Just(Some("result")), Just(Some("error"))],
+                any::<bool>(),
+                0u8..4,
+            )
+                .prop_map(|(jsonrpc, id, method, params, answer, dup, tail)| {
+                    let mut members: Vec<String> = Vec::new();
+                    if let Some(j) = jsonrpc {
+                        members.push(format!(r#""jsonrpc":{j}"#));
+                    }
+                    if let Some(i) = &id {
+                        members.push(format!(r#""id":{i}"#));
+                    }
+                    if let Some(m) = &method {
+                        members.push(format!(r#""method":{m}"#));
+                    }
+                    if let Some(p) = params {
+                        members.push(format!(r#""params":{p}"#));
+                    }
+                    match answer {
+                        Some("result") => members.push(r#""result":{}"#.into()),
+                        Some(_) => members.push(r#""error":{"code":1,"message":"m"}"#.into()),
+                        None => {}
+                    }
+                    if dup && let Some(i) = id {
+                        members.insert(0, format!(r#""id":{i}"#));
+                    }
+                    let mut line = format!("{{{}}}", members.join(","));
+                    match tail {
+                        1 => line.push('\r'),
+                        2 => line.push_str(" x"),
+                        3 => line.insert(0, ' '),
+                        _ => {}
+                    }
+                    line.into_bytes()
+                })
+        }
+
+        /// The JSON-RPC 2.0 oracle for a line that parses as an object with `"jsonrpc":"2.0"`.
+        fn check(line: &[u8]) {
+            let parsed = Message::parse(line);
+            let Ok(msg) = parsed else {
+                let e = parsed.unwrap_err();
+                assert!(matches!(e.code(), -32700 | -32600));
+                return;
+            };
+            let value: Value = serde_json::from_slice(line).expect("a parsed line is JSON");
+            let obj = value.as_object().expect("a parsed line is an object");
+            assert_eq!(obj.get("jsonrpc"), Some(&json!("2.0")));
+            let id = msg.id().map(|i| i.get().to_string());
+            match msg.kind() {
+                Kind::Request => {
+                    let method = msg.method().expect("a request has a method");
+                    let id = id.as_deref().expect("a request has an id");
+                    assert!(
+                        is_valid_id(id),
+                        "request id {id} of {method} must be a string or a number"
+                    );
+                    assert!(msg.result().is_none() && !msg.is_error());
+                }
+                Kind::Notification => {
+                    assert!(msg.method().is_some());
+                    assert!(id.is_none(), "a notification has no id member: {line:?}");
+                }
+                Kind::Response => {
+                    assert!(msg.method().is_none());
+                    assert!(msg.result().is_some() || msg.is_error());
+                }
+            }
+            // Forwarding is only ever possible for a request (gated, audited by the session) or
+            // a notification whose name says it is one.
+            let forwardable = match msg.kind() {
+                Kind::Request => true,
+                Kind::Notification => is_notification_method(msg.method().unwrap_or_default()),
+                Kind::Response => false,
+            };
+            if msg.method() == Some("tools/call") && forwardable {
+                assert_eq!(msg.kind(), &Kind::Request, "{line:?}");
+                assert!(id.is_some() && id.as_deref() != Some("null"));
+            }
+            // The re-serialised line classifies the same way and keeps the id's exact text.
+            let out = msg.to_line();
+            let again = Message::parse(&out[..out.len() - 1]).unwrap();
+            assert_eq!(again.kind(), msg.kind());
+            assert_eq!(again.method(), msg.method());
+            assert_eq!(again.id().map(|i| i.get().to_string()), id);
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 4096, failure_persistence: None, ..ProptestConfig::default() })]
+
+            /// Host and child lines of every shape.
+            #[test]
+            fn shaped_lines_classify_consistently(line in shaped_line()) {
+                check(&line);
+            }
+
+            /// Arbitrary bytes (invalid UTF-8 included) never panic.
+            #[test]
+            fn arbitrary_bytes_never_panic(line in proptest::collection::vec(any::<u8>(), 0..256)) {
+                check(&line);
+            }
+
+            /// Arbitrary text around JSON-RPC keys never panics.
+            #[test]
+            fn jsonish_text_never_panics(line in "[{}\\[\\]\",:a-z0-9 .\\\\-]{0,64}") {
+                let with_keys = line.replace("a", "\"jsonrpc\":\"2.0\"").replace("b", "\"id\"");
+                check(with_keys.as_bytes());
+            }
+        }
     }
 }

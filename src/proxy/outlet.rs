@@ -5,6 +5,12 @@
 //! in order, for the outlet's own writer thread, which waits for the pipe to drain. The session
 //! therefore never blocks on a peer that stopped reading, and lines are never interleaved or
 //! reordered. Owns file descriptors and bytes only.
+//!
+//! Bounded (issue 12, unbounded memory): the queue holds at most [`Outlet::limit`] bytes of lines
+//! that may be dropped (notifications) and four times that of lines that must not be (requests,
+//! responses). A line that does not fit is refused with [`Full`] and counted
+//! ([`Outlet::dropped`]); the caller decides what a refusal means (drop a notification and say
+//! so; answer a request with an error instead of forwarding it).
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, OwnedFd};
@@ -24,10 +30,26 @@ struct State {
     busy: bool,
     close: bool,
     broken: bool,
+    /// Bytes waiting in `queue`.
+    queued_bytes: usize,
+    /// Lines refused because the queue was full.
+    dropped: u64,
+}
+
+/// Default queue bound per outlet: 16 MiB of droppable lines (notifications), 64 MiB of others
+/// (a line of up to 16 MiB, the framing limit, always fits an empty queue).
+pub const DEFAULT_LIMIT: usize = 16 << 20;
+
+/// A line was refused: the peer is not reading and the queue is at its bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Full {
+    /// Lines refused so far by this outlet (this one included).
+    pub dropped: u64,
 }
 
 struct Inner {
     nonblocking: bool,
+    limit: usize,
     state: Mutex<State>,
     cond: Condvar,
 }
@@ -56,9 +78,20 @@ impl Outlet {
     /// Wraps `fd`; `on_closed` runs on the writer thread after the last byte was written and the
     /// descriptor dropped (e.g. to close fd 1 itself).
     pub fn new(name: &str, fd: OwnedFd, on_closed: impl FnOnce() + Send + 'static) -> Outlet {
+        Self::with_limit(name, fd, DEFAULT_LIMIT, on_closed)
+    }
+
+    /// [`Outlet::new`] with a queue bound of `limit` bytes for droppable lines (4× for others).
+    pub fn with_limit(
+        name: &str,
+        fd: OwnedFd,
+        limit: usize,
+        on_closed: impl FnOnce() + Send + 'static,
+    ) -> Outlet {
         let nonblocking = make_nonblocking(&fd);
         let inner = Arc::new(Inner {
             nonblocking,
+            limit,
             state: Mutex::new(State {
                 fd: Some(Arc::new(fd)),
                 queue: VecDeque::new(),
@@ -66,6 +99,8 @@ impl Outlet {
                 busy: false,
                 close: false,
                 broken: false,
+                queued_bytes: 0,
+                dropped: 0,
             }),
             cond: Condvar::new(),
         });
@@ -80,11 +115,43 @@ impl Outlet {
         Outlet { inner }
     }
 
-    /// Queues one line; writes it at once when nothing is waiting ahead of it.
-    pub fn send(&self, bytes: Vec<u8>) {
+    /// Queues one line that must not be dropped (a request or a response); writes it at once
+    /// when nothing is waiting ahead of it. Refused only past 4× the bound.
+    pub fn send(&self, bytes: Vec<u8>) -> Result<(), Full> {
+        self.offer(bytes, self.inner.limit.saturating_mul(4))
+    }
+
+    /// Queues one line that may be dropped (a notification): refused once the bound is reached.
+    pub fn send_droppable(&self, bytes: Vec<u8>) -> Result<(), Full> {
+        self.offer(bytes, self.inner.limit)
+    }
+
+    /// The bound for droppable lines, in bytes.
+    pub fn limit(&self) -> usize {
+        self.inner.limit
+    }
+
+    /// Lines refused so far.
+    pub fn dropped(&self) -> u64 {
+        self.inner.state.lock().map(|s| s.dropped).unwrap_or(0)
+    }
+
+    /// Bytes waiting.
+    pub fn queued_bytes(&self) -> usize {
+        self.inner.state.lock().map(|s| s.queued_bytes).unwrap_or(0)
+    }
+
+    fn offer(&self, bytes: Vec<u8>, bound: usize) -> Result<(), Full> {
         let mut st = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
         if st.broken || st.close {
-            return;
+            return Ok(());
+        }
+        let waiting = !st.queue.is_empty() || st.busy;
+        if waiting && st.queued_bytes.saturating_add(bytes.len()) > bound {
+            st.dropped += 1;
+            return Err(Full {
+                dropped: st.dropped,
+            });
         }
         if self.inner.nonblocking
             && st.queue.is_empty()
@@ -92,21 +159,27 @@ impl Outlet {
             && let Some(fd) = st.fd.clone()
         {
             match write_some(&fd, &bytes) {
-                Ok(n) if n == bytes.len() => return,
+                Ok(n) if n == bytes.len() => return Ok(()),
                 Ok(n) => {
+                    st.queued_bytes += bytes.len();
                     st.queue.push_back(bytes);
                     st.offset = n;
                 }
-                Err(Errno::AGAIN) => st.queue.push_back(bytes),
+                Err(Errno::AGAIN) => {
+                    st.queued_bytes += bytes.len();
+                    st.queue.push_back(bytes);
+                }
                 Err(_) => {
                     st.broken = true;
-                    return;
+                    return Ok(());
                 }
             }
         } else {
+            st.queued_bytes += bytes.len();
             st.queue.push_back(bytes);
         }
         self.inner.cond.notify_one();
+        Ok(())
     }
 
     /// Writes what is queued, then closes (the peer sees EOF).
@@ -145,15 +218,19 @@ fn writer_loop(inner: &Inner) {
             };
             st.busy = true;
             let offset = std::mem::take(&mut st.offset);
-            (st.queue.pop_front().expect("non-empty"), offset, fd)
+            let buf = st.queue.pop_front().expect("non-empty");
+            // Counted until written: the buffer is still held by this thread.
+            (buf, offset, fd)
         };
         let ok = write_all(&fd, &buf[offset..]);
         drop(fd);
         let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
         st.busy = false;
+        st.queued_bytes = st.queued_bytes.saturating_sub(buf.len());
         if !ok {
             st.broken = true;
             st.queue.clear();
+            st.queued_bytes = 0;
             st.fd = None;
             return;
         }
@@ -200,7 +277,7 @@ mod tests {
             .map(|i| format!("{i:06}:{}\n", "x".repeat(200)).into_bytes())
             .collect();
         for l in &lines {
-            out.send(l.clone());
+            out.send(l.clone()).unwrap();
         }
         assert!(
             out.backlog() > 0,
@@ -220,8 +297,44 @@ mod tests {
         drop(reader);
         let out = Outlet::new("gone", OwnedFd::from(writer), || {});
         for _ in 0..100 {
-            out.send(vec![b'x'; 1000]);
+            let _ = out.send(vec![b'x'; 1000]);
         }
         out.close();
+    }
+
+    /// Issue 12, medium finding "unbounded memory" (a server flooding notifications while the
+    /// host is not reading; 1 MiB requests while the server stalls): the queue stops at its bound
+    /// and counts what it refused; must-deliver lines get 4× the room.
+    #[test]
+    fn a_reader_that_stalls_bounds_the_queue() {
+        let (reader, writer) = std::io::pipe().unwrap();
+        let out = Outlet::with_limit("stalled", OwnedFd::from(writer), 1 << 20, || {});
+        let line = vec![b'n'; 4096];
+        let mut refused = 0;
+        for _ in 0..10_000 {
+            if out.send_droppable(line.clone()).is_err() {
+                refused += 1;
+            }
+        }
+        assert!(refused > 9_000, "refused {refused}");
+        assert_eq!(out.dropped(), refused);
+        assert!(
+            out.queued_bytes() <= (1 << 20) + 4096,
+            "{}",
+            out.queued_bytes()
+        );
+        // Must-deliver lines still fit (up to 4× the bound), then are refused too.
+        assert!(out.send(line.clone()).is_ok());
+        let mut must = 0;
+        while out.send(line.clone()).is_ok() {
+            must += 1;
+            assert!(must < 10_000);
+        }
+        assert!(
+            out.queued_bytes() <= (4 << 20) + 4096,
+            "{}",
+            out.queued_bytes()
+        );
+        drop(reader);
     }
 }

@@ -10,12 +10,54 @@ use serde_json::{Value, json};
 use super::*;
 use crate::approval::{ApprovalRequest, RevokeTarget};
 
+/// A request on the control socket, as the session understands it. The wire is one JSON
+/// object with `op` (`status`, `restart`, `approve`, `revoke`); unknown operations and missing
+/// fields are refused with a sentence, never guessed.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(tag = "op", rename_all = "camelCase")]
+pub enum ControlRequest {
+    Status,
+    Restart,
+    #[serde(rename_all = "camelCase")]
+    Approve {
+        /// The epoch the human reviewed (re-checked against the current one).
+        epoch: String,
+        #[serde(default)]
+        tools: std::collections::BTreeSet<String>,
+        #[serde(default)]
+        credential_scopes: std::collections::BTreeSet<String>,
+    },
+    Revoke {
+        /// A grant id, or `all` (the default).
+        #[serde(default)]
+        grant: Option<String>,
+    },
+}
+
+impl ControlRequest {
+    pub fn parse(request: &Value) -> Result<ControlRequest, String> {
+        serde_json::from_value(request.clone()).map_err(|e| {
+            let op = request.get("op").and_then(Value::as_str).unwrap_or("");
+            match op {
+                "status" | "restart" | "approve" | "revoke" => {
+                    format!("control request `{op}` is malformed: {e}")
+                }
+                "" => "control request without `op`".to_string(),
+                other => format!(
+                    "unknown control operation `{}`",
+                    other.chars().take(64).collect::<String>().escape_debug()
+                ),
+            }
+        })
+    }
+}
+
 impl<I: Io> Session<I> {
     pub(super) fn on_control(&mut self, request: &Value) -> Value {
-        let op = request.get("op").and_then(|o| o.as_str()).unwrap_or("");
-        let answer = match op {
-            "status" => Ok(self.status_json()),
-            "restart" => match self.latest.clone() {
+        let answer = match ControlRequest::parse(request) {
+            Err(e) => Err(e),
+            Ok(ControlRequest::Status) => Ok(self.status_json()),
+            Ok(ControlRequest::Restart) => match self.latest.clone() {
                 Some(record) if self.child.is_some() => {
                     self.leave_crash_loop();
                     self.begin_replace(record, "cargo mcp-dev restart");
@@ -28,9 +70,17 @@ impl<I: Io> Session<I> {
                 }
                 None => Err("no successful build yet".to_string()),
             },
-            "approve" => self.control_approve(request),
-            "revoke" => {
-                let target = match request.get("grant").and_then(|g| g.as_str()) {
+            Ok(ControlRequest::Approve {
+                epoch,
+                tools,
+                credential_scopes,
+            }) => self.control_approve(ApprovalRequest {
+                epoch,
+                tools,
+                credential_scopes,
+            }),
+            Ok(ControlRequest::Revoke { grant }) => {
+                let target = match grant.as_deref() {
                     Some("all") | None => RevokeTarget::All,
                     Some(id) => RevokeTarget::Id(id.to_string()),
                 };
@@ -45,7 +95,6 @@ impl<I: Io> Session<I> {
                 self.publish();
                 Ok(json!({"revoked": revoked}))
             }
-            other => Err(format!("unknown control operation `{other}`")),
         };
         match answer {
             Ok(v) => json!({"ok": true, "result": v}),
@@ -53,28 +102,8 @@ impl<I: Io> Session<I> {
         }
     }
 
-    fn control_approve(&mut self, request: &Value) -> Result<Value, String> {
-        let strings = |key: &str| -> std::collections::BTreeSet<String> {
-            request
-                .get(key)
-                .and_then(|v| v.as_array())
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|s| s.as_str().map(str::to_string))
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        let epoch = request
-            .get("epoch")
-            .and_then(|e| e.as_str())
-            .ok_or("approve needs the epoch that was reviewed")?
-            .to_string();
-        let req = ApprovalRequest {
-            epoch: epoch.clone(),
-            tools: strings("tools"),
-            credential_scopes: strings("credentialScopes"),
-        };
+    fn control_approve(&mut self, req: ApprovalRequest) -> Result<Value, String> {
+        let epoch = req.epoch.clone();
         let (now, id) = (self.io.clock().wall_ms, self.io.mint_id());
         let grant = self.gate.approve(req, now, id).map_err(|e| e.to_string())?;
         let g = serde_json::to_value(&grant).expect("grant serializes");

@@ -25,14 +25,14 @@
 
 mod catalog_fetch;
 mod child;
-mod control;
+pub mod control;
 mod first_contact;
 mod host;
 mod inflight;
 mod lifecycle;
 pub mod protocol;
 mod router;
-mod snapshot;
+pub mod snapshot;
 pub mod state;
 #[cfg(test)]
 pub mod testing;

@@ -3,70 +3,200 @@
 //! Owns: what the document says (names and digests only, never values). Must not touch:
 //! writing it (the shell), decisions.
 
-use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::*;
 
 /// Lists in the document are cut here (a flood of names must not grow it without bound).
 const MAX_LISTED: usize = 100;
 
+/// The status document: what `cargo mcp-dev status` shows and `target/mcp-dev/status/<label>.json`
+/// holds. One type for the writer (the session) and readers (tests, other tools).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StatusSnapshot {
+    pub label: String,
+    pub agent_run: String,
+    pub supervisor_pid: u32,
+    /// `identity-pending`, `catalog-ready` or `ready` (the approval state machine).
+    pub state: String,
+    pub restart: String,
+    pub gating: String,
+    /// `first-start`, `serving`, `build-failed`, `crash-loop` or `stopping`.
+    pub lifecycle: String,
+    pub era: Option<String>,
+    pub server: Option<ServerSnapshot>,
+    pub latest_build: Option<String>,
+    pub pending_restart: bool,
+    pub last_build: Option<String>,
+    pub catalog: Option<crate::catalog::CatalogRevision>,
+    pub catalog_tools: Option<Vec<String>>,
+    /// Digest of the last whole catalog the host was shown.
+    pub host_catalog: Option<String>,
+    /// Tools whose definition as shown to the host is outdated.
+    pub stale_tools: Vec<String>,
+    pub held_requests: usize,
+    pub grants: Vec<crate::approval::Grant>,
+    pub recent_denials: Vec<DenialSnapshot>,
+    pub pending_approval: PendingApproval,
+    pub policy: PolicySnapshot,
+    pub tool_policy: Option<BTreeMap<String, ToolPolicy>>,
+    pub since_last_approval: Value,
+    pub catalog_details: Option<Vec<Value>>,
+    pub audit_log: String,
+    pub socket: Option<String>,
+    pub updated_at: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServerSnapshot {
+    pub pid: u32,
+    pub epoch: String,
+    pub identity_digest: String,
+    pub executable_sha256: String,
+    pub phase: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DenialSnapshot {
+    pub at: u64,
+    pub tool: String,
+    pub reason: String,
+    pub approved_epoch: Option<String>,
+    pub current_epoch: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PendingApproval {
+    pub tools: BTreeSet<String>,
+    pub credential_scopes: BTreeSet<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PolicySnapshot {
+    pub credential_scopes: Vec<String>,
+    /// Scope name -> the env var names that carry it (names only, never values).
+    pub credential_scope_env: BTreeMap<String, Vec<String>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ToolPolicy {
+    pub gated: bool,
+    /// `per-call` or `per-epoch`.
+    pub mode: String,
+    pub credential_scopes: BTreeSet<String>,
+}
+
 impl<I: Io> Session<I> {
     /// The state `status` shows and the status file holds (names and digests only, never values).
     pub fn status_json(&mut self) -> Value {
+        serde_json::to_value(self.snapshot()).expect("the snapshot serializes")
+    }
+
+    pub fn snapshot(&mut self) -> StatusSnapshot {
         let updated_at = self.io.clock().rfc3339;
         let (pending_tools, pending_scopes) = self.gate.pending_requests();
-        let catalog = self.catalog.current();
-        json!({
-            "label": self.label(),
-            "agentRun": self.agent_run,
-            "supervisorPid": self.cfg.supervisor_pid,
-            "state": match self.gate.phase() {
+        let policy = self.gate.policy();
+        StatusSnapshot {
+            label: self.label().to_string(),
+            agent_run: self.agent_run.clone(),
+            supervisor_pid: self.cfg.supervisor_pid,
+            state: match self.gate.phase() {
                 approval::Phase::IdentityPending => "identity-pending",
                 approval::Phase::CatalogReady => "catalog-ready",
                 approval::Phase::Ready => "ready",
-            },
-            "restart": self.cfg.restart.as_str(),
-            "gating": if self.cfg.gating_off { "off" } else { "on" },
-            "lifecycle": match &self.lifecycle {
+            }
+            .into(),
+            restart: self.cfg.restart.as_str().into(),
+            gating: if self.cfg.gating_off { "off" } else { "on" }.into(),
+            lifecycle: match &self.lifecycle {
                 Lifecycle::FirstStart => "first-start",
                 Lifecycle::Serving => "serving",
                 Lifecycle::BuildBroken { .. } => "build-failed",
                 Lifecycle::CrashLoop => "crash-loop",
                 Lifecycle::Stopping => "stopping",
+            }
+            .into(),
+            era: self.era().map(|e| e.as_str().to_string()),
+            server: self.child.as_ref().map(|c| ServerSnapshot {
+                pid: c.pid,
+                epoch: c.epoch.clone(),
+                identity_digest: c.record.identity_digest.clone(),
+                executable_sha256: c.record.executable.sha256.clone(),
+                phase: format!("{:?}", c.phase),
+            }),
+            latest_build: self.latest.as_ref().map(|r| r.identity_digest.clone()),
+            pending_restart: self.pending_apply,
+            last_build: self.last_build.clone(),
+            catalog: self.catalog.current().cloned(),
+            catalog_tools: self
+                .catalog
+                .catalog()
+                .map(|c| c.names().map(str::to_string).collect()),
+            host_catalog: self.gate.host_catalog().map(str::to_string),
+            stale_tools: self
+                .gate
+                .stale_tools()
+                .into_iter()
+                .take(MAX_LISTED)
+                .collect(),
+            held_requests: self.held.len(),
+            grants: self.gate.grants().to_vec(),
+            recent_denials: self
+                .gate
+                .recent_denials()
+                .iter()
+                .rev()
+                .take(10)
+                .map(|d| DenialSnapshot {
+                    at: d.at,
+                    tool: d.denial.tool.clone(),
+                    reason: d.denial.reason.as_str().into(),
+                    approved_epoch: d.denial.approved_epoch.clone(),
+                    current_epoch: d.denial.current_epoch.clone(),
+                })
+                .collect(),
+            pending_approval: PendingApproval {
+                tools: pending_tools,
+                credential_scopes: pending_scopes,
             },
-            "era": self.era().map(|e| e.as_str()),
-            "server": self.child.as_ref().map(|c| json!({
-                "pid": c.pid, "epoch": c.epoch, "identityDigest": c.record.identity_digest,
-                "executableSha256": c.record.executable.sha256, "phase": format!("{:?}", c.phase),
-            })),
-            "latestBuild": self.latest.as_ref().map(|r| &r.identity_digest),
-            "pendingRestart": self.pending_apply,
-            "lastBuild": self.last_build,
-            "catalog": catalog.map(|r| json!({"revision": r.number, "digest": r.digest})),
-            "catalogTools": self.catalog.catalog().map(|c| c.names().map(str::to_string).collect::<Vec<_>>()),
-            "hostCatalog": self.gate.host_catalog(),
-            "staleTools": self.gate.stale_tools().into_iter().take(MAX_LISTED).collect::<Vec<_>>(),
-            "heldRequests": self.held.len(),
-            "grants": self.gate.grants(),
-            "recentDenials": self.gate.recent_denials().iter().rev().take(10).map(|d| json!({
-                "at": d.at, "tool": d.denial.tool, "reason": d.denial.reason.as_str(),
-                "approvedEpoch": d.denial.approved_epoch, "currentEpoch": d.denial.current_epoch,
-            })).collect::<Vec<_>>(),
-            "pendingApproval": {"tools": pending_tools, "credentialScopes": pending_scopes},
-            "policy": {
-                "credentialScopes": self.gate.policy().credential_scopes.keys().collect::<Vec<_>>(),
-                "credentialScopeEnv": self.gate.policy().credential_scopes.iter().map(|(k, v)| (k.clone(), json!(v.env))).collect::<serde_json::Map<String, Value>>(),
+            policy: PolicySnapshot {
+                credential_scopes: policy.credential_scopes.keys().cloned().collect(),
+                credential_scope_env: policy
+                    .credential_scopes
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.env.clone()))
+                    .collect(),
             },
-            "toolPolicy": self.catalog.catalog().map(|c| c.names().map(|t| (t.to_string(), json!({
-                "gated": self.gate.policy().is_gated(t),
-                "mode": match self.gate.policy().mode_for(t) { approval::ApprovalMode::PerCall => "per-call", approval::ApprovalMode::PerEpoch => "per-epoch" },
-                "credentialScopes": self.gate.policy().scopes_for(t),
-            }))).collect::<serde_json::Map<String, Value>>()),
-            "sinceLastApproval": self.since_last_approval(),
-            "catalogDetails": self.catalog.catalog().map(|c| c.tools_json()),
-            "auditLog": self.cfg.audit_path,
-            "socket": self.cfg.socket_path,
-            "updatedAt": updated_at,
-        })
+            tool_policy: self.catalog.catalog().map(|c| {
+                c.names()
+                    .map(|t| {
+                        let mode = match policy.mode_for(t) {
+                            approval::ApprovalMode::PerCall => "per-call",
+                            approval::ApprovalMode::PerEpoch => "per-epoch",
+                        };
+                        let p = ToolPolicy {
+                            gated: policy.is_gated(t),
+                            mode: mode.into(),
+                            credential_scopes: policy.scopes_for(t),
+                        };
+                        (t.to_string(), p)
+                    })
+                    .collect()
+            }),
+            since_last_approval: self.since_last_approval(),
+            catalog_details: self.catalog.catalog().map(|c| c.tools_json()),
+            audit_log: self.cfg.audit_path.clone(),
+            socket: self.cfg.socket_path.clone(),
+            updated_at,
+        }
     }
 }

@@ -5,6 +5,7 @@
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
+use super::control::ControlRequest;
 use super::testing::*;
 use super::*;
 
@@ -425,6 +426,8 @@ enum Step {
     Advance(u16),
     ServerChangesTools,
     CallsStall(bool),
+    /// A human approves `write_item` for the current (or a stale) epoch.
+    Approve(bool),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -440,6 +443,7 @@ fn step() -> impl Strategy<Value = Step> {
         (0u16..30_000).prop_map(Step::Advance),
         Just(Step::ServerChangesTools),
         any::<bool>().prop_map(Step::CallsStall),
+        any::<bool>().prop_map(Step::Approve),
     ]
 }
 
@@ -478,6 +482,17 @@ proptest! {
                 Step::Advance(ms) => h.advance(ms as u64),
                 Step::ServerChangesTools => { version += 1; h.tools = vec![tool("list_items", 1), tool("write_item", version)]; }
                 Step::CallsStall(stall) => h.answer_calls = !stall,
+                Step::Approve(current) => {
+                    let epoch = if current { h.current_epoch() } else { h.io().spawned.first().map(|(e, _)| e.clone()) };
+                    if let Some(epoch) = epoch {
+                        let (tx, _rx) = crossbeam_channel::bounded(1);
+                        h.s.handle(Event::Control {
+                            request: json!({"op": "approve", "epoch": epoch, "tools": ["write_item", "list_items"]}),
+                            reply: tx,
+                        });
+                        h.serve();
+                    }
+                }
             }
             let _ = before;
             // Every tools/call sent to a server so far had its intent record first.
@@ -492,6 +507,28 @@ proptest! {
             prop_assert_eq!(intents[n].1.as_deref(), Some(epoch.as_str()));
         }
         prop_assert_eq!(h.io().calls_sent.len(), forwarded_calls, "a call forwarded twice or without a record");
+        // In log order: a call's epoch was started before it, had not ended, and (when gated)
+        // the call names a grant issued for that very epoch.
+        let mut live: Option<String> = None;
+        let mut grants: std::collections::BTreeMap<String, String> = Default::default();
+        for (kind, epoch, data) in &h.io().audit {
+            match kind.as_str() {
+                audit::SERVER_STARTED => live = epoch.clone(),
+                audit::SERVER_EXITED if *epoch == live => live = None,
+                audit::APPROVAL_GRANTED => {
+                    grants.insert(data["grant"]["id"].as_str().unwrap().to_string(),
+                                  data["grant"]["executionEpoch"].as_str().unwrap().to_string());
+                }
+                audit::TOOL_CALLED => {
+                    prop_assert!(epoch.is_some() && *epoch == live, "call outside a live epoch: {:?}", data);
+                    if gated {
+                        let grant = data["grant"].as_str().expect("a gated call names its grant");
+                        prop_assert_eq!(grants.get(grant), epoch.as_ref(), "grant of another epoch");
+                    }
+                }
+                _ => {}
+            }
+        }
         h.s.handle(Event::HostEof);
         h.serve();
         for id in &requests {
@@ -604,4 +641,41 @@ fn the_journal_reads_what_the_session_writes() {
     let text = j.render_human(crate::audit::journal::JournalView::Both);
     assert!(text.contains("exited: exit code 3"), "{text}");
     assert!(text.contains("Shown to the host"), "{text}");
+}
+
+#[test]
+fn control_requests_are_typed_and_refused_when_malformed() {
+    assert_eq!(
+        ControlRequest::parse(&json!({"op": "status"})),
+        Ok(ControlRequest::Status)
+    );
+    let e = ControlRequest::parse(&json!({"op": "approve", "tools": ["x"]})).unwrap_err();
+    assert!(e.contains("approve") && e.contains("epoch"), "{e}");
+    let e = ControlRequest::parse(&json!({"op": "grant-everything\u{1b}[2J"})).unwrap_err();
+    assert!(
+        e.starts_with("unknown control operation") && !e.contains('\u{1b}'),
+        "{e}"
+    );
+    assert!(ControlRequest::parse(&json!({})).is_err());
+    let mut h = Harness::ungated(|_| {});
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    h.s.handle(Event::Control {
+        request: json!({"op": "nope"}),
+        reply: tx,
+    });
+    assert_eq!(rx.recv().unwrap()["ok"], json!(false));
+}
+
+#[test]
+fn the_status_document_round_trips_through_its_type() {
+    let mut h = Harness::new(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    let denied = h.call("write_item");
+    assert!(h.answer(&denied).is_some());
+    let v = h.s.status_json();
+    let back: super::snapshot::StatusSnapshot = serde_json::from_value(v.clone()).unwrap();
+    assert_eq!(serde_json::to_value(&back).unwrap(), v);
+    assert_eq!(back.lifecycle, "serving");
+    assert_eq!(back.pending_approval.tools.len(), 1);
 }

@@ -18,6 +18,10 @@ pub struct LaunchSpec {
     pub cwd: PathBuf,
     /// Extra environment for the server (e.g. `CARGO_MCP_DEV_EPOCH`).
     pub env: Vec<(String, String)>,
+    /// The verified, open executable named by `argv[0]` (see [`crate::store::open_verified`]):
+    /// when set, the process is started from this descriptor (`argv[0]` stays as given), so the
+    /// bytes that were hashed are the bytes that run.
+    pub program: Option<Arc<std::fs::File>>,
 }
 
 /// How a process ended.
@@ -80,7 +84,10 @@ pub fn spawn(
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty argv"))?;
     let mut attempt = 0;
     let mut child: Child = loop {
-        let mut cmd = Command::new(program);
+        let mut cmd = match &spec.program {
+            Some(file) => unix::command_from_fd(file, program),
+            None => Command::new(program),
+        };
         cmd.args(args)
             .current_dir(&spec.cwd)
             .stdin(Stdio::piped())

@@ -16,6 +16,42 @@ pub enum Sig {
     Kill,
 }
 
+/// Makes a file-size limit (`RLIMIT_FSIZE`) a write error instead of a kill: `SIGXFSZ` gets a
+/// no-op handler, so a write past the limit fails with `EFBIG`, which the audit writer handles
+/// like any write error (the partial line is cut off, the call fails closed, the log stays
+/// valid). Issue 12: the default action killed the supervisor mid-append and left a torn record.
+/// A handler (not `SIG_IGN`) is used so that servers we start get the default action back on
+/// exec.
+pub fn survive_file_size_limit() -> std::io::Result<()> {
+    static DONE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    if DONE.get().is_some() {
+        return Ok(());
+    }
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGXFSZ, flag)?;
+    let _ = DONE.set(());
+    Ok(())
+}
+
+/// A command that executes the open file `file` (hashed through that descriptor) with
+/// `argv[0] = arg0`. On Linux the program path is `/proc/self/fd/N`: `execve` resolves it before
+/// close-on-exec descriptors are closed, so the exact open file runs. Elsewhere (no procfs) the
+/// path `arg0` is executed, after the caller verified it.
+pub fn command_from_fd(file: &std::fs::File, arg0: &str) -> Command {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let fd_path = format!("/proc/self/fd/{}", file.as_raw_fd());
+        if std::path::Path::new("/proc/self/fd").is_dir() {
+            let mut cmd = Command::new(fd_path);
+            cmd.arg0(arg0);
+            return cmd;
+        }
+    }
+    let _ = file;
+    Command::new(arg0)
+}
+
 /// Start the child as the leader of a new process group (pgid = its pid), so the stop sequence
 /// reaches its grandchildren too.
 pub fn own_process_group(cmd: &mut Command) {

@@ -110,16 +110,19 @@ impl Log {
     }
 
     fn push(&self, line: String) {
-        self.lines.lock().unwrap().push(line);
+        self.lines
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(line);
         self.grew.notify_all();
     }
 
     pub fn len(&self) -> usize {
-        self.lines.lock().unwrap().len()
+        self.lines.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     pub fn snapshot(&self) -> Vec<String> {
-        self.lines.lock().unwrap().clone()
+        self.lines.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     pub fn text(&self) -> String {
@@ -129,7 +132,7 @@ impl Log {
     /// First line at index >= `from` containing `needle`; panics after `timeout`.
     pub fn wait_for(&self, from: usize, needle: &str, timeout: Duration) -> (usize, String) {
         let deadline = Instant::now() + timeout;
-        let mut lines = self.lines.lock().unwrap();
+        let mut lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some((i, l)) = lines
                 .iter()
@@ -461,7 +464,7 @@ impl Scenario {
         }
     }
 
-    fn control_args(&self) -> Vec<String> {
+    pub fn control_args(&self) -> Vec<String> {
         vec![
             "--manifest-path".into(),
             self.manifest().display().to_string(),

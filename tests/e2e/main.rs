@@ -11,6 +11,7 @@
 //! Every denial is asserted as a tool result with `isError: true` (never a transport or protocol
 //! failure): `Driver::call` fails the scenario otherwise.
 
+mod first_contact;
 mod harness;
 
 use std::path::Path;
@@ -510,22 +511,33 @@ fn s08_cold_start_python2_probe_and_ts_v2_double_spawn() {
             d.stderr.grep(0, "server started:").is_empty(),
             "cold build cannot be done yet"
         );
-        // Before the first server: an empty catalog, and calls refused as identity_pending.
-        let early = d.cmd(json!({"op": "list_tools"}), secs(10));
-        assert_eq!(early["ok"], json!(true), "{early}");
-        assert_eq!(early["tools"], json!([]), "{early}");
-        d.call_denied("list_items", json!({}), "identity_pending");
+        // Before the first server: the list waits (first-start budget, 25 s), then, with no
+        // catalog ever recorded for this package, an error that says so. Never `[]`.
+        let early = d.cmd(json!({"op": "list_tools"}), secs(45));
+        assert_eq!(early["ok"], json!(false), "{early}");
+        assert_eq!(early["error"]["code"], json!(-31002), "{early}");
+        assert_eq!(
+            early["error"]["data"]["error"],
+            json!("server_building"),
+            "{early}"
+        );
+        assert!(
+            d.stderr.grep(0, "server started:").is_empty(),
+            "cold build cannot be done yet"
+        );
         d.stderr.wait_for(0, "server started:", s.within(secs(420)));
         s.wait_ready(None);
         assert!(
             d.wait_list_changed(10_000),
-            "the host held [] and must be told"
+            "the host's list was refused: it must be told when the catalog exists"
         );
         assert_eq!(d.list_tools(), TOOLS);
         assert_eq!(
             structured(&d.call("list_items", json!({})))["revision"],
             json!("A")
         );
+        let presented = records_of(&s.audit_records(), "catalog_presented").len();
+        assert_eq!(presented, 1, "one list reached the host, from the server");
         close_clean(&s, d);
     }
     {
@@ -946,4 +958,26 @@ fn s10_inspector_cli_one_shots() {
         "one-shot exempt list_items was refused: {v2}"
     );
     assert_eq!(s.side_effect_lines().len(), 1);
+    // First contact with a broken build: the one-shot call is answered with the compiler's
+    // first error (a tool result the model can read), not left waiting.
+    s.edit("src/main.rs", |t| {
+        t.replacen(
+            "const REVISION: &str = \"B\";",
+            "const REVISION: &str = undefined_name;",
+            1,
+        )
+    });
+    let (code, v, err) = one_shot(&gated, &["tools/call", "--tool-name", "list_items"]);
+    assert_eq!(code, 0, "{v} {err}");
+    assert_eq!(v["isError"], json!(true), "{v}");
+    let payload = &v["_meta"]["dev.cargo-mcp-dev/error"];
+    assert_eq!(payload["error"], json!("build_failed"), "{v}");
+    assert!(
+        payload["firstError"]
+            .as_str()
+            .unwrap_or("")
+            .contains("undefined_name"),
+        "{v}"
+    );
+    s.assert_no_processes_left(secs(10));
 }

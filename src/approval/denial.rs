@@ -1,0 +1,202 @@
+//! Denials: the verdict on one call and, when refused, the machine-readable payload for the
+//! model and the sentence for the human. Owns: wording and payload shape. Must not touch:
+//! the rules (the gate), I/O.
+
+use serde_json::{Value, json};
+
+use crate::catalog::CatalogRevision;
+
+/// The verdict on one `tools/call`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallDecision {
+    /// Forward to the server. `grant_id` is `None` for an ungated tool; `credential_scopes` are
+    /// the names of the scopes the tool uses (for the audit record; never values).
+    Forward {
+        grant_id: Option<String>,
+        credential_scopes: Vec<String>,
+    },
+    Deny(Denial),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DenialReason {
+    IdentityPending,
+    CatalogStale,
+    UnknownTool,
+    AuthorizationStale,
+    AuthorizationRequired,
+}
+
+impl DenialReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DenialReason::IdentityPending => "identity_pending",
+            DenialReason::CatalogStale => "catalog_stale",
+            DenialReason::UnknownTool => "unknown_tool",
+            DenialReason::AuthorizationStale => "authorization_stale",
+            DenialReason::AuthorizationRequired => "authorization_required",
+        }
+    }
+
+    /// The `reason` text of the payload.
+    fn explanation(self) -> &'static str {
+        match self {
+            DenialReason::IdentityPending => {
+                "server is starting or restarting; its execution epoch and tool catalog are not known yet"
+            }
+            DenialReason::CatalogStale => "tool catalog changed since the host last fetched it",
+            DenialReason::UnknownTool => "tool is not in the current catalog",
+            DenialReason::AuthorizationStale => "server execution epoch changed",
+            DenialReason::AuthorizationRequired => {
+                "tool requires human approval for this execution epoch"
+            }
+        }
+    }
+
+    /// The `retry` text of the payload: what the agent may do next. Calls are never queued.
+    fn retry(self) -> &'static str {
+        match self {
+            DenialReason::IdentityPending => {
+                "wait for the server to come up, refresh tool metadata, then call again"
+            }
+            DenialReason::CatalogStale => "refresh tool metadata (tools/list), then call again",
+            DenialReason::UnknownTool => {
+                "refresh tool metadata (tools/list) and call a listed tool"
+            }
+            DenialReason::AuthorizationStale => "refresh tool metadata and request authorization",
+            DenialReason::AuthorizationRequired => {
+                "request authorization from the user, then call again"
+            }
+        }
+    }
+}
+
+/// Authorization status attached to a `catalog_stale` denial, so the human can approve while the
+/// host refetches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PendingAuthorization {
+    /// A grant covered the tool under another epoch (`approved_epoch` names it).
+    Stale,
+    /// No grant ever covered the tool in this run.
+    Required,
+}
+
+/// Why one call was refused, with everything the model and the human need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denial {
+    pub reason: DenialReason,
+    pub tool: String,
+    pub approved_epoch: Option<String>,
+    pub current_epoch: Option<String>,
+    /// Digest of the catalog the host last fetched.
+    pub host_catalog: Option<String>,
+    pub current_catalog: Option<CatalogRevision>,
+    /// Names of the credential scopes the tool uses (what an approval must include).
+    pub credential_scopes: Vec<String>,
+    /// Only on `catalog_stale` for a gated tool with no live grant.
+    pub authorization: Option<PendingAuthorization>,
+}
+
+impl Denial {
+    /// The machine-readable payload for the tool execution error, e.g.
+    /// `{"error":"authorization_stale","reason":"server execution epoch changed",
+    ///   "approvedEpoch":…,"currentEpoch":…,"retry":"refresh tool metadata and request authorization","tool":…}`.
+    /// Absent facts are left out rather than sent as `null`.
+    pub fn payload(&self) -> Value {
+        let mut p = serde_json::Map::new();
+        p.insert("error".into(), json!(self.reason.as_str()));
+        p.insert("reason".into(), json!(self.reason.explanation()));
+        if let Some(epoch) = &self.approved_epoch {
+            p.insert("approvedEpoch".into(), json!(epoch));
+        }
+        if let Some(epoch) = &self.current_epoch {
+            p.insert("currentEpoch".into(), json!(epoch));
+        }
+        if self.reason == DenialReason::CatalogStale {
+            p.insert("hostCatalog".into(), json!(self.host_catalog));
+        }
+        if let Some(rev) = &self.current_catalog
+            && matches!(
+                self.reason,
+                DenialReason::CatalogStale | DenialReason::UnknownTool
+            )
+        {
+            p.insert("currentCatalog".into(), json!(rev));
+        }
+        if let Some(auth) = self.authorization {
+            let status = match auth {
+                PendingAuthorization::Stale => "stale",
+                PendingAuthorization::Required => "required",
+            };
+            p.insert("authorization".into(), json!(status));
+        }
+        p.insert("retry".into(), json!(self.reason.retry()));
+        p.insert("tool".into(), json!(self.tool));
+        if !self.credential_scopes.is_empty() {
+            p.insert("credentialScopes".into(), json!(self.credential_scopes));
+        }
+        Value::Object(p)
+    }
+
+    /// One sentence telling the human what to do.
+    pub fn human_hint(&self) -> String {
+        let tool = &self.tool;
+        let approve = || {
+            let epoch = self.current_epoch.as_deref().unwrap_or("the current epoch");
+            let mut cmd = format!("cargo mcp-dev approve --tool {tool}");
+            for scope in &self.credential_scopes {
+                cmd.push_str(&format!(" --credential-scope {scope}"));
+            }
+            format!("run `{cmd}` in the project to approve {tool} for epoch {epoch}")
+        };
+        match self.reason {
+            DenialReason::IdentityPending => format!(
+                "The server is starting or restarting, so {tool} was refused rather than queued: wait until the \
+                 status line shows the server running under its new epoch, then let the agent refresh its tools and \
+                 call again."
+            ),
+            DenialReason::CatalogStale => {
+                let current = self
+                    .current_catalog
+                    .as_ref()
+                    .map(|r| r.number.to_string())
+                    .unwrap_or_default();
+                let mut s = format!(
+                    "The host's tool list is out of date (current catalog revision {current}): let the agent refresh \
+                     tools/list, or reconnect the server in the host if it ignores list_changed"
+                );
+                match (self.authorization, &self.approved_epoch) {
+                    (Some(PendingAuthorization::Stale), Some(old)) => s.push_str(&format!(
+                        "; {tool} was approved for epoch {old} only, so also {}",
+                        approve()
+                    )),
+                    (Some(_), _) => s.push_str(&format!("; also {}", approve())),
+                    (None, _) => {}
+                }
+                s.push('.');
+                s
+            }
+            DenialReason::UnknownTool => {
+                format!(
+                    "{tool} is not in the server's current tool list: let the agent refresh tools/list."
+                )
+            }
+            DenialReason::AuthorizationStale => format!(
+                "{tool} was approved for epoch {}, but the server has been replaced since: review what changed and {}.",
+                self.approved_epoch.as_deref().unwrap_or("?"),
+                approve()
+            ),
+            DenialReason::AuthorizationRequired => {
+                format!("{tool} needs your approval: {}.", approve())
+            }
+        }
+    }
+}
+
+/// A denial as kept for `status`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeniedCall {
+    /// Milliseconds, as passed to [`Gate::decide_call`].
+    pub at: u64,
+    pub denial: Denial,
+}

@@ -1,0 +1,479 @@
+//! The gate: the state machine of one agent run against one server label, and the only place
+//! that decides whether a `tools/call` is forwarded (rules in the module doc of `approval`).
+//! Owns: current epoch and catalog, what the host was shown, live and stale grants, denials.
+//! Must not touch: I/O, the clock (times come in as arguments).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::*;
+use crate::catalog::CatalogRevision;
+
+/// The states of the approval state machine (docs/ARCHITECTURE.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// No running server, or its catalog is not fetched yet: nothing is forwarded.
+    IdentityPending,
+    /// Catalog known, some tool in it is gated, and no live grant exists for this epoch.
+    CatalogReady,
+    /// Catalog known and either a live grant exists or nothing in the catalog is gated.
+    Ready,
+}
+
+/// The current server as far as the gate knows.
+#[derive(Debug, Clone)]
+struct Current {
+    epoch: String,
+    /// `None` until the supervisor has fetched this epoch's catalog: revision and, per tool,
+    /// the digest of its definition.
+    catalog: Option<(CatalogRevision, BTreeMap<String, String>)>,
+}
+
+/// One tool as the host connection was last shown it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShownTool {
+    /// Digest of the definition (the fields the catalog digest covers).
+    pub digest: String,
+    /// The catalog revision it was shown in, when it was the current one.
+    pub revision: Option<u64>,
+}
+
+/// The gate of one agent run against one server label.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    policy: Policy,
+    agent_run: String,
+    server_label: String,
+    current: Option<Current>,
+    /// Digest of the last whole catalog the host was shown.
+    host_catalog: Option<String>,
+    /// Per tool, what the host was last shown (`None`: never shown a catalog).
+    host_view: Option<BTreeMap<String, ShownTool>>,
+    /// Grants for the current epoch that have not expired or been revoked.
+    live: Vec<Grant>,
+    /// Grants of past epochs (oldest first); kept only to explain denials.
+    stale: Vec<Grant>,
+    run_ended: bool,
+    denials: Vec<DeniedCall>,
+    /// Gated tools that were refused for lack of a grant and not approved since.
+    requested: BTreeSet<String>,
+}
+
+impl Gate {
+    pub fn new(policy: Policy, agent_run: String, server_label: String) -> Gate {
+        Gate {
+            policy,
+            agent_run,
+            server_label,
+            current: None,
+            host_catalog: None,
+            host_view: None,
+            live: Vec::new(),
+            stale: Vec::new(),
+            run_ended: false,
+            denials: Vec::new(),
+            requested: BTreeSet::new(),
+        }
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    pub fn agent_run(&self) -> &str {
+        &self.agent_run
+    }
+
+    pub fn server_label(&self) -> &str {
+        &self.server_label
+    }
+
+    /// A new child was started under `epoch` (minted by the supervisor): identity is pending,
+    /// the catalog is unknown, and every grant issued so far is stale. Epochs are never reused;
+    /// if the same value arrives twice it is still treated as a new child (the safe reading).
+    pub fn epoch_started(&mut self, epoch: &str) {
+        self.retire_live_grants();
+        self.current = Some(Current {
+            epoch: epoch.to_owned(),
+            catalog: None,
+        });
+    }
+
+    /// The supervisor fetched the full catalog of `epoch`. Ignored (returns `false`) when `epoch`
+    /// is not the current one, e.g. a late answer from a replaced child. A refresh in the same
+    /// epoch keeps the epoch and its grants: grants name tools explicitly, so a tool that appears
+    /// in the new catalog is not covered unless a grant already named it.
+    pub fn catalog_fetched(
+        &mut self,
+        epoch: &str,
+        revision: CatalogRevision,
+        tools: BTreeMap<String, String>,
+    ) -> bool {
+        match &mut self.current {
+            Some(current) if current.epoch == epoch => {
+                current.catalog = Some((revision, tools));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The host received a whole catalog (a `tools/list` answer, all pages): its digest, the
+    /// revision it is (when it is the current one) and each tool's definition digest.
+    pub fn host_shown_catalog(
+        &mut self,
+        digest: &str,
+        revision: Option<u64>,
+        tools: BTreeMap<String, String>,
+    ) {
+        self.host_catalog = Some(digest.to_owned());
+        self.host_view = Some(
+            tools
+                .into_iter()
+                .map(|(name, digest)| (name, ShownTool { digest, revision }))
+                .collect(),
+        );
+    }
+
+    /// The host was shown one tool's current definition (a stale-call result carries it), or
+    /// that it is gone (`None`). The next call of that tool is judged against it.
+    pub fn host_shown_tool(&mut self, tool: &str, digest: Option<String>, revision: Option<u64>) {
+        let view = self.host_view.get_or_insert_with(BTreeMap::new);
+        match digest {
+            Some(digest) => {
+                view.insert(tool.to_owned(), ShownTool { digest, revision });
+            }
+            None => {
+                view.remove(tool);
+            }
+        }
+    }
+
+    /// What the host was shown of `tool`, if anything.
+    pub fn host_shown(&self, tool: &str) -> Option<&ShownTool> {
+        self.host_view.as_ref()?.get(tool)
+    }
+
+    /// Tools whose definition as shown to the host differs from the current catalog (or that
+    /// are gone), sorted. Empty before either is known.
+    pub fn stale_tools(&self) -> Vec<String> {
+        let (Some(view), Some((_, current))) = (
+            self.host_view.as_ref(),
+            self.current.as_ref().and_then(|c| c.catalog.as_ref()),
+        ) else {
+            return Vec::new();
+        };
+        view.iter()
+            .filter(|(name, shown)| current.get(*name) != Some(&shown.digest))
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// Whether a call of `tool` now would be judged stale.
+    fn is_stale(&self, tool: &str, current: &BTreeMap<String, String>) -> bool {
+        self.host_shown(tool)
+            .is_some_and(|shown| current.get(tool) != Some(&shown.digest))
+    }
+
+    /// The child of `epoch` exited. Ignored (returns `false`) for any other epoch. Until the next
+    /// [`Gate::epoch_started`] no call is forwarded, and the exited epoch's grants are stale.
+    pub fn server_exited(&mut self, epoch: &str) -> bool {
+        if self.current.as_ref().is_some_and(|c| c.epoch == epoch) {
+            self.retire_live_grants();
+            self.current = None;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Applies a human decision. The epoch is checked again here: a decision made while looking
+    /// at an older epoch is void. A request containing any per-call tool yields one per-call grant
+    /// (the stricter mode wins); approve per-call tools separately to keep the others per-epoch.
+    pub fn approve(
+        &mut self,
+        req: ApprovalRequest,
+        now: u64,
+        id: String,
+    ) -> Result<Grant, ApprovalError> {
+        if self.run_ended {
+            return Err(ApprovalError::RunEnded);
+        }
+        let current = match &self.current {
+            Some(c) if c.epoch == req.epoch => c,
+            other => {
+                return Err(ApprovalError::EpochChanged {
+                    requested: req.epoch,
+                    current: other.as_ref().map(|c| c.epoch.clone()),
+                });
+            }
+        };
+        let Some((_, catalog)) = &current.catalog else {
+            return Err(ApprovalError::NotReady);
+        };
+        if req.tools.is_empty() {
+            return Err(ApprovalError::NoTools);
+        }
+        if let Some(tool) = req.tools.iter().find(|t| !catalog.contains_key(*t)) {
+            return Err(ApprovalError::UnknownTool(tool.clone()));
+        }
+        if let Some(scope) = req
+            .credential_scopes
+            .iter()
+            .find(|s| !self.policy.credential_scopes.contains_key(*s))
+        {
+            return Err(ApprovalError::UnknownScope(scope.clone()));
+        }
+        for tool in &req.tools {
+            if let Some(scope) = self
+                .policy
+                .scopes_for(tool)
+                .into_iter()
+                .find(|s| !req.credential_scopes.contains(s))
+            {
+                return Err(ApprovalError::ScopeNotCovered {
+                    tool: tool.clone(),
+                    scope,
+                });
+            }
+        }
+        let per_call = req
+            .tools
+            .iter()
+            .any(|t| self.policy.mode_for(t) == ApprovalMode::PerCall);
+        let grant = Grant {
+            id,
+            agent_run: self.agent_run.clone(),
+            server_label: self.server_label.clone(),
+            execution_epoch: req.epoch,
+            tool_scope: req.tools,
+            credential_scope: req.credential_scopes,
+            issued_at: now,
+            expires_when: if per_call {
+                Expiry::FirstUse
+            } else {
+                Expiry::RunEnd
+            },
+        };
+        self.requested.retain(|t| !grant.tool_scope.contains(t));
+        self.live.push(grant.clone());
+        Ok(grant)
+    }
+
+    /// Removes grants (live or stale) and returns them, for the `approval_revoked` record.
+    pub fn revoke(&mut self, target: RevokeTarget) -> Vec<Grant> {
+        let matches = |g: &Grant| match &target {
+            RevokeTarget::Id(id) => &g.id == id,
+            RevokeTarget::All => true,
+        };
+        let mut removed = Vec::new();
+        for list in [&mut self.live, &mut self.stale] {
+            let (gone, kept): (Vec<Grant>, Vec<Grant>) = list.drain(..).partition(|g| matches(g));
+            *list = kept;
+            removed.extend(gone);
+        }
+        removed
+    }
+
+    /// The agent run ended (host disconnected): every grant expires and none can be issued.
+    pub fn end_run(&mut self) {
+        self.run_ended = true;
+        self.live.clear();
+        self.stale.clear();
+        self.requested.clear();
+    }
+
+    pub fn run_ended(&self) -> bool {
+        self.run_ended
+    }
+
+    /// Decides one `tools/call` (see the module doc for the order of checks). Forwarding under a
+    /// per-call grant consumes it; a cancelled or failed call does not give it back, because the
+    /// call may have run.
+    pub fn decide_call(&mut self, tool: &str, now: u64) -> CallDecision {
+        let scopes = self.policy.scopes_for(tool);
+        let gated = self.policy.is_gated(tool);
+        let mut denial = Denial {
+            reason: DenialReason::IdentityPending,
+            tool: tool.to_owned(),
+            approved_epoch: None,
+            current_epoch: self.current.as_ref().map(|c| c.epoch.clone()),
+            host_catalog: self.host_catalog.clone(),
+            current_catalog: None,
+            credential_scopes: scopes.iter().cloned().collect(),
+            authorization: None,
+        };
+        let Some((revision, catalog)) = self.current.as_ref().and_then(|c| c.catalog.as_ref())
+        else {
+            return self.deny(denial, gated, now);
+        };
+        denial.current_catalog = Some(revision.clone());
+        let in_catalog = catalog.contains_key(tool);
+        let live = self.live.iter().position(|g| g.covers(tool, &scopes));
+        let stale = self
+            .stale
+            .iter()
+            .rev()
+            .find(|g| g.tool_scope.contains(tool))
+            .map(|g| g.execution_epoch.clone());
+
+        // A call is stale when this tool's definition as the host was shown it differs from the
+        // current one (or the tool is gone). A host that was never shown the tool (e.g. a
+        // one-shot CLI call) is judged against the current catalog; approval rules still apply.
+        if self.is_stale(tool, catalog) {
+            denial.reason = DenialReason::CatalogStale;
+            if gated && in_catalog && live.is_none() {
+                denial.authorization = Some(if stale.is_some() {
+                    PendingAuthorization::Stale
+                } else {
+                    PendingAuthorization::Required
+                });
+                denial.approved_epoch = stale;
+            }
+            let record = denial.authorization.is_some();
+            return self.deny(denial, record, now);
+        }
+        if !in_catalog {
+            denial.reason = DenialReason::UnknownTool;
+            return self.deny(denial, false, now);
+        }
+        if !gated {
+            return CallDecision::Forward {
+                grant_id: None,
+                credential_scopes: scopes.into_iter().collect(),
+            };
+        }
+        // Prefer a per-epoch grant so a per-call grant is not spent when another grant suffices.
+        let chosen = self
+            .live
+            .iter()
+            .position(|g| g.expires_when == Expiry::RunEnd && g.covers(tool, &scopes))
+            .or(live);
+        if let Some(index) = chosen {
+            let grant_id = if self.live[index].expires_when == Expiry::FirstUse {
+                self.live.remove(index).id
+            } else {
+                self.live[index].id.clone()
+            };
+            return CallDecision::Forward {
+                grant_id: Some(grant_id),
+                credential_scopes: scopes.into_iter().collect(),
+            };
+        }
+        match stale {
+            Some(approved) => {
+                denial.reason = DenialReason::AuthorizationStale;
+                denial.approved_epoch = Some(approved);
+            }
+            None => denial.reason = DenialReason::AuthorizationRequired,
+        }
+        self.deny(denial, true, now)
+    }
+
+    fn deny(&mut self, denial: Denial, record_request: bool, now: u64) -> CallDecision {
+        if record_request && !self.run_ended {
+            self.requested.insert(denial.tool.clone());
+        }
+        if self.denials.len() == RECENT_DENIALS {
+            self.denials.remove(0);
+        }
+        self.denials.push(DeniedCall {
+            at: now,
+            denial: denial.clone(),
+        });
+        CallDecision::Deny(denial)
+    }
+
+    fn retire_live_grants(&mut self) {
+        self.stale.append(&mut self.live);
+        let excess = self.stale.len().saturating_sub(STALE_GRANTS);
+        self.stale.drain(..excess);
+    }
+
+    /// Tools (and the credential scopes they use) that were refused for lack of a grant and are
+    /// still not covered: the defaults `cargo mcp-dev approve` proposes. Limited to the current
+    /// catalog once it is known.
+    pub fn pending_requests(&self) -> (BTreeSet<String>, BTreeSet<String>) {
+        let catalog = self
+            .current
+            .as_ref()
+            .and_then(|c| c.catalog.as_ref())
+            .map(|(_, tools)| tools);
+        let tools: BTreeSet<String> = self
+            .requested
+            .iter()
+            .filter(|t| catalog.is_none_or(|c| c.contains_key(*t)))
+            .filter(|t| {
+                let scopes = self.policy.scopes_for(t);
+                !self.live.iter().any(|g| g.covers(t, &scopes))
+            })
+            .cloned()
+            .collect();
+        let scopes = tools
+            .iter()
+            .flat_map(|t| self.policy.scopes_for(t))
+            .collect();
+        (tools, scopes)
+    }
+
+    /// The last [`RECENT_DENIALS`] denials, oldest first.
+    pub fn recent_denials(&self) -> &[DeniedCall] {
+        &self.denials
+    }
+
+    /// Grants that can still authorize a call: issued for the current epoch, not used up, not
+    /// revoked, run not ended.
+    pub fn grants(&self) -> &[Grant] {
+        &self.live
+    }
+
+    pub fn phase(&self) -> Phase {
+        match self.current.as_ref().and_then(|c| c.catalog.as_ref()) {
+            None => Phase::IdentityPending,
+            Some((_, tools))
+                if self.live.is_empty() && tools.keys().any(|t| self.policy.is_gated(t)) =>
+            {
+                Phase::CatalogReady
+            }
+            Some(_) => Phase::Ready,
+        }
+    }
+
+    pub fn current_epoch(&self) -> Option<&str> {
+        self.current.as_ref().map(|c| c.epoch.as_str())
+    }
+
+    /// The revision of the current epoch's catalog, once fetched.
+    pub fn current_catalog(&self) -> Option<&CatalogRevision> {
+        self.current
+            .as_ref()
+            .and_then(|c| c.catalog.as_ref())
+            .map(|(rev, _)| rev)
+    }
+
+    /// Digest of the catalog the host last fetched.
+    pub fn host_catalog(&self) -> Option<&str> {
+        self.host_catalog.as_deref()
+    }
+}
+
+#[cfg(test)]
+impl Gate {
+    /// The host was shown catalog `sha256:<tag>` holding the current catalog's tools.
+    pub(super) fn host_fetched_catalog(&mut self, digest: &str) {
+        let tag = digest.trim_start_matches("sha256:");
+        let names: Vec<String> = self
+            .current
+            .as_ref()
+            .and_then(|c| c.catalog.as_ref())
+            .map(|(_, t)| t.keys().cloned().collect())
+            .unwrap_or_default();
+        let view = names
+            .into_iter()
+            .map(|n| {
+                let d = format!("{tag}:{n}");
+                (n, d)
+            })
+            .collect();
+        self.host_shown_catalog(digest, None, view);
+    }
+}

@@ -1,0 +1,36 @@
+//! The gate: the only place that decides whether a `tools/call` is forwarded to the server.
+//!
+//! Owns the approval policy ([`Policy`]), the grants a human issued for this agent run
+//! ([`Grant`]), the state machine of docs/ARCHITECTURE.md ([`Phase`]) and the denials it produces,
+//! with their machine-readable payload and the sentence for the human ([`Denial`]).
+//!
+//! Pure: events in, decisions out. It does no I/O and reads no clock: times are passed in as
+//! milliseconds and grant ids are supplied by the caller. It must not touch processes, JSON-RPC
+//! framing, the audit log or the control socket; `session` feeds it events from those and acts on
+//! the decisions (writes `tool_called` before forwarding, `authorization_denied` after a denial).
+//!
+//! Tool annotations (`readOnlyHint`, `destructiveHint`, …) are untrusted hints from the server:
+//! nothing in this module takes them as input, so they cannot decide gating or credentials.
+//!
+//! Rules enforced by [`Gate::decide_call`], in this order:
+//! 1. `identity_pending`: no current epoch, or its catalog has not been fetched yet;
+//! 2. `catalog_stale`: the called tool's definition as this host connection was last shown it
+//!    differs from its definition in the current catalog, or the tool is gone. Judged per
+//!    tool: calls to unchanged tools go through. A host that was never shown a catalog in this
+//!    connection (or never shown this tool) is judged against the current catalog;
+//! 3. `unknown_tool`: the tool is not in the current catalog;
+//! 4. for a gated tool, a live grant of this run naming the current epoch and covering the tool
+//!    and every credential scope it uses; otherwise `authorization_stale` if a grant covered the
+//!    tool under another epoch, else `authorization_required`.
+
+mod denial;
+mod gate;
+mod grant;
+mod policy;
+#[cfg(test)]
+mod tests;
+
+pub use denial::*;
+pub use gate::*;
+pub use grant::*;
+pub use policy::*;

@@ -1,0 +1,343 @@
+//! Opening a log for a new run, and recovering from a log that cannot be extended.
+//!
+//! Owns the decision "extend this chain, or set it aside and start a new one". A log is extended
+//! only if it verifies completely with this user's key and its anchor ([`super::verify()`]: every
+//! record's hash, MAC and link, not only the tail, so a tampered middle record is noticed before
+//! a run's first append). Otherwise (a torn last line after a crash or `SIGXFSZ`, a log written
+//! under another key, a log removed by `cargo clean` while its anchor survived, a tampered
+//! record) nothing is deleted:
+//!
+//! - the old log is renamed `<name>.set-aside-<time>.jsonl` beside it (if there is one);
+//! - its anchor is renamed `<H>.set-aside-<time>.json` in the anchors directory (outside the
+//!   target directory, so `cargo clean` does not take it);
+//! - a new chain starts whose first record, [`CHAIN_RESTARTED`], is sealed like every other and
+//!   names the reason, both set-aside paths and the old head (the anchor's `seq`/`hash`, and the
+//!   last readable record's), so `audit verify` can report the break and check the old chain
+//!   with its own anchor.
+//!
+//! Must not touch: record content beyond the restart record, policy, stdout.
+
+use super::chain::Record;
+use super::keys::{self, KeyStore};
+use super::log::AuditLog;
+use super::{AuditError, verify};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+
+/// The first record of a chain that replaced a set-aside one.
+/// `{reason, previousLog|null, previousAnchor|null, previousHead:{seq,hash}|null,
+///   previousLastRecord:{seq,hash}|null}`
+pub const CHAIN_RESTARTED: &str = "chain_restarted";
+
+/// The `run` of records written by cargo mcp-dev itself outside any agent run.
+pub const TOOL_RUN: &str = "cargo-mcp-dev";
+
+/// What a recovery did (for the one status line `run` prints).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recovery {
+    pub reason: String,
+    pub set_aside_log: Option<PathBuf>,
+    pub set_aside_anchor: Option<PathBuf>,
+    /// `(seq, hash)` the old anchor named.
+    pub previous_head: Option<(u64, String)>,
+}
+
+impl Recovery {
+    /// One status line.
+    pub fn status_line(&self, log: &Path) -> String {
+        let head = match &self.previous_head {
+            Some((seq, hash)) => format!("old head seq {seq} {}", &hash[..hash.len().min(12)]),
+            None => "no anchored head".into(),
+        };
+        format!(
+            "audit log set aside: {} ({}); kept as {} (anchor {}); a new chain starts in {} referencing the {head}",
+            log.display(),
+            self.reason,
+            self.set_aside_log
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "nothing (no log file was left)".into()),
+            self.set_aside_anchor
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "none".into()),
+            log.display(),
+        )
+    }
+}
+
+fn recoverable(e: &AuditError) -> bool {
+    matches!(
+        e,
+        AuditError::CorruptTail { .. } | AuditError::BadAnchor { .. } | AuditError::Verify(_)
+    )
+}
+
+/// Opens `path` for a new run: the whole log is verified first; a log that does not verify is
+/// set aside and a new chain starts (see the module doc). Errors that recovery cannot fix
+/// (I/O, a symlink, an insecure key or directory) are returned.
+pub fn open_for_run(
+    path: &Path,
+    keys: &KeyStore,
+) -> Result<(AuditLog, Option<Recovery>), AuditError> {
+    let problem = match AuditLog::open(path, keys) {
+        Ok(log) => {
+            let non_empty = std::fs::metadata(path)
+                .map(|m| m.len() > 0)
+                .unwrap_or(false);
+            if !non_empty {
+                return Ok((log, None));
+            }
+            match verify::verify_quiet(path, keys) {
+                Ok(()) => return Ok((log, None)),
+                Err(f) => {
+                    drop(log);
+                    f.to_string()
+                }
+            }
+        }
+        Err(e) if recoverable(&e) => e.to_string(),
+        Err(e) => return Err(e),
+    };
+    let recovery = set_aside(path, keys, &problem)?;
+    let mut log = AuditLog::open(path, keys)?;
+    let head = |h: &Option<(u64, String)>| match h {
+        Some((seq, hash)) => json!({"seq": seq, "hash": hash}),
+        None => Value::Null,
+    };
+    let last = recovery
+        .set_aside_log
+        .as_deref()
+        .and_then(last_record)
+        .map(|r| (r.seq, r.hash));
+    log.append(
+        CHAIN_RESTARTED,
+        TOOL_RUN,
+        None,
+        json!({
+            "reason": recovery.reason,
+            "previousLog": recovery.set_aside_log.as_ref().map(|p| p.to_string_lossy()),
+            "previousAnchor": recovery.set_aside_anchor.as_ref().map(|p| p.to_string_lossy()),
+            "previousHead": head(&recovery.previous_head),
+            "previousLastRecord": head(&last),
+        }),
+    )?;
+    Ok((log, Some(recovery)))
+}
+
+/// A short reason from a long error text: the part that says what is wrong.
+fn reason_of(problem: &str) -> String {
+    let p = problem
+        .split_once(" is damaged (")
+        .map(|(_, r)| r)
+        .and_then(|r| r.split_once("); refusing").map(|(r, _)| r))
+        .unwrap_or(problem);
+    p.to_string()
+}
+
+fn stamp() -> String {
+    let now = std::time::SystemTime::now();
+    let t = humantime::format_rfc3339_seconds(now).to_string();
+    // 2026-12-03T08:12:32Z -> 20261203T081232Z, plus the pid: unique per second per process.
+    let compact: String = t.chars().filter(|c| c.is_ascii_alphanumeric()).collect();
+    format!("{compact}-{}", std::process::id())
+}
+
+/// Moves the log and its anchor aside (never deletes either).
+fn set_aside(path: &Path, keys: &KeyStore, problem: &str) -> Result<Recovery, AuditError> {
+    let stamp = stamp();
+    let anchor_path = keys.anchor_path(path).ok();
+    let previous_head = anchor_path
+        .as_deref()
+        .and_then(|a| keys::read_anchor_at(a).ok().flatten())
+        .map(|a| (a.seq, a.hash));
+    let file_name = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "audit".into());
+    let non_empty = std::fs::symlink_metadata(path)
+        .map(|m| m.len() > 0)
+        .unwrap_or(false);
+    let set_aside_log = if non_empty {
+        let aside = move_aside(path, &format!("{file_name}.set-aside-{stamp}"), "jsonl")
+            .map_err(AuditError::io("set aside audit log", path))?;
+        Some(aside)
+    } else {
+        None
+    };
+    let set_aside_anchor = match &anchor_path {
+        Some(a) if a.exists() => {
+            let stem = a
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let aside = move_aside(a, &format!("{stem}.set-aside-{stamp}"), "json")
+                .map_err(AuditError::io("set aside anchor", a))?;
+            Some(aside)
+        }
+        _ => None,
+    };
+    let mut reason = reason_of(problem);
+    if !non_empty && previous_head.is_some() {
+        reason = format!("{reason}; the log is missing or empty (removed, e.g. by `cargo clean`?)");
+    }
+    Ok(Recovery {
+        reason,
+        set_aside_log,
+        set_aside_anchor,
+        previous_head,
+    })
+}
+
+/// Moves `from` to `<base>.<ext>` beside it, or `<base>-2.<ext>`… when that name is taken (two
+/// recoveries in the same second): evidence is never overwritten.
+fn move_aside(from: &Path, base: &str, ext: &str) -> std::io::Result<PathBuf> {
+    let mut n = 1;
+    loop {
+        let name = if n == 1 {
+            format!("{base}.{ext}")
+        } else {
+            format!("{base}-{n}.{ext}")
+        };
+        let to = from.with_file_name(name);
+        match rename_new(from, &to) {
+            Ok(()) => return Ok(to),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => n += 1,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// `rename`, refusing to replace an existing destination (hard link + unlink: both names exist
+/// for an instant, the destination is never overwritten).
+fn rename_new(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::hard_link(from, to)?;
+    std::fs::remove_file(from)
+}
+
+/// The last record of a log that parses (best effort, for the restart record).
+fn last_record(path: &Path) -> Option<Record> {
+    let text = std::fs::read(path).ok()?;
+    text.split(|&b| b == b'\n')
+        .rev()
+        .filter_map(|l| std::str::from_utf8(l).ok())
+        .find_map(|l| Record::from_line(l).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::VerifyFailure;
+    use std::io::Write;
+
+    fn setup() -> (tempfile::TempDir, KeyStore, PathBuf) {
+        let tmp = tempfile::tempdir().unwrap();
+        let keys = KeyStore::at(tmp.path().join("state"));
+        let path = tmp.path().join("target/mcp-dev/audit/srv.jsonl");
+        (tmp, keys, path)
+    }
+
+    fn write_some(path: &Path, keys: &KeyStore, n: usize) {
+        let (mut log, rec) = open_for_run(path, keys).unwrap();
+        assert_eq!(rec, None);
+        for i in 0..n {
+            log.append("x", "R", None, json!({"i": i})).unwrap();
+        }
+    }
+
+    fn aside_files(dir: &Path) -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().contains(".set-aside-"))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Issue 12, high finding "a set-aside audit log bricks `run`" (the `cargo clean` case):
+    /// the log is gone but its anchor survives; the next run used to exit 1 forever.
+    #[test]
+    fn log_removed_by_cargo_clean_starts_a_new_chain() {
+        let (_tmp, keys, path) = setup();
+        write_some(&path, &keys, 3);
+        let old_head = keys.read_anchor(&path).unwrap().unwrap();
+        std::fs::remove_dir_all(path.parent().unwrap().parent().unwrap()).unwrap();
+        let (mut log, rec) = open_for_run(&path, &keys).unwrap();
+        let rec = rec.expect("recovered");
+        assert_eq!(rec.previous_head, Some((3, old_head.hash.clone())));
+        assert!(rec.set_aside_log.is_none());
+        let anchor_aside = rec.set_aside_anchor.clone().expect("anchor kept");
+        assert!(anchor_aside.exists());
+        assert!(rec.reason.contains("cargo clean"), "{}", rec.reason);
+        assert!(rec.status_line(&path).starts_with("audit log set aside: "));
+        log.append("x", "R", None, json!({})).unwrap();
+        drop(log);
+        // The new chain verifies and names the break; later runs extend it without recovery.
+        let r = verify::verify(&path, &keys).unwrap();
+        let b = r.previous.as_deref().expect("a break is reported");
+        assert_eq!(b.previous_head, Some((3, old_head.hash)));
+        assert!(b.previous.is_err(), "the old log is gone: {:?}", b.previous);
+        let (_log, again) = open_for_run(&path, &keys).unwrap();
+        assert_eq!(again, None);
+    }
+
+    /// Issue 12, high finding (torn last line): kept aside with its anchor, both chains reported.
+    #[test]
+    fn torn_last_line_is_set_aside_and_both_chains_are_reported() {
+        let (_tmp, keys, path) = setup();
+        write_some(&path, &keys, 2);
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"{\"v\":1,\"seq\":3,")
+            .unwrap();
+        let torn = std::fs::read(&path).unwrap();
+        let (log, rec) = open_for_run(&path, &keys).unwrap();
+        drop(log);
+        let rec = rec.unwrap();
+        let aside = rec.set_aside_log.clone().unwrap();
+        assert_eq!(
+            std::fs::read(&aside).unwrap(),
+            torn,
+            "evidence kept byte for byte"
+        );
+        assert_eq!(aside_files(path.parent().unwrap()), vec![aside.clone()]);
+        let r = verify::verify(&path, &keys).unwrap();
+        assert_eq!(r.records, 1);
+        let b = r.previous.as_deref().unwrap();
+        assert_eq!(b.previous_log.as_deref(), Some(aside.as_path()));
+        let f: &VerifyFailure = b.previous.as_ref().unwrap_err();
+        assert!(f.reason.contains("incomplete last line"), "{f}");
+        assert_eq!(b.previous_head.as_ref().map(|h| h.0), Some(2));
+    }
+
+    /// Issue 12, high finding (a log written under another key) and low finding "a tampered
+    /// middle record is not noticed when appending": both are set aside, never extended.
+    #[test]
+    fn foreign_key_and_tampered_middle_record_are_never_extended() {
+        let (tmp, keys, path) = setup();
+        write_some(&path, &keys, 3);
+        let other = KeyStore::at(tmp.path().join("other-state"));
+        let (_log, rec) = open_for_run(&path, &other).unwrap();
+        assert!(rec.unwrap().reason.contains("MAC"), "foreign key");
+
+        let path2 = tmp.path().join("b.jsonl");
+        write_some(&path2, &keys, 3);
+        // Change record 2 and recompute its hash (no key: the MAC stays stale).
+        let text = std::fs::read_to_string(&path2).unwrap();
+        let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        let mut r = Record::from_line(&lines[1]).unwrap();
+        r.data = json!({"i": 99});
+        r.hash = r.compute_hash().unwrap();
+        lines[1] = String::from_utf8(r.to_line().unwrap()).unwrap();
+        std::fs::write(&path2, lines.join("\n") + "\n").unwrap();
+        let (mut log, rec) = open_for_run(&path2, &keys).unwrap();
+        let rec = rec.expect("a tampered middle record is noticed before the first append");
+        assert!(rec.reason.contains("record 2"), "{}", rec.reason);
+        let first = log.head().unwrap().0;
+        assert_eq!(first, 1, "a new chain");
+        log.append("x", "R", None, json!({})).unwrap();
+    }
+}

@@ -1,0 +1,156 @@
+//! Making untrusted text safe to print on a terminal.
+//!
+//! Server-controlled text (tool names, descriptions, schemas, catalog diff lines, non-JSON lines
+//! the server wrote on stdout, its stderr) and agent-controlled text (tool names in calls) reach
+//! the reviewer's terminal. An escape sequence in it could recolour, hide, rewrite or fake what
+//! the human reads (e.g. erase a line of the `approve` screen, or set the window title). Every
+//! place that prints such text goes through this module:
+//!
+//! - [`line`]: one line of status. C0 controls (newline included, tab excepted), DEL and C1
+//!   controls become visible escapes (`\x1b`, `\n`, `\u{9b}`); printable UTF-8 is kept.
+//! - [`bytes_line`]: the same for raw bytes (invalid UTF-8 becomes U+FFFD).
+//! - [`review`]: for the `approve` screen, where a human decides: as [`line`], and invisible or
+//!   direction-changing characters (bidi controls, zero-width characters, tag characters…) are
+//!   shown as `<U+202E>` so that what is displayed is what is granted.
+//!
+//! Pure functions; no I/O.
+
+use std::borrow::Cow;
+use std::fmt::Write;
+
+/// Whether `c` is a terminal control character: C0 (U+0000–U+001F) except tab, DEL, or C1
+/// (U+0080–U+009F). A tab only moves the cursor forward; it is kept.
+pub fn is_control(c: char) -> bool {
+    c.is_control() && c != '\t'
+}
+
+/// Whether `c` is invisible or changes the display order of text around it: the characters a
+/// reviewer cannot see (or sees in the wrong place) on the `approve` screen.
+pub fn is_invisible(c: char) -> bool {
+    matches!(c,
+        '\u{00AD}'                  // soft hyphen
+        | '\u{034F}'                // combining grapheme joiner
+        | '\u{061C}'                // arabic letter mark
+        | '\u{115F}' | '\u{1160}'   // hangul fillers
+        | '\u{17B4}' | '\u{17B5}'
+        | '\u{180B}'..='\u{180F}'   // mongolian variation selectors / vowel separator
+        | '\u{200B}'..='\u{200F}'   // zero-width space/joiners, LRM, RLM
+        | '\u{2028}'..='\u{202E}'   // line/paragraph separators, bidi embeddings and overrides
+        | '\u{2060}'..='\u{206F}'   // word joiner, invisible operators, bidi isolates
+        | '\u{3164}'                // hangul filler
+        | '\u{FE00}'..='\u{FE0F}'   // variation selectors
+        | '\u{FEFF}'                // zero-width no-break space
+        | '\u{FFA0}'
+        | '\u{FFF0}'..='\u{FFFB}'   // interlinear annotations
+        | '\u{E0000}'..='\u{E007F}' // tag characters
+        | '\u{E0100}'..='\u{E01EF}' // variation selectors supplement
+    )
+}
+
+fn escape_control(c: char, out: &mut String) {
+    match c {
+        '\n' => out.push_str("\\n"),
+        '\r' => out.push_str("\\r"),
+        c if (c as u32) < 0x80 => {
+            let _ = write!(out, "\\x{:02x}", c as u32);
+        }
+        c => {
+            let _ = write!(out, "\\u{{{:x}}}", c as u32);
+        }
+    }
+}
+
+fn clean(text: &str, invisible_too: bool) -> Cow<'_, str> {
+    let bad = |c: char| is_control(c) || (invisible_too && is_invisible(c));
+    if !text.chars().any(bad) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if is_control(c) {
+            escape_control(c, &mut out);
+        } else if invisible_too && is_invisible(c) {
+            let _ = write!(out, "<U+{:04X}>", c as u32);
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// One line of untrusted text, safe for a terminal (controls escaped, printable UTF-8 kept).
+pub fn line(text: &str) -> Cow<'_, str> {
+    clean(text, false)
+}
+
+/// Like [`line`] for raw bytes (a server's stdout or stderr line): invalid UTF-8 is replaced.
+pub fn bytes_line(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    line(&text).into_owned()
+}
+
+/// Several lines of untrusted text (e.g. a block built from many pieces): each line is cleaned,
+/// the newlines between them are kept.
+pub fn lines(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for (i, l) in text.split('\n').enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        out.push_str(&line(l));
+    }
+    out
+}
+
+/// Untrusted text on the `approve` screen: controls escaped and invisible or bidi characters
+/// shown as `<U+XXXX>`, so the reviewer sees every character that will be granted.
+pub fn review(text: &str) -> Cow<'_, str> {
+    clean(text, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Issue 12, high finding "terminal escape injection": escape sequences and controls are
+    /// shown, never sent to the terminal.
+    #[test]
+    fn controls_are_escaped_printable_text_is_kept() {
+        assert_eq!(line("write_item"), "write_item");
+        assert!(matches!(line("ünïcödé ✓ 工具"), Cow::Borrowed(_)));
+        assert_eq!(line("a\x1b[2Jb"), "a\\x1b[2Jb");
+        assert_eq!(line("x\x1b]0;owned\x07"), "x\\x1b]0;owned\\x07");
+        assert_eq!(line("l1\nl2\r\t"), "l1\\nl2\\r\t");
+        assert_eq!(line("\u{9b}31m"), "\\u{9b}31m");
+        assert_eq!(line("\x7f"), "\\x7f");
+        assert_eq!(bytes_line(b"ok \xff\x1b[1m"), "ok \u{FFFD}\\x1b[1m");
+        assert_eq!(lines("a\x1b\nb"), "a\\x1b\nb");
+    }
+
+    #[test]
+    fn review_shows_invisible_and_bidi_characters() {
+        assert_eq!(review("write\u{202E}metI"), "write<U+202E>metI");
+        assert_eq!(review("de\u{200B}lete"), "de<U+200B>lete");
+        assert_eq!(review("a\u{E0041}"), "a<U+E0041>");
+        assert_eq!(review("\u{FEFF}x\x1b"), "<U+FEFF>x\\x1b");
+        assert_eq!(review("plain"), "plain");
+        // Status lines keep them (they are printable), approve shows them.
+        assert_eq!(line("a\u{202E}b"), "a\u{202E}b");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2048, failure_persistence: None, ..ProptestConfig::default() })]
+        #[test]
+        fn no_control_or_invisible_survives(s in any::<String>()) {
+            let l = line(&s);
+            prop_assert!(!l.chars().any(is_control));
+            let r = review(&s);
+            prop_assert!(!r.chars().any(|c| is_control(c) || is_invisible(c)));
+            // Text without anything to escape is untouched.
+            if !s.chars().any(|c| is_control(c) || is_invisible(c)) {
+                prop_assert_eq!(r.as_ref(), s.as_str());
+            }
+        }
+    }
+}

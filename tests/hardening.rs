@@ -1,0 +1,732 @@
+//! Issue 12 (hardening): one test per finding that needs a real `cargo-mcp-dev run` (the fake
+//! std-only server from `tests/fixtures/fake-server`). Findings covered by unit tests are named in
+//! the module they fix (`proxy::envelope`, `sanitize`, `commands::approve`, `audit::*`, `store`,
+//! `proxy::outlet`, `control`, `fsutil`).
+
+mod common;
+
+use std::time::Duration;
+
+use common::session::Setup;
+use serde_json::json;
+
+/// Critical finding "`id: null` bypasses approvals and the audit log": a `tools/call` with
+/// `"id": null`, or with no id at all, never reaches the server (no side effect, nothing in
+/// `FAKE_LOG`), and the one with `"id": null` is answered `-32600` with id null.
+#[test]
+fn id_null_and_id_less_calls_never_reach_the_server() {
+    let mut s = Setup::new().arg("--no-gating").start();
+    s.ready_legacy();
+    s.send(r#"{"jsonrpc":"2.0","id":null,"method":"tools/call","params":{"name":"write","arguments":{"marker":"null-id"}}}"#);
+    let m = s.message("an answer with id null", |m| {
+        m.id.as_deref() == Some("null")
+    });
+    assert_eq!(m.error()["code"], json!(-32600), "{}", m.raw);
+    s.send(r#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"write","arguments":{"marker":"no-id"}}}"#);
+    // A normal call afterwards still works, and is the only write that ran.
+    let m = s.call("7", "write", json!({"marker": "real"}));
+    assert_eq!(
+        m.result()["structuredContent"]["args"],
+        json!({"marker": "real"})
+    );
+    let effects = s.side_effects();
+    assert_eq!(effects.len(), 1, "{effects:?}");
+    let log = s.fake_log_raw();
+    assert!(
+        !log.iter()
+            .any(|l| l.contains("null-id") || l.contains("no-id")),
+        "the server received a call without an id: {log:?}"
+    );
+    s.finish();
+}
+
+/// High finding "terminal escape injection": a tool name with escape sequences chosen by the
+/// agent, and a catalog description chosen by the server, are printed on stderr without a
+/// single ESC/BEL byte reaching the terminal.
+#[test]
+fn escape_sequences_never_reach_the_terminal() {
+    let mut s = Setup::new().start();
+    s.ready_legacy();
+    let evil = "\u{1b}[2J\u{1b}]0;pwned\u{7}write";
+    let m = s.call("1", evil, json!({}));
+    assert_eq!(
+        m.tool_error_payload()["error"],
+        json!("unknown_tool"),
+        "{}",
+        m.raw
+    );
+    let line = s.wait_stderr("call denied: ");
+    assert!(line.contains("\\x1b[2J\\x1b]0;pwned\\x07write"), "{line}");
+    s.send("hello \u{1b}[31m not json");
+    s.drain_for(Duration::from_millis(300));
+    let all = s.stderr_lines().join("\n");
+    assert!(
+        !all.contains('\u{1b}') && !all.contains('\u{7}'),
+        "raw control bytes on stderr: {all:?}"
+    );
+    s.finish();
+}
+
+/// High finding "a set-aside audit log bricks `run`": a torn last line (a crash mid-append)
+/// used to make every later `run` exit 1. Now the log and its anchor are kept aside, a new chain
+/// starts (one status line), and `audit verify` reports the break with both chains (exit 109).
+#[test]
+fn torn_audit_log_is_set_aside_and_run_starts() {
+    use cargo_mcp_dev::audit::{AuditLog, KeyStore};
+    use std::io::Write;
+    let setup = Setup::new();
+    let log_path = setup
+        .project
+        .target_dir()
+        .join("mcp-dev/audit/fake-server.jsonl");
+    let keys = KeyStore::at(&setup.project.home);
+    {
+        let mut log = AuditLog::open(&log_path, &keys).unwrap();
+        log.append("run_started", "R0", None, json!({"agentRun": "R0"}))
+            .unwrap();
+    }
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&log_path)
+        .unwrap()
+        .write_all(b"{\"v\":1,\"seq\":2,\"ti")
+        .unwrap();
+    let mut s = setup.start();
+    let line = s.wait_stderr("audit log set aside: ");
+    assert!(line.contains("incomplete"), "{line}");
+    s.ready_legacy();
+    let project_run = s.cli(&["audit", "verify"]);
+    s.finish();
+    project_run.expect_code(109);
+    assert!(
+        project_run.stderr.contains("chain break at record 1"),
+        "{}",
+        project_run.stderr
+    );
+    assert!(
+        project_run
+            .stderr
+            .contains("earlier chain failed verification"),
+        "{}",
+        project_run.stderr
+    );
+}
+
+/// Medium finding "the stored executable is run without checking it still has the hashed
+/// bytes": an entry replaced after capture is refused at launch, naming the digest that did not
+/// match, and the replacement never runs.
+#[test]
+fn replaced_store_entry_is_refused_at_launch() {
+    let mut s = Setup::new().start();
+    s.ready_legacy();
+    let store = s.project.target_dir().join("mcp-dev/store");
+    let entry = std::fs::read_dir(&store)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("sha256-")
+        })
+        .expect("a store entry");
+    let digest = entry.file_name().unwrap().to_string_lossy()["sha256-".len()..].to_string();
+    let marker = s.project.scratch().join("evil-ran");
+    std::fs::remove_file(&entry).unwrap();
+    std::fs::write(&entry, format!("#!/bin/sh\ntouch {}\n", marker.display())).unwrap();
+    std::fs::set_permissions(&entry, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    s.cli(&["restart"]).expect_code(0);
+    let line = s.wait_stderr_matching("a refused launch", |l| {
+        l.contains("does not have the bytes that were hashed")
+    });
+    assert!(line.contains(&digest), "{line}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!marker.exists(), "the replaced entry ran");
+}
+
+/// A host that reads the supervisor's stdout only when told to (the shared session helper always
+/// reads): for the flood findings.
+mod raw_host {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Child, ChildStdin, ChildStdout, Stdio};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use super::common::fixture::Project;
+    use super::common::session::SUITE;
+    use serde_json::{Value, json};
+
+    pub struct Host {
+        /// Keeps the temp dir alive.
+        _project: Project,
+        pub child: Child,
+        pub stdin: Option<ChildStdin>,
+        pub stdout: BufReader<ChildStdout>,
+        pub stderr: Arc<Mutex<Vec<String>>>,
+        tools: Vec<String>,
+    }
+
+    impl Host {
+        pub fn start(tools: &[&str], env: &[(&str, &str)]) -> Host {
+            let project = Project::built_fake_server(SUITE);
+            let list: Vec<Value> = tools
+                .iter()
+                .map(|t| json!({"name": t, "inputSchema": {"type": "object"}}))
+                .collect();
+            let tools_file = project.scratch().join("tools.json");
+            std::fs::write(&tools_file, Value::Array(list).to_string()).unwrap();
+            let mut cmd = project.command(["run", "--no-gating", "--no-watch"]);
+            cmd.env("FAKE_TOOLS", &tools_file);
+            for (k, v) in env {
+                cmd.env(k, v);
+            }
+            cmd.stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            let mut child = cmd.spawn().expect("spawn run");
+            let stdin = child.stdin.take();
+            let stdout = BufReader::new(child.stdout.take().unwrap());
+            let stderr = Arc::new(Mutex::new(Vec::new()));
+            let err = child.stderr.take().unwrap();
+            let lines = stderr.clone();
+            std::thread::spawn(move || {
+                for l in BufReader::new(err).lines() {
+                    let Ok(l) = l else { break };
+                    lines.lock().unwrap().push(l);
+                }
+            });
+            Host {
+                _project: project,
+                child,
+                stdin,
+                stdout,
+                stderr,
+                tools: tools.iter().map(|t| t.to_string()).collect(),
+            }
+        }
+
+        pub fn send(&mut self, line: &str) {
+            let s = self.stdin.as_mut().unwrap();
+            s.write_all(line.as_bytes()).unwrap();
+            s.write_all(b"\n").unwrap();
+            s.flush().unwrap();
+        }
+
+        /// Reads stdout until the response with `id` (counting the other lines).
+        pub fn read_until(&mut self, id: &Value, max: Duration) -> (Value, usize) {
+            let deadline = Instant::now() + max;
+            let mut others = 0;
+            loop {
+                assert!(Instant::now() < deadline, "no answer to {id}");
+                let mut line = String::new();
+                let n = self.stdout.read_line(&mut line).unwrap();
+                assert!(n > 0, "stdout closed before the answer to {id}");
+                let v: Value = serde_json::from_str(line.trim_end()).unwrap();
+                if v.get("id") == Some(id) && v.get("method").is_none() {
+                    return (v, others);
+                }
+                others += 1;
+            }
+        }
+
+        pub fn ready(&mut self) {
+            self.send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#);
+            self.read_until(&json!(1), Duration::from_secs(60));
+            self.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+            self.wait_stderr("server started: ", Duration::from_secs(60));
+            // List from the running server (a list answered during the build is not current).
+            for id in 2..40 {
+                self.send(&format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/list"}}"#
+                ));
+                let (v, _) = self.read_until(&json!(id), Duration::from_secs(60));
+                let names: Vec<&str> = v["result"]["tools"]
+                    .as_array()
+                    .map(|t| t.iter().filter_map(|t| t["name"].as_str()).collect())
+                    .unwrap_or_default();
+                if names == self.tools {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            panic!("no tool list from the server");
+        }
+
+        pub fn wait_stderr(&self, needle: &str, max: Duration) -> String {
+            let deadline = Instant::now() + max;
+            loop {
+                if let Some(l) = self
+                    .stderr
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .find(|l| l.contains(needle))
+                {
+                    return l.clone();
+                }
+                if Instant::now() >= deadline {
+                    let all = self.stderr.lock().unwrap().clone();
+                    let tail: Vec<&String> = all.iter().rev().take(15).collect();
+                    panic!("no `{needle}` on stderr; last lines: {tail:?}");
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+
+        /// Peak resident memory of the supervisor (VmHWM), in KiB.
+        pub fn peak_kib(&self) -> u64 {
+            let status =
+                std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+                .unwrap()
+        }
+    }
+
+    impl Drop for Host {
+        fn drop(&mut self) {
+            self.stdin = None;
+            let deadline = Instant::now() + Duration::from_secs(8);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Medium finding "unbounded memory" (a server flooding notifications while the host is not
+/// reading; 1.1 GiB observed): 256 MiB of notifications cost the supervisor at most its queue
+/// bound (16 MiB) plus its baseline; the dropped ones are counted in a status line, and the
+/// call's own answer still arrives once the host reads again.
+#[test]
+fn notification_flood_while_the_host_does_not_read_is_bounded() {
+    let mut h = raw_host::Host::start(
+        &["flood_notifications"],
+        &[("FAKE_FLOOD_LINES", "256000"), ("FAKE_FLOOD_BYTES", "1024")],
+    );
+    h.ready();
+    let base = h.peak_kib();
+    h.send(r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"flood_notifications","arguments":{}}}"#);
+    h.wait_stderr("the host is not reading its stdin", Duration::from_secs(60));
+    // Let the whole flood arrive while the host is still not reading.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !h
+        .stderr
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains("dropped 200000 lines"))
+    {
+        assert!(std::time::Instant::now() < deadline, "flood did not finish");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let peak = h.peak_kib();
+    eprintln!(
+        "notification flood: 256000 x 1 KiB, supervisor VmHWM {base} KiB before, {peak} KiB after"
+    );
+    assert!(
+        peak < base + 48 * 1024,
+        "peak {peak} KiB (baseline {base} KiB)"
+    );
+    let (answer, seen) = h.read_until(&json!(3), Duration::from_secs(60));
+    assert_eq!(
+        answer["result"]["structuredContent"]["lines"],
+        json!(256000)
+    );
+    assert!(seen < 256000, "{seen}");
+}
+
+/// Medium finding "unbounded memory" (1 MiB host requests while the server stalls): requests
+/// that no longer fit the server's queue (64 MiB) are answered with `server_not_reading` instead
+/// of being held; every request gets exactly one answer.
+#[test]
+fn host_requests_while_the_server_stalls_are_bounded_and_answered() {
+    let mut h = raw_host::Host::start(&["stall", "echo"], &[("FAKE_STALL_MS", "120000")]);
+    h.ready();
+    let base = h.peak_kib();
+    h.send(r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"stall","arguments":{}}}"#);
+    std::thread::sleep(Duration::from_millis(300));
+    let big = "b".repeat(1 << 20);
+    let n = 160;
+    // Write on a thread: the supervisor keeps reading its stdin (nothing blocks on the stall).
+    let mut stdin = h.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        for i in 0..n {
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{{"name":"echo","arguments":{{"pad":"{big}"}}}}}}"#,
+                100 + i
+            );
+            stdin.write_all(line.as_bytes()).unwrap();
+            stdin.write_all(b"\n").unwrap();
+        }
+        stdin
+    });
+    let mut refused = 0;
+    let stdin = writer.join().unwrap();
+    h.stdin = Some(stdin);
+    h.wait_stderr(
+        "the server is not reading its stdin",
+        Duration::from_secs(60),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while refused < 90 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {refused} answered"
+        );
+        let mut line = String::new();
+        use std::io::BufRead;
+        h.stdout.read_line(&mut line).unwrap();
+        let v: serde_json::Value = serde_json::from_str(line.trim_end()).unwrap();
+        if v["error"]["data"]["error"] == json!("server_not_reading") {
+            refused += 1;
+        }
+    }
+    let peak = h.peak_kib();
+    eprintln!(
+        "stalled server: {n} x 1 MiB requests, {refused}+ refused, supervisor VmHWM {base} KiB before, {peak} KiB after"
+    );
+    assert!(
+        peak < base + 100 * 1024,
+        "peak {peak} KiB (baseline {base} KiB)"
+    );
+}
+
+/// Medium finding "the audit `flock` blocks the whole session" (15 s freeze observed): while
+/// another process holds a lock on the log, a call fails closed with `audit_failed` within the
+/// lock deadline (2 s), nothing runs, other requests are still answered, and once the lock is
+/// released calls go through again.
+#[test]
+fn a_foreign_lock_on_the_audit_log_fails_the_call_not_the_session() {
+    let mut s = Setup::new().arg("--no-gating").start();
+    s.ready_legacy();
+    let log = s
+        .project
+        .target_dir()
+        .join("mcp-dev/audit/fake-server.jsonl");
+    let holder = std::fs::File::open(&log).unwrap();
+    rustix::fs::flock(&holder, rustix::fs::FlockOperation::LockShared).unwrap();
+    let t = std::time::Instant::now();
+    let m = s.call("1", "write", json!({"marker": "locked"}));
+    assert_eq!(
+        m.tool_error_payload()["error"],
+        json!("audit_failed"),
+        "{}",
+        m.raw
+    );
+    assert!(t.elapsed() < Duration::from_secs(6), "{:?}", t.elapsed());
+    assert!(s.side_effects().is_empty());
+    drop(holder);
+    let m = s.call("2", "write", json!({"marker": "free"}));
+    assert_eq!(
+        m.result()["structuredContent"]["args"],
+        json!({"marker": "free"})
+    );
+    s.finish();
+}
+
+/// Medium finding "a second supervisor for the same label removes the first one's control
+/// socket": a second `run` (a host's probe copy) that exits leaves the first one reachable, and
+/// says which pid holds the socket.
+#[test]
+fn a_second_supervisor_leaves_the_first_ones_socket_alone() {
+    let mut s = Setup::new().start();
+    s.ready_legacy();
+    let first_pid = s.supervisor_pid();
+    let out = s
+        .project
+        .command(["run"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("(pid {first_pid}) holds the control socket")),
+        "{stderr}"
+    );
+    s.cli(&["status", "--json"]).expect_code(0);
+    s.finish();
+}
+
+/// Medium finding "SIGXFSZ kills the supervisor mid-append and leaves a torn record": under a
+/// file-size limit, an append that does not fit fails with an error (EFBIG), the process lives,
+/// and the log still verifies. Runs in a child copy of this test binary (the limit and the
+/// signal disposition are per process).
+#[test]
+fn file_size_limit_fails_the_append_and_keeps_the_log_valid() {
+    if std::env::var_os("HARDENING_FSIZE_CHILD").is_some() {
+        use cargo_mcp_dev::audit::{AuditLog, KeyStore, verify};
+        let dir = std::path::PathBuf::from(std::env::var_os("HARDENING_FSIZE_CHILD").unwrap());
+        let keys = KeyStore::at(dir.join("state"));
+        let path = dir.join("audit.jsonl");
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        log.append("x", "R", None, json!({"pad": "p".repeat(100)}))
+            .unwrap();
+        cargo_mcp_dev::supervisor::unix::survive_file_size_limit().unwrap();
+        let limit = std::fs::metadata(&path).unwrap().len() + 600;
+        rustix::process::setrlimit(
+            rustix::process::Resource::Fsize,
+            rustix::process::Rlimit {
+                current: Some(limit),
+                maximum: Some(limit),
+            },
+        )
+        .unwrap();
+        let mut failed = false;
+        for _ in 0..20 {
+            if let Err(e) = log.append("x", "R", None, json!({"pad": "p".repeat(100)})) {
+                assert!(e.to_string().contains("File too large"), "{e}");
+                failed = true;
+                break;
+            }
+        }
+        assert!(failed, "the limit was never reached");
+        let r = verify(&path, &keys).unwrap();
+        assert!(r.records >= 2);
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "file_size_limit_fails_the_append_and_keeps_the_log_valid",
+            "--nocapture",
+        ])
+        .env("HARDENING_FSIZE_CHILD", tmp.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "child {:?}: {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Medium finding "writes under `target/mcp-dev` follow symlinks (a planted `latest.json` link
+/// overwrote a file outside the project)": the file outside stays untouched.
+#[test]
+fn a_planted_latest_json_link_does_not_overwrite_outside_files() {
+    let setup = Setup::new();
+    let outside = setup.project.scratch().join("precious.txt");
+    std::fs::write(&outside, "precious").unwrap();
+    let launch = setup
+        .project
+        .target_dir()
+        .join("mcp-dev/launch/fake-server");
+    std::fs::create_dir_all(&launch).unwrap();
+    std::os::unix::fs::symlink(&outside, launch.join("latest.json")).unwrap();
+    let status_dir = setup.project.target_dir().join("mcp-dev/status");
+    let _ = std::fs::remove_dir_all(&status_dir);
+    std::fs::create_dir_all(status_dir.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(setup.project.scratch(), &status_dir).unwrap();
+    let mut s = setup.start();
+    s.ready_legacy();
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), "precious");
+    assert!(!s_is_link(&status_dir));
+    assert!(!s_is_link(&launch.join("latest.json")));
+    s.finish();
+}
+
+fn s_is_link(p: &std::path::Path) -> bool {
+    std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink())
+}
+
+/// Low finding "a tampered middle record is not noticed when appending" (and the high finding
+/// on set-aside logs): every single-bit flip of every record, every deleted record and every
+/// truncation of a valid log is caught by the writer before a run's first append: the log is set
+/// aside with its anchor and a new chain starts; it is never extended. Prints the count (README,
+/// Reliability).
+#[test]
+fn the_writer_catches_every_mutation_before_its_first_append() {
+    use cargo_mcp_dev::audit::{AuditLog, KeyStore, open_for_run};
+    let tmp = tempfile::tempdir().unwrap();
+    let keys = KeyStore::at(tmp.path().join("state"));
+    let path = tmp.path().join("audit.jsonl");
+    {
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        for i in 0..8 {
+            log.append(
+                "tool_called",
+                "R",
+                Some("E"),
+                json!({"callId": i, "tool": "w"}),
+            )
+            .unwrap();
+        }
+    }
+    let original = std::fs::read(&path).unwrap();
+    let anchor_path = keys.anchor_path(&path).unwrap();
+    let anchor = std::fs::read(&anchor_path).unwrap();
+    let mut mutations: Vec<Vec<u8>> = Vec::new();
+    for offset in 0..original.len() {
+        let mut m = original.clone();
+        m[offset] ^= 0x01;
+        mutations.push(m);
+    }
+    let lines: Vec<&[u8]> = original.split_inclusive(|&b| b == b'\n').collect();
+    for skip in 0..lines.len() {
+        let m: Vec<u8> = lines
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != skip)
+            .flat_map(|(_, l)| l.iter().copied())
+            .collect();
+        mutations.push(m);
+    }
+    for cut in 0..original.len() {
+        mutations.push(original[..cut].to_vec());
+    }
+    let total = mutations.len();
+    let mut caught = 0;
+    let mut tail_only = 0;
+    for m in mutations {
+        // Each mutation starts from the valid log's own anchor, at the original path.
+        for entry in std::fs::read_dir(tmp.path()).unwrap() {
+            let p = entry.unwrap().path();
+            if p.to_string_lossy().contains(".set-aside-") {
+                std::fs::remove_file(p).unwrap();
+            }
+        }
+        std::fs::write(&path, &m).unwrap();
+        std::fs::write(&anchor_path, &anchor).unwrap();
+        // What a tail-only check (the writer before this fix) notices.
+        if AuditLog::open(&path, &keys).is_err() {
+            tail_only += 1;
+        }
+        let (log, recovery) = open_for_run(&path, &keys).unwrap();
+        drop(log);
+        if recovery.is_some() {
+            caught += 1;
+        }
+    }
+    eprintln!(
+        "audit mutations caught by the writer before appending: {caught}/{total} (a tail-only check: {tail_only}/{total})"
+    );
+    assert_eq!(caught, total);
+}
+
+/// Critical finding, property over a real session: 600 host lines of every shape (valid calls
+/// with number and string ids, `"id": null`, no id, non-id ids, a method with a result, broken
+/// JSON, bytes that are not UTF-8, cancellations), generated from a fixed seed, with gating on
+/// and no grant. No `tools/call` reaches the server; every call with a valid id is answered
+/// exactly once and has an `authorization_denied` audit record; every invalid one is answered
+/// once with id null; a notification gets no answer.
+#[test]
+fn no_host_line_shape_gets_a_call_past_the_gate() {
+    use proptest::strategy::{Strategy, ValueTree};
+    use proptest::test_runner::TestRunner;
+    let mut runner = TestRunner::deterministic();
+    let shapes = proptest::collection::vec((0u8..10, proptest::arbitrary::any::<u32>()), 600)
+        .new_tree(&mut runner)
+        .unwrap()
+        .current();
+    let mut s = Setup::new().start();
+    s.ready_legacy();
+    let mut valid_ids: Vec<String> = Vec::new();
+    let mut null_answers = 0;
+    for (i, (shape, r)) in shapes.iter().enumerate() {
+        let tool = if r % 2 == 0 { "write" } else { "echo" };
+        let call = |id: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0",{id}"method":"tools/call","params":{{"name":"{tool}","arguments":{{"marker":"m{i}"}}}}}}"#
+            )
+        };
+        match shape {
+            0 => {
+                valid_ids.push(format!("{}", 1000 + i));
+                s.send(&call(&format!(r#""id":{},"#, 1000 + i)));
+            }
+            1 => {
+                valid_ids.push(format!("\"s{i}\""));
+                s.send(&call(&format!(r#""id":"s{i}","#)));
+            }
+            2 => {
+                null_answers += 1;
+                s.send(&call(r#""id":null,"#));
+            }
+            3 => s.send(&call("")),
+            4 => {
+                null_answers += 1;
+                let bad = ["{}", "true", "[]", "[1]", "false"][(*r as usize) % 5];
+                s.send(&call(&format!(r#""id":{bad},"#)));
+            }
+            5 => {
+                null_answers += 1;
+                let junk: String = call("").chars().take((*r as usize) % 40 + 1).collect();
+                s.send(&junk);
+            }
+            6 => {
+                null_answers += 1;
+                s.send_bytes(b"{\"jsonrpc\":\"2.0\",\"method\":\"tools/call\",\"id\":\xff}\n");
+            }
+            7 => s.send(&format!(
+                r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{}}}}}"#,
+                r % 2000
+            )),
+            8 => {
+                null_answers += 1;
+                s.send(r#"{"jsonrpc":"2.0","id":null,"method":"tools/call","result":{}}"#);
+            }
+            _ => {
+                valid_ids.push(format!("\"w{i}\""));
+                let params = ["[]", r#"{"name":5}"#, r#"{"arguments":{}}"#, r#"{"name":"write","arguments":[1]}"#]
+                    [(*r as usize) % 4];
+                s.send(&format!(
+                    r#"{{"jsonrpc":"2.0","id":"w{i}","method":"tools/call","params":{params}}}"#
+                ));
+            }
+        }
+    }
+    s.request("\"end\"", "ping", None);
+    s.response("\"end\"");
+    let msgs = s.drain_for(Duration::from_millis(800));
+    let mut all = msgs;
+    all.extend(s.drain_for(Duration::from_millis(200)));
+    let answers: Vec<&common::rpc::Msg> = all.iter().filter(|m| m.is_response()).collect();
+    for id in &valid_ids {
+        let n = answers
+            .iter()
+            .filter(|m| m.id.as_deref() == Some(id.as_str()))
+            .count();
+        assert_eq!(n, 1, "answers to id {id}");
+    }
+    let nulls = answers
+        .iter()
+        .filter(|m| m.id.as_deref() == Some("null"))
+        .count();
+    assert_eq!(nulls, null_answers, "answers with id null");
+    let log = s.fake_log_raw();
+    assert!(
+        !log.iter().any(|l| l.contains("tools/call")),
+        "a tools/call reached the server: {:?}",
+        log.iter().find(|l| l.contains("tools/call"))
+    );
+    assert!(s.side_effects().is_empty());
+    let audit = std::fs::read_to_string(
+        s.project
+            .target_dir()
+            .join("mcp-dev/audit/fake-server.jsonl"),
+    )
+    .unwrap();
+    let denied = audit
+        .lines()
+        .filter(|l| l.contains("\"type\":\"authorization_denied\""))
+        .count();
+    assert_eq!(denied, valid_ids.len(), "one denial record per valid call");
+    eprintln!(
+        "host lines tried: {} ({} valid calls denied and audited, {null_answers} invalid answered with id null)",
+        shapes.len(),
+        valid_ids.len()
+    );
+    s.finish();
+}
