@@ -1193,3 +1193,99 @@ fn run_with_timeout(mut cmd: Command, limit: Duration) -> Output {
         }
     }
 }
+
+/// The workflow installs cargo-mcp-dev the way the copy that generated it was installed (cargo's
+/// record in its install root), so there is nothing to fill in.
+#[test]
+fn workflow_installs_cargo_mcp_dev_the_way_it_was_installed() {
+    let sb = Sandbox::new();
+    let install = |name: &str, source: &str| -> PathBuf {
+        let root = sb.path().join(name);
+        std::fs::create_dir_all(root.join("bin")).unwrap();
+        let exe = root.join("bin/cargo-mcp-dev");
+        std::fs::copy(BIN, &exe).unwrap();
+        std::fs::write(
+            root.join(".crates2.json"),
+            json!({"installs": {
+                format!("cargo-mcp-dev {} ({source})", env!("CARGO_PKG_VERSION")): {"bins": ["cargo-mcp-dev"]}
+            }})
+            .to_string(),
+        )
+        .unwrap();
+        exe
+    };
+    let install_step = |exe: &Path, pkg: &str| -> String {
+        let o = Command::new(exe)
+            .args(["mcp-dev", "new", pkg])
+            .current_dir(sb.path())
+            .env("CARGO_MCP_DEV_HOME", sb.path().join("home"))
+            .output()
+            .unwrap();
+        assert_ok(&o);
+        let yml = read(
+            &sb.path()
+                .join(pkg)
+                .join(".github/workflows/mcp-identity.yml"),
+        );
+        let doc: Value = serde_yaml_ng::from_str(&yml).unwrap();
+        doc["jobs"]["identity"]["steps"][2]["run"]
+            .as_str()
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+
+    let exe = install(
+        "from-git",
+        "git+https://github.com/acme/cargo-mcp-dev?branch=main#0123456789abcdef0123456789abcdef01234567",
+    );
+    assert_eq!(
+        install_step(&exe, "git-srv"),
+        "cargo install --locked --git https://github.com/acme/cargo-mcp-dev --rev 0123456789abcdef0123456789abcdef01234567 cargo-mcp-dev"
+    );
+
+    // Installed from a clone (`cargo install --locked --path .`) whose origin is public: that
+    // repository at the clone's HEAD.
+    let clone = sb.path().join("clone");
+    std::fs::create_dir(&clone).unwrap();
+    let git = |args: &[&str]| {
+        let o = Command::new("git")
+            .args(args)
+            .current_dir(&clone)
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@example.com")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@example.com")
+            .output()
+            .unwrap();
+        assert_ok(&o);
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    git(&["init", "-q"]);
+    git(&["commit", "-q", "--allow-empty", "-m", "x"]);
+    git(&[
+        "remote",
+        "add",
+        "origin",
+        "git@github.com:acme/cargo-mcp-dev.git",
+    ]);
+    let head = git(&["rev-parse", "HEAD"]);
+    let exe = install("from-path", &format!("path+file://{}", clone.display()));
+    assert_eq!(
+        install_step(&exe, "path-srv"),
+        format!(
+            "cargo install --locked --git https://github.com/acme/cargo-mcp-dev.git --rev {head} cargo-mcp-dev"
+        )
+    );
+
+    // Nothing to derive a public source from (a clone without a public remote): crates.io, at
+    // this version.
+    git(&["remote", "remove", "origin"]);
+    assert_eq!(
+        install_step(&exe, "local-srv"),
+        format!(
+            "cargo install --locked cargo-mcp-dev --version {}",
+            env!("CARGO_PKG_VERSION")
+        )
+    );
+}

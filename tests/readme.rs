@@ -130,7 +130,17 @@ fn install_is_locked_everywhere() {
         let Ok(text) = std::fs::read_to_string(&f) else {
             continue;
         };
-        for line in text.lines().filter(|l| l.contains("cargo install ")) {
+        // A command: `cargo install` followed by an option or a crate name and options (not a
+        // pattern such as `'^cargo install '` in a script, nor prose).
+        let is_command = |l: &str| {
+            l.match_indices("cargo install ").any(|(i, m)| {
+                let rest = &l[i + m.len()..];
+                rest.starts_with("--")
+                    || (rest.starts_with(|c: char| c.is_ascii_alphanumeric())
+                        && rest.contains(" --"))
+            })
+        };
+        for line in text.lines().filter(|l| is_command(l)) {
             seen += 1;
             assert!(line.contains("--locked"), "{}: {line}", f.display());
         }

@@ -336,7 +336,7 @@ fn companion_vars(project: &Project, env: &HostEnv) -> Result<Vars, Failure> {
         .unwrap_or_else(|_| manifest.clone());
     let mut v = Vars::new();
     v.set("label", &project.label)
-        .set("launcher_version", env!("CARGO_PKG_VERSION"))
+        .set("ci_install_command", ci_install_command())
         .set("bin", &project.bin)
         .set("label_json", json_string(&project.label))
         .set("label_toml_key", toml_key(&project.label))
@@ -371,6 +371,101 @@ fn companion_vars(project: &Project, env: &HostEnv) -> Result<Vars, Failure> {
     }
     contract_vars(project, &mut v);
     Ok(v)
+}
+
+/// Where the running cargo-mcp-dev was installed from, as cargo recorded it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InstalledFrom {
+    Registry,
+    Git { url: String, rev: String },
+    Path(PathBuf),
+}
+
+/// Reads cargo's install record (`.crates2.json` of the install root) for `cargo-mcp-dev
+/// <version>`: keys look like `cargo-mcp-dev 0.1.0 (git+https://host/repo?rev=x#<sha>)`.
+pub fn installed_from(crates2_json: &str, version: &str) -> Option<InstalledFrom> {
+    let doc: serde_json::Value = serde_json::from_str(crates2_json).ok()?;
+    let prefix = format!("cargo-mcp-dev {version} (");
+    let key = doc["installs"]
+        .as_object()?
+        .keys()
+        .find(|k| k.starts_with(&prefix))?;
+    let source = key[prefix.len()..].strip_suffix(')')?;
+    if source.starts_with("registry+") || source.starts_with("sparse+") {
+        Some(InstalledFrom::Registry)
+    } else if let Some(git) = source.strip_prefix("git+") {
+        let (url, rev) = git.split_once('#')?;
+        let url = url.split('?').next()?.to_string();
+        Some(InstalledFrom::Git {
+            url,
+            rev: rev.to_string(),
+        })
+    } else {
+        let path = source.strip_prefix("path+file://")?;
+        Some(InstalledFrom::Path(PathBuf::from(path)))
+    }
+}
+
+/// A URL CI can clone without credentials, from a remote as git prints it.
+pub fn public_git_url(remote: &str) -> Option<String> {
+    let remote = remote.trim();
+    let url = if let Some(rest) = remote.strip_prefix("git@") {
+        // scp-like `git@host:owner/repo.git`
+        let (host, path) = rest.split_once(':')?;
+        format!("https://{host}/{path}")
+    } else if remote.starts_with("https://") || remote.starts_with("http://") {
+        remote.to_string()
+    } else {
+        return None;
+    };
+    let safe = url
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-._~:/%+@".contains(c));
+    safe.then_some(url)
+}
+
+fn git_output(dir: &Path, args: &[&str]) -> Option<String> {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The CI workflow's install line: how the running cargo-mcp-dev was installed (cargo's record in
+/// its install root), pinned: from git at the same revision (a `--path` install from a clone
+/// whose `origin` is a public URL counts as that repository at its HEAD), else crates.io at the
+/// same version. Always `--locked`.
+pub fn ci_install_command() -> String {
+    let version = env!("CARGO_PKG_VERSION");
+    let git = |url: &str, rev: &str| {
+        format!("cargo install --locked --git {url} --rev {rev} cargo-mcp-dev")
+    };
+    let from = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join(".crates2.json")))
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|text| installed_from(&text, version));
+    let rev_ok = |r: &str| !r.is_empty() && r.chars().all(|c| c.is_ascii_hexdigit());
+    match from {
+        Some(InstalledFrom::Git { url, rev }) if public_git_url(&url).is_some() && rev_ok(&rev) => {
+            git(&url, &rev)
+        }
+        Some(InstalledFrom::Path(dir)) => {
+            let url =
+                git_output(&dir, &["remote", "get-url", "origin"]).and_then(|r| public_git_url(&r));
+            let rev = git_output(&dir, &["rev-parse", "HEAD"]).filter(|r| rev_ok(r));
+            match (url, rev) {
+                (Some(url), Some(rev)) => git(&url, &rev),
+                _ => format!("cargo install --locked cargo-mcp-dev --version {version}"),
+            }
+        }
+        _ => format!("cargo install --locked cargo-mcp-dev --version {version}"),
+    }
 }
 
 /// The parts of `UPDATE-CONTRACT.md` that depend on the configuration.
@@ -678,5 +773,76 @@ impl Writer {
             "point a host at `cargo mcp-dev run --manifest-path {}` (see mcp-dev/README.md); approve gated tools with `cargo mcp-dev approve`",
             project.manifest_path.display()
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(key: &str) -> String {
+        serde_json::json!({"installs": {
+            "ripgrep 14.1.0 (registry+https://github.com/rust-lang/crates.io-index)": {},
+            key: {"bins": ["cargo-mcp-dev"]}
+        }})
+        .to_string()
+    }
+
+    #[test]
+    fn reads_where_cargo_installed_it_from() {
+        assert_eq!(
+            installed_from(
+                &record(
+                    "cargo-mcp-dev 0.1.0 (git+https://github.com/acme/cargo-mcp-dev?rev=1a2b#1a2b3c4d5e6f)"
+                ),
+                "0.1.0"
+            ),
+            Some(InstalledFrom::Git {
+                url: "https://github.com/acme/cargo-mcp-dev".into(),
+                rev: "1a2b3c4d5e6f".into()
+            })
+        );
+        assert_eq!(
+            installed_from(
+                &record(
+                    "cargo-mcp-dev 0.1.0 (registry+https://github.com/rust-lang/crates.io-index)"
+                ),
+                "0.1.0"
+            ),
+            Some(InstalledFrom::Registry)
+        );
+        assert_eq!(
+            installed_from(
+                &record("cargo-mcp-dev 0.1.0 (path+file:///home/you/src/cargo-mcp-dev)"),
+                "0.1.0"
+            ),
+            Some(InstalledFrom::Path("/home/you/src/cargo-mcp-dev".into()))
+        );
+        // Another version installed, or no record: nothing to derive from.
+        assert_eq!(
+            installed_from(&record("cargo-mcp-dev 0.0.9 (path+file:///x)"), "0.1.0"),
+            None
+        );
+        assert_eq!(installed_from("not json", "0.1.0"), None);
+    }
+
+    #[test]
+    fn only_urls_ci_can_clone_are_used() {
+        assert_eq!(
+            public_git_url("git@github.com:acme/cargo-mcp-dev.git\n").as_deref(),
+            Some("https://github.com/acme/cargo-mcp-dev.git")
+        );
+        assert_eq!(
+            public_git_url("https://gitlab.com/acme/cargo-mcp-dev").as_deref(),
+            Some("https://gitlab.com/acme/cargo-mcp-dev")
+        );
+        for local in [
+            "/work/repo",
+            "file:///work/repo",
+            "../repo",
+            "https://x/a b",
+        ] {
+            assert_eq!(public_git_url(local), None, "{local}");
+        }
     }
 }
