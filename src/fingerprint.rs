@@ -617,6 +617,50 @@ pub(crate) mod tests {
         }
     }
 
+    #[test]
+    fn expect_leaves_the_launch_directory_out_unless_asked() {
+        let expected = identity_record(inputs());
+        // The same server checked out elsewhere and checked from another directory, with a
+        // wrapper script inside the workspace.
+        let moved = |i: &mut IdentityInputs, root: &str| {
+            i.workspace_root = root.into();
+            i.executable.store_path = format!("{root}/target/mcp-dev/store/sha256-aa");
+            i.launch.argv = vec![
+                format!("{root}/scripts/serve.sh"),
+                i.executable.store_path.clone(),
+                "--flag".into(),
+            ];
+            i.launch.cwd = "/home/runner".into();
+            i.launch.cwd_relative = None;
+        };
+        let mut a = inputs();
+        moved(&mut a, "/w");
+        let mut b = inputs();
+        moved(&mut b, "/ci/checkout");
+        b.launch.cwd = "/ci".into();
+        let (a, b) = (identity_record(a), identity_record(b));
+        assert_ne!(
+            a.identity_digest, b.identity_digest,
+            "the launch directory is hashed"
+        );
+        let cmp = compare_for_expect(&a, &b, false);
+        assert!(cmp.differing.is_empty(), "{cmp:?}");
+        assert_eq!(
+            cmp.launch_dir,
+            Some(("/home/runner".to_string(), "/ci".to_string()))
+        );
+        assert_eq!(
+            compare_for_expect(&a, &b, true).differing,
+            vec![LAUNCH_DIRECTORY]
+        );
+        // Different arguments are a difference, named on their own.
+        let mut c = inputs();
+        c.launch.argv.push("--other".into());
+        let cmp = compare_for_expect(&expected, &identity_record(c), false);
+        assert_eq!(cmp.differing, vec![LAUNCH_ARGUMENTS]);
+        assert_eq!(cmp.launch_dir, None);
+    }
+
     fn changed(mutate: impl FnOnce(&mut IdentityInputs)) -> Vec<Component> {
         let a = identity_record(inputs());
         let mut i = inputs();
