@@ -276,7 +276,7 @@ pub const DEFAULT_RESTART_HOLD: Duration = Duration::from_secs(5);
 pub struct Session<I: Io> {
     io: I,
     cfg: SessionConfig,
-    agent_run: String,
+    agent_run: AgentRunId,
     gate: Gate,
     catalog: CatalogHistory,
     lifecycle: Lifecycle,
@@ -291,7 +291,7 @@ pub struct Session<I: Io> {
     pending: HashMap<u64, Pending>,
     next_id: u64,
     /// Child-to-host requests: our host-facing id → (epoch, the child's own id).
-    child_requests: HashMap<u64, (String, RawIdText)>,
+    child_requests: HashMap<u64, (EpochId, RawIdText)>,
     held: VecDeque<Held>,
     host: HostConnection,
     listens: Vec<Listen>,
@@ -306,7 +306,7 @@ pub struct Session<I: Io> {
 
 impl<I: Io> Session<I> {
     pub fn new(mut io: I, cfg: SessionConfig, policy: approval::Policy) -> Self {
-        let agent_run = io.mint_id();
+        let agent_run = AgentRunId::new(io.mint_id());
         let gate = Gate::new(policy, agent_run.clone(), cfg.label.clone());
         let recorded = cfg.recorded.clone();
         Session {
