@@ -33,7 +33,7 @@ pub use journal::{
 pub use keys::{Anchor, HOME_ENV, KeyStore};
 pub use log::{AppendedRecord, AuditLog};
 pub use record_type::*;
-pub use recover::{CHAIN_RESTARTED, Recovery, open_for_run};
+pub use recover::{Recovery, open_for_run};
 pub use verify::{ChainBreak, VerifyFailure, VerifyReport, read_records, verify};
 
 /// Record type names (the `type` field) and the `data` fields the journals read. `data` is free
@@ -73,6 +73,10 @@ pub mod record_type {
     pub const SERVER_EXITED: &str = "server_exited";
     /// Gating was turned off for this run (free data, e.g. `{source}`).
     pub const GATING_DISABLED: &str = "gating_disabled";
+    /// The first record of a chain that replaced a set-aside one (see [`super::recover`]).
+    /// `{reason, previousLog|null, previousAnchor|null, previousHead:{seq,hash}|null,
+    ///   previousLastRecord:{seq,hash}|null}`
+    pub const CHAIN_RESTARTED: &str = "chain_restarted";
 
     /// Every type above, in the order listed.
     pub const ALL: &[&str] = &[
@@ -90,6 +94,7 @@ pub mod record_type {
         RUN_ENDED,
         SERVER_EXITED,
         GATING_DISABLED,
+        CHAIN_RESTARTED,
     ];
 }
 

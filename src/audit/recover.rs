@@ -24,10 +24,7 @@ use super::{AuditError, verify};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 
-/// The first record of a chain that replaced a set-aside one.
-/// `{reason, previousLog|null, previousAnchor|null, previousHead:{seq,hash}|null,
-///   previousLastRecord:{seq,hash}|null}`
-pub const CHAIN_RESTARTED: &str = "chain_restarted";
+pub use super::record_type::CHAIN_RESTARTED;
 
 /// The `run` of records written by cargo mcp-dev itself outside any agent run.
 pub const TOOL_RUN: &str = "cargo-mcp-dev";
