@@ -85,7 +85,7 @@ pub fn open_for_run(
             if !non_empty {
                 return Ok((log, None));
             }
-            match verify::verify_quiet(path, keys) {
+            match verify::verify_quiet(path, keys)? {
                 Ok(()) => return Ok((log, None)),
                 Err(f) => {
                     drop(log);
@@ -309,6 +309,21 @@ mod tests {
         let f: &VerifyFailure = b.previous.as_ref().unwrap_err();
         assert!(f.reason.contains("incomplete last line"), "{f}");
         assert_eq!(b.previous_head.as_ref().map(|h| h.0), Some(2));
+    }
+
+    /// A log another process keeps locked is not judged, so it is never set aside: the run
+    /// fails with the lock error instead.
+    #[test]
+    fn a_locked_log_is_an_error_not_a_recovery() {
+        let (_tmp, keys, path) = setup();
+        write_some(&path, &keys, 2);
+        let holder = std::fs::File::open(&path).unwrap();
+        rustix::fs::flock(&holder, rustix::fs::FlockOperation::LockExclusive).unwrap();
+        let e = open_for_run(&path, &keys).unwrap_err();
+        assert!(matches!(e, AuditError::LockTimeout { .. }), "{e}");
+        drop(holder);
+        assert!(aside_files(path.parent().unwrap()).is_empty());
+        assert!(open_for_run(&path, &keys).unwrap().1.is_none());
     }
 
     /// The checkpoint saves work but never hides a change made after it.

@@ -91,7 +91,20 @@ fn short(hash: &str) -> &str {
 
 /// Verifies the log at `path` with the key and anchor in `keys`.
 pub fn verify(path: &Path, keys: &KeyStore) -> Result<VerifyReport, VerifyFailure> {
-    verify_inner(path, keys, None, true, MAX_BREAKS, false).map(|(report, _)| report)
+    verify_read(path, keys, None, true, MAX_BREAKS).map(|(report, _)| report)
+}
+
+/// Reads the log and its anchor, then checks them (I/O problems become line-0 failures).
+fn verify_read(
+    path: &Path,
+    keys: &KeyStore,
+    anchor_override: Option<Option<&Path>>,
+    collect: bool,
+    depth: usize,
+) -> Result<(VerifyReport, Vec<Record>), VerifyFailure> {
+    let data = read_log_and_anchor(path, keys, anchor_override)
+        .map_err(|e| fail(0, None, e.to_string()))?;
+    verify_inner(path, keys, data, anchor_override, collect, depth, false)
 }
 
 /// [`verify()`] without following breaks or keeping records (a writer checking a log before a
@@ -102,11 +115,22 @@ pub fn verify(path: &Path, keys: &KeyStore) -> Result<VerifyReport, VerifyFailur
 /// that prefix (fast: no parsing) and fully checks only the records after it; any mismatch
 /// (prefix changed, bad seal, anything unexpected) falls back to the full check, so the
 /// checkpoint can save time but never hide a change.
-pub(crate) fn verify_quiet(path: &Path, keys: &KeyStore) -> Result<(), VerifyFailure> {
-    match verify_inner(path, keys, None, false, 0, true) {
-        Ok(_) => Ok(()),
-        Err(_) => verify_inner(path, keys, None, false, 0, false).map(|_| ()),
+///
+/// The outer error is an I/O problem (the log could not be read or locked in time, no key): the
+/// log's content was not judged, so the caller must not treat it as damaged.
+pub(crate) fn verify_quiet(
+    path: &Path,
+    keys: &KeyStore,
+) -> Result<Result<(), VerifyFailure>, AuditError> {
+    keys.load_key()?;
+    let data = read_log_and_anchor(path, keys, None)?;
+    if verify_inner(path, keys, data, None, false, 0, true).is_ok() {
+        return Ok(Ok(()));
     }
+    // No usable checkpoint, or something after it failed: the full check decides (and names
+    // the first bad record).
+    let data = read_log_and_anchor(path, keys, None)?;
+    Ok(verify_inner(path, keys, data, None, false, 0, false).map(|_| ()))
 }
 
 /// A sealed "verified up to here" mark (see [`verify_quiet`]).
@@ -187,7 +211,7 @@ pub(crate) fn verify_and_collect(
     path: &Path,
     keys: &KeyStore,
 ) -> Result<(VerifyReport, Vec<Record>), VerifyFailure> {
-    verify_inner(path, keys, None, true, MAX_BREAKS, false)
+    verify_read(path, keys, None, true, MAX_BREAKS)
 }
 
 fn chain_break(first: &Record, keys: &KeyStore, depth: usize) -> ChainBreak {
@@ -203,13 +227,12 @@ fn chain_break(first: &Record, keys: &KeyStore, depth: usize) -> ChainBreak {
             None,
             "no log was left to set aside (removed, e.g. by `cargo clean`); only its anchored head is known",
         )),
-        (Some(log), anchor) => verify_inner(
+        (Some(log), anchor) => verify_read(
             log,
             keys,
             Some(anchor.as_deref()),
             true,
             depth.saturating_sub(1),
-            false,
         )
         .map(|(r, _)| r),
     };
@@ -228,13 +251,13 @@ fn chain_break(first: &Record, keys: &KeyStore, depth: usize) -> ChainBreak {
 fn verify_inner(
     path: &Path,
     keys: &KeyStore,
+    data: LogAndAnchor,
     anchor_override: Option<Option<&Path>>,
     collect: bool,
     depth: usize,
     incremental: bool,
 ) -> Result<(VerifyReport, Vec<Record>), VerifyFailure> {
-    let (contents, anchor_path, anchor) = read_log_and_anchor(path, keys, anchor_override)
-        .map_err(|e| fail(0, None, e.to_string()))?;
+    let (contents, anchor_path, anchor) = data;
     if contents.is_empty() {
         return Err(fail(
             0,
