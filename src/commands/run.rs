@@ -961,6 +961,32 @@ mod tests {
         );
     }
 
+    /// Issue 12, medium finding "unbounded memory": what the shell may drop (notifications) and
+    /// how it answers a request a stalled server cannot take.
+    #[test]
+    fn droppable_lines_and_stalled_answers() {
+        use crate::proxy::envelope;
+        assert!(is_notification_line(&envelope::notification_line(
+            "notifications/message",
+            Some(&json!({"level": "info"}))
+        )));
+        assert!(!is_notification_line(&envelope::request_line(
+            7,
+            "tools/call",
+            &json!({})
+        )));
+        assert!(!is_notification_line(&envelope::result_line(
+            &envelope::numeric_id(7),
+            &json!({})
+        )));
+        let answer = stalled_answer(&envelope::request_line(7, "tools/call", &json!({}))).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+        assert_eq!(v["id"], json!(7));
+        assert_eq!(v["error"]["data"]["error"], json!("server_not_reading"));
+        assert_eq!(v["error"]["data"]["source"], json!("cargo-mcp-dev"));
+        assert!(stalled_answer(&envelope::notification_line("notifications/x", None)).is_none());
+    }
+
     fn loaded(v: serde_json::Value) -> LoadedConfig {
         LoadedConfig::from_package_metadata(&json!({ "mcp-dev": v })).unwrap()
     }
