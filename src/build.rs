@@ -114,7 +114,7 @@ static RUNNING_BUILD: AtomicU32 = AtomicU32::new(0);
 pub fn cancel_running() {
     let pid = RUNNING_BUILD.swap(0, Ordering::SeqCst);
     if pid != 0 {
-        crate::supervisor::unix::signal_process(pid, crate::supervisor::unix::Sig::Term);
+        crate::sys::unix::signal_process(pid, crate::sys::unix::Sig::Term);
     }
 }
 

@@ -470,7 +470,7 @@ fn file_size_limit_fails_the_append_and_keeps_the_log_valid() {
         let mut log = AuditLog::open(&path, &keys).unwrap();
         log.append("x", "R", None, json!({"pad": "p".repeat(100)}))
             .unwrap();
-        cargo_mcp_dev::supervisor::unix::survive_file_size_limit().unwrap();
+        cargo_mcp_dev::sys::unix::survive_file_size_limit().unwrap();
         let limit = std::fs::metadata(&path).unwrap().len() + 600;
         rustix::process::setrlimit(
             rustix::process::Resource::Fsize,

@@ -28,7 +28,8 @@ use crate::session::state::RecordedFacts;
 use crate::session::{
     BuildResult, Clock, EffectError, Event, Fallback, Io, Restart, Session, SessionConfig, Timer,
 };
-use crate::supervisor::{self, LaunchSpec, Worker, unix};
+use crate::supervisor::{self, LaunchSpec, Worker};
+use crate::sys::unix;
 use crate::{control, exit_codes, output, status, watch};
 
 /// Status lines for `run`: human on stderr, or JSON events on stderr.
