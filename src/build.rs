@@ -114,7 +114,7 @@ static RUNNING_BUILD: AtomicU32 = AtomicU32::new(0);
 pub fn cancel_running() {
     let pid = RUNNING_BUILD.swap(0, Ordering::SeqCst);
     if pid != 0 {
-        crate::supervisor::unix::signal_process(pid, crate::supervisor::unix::Sig::Term);
+        crate::sys::unix::signal_process(pid, crate::sys::unix::Sig::Term);
     }
 }
 
@@ -131,20 +131,29 @@ pub fn is_running() -> bool {
 pub fn continue_in_background(req: &BuildRequest, log: &Path) -> std::io::Result<u32> {
     use std::os::unix::process::CommandExt as _;
     cancel_running();
-    if let Some(dir) = log.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let out = std::fs::File::create(log)?;
-    let err = out.try_clone()?;
-    let child = Command::new(&req.cargo)
+    // Owned by one process with a deadline (`cargo mcp-dev background-build`), in its own
+    // process group so the host's stop sequence for us does not reach it.
+    let me = std::env::current_exe()?;
+    let child = Command::new(me)
+        .arg("mcp-dev")
+        .arg("background-build")
+        .arg("--log")
+        .arg(log)
+        .arg("--timeout-secs")
+        .arg(BACKGROUND_BUILD_TIMEOUT.as_secs().to_string())
+        .arg("--")
+        .arg(&req.cargo)
         .args(cargo_build_args(req))
         .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
         .process_group(0)
         .spawn()?;
     Ok(child.id())
 }
+
+/// How long an abandoned first build may go on in the background.
+pub const BACKGROUND_BUILD_TIMEOUT: Duration = Duration::from_secs(900);
 
 /// Runs cargo build and waits for it; compiler diagnostics appear on stderr as cargo renders them.
 pub fn run_build(req: &BuildRequest) -> Result<BuildOutcome, Failure> {

@@ -209,6 +209,22 @@ pub enum Command {
     New(NewArgs),
     /// Play a whole session on a throwaway server: approve, call, rebuild, stale denial, re-approve, audit.
     Demo(DemoArgs),
+    /// Internal: finish a build a host abandoned, bounded in time (started by `run`).
+    #[command(hide = true)]
+    BackgroundBuild(BackgroundBuildArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BackgroundBuildArgs {
+    /// Where cargo's output goes.
+    #[arg(long, value_name = "PATH")]
+    pub log: PathBuf,
+    /// The build is stopped after this many seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 900)]
+    pub timeout_secs: u64,
+    /// The cargo command line.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -17,7 +17,7 @@ use crossbeam_channel::{Sender, bounded};
 use serde_json::{Value, json};
 
 use crate::session::Event;
-use crate::supervisor::unix::current_uid;
+use crate::sys::unix::current_uid;
 
 /// Largest request accepted (requests are tiny; this bounds a hostile peer).
 const MAX_REQUEST: u64 = 64 * 1024;
@@ -108,20 +108,11 @@ pub fn peer_allowed(peer_uid: Option<u32>, own_uid: u32) -> bool {
 }
 
 fn peer_uid(stream: &UnixStream) -> Option<u32> {
-    peer_credentials_uid(stream)
+    crate::sys::unix::peer_uid(stream)
 }
 
-#[cfg(any(target_os = "linux", target_os = "android"))]
-fn peer_credentials_uid(stream: &UnixStream) -> Option<u32> {
-    rustix::net::sockopt::socket_peercred(stream)
-        .ok()
-        .map(|c| c.uid.as_raw())
-}
-
-#[cfg(not(any(target_os = "linux", target_os = "android")))]
-fn peer_credentials_uid(_stream: &UnixStream) -> Option<u32> {
-    // Directory permissions (0700) are the guard on other platforms until getpeereid is wired.
-    Some(current_uid())
+fn peer_pid(stream: &UnixStream) -> Option<u32> {
+    crate::sys::unix::peer_pid(stream)
 }
 
 /// The control socket as this process holds it.
@@ -250,18 +241,6 @@ fn try_bind(path: &Path) -> Result<Bind, String> {
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Ok(Bind::Busy(None)),
         Err(e) => Err(format!("cannot bind {}: {e}", path.display())),
     }
-}
-
-#[cfg(any(target_os = "linux", target_os = "android"))]
-fn peer_pid(stream: &UnixStream) -> Option<u32> {
-    rustix::net::sockopt::socket_peercred(stream)
-        .ok()
-        .map(|c| c.pid.as_raw_nonzero().get() as u32)
-}
-
-#[cfg(not(any(target_os = "linux", target_os = "android")))]
-fn peer_pid(_stream: &UnixStream) -> Option<u32> {
-    None
 }
 
 fn spawn_acceptor(listener: UnixListener, events: Sender<Event>) -> Result<(), String> {

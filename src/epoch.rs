@@ -8,6 +8,89 @@ use serde::{Deserialize, Serialize};
 
 use crate::fingerprint::IdentityRecord;
 
+/// Declares a string newtype for an identifier: serialized as the plain string (the wire and
+/// the audit log do not change), compared with `&str`, shown as itself.
+macro_rules! id_newtype {
+    ($(#[$meta:meta])* $name:ident) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            pub fn new(id: impl Into<String>) -> Self {
+                $name(id.into())
+            }
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl std::ops::Deref for $name {
+            type Target = str;
+            fn deref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::borrow::Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl From<String> for $name {
+            fn from(s: String) -> Self {
+                $name(s)
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(s: &str) -> Self {
+                $name(s.to_string())
+            }
+        }
+
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
+
+        impl PartialEq<String> for $name {
+            fn eq(&self, other: &String) -> bool {
+                &self.0 == other
+            }
+        }
+    };
+}
+
+id_newtype!(
+    /// An execution epoch: minted by the supervisor when it starts a server, never taken from
+    /// anything the server says.
+    EpochId
+);
+id_newtype!(
+    /// An agent run: one host connection of one `run`.
+    AgentRunId
+);
+id_newtype!(
+    /// A grant a human issued.
+    GrantId
+);
+
 /// A new epoch id (ULID: sortable by creation time, unique).
 pub fn mint() -> String {
     ulid::Ulid::generate().to_string()
@@ -22,7 +105,7 @@ pub fn short(epoch: &str) -> &str {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LaunchRecord {
-    pub epoch: String,
+    pub epoch: EpochId,
     pub label: String,
     pub pid: u32,
     pub argv: Vec<String>,
@@ -35,7 +118,7 @@ pub struct LaunchRecord {
     /// RFC 3339, milliseconds.
     pub started_at: String,
     /// The epoch this one replaced, if any.
-    pub replaced: Option<String>,
+    pub replaced: Option<EpochId>,
     /// Why an older build runs instead of the newest one (`--fallback last-good`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback: Option<String>,
@@ -47,10 +130,10 @@ impl LaunchRecord {
         pid: u32,
         record: &IdentityRecord,
         started_at: String,
-        replaced: Option<String>,
+        replaced: Option<EpochId>,
     ) -> Self {
         LaunchRecord {
-            epoch: epoch.to_string(),
+            epoch: EpochId::from(epoch),
             label: record.label.clone(),
             pid,
             argv: record.launch.argv.clone(),

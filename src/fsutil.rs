@@ -20,9 +20,7 @@ use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-fn nofollow() -> i32 {
-    (rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC).bits() as i32
-}
+use crate::sys::unix::nofollow_flags as nofollow;
 
 /// Creates `dir` (and parents) and checks the last component is a real directory.
 pub fn ensure_dir(dir: &Path) -> io::Result<()> {

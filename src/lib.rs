@@ -31,6 +31,7 @@ pub mod session;
 pub mod status;
 pub mod store;
 pub mod supervisor;
+pub mod sys;
 pub mod templates;
 pub mod watch;
 pub mod workspace;
@@ -41,7 +42,7 @@ use clap::Parser;
 /// `cargo-mcp-dev …`), runs the command and returns the exit code.
 pub fn main_entry() -> i32 {
     // A file-size limit must fail a write, not kill us mid-append (see the function).
-    let _ = supervisor::unix::survive_file_size_limit();
+    let _ = sys::unix::survive_file_size_limit();
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     // Invoked directly (`cargo-mcp-dev build`) rather than by cargo (`cargo-mcp-dev mcp-dev build`):
     // insert the subcommand name so both spellings parse the same way.

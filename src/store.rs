@@ -57,14 +57,14 @@ pub enum StoreError {
 /// to run as trusted.
 pub fn open_verified(path: &Path, expected_sha256: &str) -> Result<File, StoreError> {
     use std::os::unix::fs::OpenOptionsExt;
-    let flags = (rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC).bits() as i32;
+    let flags = crate::sys::unix::nofollow_flags();
     let file = match fs::OpenOptions::new()
         .read(true)
         .custom_flags(flags)
         .open(path)
     {
         Ok(f) => f,
-        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
+        Err(e) if crate::sys::unix::is_symlink_refusal(&e) => {
             return Err(StoreError::NotRegular { path: path.into() });
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {

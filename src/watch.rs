@@ -204,6 +204,15 @@ pub struct Rewatcher {
     current: std::sync::Mutex<Option<Watching>>,
 }
 
+/// Why sources cannot be watched.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    #[error("[package.metadata.mcp-dev] ignore: {0}")]
+    Ignore(#[from] globset::Error),
+    #[error(transparent)]
+    Notify(#[from] notify::Error),
+}
+
 impl Rewatcher {
     pub fn new(
         debounce: Duration,
@@ -217,9 +226,8 @@ impl Rewatcher {
     }
 
     /// Watches what `target` is built from; returns `Ok(true)` when the watched set changed.
-    pub fn follow(&self, target: &ServerTarget) -> Result<bool, String> {
-        let plan = WatchPlan::for_target(target)
-            .map_err(|e| format!("[package.metadata.mcp-dev] ignore: {e}"))?;
+    pub fn follow(&self, target: &ServerTarget) -> Result<bool, WatchError> {
+        let plan = WatchPlan::for_target(target)?;
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
         if current
             .as_ref()
@@ -229,8 +237,7 @@ impl Rewatcher {
         }
         let roots = plan.roots.clone();
         let handler = self.on_batch.clone();
-        let watcher =
-            start(plan, self.debounce, move |batch| handler(batch)).map_err(|e| e.to_string())?;
+        let watcher = start(plan, self.debounce, move |batch| handler(batch))?;
         *current = Some((roots, watcher));
         Ok(true)
     }

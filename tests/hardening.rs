@@ -470,7 +470,7 @@ fn file_size_limit_fails_the_append_and_keeps_the_log_valid() {
         let mut log = AuditLog::open(&path, &keys).unwrap();
         log.append("x", "R", None, json!({"pad": "p".repeat(100)}))
             .unwrap();
-        cargo_mcp_dev::supervisor::unix::survive_file_size_limit().unwrap();
+        cargo_mcp_dev::sys::unix::survive_file_size_limit().unwrap();
         let limit = std::fs::metadata(&path).unwrap().len() + 600;
         rustix::process::setrlimit(
             rustix::process::Resource::Fsize,
@@ -564,9 +564,14 @@ fn the_writer_catches_every_mutation_before_its_first_append() {
             .unwrap();
         }
     }
+    // A first run start verifies the log and leaves its sealed checkpoint: every mutation below
+    // must be caught even with that checkpoint in place.
+    drop(open_for_run(&path, &keys).unwrap());
     let original = std::fs::read(&path).unwrap();
     let anchor_path = keys.anchor_path(&path).unwrap();
     let anchor = std::fs::read(&anchor_path).unwrap();
+    let checkpoint_path = anchor_path.with_extension("verified");
+    let checkpoint = std::fs::read(&checkpoint_path).expect("a checkpoint after a clean start");
     let mut mutations: Vec<Vec<u8>> = Vec::new();
     for offset in 0..original.len() {
         let mut m = original.clone();
@@ -599,6 +604,7 @@ fn the_writer_catches_every_mutation_before_its_first_append() {
         }
         std::fs::write(&path, &m).unwrap();
         std::fs::write(&anchor_path, &anchor).unwrap();
+        std::fs::write(&checkpoint_path, &checkpoint).unwrap();
         // What a tail-only check (the writer before this fix) notices.
         if AuditLog::open(&path, &keys).is_err() {
             tail_only += 1;

@@ -236,7 +236,7 @@ fn approvals_are_bound_to_the_epoch_and_status_shows_them() {
     // The file the real supervisor writes is exactly the typed status document.
     let typed: cargo_mcp_dev::session::snapshot::StatusSnapshot =
         serde_json::from_value(st.clone()).unwrap_or_else(|e| panic!("{e}: {st}"));
-    assert_eq!(typed.server.map(|s| s.epoch), Some(e2.clone()));
+    assert_eq!(typed.server.map(|s| s.epoch.to_string()), Some(e2.clone()));
     let m = s.call("3", "write", json!({"marker": "c"}));
     let p = m.tool_error_payload();
     assert_eq!(p["error"], json!("authorization_stale"), "{p}");

@@ -92,3 +92,51 @@ fn host_dying_without_closing_stdin_stops_everything() {
     assert!(left.is_empty(), "outlived the supervisor: {left:?}");
     s.check_clean();
 }
+
+/// First-contact issue, item 2: a host that gives up during the first build (it timed out and
+/// closed the connection, as hosts do before retrying) does not lose the build: it goes on in
+/// the background, owned by one process with a deadline, while the supervisor exits at once.
+#[test]
+fn a_first_build_the_host_abandons_finishes_in_the_background() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let slow = tmp.path().join("slow-cargo.sh");
+    std::fs::write(
+        &slow,
+        "#!/bin/sh\nif [ \"$1\" = build ]; then sleep 3; fi\nexec cargo \"$@\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut s = Setup::new()
+        .arg("--no-gating")
+        .env("CARGO", slow.to_str().unwrap())
+        .start();
+    let log = s.project.target_dir().join("mcp-dev/background-build.log");
+    let _ = std::fs::remove_file(&log);
+    s.initialize();
+    s.wait_stderr("handshake answered by the supervisor");
+    let t = Instant::now();
+    s.close_stdin();
+    let status = s
+        .wait_exit(GRACE)
+        .expect("the supervisor exits at once, without waiting for the build");
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    let line = s.wait_stderr_within(
+        "the host closed the connection during the first build",
+        Duration::from_secs(5),
+    );
+    assert!(line.contains("goes on in the background"), "{line}");
+    eprintln!("exited {:?} after the host closed stdin", t.elapsed());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("cargo mcp-dev: background build") || Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        text.contains("cargo mcp-dev: background build finished: exit status: 0"),
+        "{text}"
+    );
+}

@@ -5,6 +5,7 @@
 use serde_json::{Value, json};
 
 use crate::catalog::CatalogRevision;
+use crate::epoch::{EpochId, GrantId};
 
 /// The verdict on one `tools/call`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -12,7 +13,7 @@ pub enum CallDecision {
     /// Forward to the server. `grant_id` is `None` for an ungated tool; `credential_scopes` are
     /// the names of the scopes the tool uses (for the audit record; never values).
     Forward {
-        grant_id: Option<String>,
+        grant_id: Option<GrantId>,
         credential_scopes: Vec<String>,
     },
     Deny(Denial),
@@ -86,8 +87,8 @@ pub enum PendingAuthorization {
 pub struct Denial {
     pub reason: DenialReason,
     pub tool: String,
-    pub approved_epoch: Option<String>,
-    pub current_epoch: Option<String>,
+    pub approved_epoch: Option<EpochId>,
+    pub current_epoch: Option<EpochId>,
     /// Digest of the catalog the host last fetched.
     pub host_catalog: Option<String>,
     pub current_catalog: Option<CatalogRevision>,

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::*;
 use crate::catalog::CatalogRevision;
+use crate::epoch::{AgentRunId, EpochId, GrantId};
 
 /// The states of the approval state machine (docs/ARCHITECTURE.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,7 +23,7 @@ pub enum Phase {
 /// The current server as far as the gate knows.
 #[derive(Debug, Clone)]
 struct Current {
-    epoch: String,
+    epoch: EpochId,
     /// `None` until the supervisor has fetched this epoch's catalog: revision and, per tool,
     /// the digest of its definition.
     catalog: Option<(CatalogRevision, BTreeMap<String, String>)>,
@@ -41,7 +42,7 @@ pub struct ShownTool {
 #[derive(Debug, Clone)]
 pub struct Gate {
     policy: Policy,
-    agent_run: String,
+    agent_run: AgentRunId,
     server_label: String,
     current: Option<Current>,
     /// Digest of the last whole catalog the host was shown.
@@ -59,10 +60,10 @@ pub struct Gate {
 }
 
 impl Gate {
-    pub fn new(policy: Policy, agent_run: String, server_label: String) -> Gate {
+    pub fn new(policy: Policy, agent_run: impl Into<AgentRunId>, server_label: String) -> Gate {
         Gate {
             policy,
-            agent_run,
+            agent_run: agent_run.into(),
             server_label,
             current: None,
             host_catalog: None,
@@ -93,7 +94,7 @@ impl Gate {
     pub fn epoch_started(&mut self, epoch: &str) {
         self.retire_live_grants();
         self.current = Some(Current {
-            epoch: epoch.to_owned(),
+            epoch: EpochId::from(epoch),
             catalog: None,
         });
     }
@@ -241,7 +242,7 @@ impl Gate {
             .iter()
             .any(|t| self.policy.mode_for(t) == ApprovalMode::PerCall);
         let grant = Grant {
-            id,
+            id: GrantId::from(id),
             agent_run: self.agent_run.clone(),
             server_label: self.server_label.clone(),
             execution_epoch: req.epoch,

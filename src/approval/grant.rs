@@ -5,6 +5,8 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
+use crate::epoch::{AgentRunId, EpochId, GrantId};
+
 /// When a grant stops authorizing calls (besides an epoch change, which always ends it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -17,10 +19,10 @@ pub enum Expiry {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Grant {
-    pub id: String,
-    pub agent_run: String,
+    pub id: GrantId,
+    pub agent_run: AgentRunId,
     pub server_label: String,
-    pub execution_epoch: String,
+    pub execution_epoch: EpochId,
     pub tool_scope: BTreeSet<String>,
     pub credential_scope: BTreeSet<String>,
     /// Milliseconds since the Unix epoch, as passed to [`Gate::approve`].
@@ -39,7 +41,7 @@ impl Grant {
 /// on since, the decision is void.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApprovalRequest {
-    pub epoch: String,
+    pub epoch: EpochId,
     pub tools: BTreeSet<String>,
     pub credential_scopes: BTreeSet<String>,
 }
@@ -53,8 +55,8 @@ pub enum ApprovalError {
         current.as_deref().unwrap_or("not running")
     )]
     EpochChanged {
-        requested: String,
-        current: Option<String>,
+        requested: EpochId,
+        current: Option<EpochId>,
     },
     #[error("the server's identity is pending (its tool catalog has not been fetched yet)")]
     NotReady,
@@ -71,6 +73,6 @@ pub enum ApprovalError {
 /// Which grants [`Gate::revoke`] removes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RevokeTarget {
-    Id(String),
+    Id(GrantId),
     All,
 }

@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::catalog::CatalogRevision;
+use crate::epoch::{EpochId, GrantId};
 
 const A: &str = "01JQ7R4S4S0QJ7GZP1S2";
 const B: &str = "01JQ7R9KQ6K2Y8W4JH0M";
@@ -50,7 +51,7 @@ fn policy() -> Policy {
 }
 
 fn gate() -> Gate {
-    Gate::new(policy(), "run-1".into(), "inventory".into())
+    Gate::new(policy(), "run-1", "inventory".into())
 }
 
 /// A gate at `ready(epoch, catalog 1)` with the host up to date and no grants.
@@ -440,7 +441,7 @@ fn revoke_and_end_run() {
 fn gating_off_and_only() {
     let mut p = policy();
     p.gating = Gating::Off;
-    let mut g = Gate::new(p, "r".into(), "l".into());
+    let mut g = Gate::new(p, "r", "l".into());
     g.epoch_started(A);
     assert_eq!(
         reason(&mut g, "write_item"),
@@ -466,7 +467,7 @@ fn gating_off_and_only() {
 
     let mut p = policy();
     p.gating = Gating::Only(set(&["write_item"]));
-    let mut g = Gate::new(p, "r".into(), "l".into());
+    let mut g = Gate::new(p, "r", "l".into());
     g.epoch_started(A);
     g.catalog_fetched(A, rev(1, "c1"), cat("c1", &["write_item", "delete_item"]));
     g.host_fetched_catalog("sha256:c1");
@@ -476,7 +477,7 @@ fn gating_off_and_only() {
 
 #[test]
 fn every_denial_payload_and_hint() {
-    let ep = |s: &str| Some(s.to_owned());
+    let ep = |s: &str| Some(EpochId::from(s));
     let base = Denial {
         reason: DenialReason::IdentityPending,
         tool: "write_item".into(),
@@ -726,8 +727,8 @@ mod model {
 
     #[derive(Debug, Clone)]
     struct ModelGrant {
-        id: String,
-        epoch: String,
+        id: GrantId,
+        epoch: EpochId,
         tools: BTreeSet<String>,
         scopes: BTreeSet<String>,
         per_call: bool,
@@ -739,8 +740,8 @@ mod model {
     #[derive(Debug)]
     struct Model {
         policy: Policy,
-        epochs: Vec<String>,
-        running: Option<String>,
+        epochs: Vec<EpochId>,
+        running: Option<EpochId>,
         /// Digest and, per tool, its definition digest.
         catalog: Option<(String, BTreeMap<String, String>)>,
         /// Per tool, what the host was last shown.
@@ -781,7 +782,7 @@ mod model {
                 .collect()
         }
 
-        fn stale_epochs(&self, tool: &str) -> BTreeSet<String> {
+        fn stale_epochs(&self, tool: &str) -> BTreeSet<EpochId> {
             self.grants
                 .iter()
                 .filter(|g| {
@@ -867,7 +868,7 @@ mod model {
         #![proptest_config(ProptestConfig::with_cases(512))]
         #[test]
         fn gate_agrees_with_the_model(policy in random_policy(), steps in prop::collection::vec(step(), 1..60)) {
-            let mut gate = Gate::new(policy.clone(), "run".into(), "label".into());
+            let mut gate = Gate::new(policy.clone(), "run", "label".into());
             let mut m = Model {
                 policy, epochs: vec![], running: None, catalog: None, host: None, grants: vec![], ended: false,
             };
@@ -879,7 +880,7 @@ mod model {
                 match step {
                     Step::BuildWithoutRestart | Step::Cancel => {}
                     Step::Restart => {
-                        let epoch = format!("E{}", m.epochs.len());
+                        let epoch = EpochId::new(format!("E{}", m.epochs.len()));
                         gate.epoch_started(&epoch);
                         m.epochs.push(epoch.clone());
                         m.running = Some(epoch);
@@ -954,7 +955,7 @@ mod model {
                                 prop_assert_eq!(&grant.tool_scope, &r.tools);
                                 prop_assert_eq!(grant.expires_when == Expiry::FirstUse, per_call);
                                 m.grants.push(ModelGrant {
-                                    id, epoch: r.epoch, tools: r.tools, scopes: r.credential_scopes, per_call, alive: true,
+                                    id: GrantId::new(id), epoch: r.epoch, tools: r.tools, scopes: r.credential_scopes, per_call, alive: true,
                                 });
                             }
                             (Err(e), Err(g)) => prop_assert_eq!(e, g),
@@ -1007,14 +1008,14 @@ mod model {
                         }
                     }
                     Step::Revoke { all, pick } => {
-                        let ids: Vec<String> = m.grants.iter().filter(|g| g.alive).map(|g| g.id.clone()).collect();
+                        let ids: Vec<GrantId> = m.grants.iter().filter(|g| g.alive).map(|g| g.id.clone()).collect();
                         let target = if all || ids.is_empty() {
                             RevokeTarget::All
                         } else {
                             RevokeTarget::Id(ids[pick % ids.len()].clone())
                         };
-                        let removed: BTreeSet<String> = gate.revoke(target.clone()).into_iter().map(|g| g.id).collect();
-                        let expected: BTreeSet<String> = m.grants.iter_mut()
+                        let removed: BTreeSet<GrantId> = gate.revoke(target.clone()).into_iter().map(|g| g.id).collect();
+                        let expected: BTreeSet<GrantId> = m.grants.iter_mut()
                             .filter(|g| g.alive && (target == RevokeTarget::All || target == RevokeTarget::Id(g.id.clone())))
                             .map(|g| { g.alive = false; g.id.clone() })
                             .collect();

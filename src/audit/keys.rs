@@ -373,13 +373,7 @@ fn fill_random(buf: &mut [u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-pub(crate) fn nofollow() -> i32 {
-    (rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC).bits() as i32
-}
-
-pub(crate) fn is_eloop(e: &std::io::Error) -> bool {
-    e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error())
-}
+pub(crate) use crate::sys::unix::{is_symlink_refusal as is_eloop, nofollow_flags as nofollow};
 
 /// Opens an existing file for reading without following a final symlink.
 pub(crate) fn open_nofollow(path: &Path) -> std::io::Result<File> {

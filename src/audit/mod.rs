@@ -34,7 +34,7 @@ pub use journal::{
 pub use keys::{Anchor, HOME_ENV, KeyStore};
 pub use log::{AppendedRecord, AuditLog};
 pub use record_type::*;
-pub use recover::{CHAIN_RESTARTED, Recovery, open_for_run};
+pub use recover::{Recovery, open_for_run};
 pub use verify::{ChainBreak, VerifyFailure, VerifyReport, read_records, verify};
 
 /// Record type names (the `type` field) and the `data` fields the journals read. `data` is free
@@ -76,6 +76,10 @@ pub mod record_type {
     /// A host connection was shown a catalog or one tool's definition
     /// ([`super::records::CatalogPresented`]).
     pub const CATALOG_PRESENTED: &str = "catalog_presented";
+    /// The first record of a chain that replaced a set-aside one (see [`super::recover`]).
+    /// `{reason, previousLog|null, previousAnchor|null, previousHead:{seq,hash}|null,
+    ///   previousLastRecord:{seq,hash}|null}`
+    pub const CHAIN_RESTARTED: &str = "chain_restarted";
 
     /// Every type above, in the order listed.
     pub const ALL: &[&str] = &[
@@ -94,6 +98,7 @@ pub mod record_type {
         SERVER_EXITED,
         GATING_DISABLED,
         CATALOG_PRESENTED,
+        CHAIN_RESTARTED,
     ];
 }
 

@@ -24,10 +24,7 @@ use super::{AuditError, verify};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 
-/// The first record of a chain that replaced a set-aside one.
-/// `{reason, previousLog|null, previousAnchor|null, previousHead:{seq,hash}|null,
-///   previousLastRecord:{seq,hash}|null}`
-pub const CHAIN_RESTARTED: &str = "chain_restarted";
+pub use super::record_type::CHAIN_RESTARTED;
 
 /// The `run` of records written by cargo mcp-dev itself outside any agent run.
 pub const TOOL_RUN: &str = "cargo-mcp-dev";
@@ -88,7 +85,7 @@ pub fn open_for_run(
             if !non_empty {
                 return Ok((log, None));
             }
-            match verify::verify_quiet(path, keys) {
+            match verify::verify_quiet(path, keys)? {
                 Ok(()) => return Ok((log, None)),
                 Err(f) => {
                     drop(log);
@@ -146,6 +143,7 @@ fn stamp() -> String {
 /// Moves the log and its anchor aside (never deletes either).
 fn set_aside(path: &Path, keys: &KeyStore, problem: &str) -> Result<Recovery, AuditError> {
     let stamp = stamp();
+    verify::forget_checkpoint(keys, path);
     let anchor_path = keys.anchor_path(path).ok();
     let previous_head = anchor_path
         .as_deref()
@@ -313,6 +311,40 @@ mod tests {
         assert_eq!(b.previous_head.as_ref().map(|h| h.0), Some(2));
     }
 
+    /// A log another process keeps locked is not judged, so it is never set aside: the run
+    /// fails with the lock error instead.
+    #[test]
+    fn a_locked_log_is_an_error_not_a_recovery() {
+        let (_tmp, keys, path) = setup();
+        write_some(&path, &keys, 2);
+        let holder = std::fs::File::open(&path).unwrap();
+        rustix::fs::flock(&holder, rustix::fs::FlockOperation::LockExclusive).unwrap();
+        let e = open_for_run(&path, &keys).unwrap_err();
+        assert!(matches!(e, AuditError::LockTimeout { .. }), "{e}");
+        drop(holder);
+        assert!(aside_files(path.parent().unwrap()).is_empty());
+        assert!(open_for_run(&path, &keys).unwrap().1.is_none());
+    }
+
+    /// The checkpoint saves work but never hides a change made after it.
+    #[test]
+    fn the_checkpoint_never_hides_a_change_to_the_verified_prefix() {
+        let (_tmp, keys, path) = setup();
+        write_some(&path, &keys, 4);
+        let (log, rec) = open_for_run(&path, &keys).unwrap(); // writes the checkpoint
+        assert!(rec.is_none());
+        drop(log);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        let mut r = Record::from_line(&lines[1]).unwrap();
+        r.data = json!({"i": 42});
+        r.hash = r.compute_hash().unwrap();
+        lines[1] = String::from_utf8(r.to_line().unwrap()).unwrap();
+        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+        let (_log, rec) = open_for_run(&path, &keys).unwrap();
+        assert!(rec.expect("caught").reason.contains("record 2"));
+    }
+
     /// Issue 12, high finding (a log written under another key) and low finding "a tampered
     /// middle record is not noticed when appending": both are set aside, never extended.
     #[test]
@@ -339,5 +371,46 @@ mod tests {
         let first = log.head().unwrap().0;
         assert_eq!(first, 1, "a new chain");
         log.append("x", "R", None, json!({})).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod timing {
+    use super::*;
+
+    /// `cargo test --lib -- --ignored --nocapture open_for_run_cost`: what the full check before
+    /// a run's first append costs on a 20 000-record log.
+    #[test]
+    #[ignore]
+    fn open_for_run_cost() {
+        let tmp = tempfile::tempdir().unwrap();
+        let keys = KeyStore::at(tmp.path().join("state"));
+        let path = tmp.path().join("a.jsonl");
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        for i in 0..20_000u64 {
+            log.append(
+                "tool_called",
+                "01JQ7R4S4S0QJ7GZP1S2",
+                Some("01JQ7R9KQ6K2Y8W4JH0M"),
+                json!({"callId": i, "tool": "write_inventory", "grant": "G1",
+                    "credentialScopes": ["inventory-api-staging"], "argumentsDigest": "f".repeat(64)}),
+            )
+            .unwrap();
+        }
+        drop(log);
+        let t = std::time::Instant::now();
+        let (mut log, r) = open_for_run(&path, &keys).unwrap();
+        assert!(r.is_none());
+        let first = t.elapsed();
+        log.append("run_ended", "R", None, json!({})).unwrap();
+        drop(log);
+        let t = std::time::Instant::now();
+        let (_log, r) = open_for_run(&path, &keys).unwrap();
+        assert!(r.is_none());
+        eprintln!(
+            "open_for_run on 20000 records ({} bytes): {first:?} full, {:?} from the checkpoint",
+            std::fs::metadata(&path).unwrap().len(),
+            t.elapsed()
+        );
     }
 }

@@ -91,13 +91,118 @@ fn short(hash: &str) -> &str {
 
 /// Verifies the log at `path` with the key and anchor in `keys`.
 pub fn verify(path: &Path, keys: &KeyStore) -> Result<VerifyReport, VerifyFailure> {
-    verify_inner(path, keys, None, true, MAX_BREAKS).map(|(report, _)| report)
+    verify_read(path, keys, None, true, MAX_BREAKS).map(|(report, _)| report)
+}
+
+/// Reads the log and its anchor, then checks them (I/O problems become line-0 failures).
+fn verify_read(
+    path: &Path,
+    keys: &KeyStore,
+    anchor_override: Option<Option<&Path>>,
+    collect: bool,
+    depth: usize,
+) -> Result<(VerifyReport, Vec<Record>), VerifyFailure> {
+    let data = read_log_and_anchor(path, keys, anchor_override)
+        .map_err(|e| fail(0, None, e.to_string()))?;
+    verify_inner(path, keys, data, anchor_override, collect, depth, false)
 }
 
 /// [`verify()`] without following breaks or keeping records (a writer checking a log before a
 /// run's first append).
-pub(crate) fn verify_quiet(path: &Path, keys: &KeyStore) -> Result<(), VerifyFailure> {
-    verify_inner(path, keys, None, false, 0).map(|_| ())
+///
+/// Incremental: after a success, a checkpoint sealed with the key records the verified length,
+/// the SHA-256 of those bytes and the head there (`anchors/<H>.verified`). The next check hashes
+/// that prefix (fast: no parsing) and fully checks only the records after it; any mismatch
+/// (prefix changed, bad seal, anything unexpected) falls back to the full check, so the
+/// checkpoint can save time but never hide a change.
+///
+/// The outer error is an I/O problem (the log could not be read or locked in time, no key): the
+/// log's content was not judged, so the caller must not treat it as damaged.
+pub(crate) fn verify_quiet(
+    path: &Path,
+    keys: &KeyStore,
+) -> Result<Result<(), VerifyFailure>, AuditError> {
+    keys.load_key()?;
+    let data = read_log_and_anchor(path, keys, None)?;
+    if verify_inner(path, keys, data, None, false, 0, true).is_ok() {
+        return Ok(Ok(()));
+    }
+    // No usable checkpoint, or something after it failed: the full check decides (and names
+    // the first bad record).
+    let data = read_log_and_anchor(path, keys, None)?;
+    Ok(verify_inner(path, keys, data, None, false, 0, false).map(|_| ()))
+}
+
+/// A sealed "verified up to here" mark (see [`verify_quiet`]).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct Checkpoint {
+    len: usize,
+    prefix: String,
+    seq: u64,
+    hash: String,
+    mac: String,
+}
+
+impl Checkpoint {
+    fn path(keys: &KeyStore, log: &Path) -> Option<PathBuf> {
+        keys.anchor_path(log)
+            .ok()
+            .map(|a| a.with_extension("verified"))
+    }
+
+    fn seal(key: &super::AuditKey, len: usize, prefix: &str, seq: u64, hash: &str) -> String {
+        super::chain::keyed_digest(
+            key,
+            format!("cargo-mcp-dev/verified/v1\0{len}:{prefix}:{seq}:{hash}").as_bytes(),
+        )
+    }
+
+    fn load(keys: &KeyStore, log: &Path, key: &super::AuditKey, contents: &[u8]) -> Option<Self> {
+        let file = keys::open_nofollow(&Self::path(keys, log)?).ok()?;
+        let cp: Checkpoint = serde_json::from_reader(file).ok()?;
+        let valid = cp.len > 0
+            && cp.len <= contents.len()
+            && contents[cp.len - 1] == b'\n'
+            && Self::seal(key, cp.len, &cp.prefix, cp.seq, &cp.hash) == cp.mac
+            && crate::hashing::sha256_hex(&contents[..cp.len]) == cp.prefix;
+        valid.then_some(cp)
+    }
+
+    fn store(
+        keys: &KeyStore,
+        log: &Path,
+        key: &super::AuditKey,
+        contents: &[u8],
+        seq: u64,
+        hash: &str,
+    ) {
+        let Some(path) = Self::path(keys, log) else {
+            return;
+        };
+        let prefix = crate::hashing::sha256_hex(contents);
+        let cp = Checkpoint {
+            len: contents.len(),
+            mac: Self::seal(key, contents.len(), &prefix, seq, hash),
+            prefix,
+            seq,
+            hash: hash.to_string(),
+        };
+        if let Ok(text) = serde_json::to_vec(&cp) {
+            let _ = crate::fsutil::write_atomic(&path, &text);
+        }
+    }
+
+    /// Removes the checkpoint of a log (it describes a log that was set aside).
+    pub(crate) fn forget(keys: &KeyStore, log: &Path) {
+        if let Some(p) = Self::path(keys, log) {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Forgets the verification checkpoint of `log` (see [`verify_quiet`]).
+pub(crate) fn forget_checkpoint(keys: &KeyStore, log: &Path) {
+    Checkpoint::forget(keys, log);
 }
 
 /// [`verify()`], also returning the records it checked (one read of the log, so journals show
@@ -106,7 +211,7 @@ pub(crate) fn verify_and_collect(
     path: &Path,
     keys: &KeyStore,
 ) -> Result<(VerifyReport, Vec<Record>), VerifyFailure> {
-    verify_inner(path, keys, None, true, MAX_BREAKS)
+    verify_read(path, keys, None, true, MAX_BREAKS)
 }
 
 fn chain_break(first: &Record, keys: &KeyStore, depth: usize) -> ChainBreak {
@@ -122,7 +227,7 @@ fn chain_break(first: &Record, keys: &KeyStore, depth: usize) -> ChainBreak {
             None,
             "no log was left to set aside (removed, e.g. by `cargo clean`); only its anchored head is known",
         )),
-        (Some(log), anchor) => verify_inner(
+        (Some(log), anchor) => verify_read(
             log,
             keys,
             Some(anchor.as_deref()),
@@ -146,12 +251,13 @@ fn chain_break(first: &Record, keys: &KeyStore, depth: usize) -> ChainBreak {
 fn verify_inner(
     path: &Path,
     keys: &KeyStore,
+    data: LogAndAnchor,
     anchor_override: Option<Option<&Path>>,
     collect: bool,
     depth: usize,
+    incremental: bool,
 ) -> Result<(VerifyReport, Vec<Record>), VerifyFailure> {
-    let (contents, anchor_path, anchor) = read_log_and_anchor(path, keys, anchor_override)
-        .map_err(|e| fail(0, None, e.to_string()))?;
+    let (contents, anchor_path, anchor) = data;
     if contents.is_empty() {
         return Err(fail(
             0,
@@ -160,7 +266,24 @@ fn verify_inner(
         ));
     }
     let key = keys.load_key().map_err(|e| fail(0, None, e.to_string()))?;
-    let mut last: Option<(usize, u64, String)> = None;
+    // Incremental mode: lines before the checkpoint are known good (their bytes hash to the
+    // sealed prefix digest); only the rest is parsed and checked.
+    let resume = if incremental {
+        Some(
+            Checkpoint::load(keys, path, &key, &contents)
+                .ok_or_else(|| fail(0, None, "no usable checkpoint"))?,
+        )
+    } else {
+        None
+    };
+    let skip_lines = resume.as_ref().map(|c| c.seq as usize).unwrap_or(0);
+    let full_contents = &contents[..];
+    let contents = match &resume {
+        Some(c) => &full_contents[c.len..],
+        None => full_contents,
+    };
+    let mut last: Option<(usize, u64, String)> =
+        resume.as_ref().map(|c| (skip_lines, c.seq, c.hash.clone()));
     let mut hashes: Vec<String> = Vec::new();
     let mut records: Vec<Record> = Vec::new();
     let mut runs = BTreeSet::new();
@@ -170,12 +293,16 @@ fn verify_inner(
     let body = if ends_with_newline {
         &contents[..contents.len() - 1]
     } else {
-        &contents[..]
+        contents
     };
-    let total_lines = body.split(|&b| b == b'\n').count();
-    for (i, raw) in body.split(|&b| b == b'\n').enumerate() {
-        let line = i + 1;
-        let unterminated = !ends_with_newline && line == total_lines;
+    let total_lines = if contents.is_empty() {
+        0
+    } else {
+        body.split(|&b| b == b'\n').count()
+    };
+    for (i, raw) in body.split(|&b| b == b'\n').enumerate().take(total_lines) {
+        let line = skip_lines + i + 1;
+        let unterminated = !ends_with_newline && line == skip_lines + total_lines;
         let text = std::str::from_utf8(raw).map_err(|_| fail(line, None, "not UTF-8"))?;
         if text.is_empty() {
             return Err(fail(line, None, "empty line"));
@@ -209,7 +336,11 @@ fn verify_inner(
                 ),
             ));
         }
-        let expected_prev = hashes.last().map(String::as_str).unwrap_or(GENESIS_PREV);
+        let expected_prev = hashes
+            .last()
+            .map(String::as_str)
+            .or(resume.as_ref().map(|c| c.hash.as_str()))
+            .unwrap_or(GENESIS_PREV);
         if record.prev != expected_prev {
             return Err(fail(
                 line,
@@ -310,11 +441,14 @@ fn verify_inner(
             ),
         ));
     }
-    // seq == line number was checked above, so the record at seq N is hashes[N - 1].
-    let anchored = anchor
-        .seq
-        .checked_sub(1)
-        .and_then(|i| hashes.get(i as usize));
+    // seq == line number was checked above, so the record at seq N is hashes[N - 1 - skipped].
+    let anchored = match &resume {
+        Some(c) if anchor.seq == c.seq => Some(&c.hash),
+        _ => anchor
+            .seq
+            .checked_sub(1 + skip_lines as u64)
+            .and_then(|i| hashes.get(i as usize)),
+    };
     match anchored {
         Some(h) if *h == anchor.hash => {}
         _ => {
@@ -336,6 +470,9 @@ fn verify_inner(
     };
     if !collect {
         records.clear();
+    }
+    if incremental || anchor_override.is_none() && !collect {
+        Checkpoint::store(keys, path, &key, full_contents, head_seq, &head_hash);
     }
     let report = VerifyReport {
         records: head_seq,

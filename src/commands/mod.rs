@@ -3,6 +3,7 @@
 
 pub mod approve;
 pub mod audit;
+pub mod background_build;
 pub mod build;
 pub mod check;
 pub mod control_client;
@@ -30,5 +31,6 @@ pub fn dispatch(cmd: McpDev) -> CmdResult {
         Command::New(a) => new::execute(a),
         Command::Init(a) => init::execute(a),
         Command::Demo(a) => demo::execute(a),
+        Command::BackgroundBuild(a) => background_build::execute(a),
     }
 }

@@ -26,9 +26,10 @@ use crate::proxy::framing::{DEFAULT_MAX_LINE, Frame, LineReader};
 use crate::proxy::outlet::{self, Outlet};
 use crate::session::state::RecordedFacts;
 use crate::session::{
-    BuildResult, Clock, Event, Fallback, Io, Restart, Session, SessionConfig, Timer,
+    BuildResult, Clock, EffectError, Event, Fallback, Io, Restart, Session, SessionConfig, Timer,
 };
-use crate::supervisor::{self, LaunchSpec, Worker, unix};
+use crate::supervisor::{self, LaunchSpec, Worker};
+use crate::sys::unix;
 use crate::{control, exit_codes, output, status, watch};
 
 /// Status lines for `run`: human on stderr, or JSON events on stderr.
@@ -90,6 +91,8 @@ struct Shell {
     launch_dir: PathBuf,
     facts_file: PathBuf,
     started: Instant,
+    /// Stop sequences still running (the exit waits for them, and only for them).
+    stops: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Io for Shell {
@@ -169,7 +172,7 @@ impl Io for Shell {
             });
     }
 
-    fn spawn(&mut self, epoch: &str, record: &IdentityRecord) -> Result<u32, String> {
+    fn spawn(&mut self, epoch: &str, record: &IdentityRecord) -> Result<u32, EffectError> {
         // The wrapper runs from the project tree (it may rely on its location): make sure it is
         // still the script whose digest the identity recorded.
         if let (Some(w), Some(path)) = (&record.wrapper, record.launch.argv.first())
@@ -179,17 +182,17 @@ impl Io for Shell {
                 .as_deref()
                 != Some(w.sha256.as_str())
         {
-            return Err(format!(
+            return Err(EffectError(format!(
                 "wrapper `{}` changed after its identity was captured; not started (the rebuild it triggers will start it)",
                 w.path
-            ));
+            )));
         }
         // The store entry must still hold the bytes the identity hashed (issue 12: a replaced or
         // symlinked entry used to run as trusted). Opened once, hashed through the descriptor,
         // and executed through that descriptor when it is argv[0].
         let entry = std::path::Path::new(&record.executable.store_path);
         let verified = crate::store::open_verified(entry, &record.executable.sha256)
-            .map_err(|e| e.to_string())?;
+            .map_err(EffectError::new)?;
         let direct = record.launch.argv.first() == Some(&record.executable.store_path);
         let spec = LaunchSpec {
             program: direct.then(|| Arc::new(verified)),
@@ -205,7 +208,7 @@ impl Io for Shell {
         let spawned = supervisor::spawn(&spec, move |exit| {
             let _ = events.send(Event::ChildExited { epoch: e, exit });
         })
-        .map_err(|e| format!("{}: {e}", spec.argv[0]))?;
+        .map_err(|e| EffectError(format!("{}: {e}", spec.argv[0])))?;
         self.children.insert(
             epoch.to_string(),
             Outlet::new(
@@ -280,6 +283,8 @@ impl Io for Shell {
         };
         let events = self.events.clone();
         let e = epoch.to_string();
+        let stops = self.stops.clone();
+        stops.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let _ = std::thread::Builder::new()
             .name("stop".into())
             .spawn(move || {
@@ -291,6 +296,7 @@ impl Io for Shell {
                     },
                     grace,
                 );
+                stops.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
                 let _ = events.send(Event::ChildStopped { epoch: e });
             });
     }
@@ -330,11 +336,11 @@ impl Io for Shell {
         agent_run: &str,
         epoch: Option<&str>,
         data: serde_json::Value,
-    ) -> Result<(), String> {
+    ) -> Result<(), EffectError> {
         self.audit
             .append(kind, agent_run, epoch, data)
             .map(|_| ())
-            .map_err(|e| e.to_string())
+            .map_err(EffectError::new)
     }
 
     fn publish_status(&mut self, snapshot: &serde_json::Value) {
@@ -759,6 +765,7 @@ pub fn execute(args: RunArgs) -> CmdResult {
         audit_path: audit_path.display().to_string(),
         socket_path: socket.as_ref().map(|p| p.display().to_string()),
     };
+    let stops = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let shell = Shell {
         events: events_tx.clone(),
         me: Weak::new(),
@@ -777,6 +784,7 @@ pub fn execute(args: RunArgs) -> CmdResult {
         launch_dir: layout.launch_dir(&label),
         facts_file: layout.facts_file(&label),
         started: Instant::now(),
+        stops: stops.clone(),
     };
     sink.emit(&format!(
         "session started: {label} (restart mode {}, gating {}, audit {}, control {})",
@@ -796,14 +804,12 @@ pub fn execute(args: RunArgs) -> CmdResult {
     }
     spawn_host_reader(Arc::downgrade(&shared));
     let code = event_loop(&shared, &events_rx, &done_rx);
-    // Let the stop sequence (bounded by its own grace) and queued host output finish.
+    // Let stop sequences in flight (bounded by their own grace) finish; with none (the host
+    // left before a server was up) there is nothing to wait for.
     let deadline = Instant::now() + Duration::from_millis(1500);
-    while Instant::now() < deadline {
-        match events_rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(Event::ChildStopped { .. }) => break,
-            Ok(_) => {}
-            Err(_) => break,
-        }
+    while stops.load(std::sync::atomic::Ordering::SeqCst) > 0 && Instant::now() < deadline {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let _ = events_rx.recv_timeout(left.min(Duration::from_millis(20)));
     }
     let abandoned = shared
         .lock()
@@ -950,6 +956,32 @@ mod tests {
             drop(r#"{"error":{"code":1,"message":"x"},"id":0,"jsonrpc":"2.0"}"#),
             None
         );
+    }
+
+    /// Issue 12, medium finding "unbounded memory": what the shell may drop (notifications) and
+    /// how it answers a request a stalled server cannot take.
+    #[test]
+    fn droppable_lines_and_stalled_answers() {
+        use crate::proxy::envelope;
+        assert!(is_notification_line(&envelope::notification_line(
+            "notifications/message",
+            Some(&json!({"level": "info"}))
+        )));
+        assert!(!is_notification_line(&envelope::request_line(
+            7,
+            "tools/call",
+            &json!({})
+        )));
+        assert!(!is_notification_line(&envelope::result_line(
+            &envelope::numeric_id(7),
+            &json!({})
+        )));
+        let answer = stalled_answer(&envelope::request_line(7, "tools/call", &json!({}))).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+        assert_eq!(v["id"], json!(7));
+        assert_eq!(v["error"]["data"]["error"], json!("server_not_reading"));
+        assert_eq!(v["error"]["data"]["source"], json!("cargo-mcp-dev"));
+        assert!(stalled_answer(&envelope::notification_line("notifications/x", None)).is_none());
     }
 
     fn loaded(v: serde_json::Value) -> LoadedConfig {

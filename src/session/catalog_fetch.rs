@@ -59,21 +59,15 @@ impl<I: Io> Session<I> {
         let over =
             c.pages_fetched >= MAX_CATALOG_PAGES || c.catalog_pages.len() > MAX_CATALOG_TOOLS;
         match next {
-            Some(_) if over => {
-                let (pages, tools) = (c.pages_fetched, c.catalog_pages.len());
-                c.catalog_pages.truncate(MAX_CATALOG_TOOLS);
-                self.io.status(&format!(
-                    "the server's tools/list kept paging ({pages} pages, {tools} tools): stopped at the limit of {MAX_CATALOG_PAGES} pages / {MAX_CATALOG_TOOLS} tools; the catalog holds what was fetched"
-                ));
-                let pages = self
-                    .child
-                    .as_mut()
-                    .map(|c| std::mem::take(&mut c.catalog_pages))
-                    .unwrap_or_default();
-                self.catalog_complete(epoch, pages);
-            }
-            Some(cursor) => self.fetch_catalog(Some(cursor)),
-            None => {
+            Some(cursor) if !over => self.fetch_catalog(Some(cursor)),
+            more => {
+                if more.is_some() {
+                    let (pages, tools) = (c.pages_fetched, c.catalog_pages.len());
+                    c.catalog_pages.truncate(MAX_CATALOG_TOOLS);
+                    self.io.status(&format!(
+                        "the server's tools/list kept paging ({pages} pages, {tools} tools): stopped at the limit of {MAX_CATALOG_PAGES} pages / {MAX_CATALOG_TOOLS} tools; the catalog holds what was fetched"
+                    ));
+                }
                 let pages = self
                     .child
                     .as_mut()

@@ -26,7 +26,7 @@ impl<I: Io> Session<I> {
                 let host_id = self.next_id;
                 self.next_id += 1;
                 self.child_requests
-                    .insert(host_id, (epoch.to_string(), child_id));
+                    .insert(host_id, (EpochId::from(epoch), child_id));
                 let mut msg = msg;
                 msg.set_id(envelope::numeric_id(host_id));
                 self.io.to_host(msg.to_line());
@@ -353,7 +353,7 @@ impl<I: Io> Session<I> {
             let id = self.alloc(Pending::Host {
                 host_id,
                 method: "subscriptions/listen".into(),
-                epoch: epoch.to_string(),
+                epoch: EpochId::from(epoch),
                 call: None,
             });
             if let Some(l) = self

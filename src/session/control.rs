@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::approval::{ApprovalRequest, RevokeTarget};
+use crate::epoch::EpochId;
 
 /// A request on the control socket, as the session understands it. The wire is one JSON
 /// object with `op` (`status`, `restart`, `approve`, `revoke`); unknown operations and missing
@@ -21,7 +22,7 @@ pub enum ControlRequest {
     #[serde(rename_all = "camelCase")]
     Approve {
         /// The epoch the human reviewed (re-checked against the current one).
-        epoch: String,
+        epoch: EpochId,
         #[serde(default)]
         tools: std::collections::BTreeSet<String>,
         #[serde(default)]
@@ -82,7 +83,7 @@ impl<I: Io> Session<I> {
             Ok(ControlRequest::Revoke { grant }) => {
                 let target = match grant.as_deref() {
                     Some("all") | None => RevokeTarget::All,
-                    Some(id) => RevokeTarget::Id(id.to_string()),
+                    Some(id) => RevokeTarget::Id(id.into()),
                 };
                 let revoked = self.gate.revoke(target);
                 for g in &revoked {
@@ -109,7 +110,7 @@ impl<I: Io> Session<I> {
         let g = serde_json::to_value(&grant).expect("grant serializes");
         if let Some(c) = &self.child {
             self.approved_baseline = Some((
-                c.epoch.clone(),
+                c.epoch.to_string(),
                 c.record.clone(),
                 self.catalog.catalog().cloned(),
             ));
@@ -141,7 +142,7 @@ impl<I: Io> Session<I> {
         else {
             return Value::Null;
         };
-        if *epoch == child.epoch {
+        if child.epoch == *epoch {
             return Value::Null;
         }
         let identity = crate::fingerprint::component_list(&crate::fingerprint::changed_components(

@@ -152,7 +152,7 @@ impl<I: Io> Session<I> {
                 }
             }
             "notifications/cancelled" => self.on_host_cancel(&msg),
-            m if m.starts_with("notifications/") => {
+            m if crate::proxy::envelope::is_notification_method(m) => {
                 if let Some(c) = &self.child
                     && !c.stopping
                     && c.phase != ChildPhase::Started

@@ -197,18 +197,18 @@ impl<I: Io> Session<I> {
     pub(super) fn spawn_child(
         &mut self,
         record: IdentityRecord,
-        replaced: Option<String>,
+        replaced: Option<EpochId>,
         fallback: Option<String>,
     ) {
-        let epoch = self.io.mint_id();
+        let epoch = EpochId::new(self.io.mint_id());
         self.spawn_child_as(epoch, record, replaced, fallback);
     }
 
     fn spawn_child_as(
         &mut self,
-        epoch: String,
+        epoch: EpochId,
         record: IdentityRecord,
-        replaced: Option<String>,
+        replaced: Option<EpochId>,
         fallback: Option<String>,
     ) {
         let pid = match self.io.spawn(&epoch, &record) {
@@ -277,7 +277,7 @@ impl<I: Io> Session<I> {
             self.spawn_child(record, None, None);
             return;
         };
-        let new_epoch = self.io.mint_id();
+        let new_epoch = EpochId::new(self.io.mint_id());
         self.io.verbose(&format!("replacing server ({why})"));
         self.gate.server_exited(&child.epoch);
         self.answer_in_flight(&child.epoch, Some(&new_epoch), "replaced", None);
@@ -309,7 +309,7 @@ impl<I: Io> Session<I> {
     fn record_exit(&mut self, child: &ChildState, status: &str, exit: Option<&ExitInfo>) {
         let lived = self.now().saturating_sub(child.started_ms);
         let record = ServerExited {
-            epoch: child.epoch.clone(),
+            epoch: child.epoch.to_string(),
             pid: child.pid,
             status: status.to_string(),
             code: exit.and_then(|e| e.code),

@@ -139,6 +139,18 @@ pub enum Event {
     Shutdown(String),
 }
 
+/// An effect the shell could not perform (a server that would not start, an audit record that
+/// could not be written), in one sentence for status lines and payloads.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct EffectError(pub String);
+
+impl EffectError {
+    pub fn new(e: impl std::fmt::Display) -> Self {
+        EffectError(e.to_string())
+    }
+}
+
 /// Times as the session sees them, read once per use through [`Io::clock`].
 #[derive(Debug, Clone)]
 pub struct Clock {
@@ -159,7 +171,7 @@ pub trait Io {
     /// Start a build (never two at once; the session guarantees it); `BuildFinished` follows.
     fn start_build(&mut self);
     /// Start the server for `record` under `epoch`: its pid, or why it could not start.
-    fn spawn(&mut self, epoch: &str, record: &IdentityRecord) -> Result<u32, String>;
+    fn spawn(&mut self, epoch: &str, record: &IdentityRecord) -> Result<u32, EffectError>;
     /// Run the stop sequence of the child of `epoch` in the background; `ChildStopped` follows.
     fn stop(&mut self, epoch: &str, grace: Duration);
     /// The child of `epoch` exited by itself: kill what is left in its process group.
@@ -179,7 +191,7 @@ pub trait Io {
         agent_run: &str,
         epoch: Option<&str>,
         data: Value,
-    ) -> Result<(), String>;
+    ) -> Result<(), EffectError>;
     /// Publish the status document (`status`, the status file).
     fn publish_status(&mut self, snapshot: &Value);
     /// Keep the launch record of a new epoch.
@@ -276,7 +288,7 @@ pub const DEFAULT_RESTART_HOLD: Duration = Duration::from_secs(5);
 pub struct Session<I: Io> {
     io: I,
     cfg: SessionConfig,
-    agent_run: String,
+    agent_run: AgentRunId,
     gate: Gate,
     catalog: CatalogHistory,
     lifecycle: Lifecycle,
@@ -291,7 +303,7 @@ pub struct Session<I: Io> {
     pending: HashMap<u64, Pending>,
     next_id: u64,
     /// Child-to-host requests: our host-facing id → (epoch, the child's own id).
-    child_requests: HashMap<u64, (String, RawIdText)>,
+    child_requests: HashMap<u64, (EpochId, RawIdText)>,
     held: VecDeque<Held>,
     host: HostConnection,
     listens: Vec<Listen>,
@@ -306,7 +318,7 @@ pub struct Session<I: Io> {
 
 impl<I: Io> Session<I> {
     pub fn new(mut io: I, cfg: SessionConfig, policy: approval::Policy) -> Self {
-        let agent_run = io.mint_id();
+        let agent_run = AgentRunId::new(io.mint_id());
         let gate = Gate::new(policy, agent_run.clone(), cfg.label.clone());
         let recorded = cfg.recorded.clone();
         Session {
@@ -448,7 +460,7 @@ impl<I: Io> Session<I> {
         kind: &str,
         epoch: Option<&str>,
         data: Value,
-    ) -> Result<(), String> {
+    ) -> Result<(), EffectError> {
         let run = self.agent_run.clone();
         self.io.audit(kind, &run, epoch, data)
     }

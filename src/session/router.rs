@@ -71,7 +71,7 @@ impl<I: Io> Session<I> {
                     "argumentsDigest": args_digest, "shownRevision": shown_revision,
                 })) {
                     self.io.status(&format!("call refused: audit log unavailable: {e}"));
-                    let payload = json!({"error": "audit_failed", "reason": e, "retry": "fix the audit log, then call again"});
+                    let payload = json!({"error": "audit_failed", "reason": e.to_string(), "retry": "fix the audit log, then call again"});
                     let result = self.tool_error(&payload, "The call was not forwarded because it could not be written to the audit log.");
                     self.io.to_host(envelope::result_line(&host_id, &result));
                     return;

@@ -19,7 +19,7 @@ const MAX_LISTED: usize = 100;
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StatusSnapshot {
     pub label: String,
-    pub agent_run: String,
+    pub agent_run: AgentRunId,
     pub supervisor_pid: u32,
     /// `identity-pending`, `catalog-ready` or `ready` (the approval state machine).
     pub state: String,
@@ -55,7 +55,7 @@ pub struct StatusSnapshot {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ServerSnapshot {
     pub pid: u32,
-    pub epoch: String,
+    pub epoch: EpochId,
     pub identity_digest: String,
     pub executable_sha256: String,
     pub phase: String,
@@ -67,8 +67,8 @@ pub struct DenialSnapshot {
     pub at: u64,
     pub tool: String,
     pub reason: String,
-    pub approved_epoch: Option<String>,
-    pub current_epoch: Option<String>,
+    pub approved_epoch: Option<crate::epoch::EpochId>,
+    pub current_epoch: Option<crate::epoch::EpochId>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use crate::epoch::{AgentRunId, EpochId};
 use crate::fingerprint::IdentityRecord;
 use crate::proxy::envelope::Message;
 pub use crate::proxy::envelope::RawId;
@@ -56,7 +57,7 @@ pub enum ChildPhase {
 
 #[derive(Debug, Clone)]
 pub struct ChildState {
-    pub epoch: String,
+    pub epoch: EpochId,
     pub pid: u32,
     pub record: IdentityRecord,
     pub phase: ChildPhase,
@@ -70,9 +71,9 @@ pub struct ChildState {
 /// A replacement in progress: the new epoch starts when the old child has stopped.
 #[derive(Debug, Clone)]
 pub struct Replacing {
-    pub new_epoch: String,
+    pub new_epoch: EpochId,
     pub record: IdentityRecord,
-    pub old_epoch: String,
+    pub old_epoch: EpochId,
 }
 
 /// What a child-facing id (always ours) stands for.
@@ -82,18 +83,18 @@ pub enum Pending {
     Host {
         host_id: RawId,
         method: String,
-        epoch: String,
+        epoch: EpochId,
         call: Option<CallInfo>,
     },
     /// Our replay of the host's `initialize` (or modern `server/discover`); `answer` is the host
     /// id to answer when the host is still waiting for it.
     Handshake {
-        epoch: String,
+        epoch: EpochId,
         answer: Option<RawId>,
         modern: bool,
     },
     /// Our own `tools/list` page.
-    CatalogPage { epoch: String },
+    CatalogPage { epoch: EpochId },
 }
 
 impl Pending {

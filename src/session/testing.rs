@@ -69,9 +69,9 @@ impl Io for FakeIo {
     fn start_build(&mut self) {
         self.builds_started += 1;
     }
-    fn spawn(&mut self, epoch: &str, _record: &IdentityRecord) -> Result<u32, String> {
+    fn spawn(&mut self, epoch: &str, _record: &IdentityRecord) -> Result<u32, EffectError> {
         if let Some(e) = &self.spawn_error {
-            return Err(e.clone());
+            return Err(EffectError(e.clone()));
         }
         self.next_pid += 1;
         let pid = 1000 + self.next_pid;
@@ -101,9 +101,9 @@ impl Io for FakeIo {
         _agent_run: &str,
         epoch: Option<&str>,
         data: Value,
-    ) -> Result<(), String> {
+    ) -> Result<(), EffectError> {
         if self.audit_fails {
-            return Err("disk full".into());
+            return Err(EffectError("disk full".into()));
         }
         self.audit
             .push((kind.to_string(), epoch.map(str::to_string), data));

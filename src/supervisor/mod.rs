@@ -2,14 +2,14 @@
 //! hosts' sequence (close stdin, grace, SIGTERM to the group, grace, SIGKILL to the group).
 //!
 //! Owns processes and exit statuses; it never reads or writes JSON-RPC content (the session
-//! gets the pipes). Platform calls live in [`unix`].
-
-pub mod unix;
+//! gets the pipes). Platform calls live in [`crate::sys::unix`].
 
 use std::path::PathBuf;
 use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
+
+use crate::sys::unix;
 
 /// What to start.
 #[derive(Debug, Clone)]

@@ -8,7 +8,7 @@ use std::process::{Command, ExitStatus};
 
 use rustix::process::{Pid, Signal};
 
-use super::ExitInfo;
+use crate::supervisor::ExitInfo;
 
 #[derive(Debug, Clone, Copy)]
 pub enum Sig {
@@ -115,4 +115,42 @@ pub fn signal_name(sig: i32) -> &'static str {
         15 => "SIGTERM",
         _ => "signal",
     }
+}
+
+/// `open(2)` flags that refuse a final symbolic link and keep the descriptor out of children.
+pub fn nofollow_flags() -> i32 {
+    (rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC).bits() as i32
+}
+
+/// Whether an open failed because the path was a symbolic link (`ELOOP` under `O_NOFOLLOW`).
+pub fn is_symlink_refusal(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error())
+}
+
+/// The uid of the process at the other end of a local socket.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub fn peer_uid(stream: &std::os::unix::net::UnixStream) -> Option<u32> {
+    rustix::net::sockopt::socket_peercred(stream)
+        .ok()
+        .map(|c| c.uid.as_raw())
+}
+
+/// Elsewhere the owner-only directory (0700) is the guard until `getpeereid` is wired: the peer
+/// is taken to be us.
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+pub fn peer_uid(_stream: &std::os::unix::net::UnixStream) -> Option<u32> {
+    Some(current_uid())
+}
+
+/// The pid of the process at the other end of a local socket, where the platform says.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub fn peer_pid(stream: &std::os::unix::net::UnixStream) -> Option<u32> {
+    rustix::net::sockopt::socket_peercred(stream)
+        .ok()
+        .map(|c| c.pid.as_raw_nonzero().get() as u32)
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+pub fn peer_pid(_stream: &std::os::unix::net::UnixStream) -> Option<u32> {
+    None
 }
