@@ -30,10 +30,10 @@ impl<I: Io> Session<I> {
         {
             return self.refuse_unavailable_call(&host_id, &tool, &call_id);
         }
-        let epoch_now = self.current_epoch().map(str::to_string);
-        let wall = self.io.clock().wall_ms;
+        let wall = self.io.wall_ms();
         match self.gate.decide_call(&tool, wall) {
             CallDecision::Deny(denial) => {
+                let epoch_now = self.current_epoch().map(str::to_string);
                 let mut payload = denial.payload();
                 let mut hint = denial.human_hint();
                 if denial.reason == DenialReason::CatalogStale {
