@@ -188,7 +188,8 @@ impl<I: Io> Session<I> {
                     Some(&id),
                     codes::SERVER_UNAVAILABLE,
                     &format!(
-                        "the MCP server is still building ({:.0} s so far); its tools appear when it is up: retry, or reconnect in a moment",
+                        "the MCP server is still {} ({:.0} s so far); its tools appear when it is up: retry, or reconnect in a moment",
+                        self.starting_word(),
                         waited as f64 / 1000.0
                     ),
                     json!({"error": "server_building", "waitedMs": waited,
@@ -228,7 +229,8 @@ impl<I: Io> Session<I> {
             result["cacheScope"] = json!("private");
         }
         self.io.status(&format!(
-            "the server is still building: tools/list answered with the catalog recorded from epoch {} ({}, identity {}); calls are checked against the real catalog when the server is up",
+            "the server is still {}: tools/list answered with the catalog recorded from epoch {} ({}, identity {}); calls are checked against the real catalog when the server is up",
+            self.starting_word(),
             crate::epoch::short(&rec.epoch),
             crate::hashing::short(&rec.digest),
             crate::hashing::short(&rec.identity_digest)
@@ -240,6 +242,16 @@ impl<I: Io> Session<I> {
                 "recorded catalog",
                 Some((&rec.epoch, &rec.identity_digest)),
             );
+        }
+    }
+
+    /// What the server is doing while requests wait: `building` (first start, no server yet)
+    /// or `starting` (a server process exists, or a restart is under way).
+    fn starting_word(&self) -> &'static str {
+        if self.lifecycle == Lifecycle::FirstStart && self.child.is_none() {
+            "building"
+        } else {
+            "starting"
         }
     }
 
