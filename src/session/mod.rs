@@ -299,6 +299,8 @@ pub struct Session<I: Io> {
     /// Child-to-host requests: our host-facing id → (epoch, the child's own id).
     child_requests: HashMap<u64, (EpochId, RawIdText)>,
     held: VecDeque<Held>,
+    /// The deadline the one held-request timer is armed for.
+    held_timer: Option<u64>,
     host: HostConnection,
     listens: Vec<Listen>,
     crashes: VecDeque<u64>,
@@ -331,6 +333,7 @@ impl<I: Io> Session<I> {
             next_id: 1,
             child_requests: HashMap::new(),
             held: VecDeque::new(),
+            held_timer: None,
             host: HostConnection::default(),
             listens: Vec::new(),
             crashes: VecDeque::new(),

@@ -894,3 +894,21 @@ fn lifecycle_transitions() {
     }
     assert_eq!(after("stopping", "build ok"), Lifecycle::Stopping);
 }
+
+#[test]
+fn many_held_requests_cost_one_timer() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    let before = h.io().timers.len();
+    for _ in 0..200 {
+        h.request("tools/list", json!({}));
+        h.io().now_ms += 1;
+    }
+    let held_timers = h.io().timers.len() - before;
+    assert_eq!(held_timers, 1, "one timer for every held request");
+    h.advance(DEFAULT_FIRST_START_BUDGET.as_millis() as u64 + 300);
+    assert!(
+        h.s.held.is_empty(),
+        "every held request answered when its time came"
+    );
+}
