@@ -19,6 +19,48 @@ use serde_json::{Value, json};
 use crate::session::Event;
 use crate::sys::unix::current_uid;
 
+/// Why the control socket (the human channel) cannot be served or reached.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} is not a directory", path.display())]
+    NotADirectory { path: PathBuf },
+    #[error("{} is owned by uid {uid}, not by you", path.display())]
+    NotOwned { path: PathBuf, uid: u32 },
+    #[error(
+        "{} has mode {mode:04o}: group or others can reach it; refusing it (check its content, then `chmod 700` it)",
+        path.display()
+    )]
+    Shared { path: PathBuf, mode: u32 },
+    #[error("{} is a socket of uid {uid}, not yours; refusing it", path.display())]
+    ForeignSocket { path: PathBuf, uid: u32 },
+    #[error("{} is a directory, not a socket; remove it to enable approve/status/restart", path.display())]
+    DirectoryAtSocket { path: PathBuf },
+    #[error("{} exists and is not a socket; remove it to enable approve/status/restart", path.display())]
+    NotASocket { path: PathBuf },
+    #[error("{}: the process behind this socket runs as another user; refusing to talk to it", path.display())]
+    ForeignPeer { path: PathBuf },
+    #[error("bad answer from supervisor: {0}")]
+    BadAnswer(String),
+}
+
+fn io_err<'a>(
+    action: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> ControlError + 'a {
+    move |source| ControlError::Io {
+        action,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 /// Largest request accepted (requests are tiny; this bounds a hostile peer).
 const MAX_REQUEST: u64 = 64 * 1024;
 
@@ -73,31 +115,30 @@ pub fn socket_path(target_dir: &Path, label: &str) -> PathBuf {
 /// Creates (mode 0700) or checks the owner-only directory: it must be a real directory (not a
 /// symlink), owned by us, with no access for group or others. A directory that fails is
 /// refused, not repaired: someone else may already have put a socket in it.
-pub fn ensure_private_dir(dir: &Path) -> Result<(), String> {
+pub fn ensure_private_dir(dir: &Path) -> Result<(), ControlError> {
     if !dir.exists() {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            .map_err(io_err("create", dir))?;
     }
-    let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let meta = std::fs::symlink_metadata(dir).map_err(io_err("inspect", dir))?;
     if !meta.is_dir() {
-        return Err(format!("{} is not a directory", dir.display()));
+        return Err(ControlError::NotADirectory { path: dir.into() });
     }
     if meta.uid() != current_uid() {
-        return Err(format!(
-            "{} is owned by uid {}, not by you",
-            dir.display(),
-            meta.uid()
-        ));
+        return Err(ControlError::NotOwned {
+            path: dir.into(),
+            uid: meta.uid(),
+        });
     }
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
-        return Err(format!(
-            "{} has mode {mode:04o}: group or others can reach it; refusing it (check its content, then `chmod 700` it)",
-            dir.display()
-        ));
+        return Err(ControlError::Shared {
+            path: dir.into(),
+            mode,
+        });
     }
     Ok(())
 }
@@ -151,8 +192,10 @@ impl Served {
 /// session), this one never removes it: it keeps trying in the background and takes over once
 /// the other exits, so the session that stays always ends up reachable. [`Served::other_owner`]
 /// then names the other one's pid (from the socket's peer credentials).
-pub fn serve(path: &Path, events: Sender<Event>) -> Result<Served, String> {
-    let dir = path.parent().ok_or("socket path has no directory")?;
+pub fn serve(path: &Path, events: Sender<Event>) -> Result<Served, ControlError> {
+    let dir = path.parent().ok_or_else(|| ControlError::NotADirectory {
+        path: path.to_path_buf(),
+    })?;
     ensure_private_dir(dir)?;
     let bound = Arc::new(Mutex::new(None));
     match try_bind(path)? {
@@ -165,6 +208,7 @@ pub fn serve(path: &Path, events: Sender<Event>) -> Result<Served, String> {
             })
         }
         Bind::Busy(pid) => {
+            let path_for_err = path.to_path_buf();
             let path = path.to_path_buf();
             let slot = bound.clone();
             std::thread::Builder::new()
@@ -183,7 +227,7 @@ pub fn serve(path: &Path, events: Sender<Event>) -> Result<Served, String> {
                         }
                     }
                 })
-                .map_err(|e| e.to_string())?;
+                .map_err(io_err("start waiting for", &path_for_err))?;
             Ok(Served {
                 other_owner: Some(pid),
                 bound,
@@ -202,48 +246,40 @@ enum Bind {
 /// Binds unless a live supervisor answers on `path`. A stale socket of ours is replaced; a
 /// directory, a file that is not a socket, or a socket of another user is reported, never
 /// removed.
-fn try_bind(path: &Path) -> Result<Bind, String> {
+fn try_bind(path: &Path) -> Result<Bind, ControlError> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
             if let Ok(stream) = UnixStream::connect(path) {
                 return Ok(Bind::Busy(peer_pid(&stream)));
             }
             if m.uid() != current_uid() {
-                return Err(format!(
-                    "{} is a socket of uid {}, not yours; refusing it",
-                    path.display(),
-                    m.uid()
-                ));
+                return Err(ControlError::ForeignSocket {
+                    path: path.into(),
+                    uid: m.uid(),
+                });
             }
             let _ = std::fs::remove_file(path);
         }
         Ok(m) if m.is_dir() => {
-            return Err(format!(
-                "{} is a directory, not a socket; remove it to enable approve/status/restart",
-                path.display()
-            ));
+            return Err(ControlError::DirectoryAtSocket { path: path.into() });
         }
         Ok(_) => {
-            return Err(format!(
-                "{} exists and is not a socket; remove it to enable approve/status/restart",
-                path.display()
-            ));
+            return Err(ControlError::NotASocket { path: path.into() });
         }
         Err(_) => {}
     }
     match UnixListener::bind(path) {
         Ok(l) => {
             let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
-            let m = std::fs::symlink_metadata(path)
-                .map_err(|e| format!("cannot inspect {}: {e}", path.display()))?;
+            let m = std::fs::symlink_metadata(path).map_err(io_err("inspect", path))?;
             Ok(Bind::Bound(l, (m.dev(), m.ino())))
         }
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Ok(Bind::Busy(None)),
-        Err(e) => Err(format!("cannot bind {}: {e}", path.display())),
+        Err(e) => Err(io_err("bind", path)(e)),
     }
 }
 
-fn spawn_acceptor(listener: UnixListener, events: Sender<Event>) -> Result<(), String> {
+fn spawn_acceptor(listener: UnixListener, events: Sender<Event>) -> Result<(), ControlError> {
     let own = current_uid();
     std::thread::Builder::new()
         .name("control".into())
@@ -256,7 +292,11 @@ fn spawn_acceptor(listener: UnixListener, events: Sender<Event>) -> Result<(), S
                     .spawn(move || handle(stream, own, events));
             }
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| ControlError::Io {
+            action: "start the control thread for",
+            path: PathBuf::from("the control socket"),
+            source: e,
+        })?;
     Ok(())
 }
 
@@ -296,26 +336,23 @@ fn handle(stream: UnixStream, own: u32, events: Sender<Event>) {
 
 /// Client side: one request, one answer. The peer must run as the same user (a socket planted
 /// by someone else never receives a decision).
-pub fn request(path: &Path, request: &Value) -> Result<Value, String> {
+pub fn request(path: &Path, request: &Value) -> Result<Value, ControlError> {
     if let Ok(m) = std::fs::symlink_metadata(path)
         && m.is_dir()
     {
-        return Err(format!("{} is a directory, not a socket", path.display()));
+        return Err(ControlError::DirectoryAtSocket { path: path.into() });
     }
-    let mut stream = UnixStream::connect(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut stream = UnixStream::connect(path).map_err(io_err("connect to", path))?;
     if !peer_allowed(peer_uid(&stream), current_uid()) {
-        return Err(format!(
-            "{}: the process behind this socket runs as another user; refusing to talk to it",
-            path.display()
-        ));
+        return Err(ControlError::ForeignPeer { path: path.into() });
     }
     stream.set_read_timeout(Some(Duration::from_secs(15))).ok();
-    writeln!(stream, "{request}").map_err(|e| e.to_string())?;
+    writeln!(stream, "{request}").map_err(io_err("write to", path))?;
     let mut line = String::new();
     BufReader::new(stream)
         .read_line(&mut line)
-        .map_err(|e| e.to_string())?;
-    serde_json::from_str(&line).map_err(|e| format!("bad answer from supervisor: {e}"))
+        .map_err(io_err("read from", path))?;
+    serde_json::from_str(&line).map_err(|e| ControlError::BadAnswer(e.to_string()))
 }
 
 #[cfg(test)]
@@ -343,7 +380,7 @@ mod tests {
         );
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
         let e = ensure_private_dir(&p).unwrap_err();
-        assert!(e.contains("mode 0755"), "{e}");
+        assert!(e.to_string().contains("mode 0755"), "{e}");
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700)).unwrap();
         let link = d.path().join("link");
         std::os::unix::fs::symlink(&p, &link).unwrap();
@@ -356,7 +393,7 @@ mod tests {
                 .unwrap();
             rustix::fs::chown(&theirs, Some(rustix::process::Uid::from_raw(4242)), None).unwrap();
             let e = ensure_private_dir(&theirs).unwrap_err();
-            assert!(e.contains("owned by uid 4242"), "{e}");
+            assert!(e.to_string().contains("owned by uid 4242"), "{e}");
         }
     }
 
@@ -385,9 +422,12 @@ mod tests {
         std::fs::create_dir(&dir_path).unwrap();
         let (tx3, _rx3) = crossbeam_channel::unbounded();
         let e = serve(&dir_path, tx3).unwrap_err();
-        assert!(e.contains("is a directory, not a socket"), "{e}");
+        assert!(
+            e.to_string().contains("is a directory, not a socket"),
+            "{e}"
+        );
         let e = request(&dir_path, &json!({})).unwrap_err();
-        assert!(e.contains("is a directory"), "{e}");
+        assert!(e.to_string().contains("is a directory"), "{e}");
     }
 
     #[test]

@@ -10,7 +10,7 @@
 use super::chain::Record;
 use super::keys::KeyStore;
 use super::record_type as rt;
-use super::{AuditError, verify};
+use super::{AuditError, records, verify};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -566,7 +566,7 @@ impl Builder {
                 };
                 let e = self.epoch(&id, &r.time);
                 e.ended.get_or_insert_with(|| r.time.clone());
-                e.exit_status = crate::audit::records::ServerExited::from_data(d).map(|x| x.status);
+                e.exit_status = records::ServerExited::from_data(d).map(|x| x.status);
             }
             rt::APPROVAL_GRANTED => {
                 let g = &d["grant"];
@@ -595,13 +595,14 @@ impl Builder {
                 }
             }
             rt::TOOL_CALLED => {
+                let rec = records::read::<records::ToolCalled>(d);
                 // A new tool_called always starts a new entry: JSON-RPC ids may be reused.
-                let key = (r.run.clone(), id_text(&d["callId"]));
+                let key = (r.run.clone(), id_text(&rec.call_id));
                 let i = self.new_call(r, key);
                 let c = &mut self.calls[i];
-                c.grant = s(&d["grant"]);
-                c.credential_scopes = strings(&d["credentialScopes"]);
-                c.shown_revision = d["shownRevision"].as_u64();
+                c.grant = rec.grant;
+                c.credential_scopes = rec.credential_scopes;
+                c.shown_revision = rec.shown_revision;
             }
             rt::CATALOG_PRESENTED => {
                 if let Ok(record) = serde_json::from_value(d.clone()) {
@@ -614,21 +615,22 @@ impl Builder {
                 }
             }
             rt::TOOL_RESULT => {
-                let duration_ms = d["durationMs"].as_u64();
-                let is_error = d["isError"].as_bool().unwrap_or(false);
-                self.call(r).outcome = if is_error {
+                let rec = records::read::<records::ToolResult>(d);
+                let duration_ms = rec.duration_ms;
+                self.call(r).outcome = if rec.is_error {
                     CallOutcome::Error { duration_ms }
                 } else {
                     CallOutcome::Ok { duration_ms }
                 };
             }
             rt::AUTHORIZATION_DENIED => {
+                let rec = records::read::<records::AuthorizationDenied>(d);
+                let current = rec.current_epoch.clone();
                 let outcome = CallOutcome::Denied {
-                    reason: s(&d["reason"]).unwrap_or_else(|| "?".into()),
-                    approved_epoch: s(&d["approvedEpoch"]),
-                    current_epoch: s(&d["currentEpoch"]),
+                    reason: rec.reason,
+                    approved_epoch: rec.approved_epoch,
+                    current_epoch: rec.current_epoch,
                 };
-                let current = s(&d["currentEpoch"]);
                 let c = self.call(r);
                 if current.is_some() {
                     c.epoch = current;
@@ -636,9 +638,10 @@ impl Builder {
                 c.outcome = outcome;
             }
             rt::CALL_FAILED_EPOCH_TRANSITION => {
+                let rec = records::read::<records::CallFailedEpochTransition>(d);
                 let outcome = CallOutcome::FailedEpochTransition {
-                    old_epoch: s(&d["oldEpoch"]),
-                    new_epoch: s(&d["newEpoch"]),
+                    old_epoch: rec.old_epoch,
+                    new_epoch: rec.new_epoch,
                 };
                 self.call(r).outcome = outcome;
             }

@@ -74,6 +74,94 @@ pub struct CatalogPresented {
     pub recorded_identity: Option<String>,
 }
 
+/// `tool_called`: written (and flushed) before a call is forwarded.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ToolCalled {
+    /// The host's JSON-RPC id of the call, as JSON text or value.
+    pub call_id: Value,
+    pub tool: String,
+    /// The grant that authorized it; `None` for an ungated tool.
+    #[serde(default)]
+    pub grant: Option<String>,
+    /// Names of the credential scopes the tool uses (never values).
+    #[serde(default)]
+    pub credential_scopes: Vec<String>,
+    /// Digest of the arguments exactly as sent (never the arguments).
+    #[serde(default)]
+    pub arguments_digest: Option<String>,
+    /// The catalog revision of this tool as the host was shown it (when it was current).
+    #[serde(default)]
+    pub shown_revision: Option<u64>,
+}
+
+/// `tool_result`: the server answered a forwarded call.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ToolResult {
+    pub call_id: Value,
+    pub tool: String,
+    pub is_error: bool,
+    #[serde(default)]
+    pub duration_ms: Option<u64>,
+}
+
+/// `authorization_denied`: a call refused before it reached a server.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct AuthorizationDenied {
+    pub call_id: Value,
+    pub tool: String,
+    /// `identity_pending`, `catalog_stale`, `unknown_tool`, `authorization_required`,
+    /// `authorization_stale`, `build_failed`, `server_unavailable`.
+    pub reason: String,
+    #[serde(default)]
+    pub approved_epoch: Option<String>,
+    #[serde(default)]
+    pub current_epoch: Option<String>,
+}
+
+/// `call_failed_epoch_transition`: a call in flight when its server was replaced or exited.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct CallFailedEpochTransition {
+    pub call_id: Value,
+    pub tool: String,
+    #[serde(default)]
+    pub old_epoch: Option<String>,
+    #[serde(default)]
+    pub new_epoch: Option<String>,
+    /// `replaced` or `exited`.
+    #[serde(default)]
+    pub cause: Option<String>,
+}
+
+/// Serializes a record's data (the types above hold only strings, integers and booleans).
+pub fn data<T: Serialize>(record: &T) -> Value {
+    serde_json::to_value(record).expect("audit record data serializes")
+}
+
+/// Reads a record's data as `T`; fields that are missing or of another type read as their
+/// defaults (a journal shows what it can of an odd record rather than nothing).
+pub fn read<T: serde::de::DeserializeOwned + Default>(data: &Value) -> T {
+    if let Ok(t) = serde_json::from_value(data.clone()) {
+        return t;
+    }
+    // Field by field: keep each field that has the right type.
+    let Some(obj) = data.as_object() else {
+        return T::default();
+    };
+    let mut good = serde_json::Map::new();
+    for (k, v) in obj {
+        let mut one = serde_json::Map::new();
+        one.insert(k.clone(), v.clone());
+        if serde_json::from_value::<T>(Value::Object(one)).is_ok() {
+            good.insert(k.clone(), v.clone());
+        }
+    }
+    serde_json::from_value(Value::Object(good)).unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,7 +26,7 @@ use crate::proxy::framing::{DEFAULT_MAX_LINE, Frame, LineReader};
 use crate::proxy::outlet::{self, Outlet};
 use crate::session::state::RecordedFacts;
 use crate::session::{
-    BuildResult, Clock, EffectError, Event, Fallback, Io, Restart, Session, SessionConfig, Timer,
+    BuildResult, EffectError, Event, Fallback, Io, Restart, Session, SessionConfig, Timer,
 };
 use crate::supervisor::{self, LaunchSpec, Worker};
 use crate::sys::unix;
@@ -106,7 +106,7 @@ impl Io for Shell {
         };
         if let Err(full) = sent {
             self.report_drop(
-                full,
+                &full,
                 "the host is not reading its stdin",
                 self.host_out.limit(),
             );
@@ -128,16 +128,16 @@ impl Io for Shell {
         };
         let notification = is_notification_line(&line);
         let sent = if notification {
-            out.send_droppable(line.clone())
+            out.send_droppable(line)
         } else {
-            out.send(line.clone())
+            out.send(line)
         };
         if let Err(full) = sent {
             let limit = out.limit();
-            self.report_drop(full, "the server is not reading its stdin", limit);
+            self.report_drop(&full, "the server is not reading its stdin", limit);
             // A request that cannot be queued is answered (as if by the server) with an error:
             // every host request gets exactly one answer, and nothing waits on a stalled pipe.
-            if !notification && let Some(answer) = stalled_answer(&line) {
+            if !notification && let Some(answer) = stalled_answer(&full.line) {
                 let _ = self.events.send(Event::ChildLine {
                     epoch: epoch.to_string(),
                     line: answer,
@@ -362,16 +362,19 @@ impl Io for Shell {
         write_atomic(&self.facts_file, text.as_bytes());
     }
 
-    fn clock(&mut self) -> Clock {
-        let now = std::time::SystemTime::now();
-        Clock {
-            mono_ms: self.started.elapsed().as_millis() as u64,
-            wall_ms: now
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or(0),
-            rfc3339: humantime::format_rfc3339_millis(now).to_string(),
-        }
+    fn now_ms(&mut self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    fn wall_ms(&mut self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0)
+    }
+
+    fn timestamp(&mut self) -> String {
+        humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
     }
 
     fn mint_id(&mut self) -> String {
@@ -472,7 +475,7 @@ fn stalled_answer(line: &[u8]) -> Option<Vec<u8>> {
 
 impl Shell {
     /// One status line for the first refused line and then one per 1000 (never one per line).
-    fn report_drop(&self, full: outlet::Full, why: &str, limit: usize) {
+    fn report_drop(&self, full: &outlet::Full, why: &str, limit: usize) {
         if full.dropped == 1 || full.dropped.is_multiple_of(1000) {
             self.sink.emit(&format!(
                 "dropped {} line{} so far: {why} (queue bound {} MiB)",

@@ -41,10 +41,12 @@ struct State {
 pub const DEFAULT_LIMIT: usize = 16 << 20;
 
 /// A line was refused: the peer is not reading and the queue is at its bound.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Full {
     /// Lines refused so far by this outlet (this one included).
     pub dropped: u64,
+    /// The refused line, handed back (so a sender need not copy every line it sends).
+    pub line: Vec<u8>,
 }
 
 struct Inner {
@@ -151,6 +153,7 @@ impl Outlet {
             st.dropped += 1;
             return Err(Full {
                 dropped: st.dropped,
+                line: bytes,
             });
         }
         if self.inner.nonblocking

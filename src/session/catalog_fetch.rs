@@ -121,7 +121,7 @@ impl<I: Io> Session<I> {
             .as_ref()
             .map(|c| c.record.identity_digest.clone())
             .unwrap_or_default();
-        let now = self.io.clock().rfc3339;
+        let now = self.io.timestamp();
         self.recorded.catalog = Some(RecordedCatalog {
             tools: tools_json,
             digest: revision.digest.clone(),

@@ -8,6 +8,7 @@
 use serde_json::{Value, json};
 
 use super::*;
+use crate::audit::records;
 use crate::proxy::envelope::{self, Kind, Message};
 
 impl<I: Io> Session<I> {
@@ -72,7 +73,12 @@ impl<I: Io> Session<I> {
             self.audit_record(
                 audit::TOOL_RESULT,
                 self.current_epoch().map(str::to_string).as_deref(),
-                json!({"callId": call.call_id, "tool": call.tool, "isError": true, "durationMs": 0}),
+                records::data(&records::ToolResult {
+                    call_id: json!(call.call_id),
+                    tool: call.tool,
+                    is_error: true,
+                    duration_ms: Some(0),
+                }),
             );
             self.io.to_host(envelope::result_line(&host_id, &result));
         } else {
@@ -206,9 +212,11 @@ impl<I: Io> Session<I> {
                     self.audit_record(
                         audit::TOOL_RESULT,
                         Some(epoch),
-                        json!({
-                            "callId": call.call_id, "tool": call.tool, "isError": is_error,
-                            "durationMs": now.saturating_sub(call.started_ms),
+                        records::data(&records::ToolResult {
+                            call_id: json!(call.call_id),
+                            tool: call.tool,
+                            is_error,
+                            duration_ms: Some(now.saturating_sub(call.started_ms)),
                         }),
                     );
                 }

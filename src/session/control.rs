@@ -105,7 +105,7 @@ impl<I: Io> Session<I> {
 
     fn control_approve(&mut self, req: ApprovalRequest) -> Result<Value, String> {
         let epoch = req.epoch.clone();
-        let (now, id) = (self.io.clock().wall_ms, self.io.mint_id());
+        let (now, id) = (self.io.wall_ms(), self.io.mint_id());
         let grant = self.gate.approve(req, now, id).map_err(|e| e.to_string())?;
         let g = serde_json::to_value(&grant).expect("grant serializes");
         if let Some(c) = &self.child {

@@ -108,11 +108,26 @@ impl<I: Io> Session<I> {
             return self.answer_unavailable(msg);
         }
         let now = self.now();
+        let deadline_ms = now + wait.as_millis() as u64;
         self.held.push_back(Held {
             msg,
-            deadline_ms: now + wait.as_millis() as u64,
+            deadline_ms,
             since_ms: now,
         });
+        self.arm_held_timer(now);
+    }
+
+    /// One timer for all held requests: armed for the earliest deadline (a flood of held
+    /// requests costs one timer, not one each).
+    fn arm_held_timer(&mut self, now: u64) {
+        let Some(earliest) = self.held.iter().map(|h| h.deadline_ms).min() else {
+            return;
+        };
+        if self.held_timer.is_some_and(|armed| armed <= earliest) {
+            return;
+        }
+        self.held_timer = Some(earliest);
+        let wait = std::time::Duration::from_millis(earliest.saturating_sub(now));
         self.io.schedule(wait, Timer::HeldDeadline);
     }
 
@@ -141,6 +156,7 @@ impl<I: Io> Session<I> {
 
     /// Held requests whose deadline passed get their answer now.
     pub(super) fn expire_held(&mut self) {
+        self.held_timer = None;
         if self.child_ready() {
             return self.flush_held();
         }
@@ -159,12 +175,12 @@ impl<I: Io> Session<I> {
                     since_ms: h.since_ms,
                     msg: h.msg,
                 });
-                self.io.schedule(wait, Timer::HeldDeadline);
                 continue;
             }
             self.answer_expired(h);
         }
         self.held = kept;
+        self.arm_held_timer(now);
     }
 
     fn answer_expired(&mut self, h: Held) {
@@ -188,7 +204,8 @@ impl<I: Io> Session<I> {
                     Some(&id),
                     codes::SERVER_UNAVAILABLE,
                     &format!(
-                        "the MCP server is still building ({:.0} s so far); its tools appear when it is up: retry, or reconnect in a moment",
+                        "the MCP server is still {} ({:.0} s so far); its tools appear when it is up: retry, or reconnect in a moment",
+                        self.starting_word(),
                         waited as f64 / 1000.0
                     ),
                     json!({"error": "server_building", "waitedMs": waited,
@@ -228,7 +245,8 @@ impl<I: Io> Session<I> {
             result["cacheScope"] = json!("private");
         }
         self.io.status(&format!(
-            "the server is still building: tools/list answered with the catalog recorded from epoch {} ({}, identity {}); calls are checked against the real catalog when the server is up",
+            "the server is still {}: tools/list answered with the catalog recorded from epoch {} ({}, identity {}); calls are checked against the real catalog when the server is up",
+            self.starting_word(),
             crate::epoch::short(&rec.epoch),
             crate::hashing::short(&rec.digest),
             crate::hashing::short(&rec.identity_digest)
@@ -240,6 +258,16 @@ impl<I: Io> Session<I> {
                 "recorded catalog",
                 Some((&rec.epoch, &rec.identity_digest)),
             );
+        }
+    }
+
+    /// What the server is doing while requests wait: `building` (first start, no server yet)
+    /// or `starting` (a server process exists, or a restart is under way).
+    fn starting_word(&self) -> &'static str {
+        if self.lifecycle == Lifecycle::FirstStart && self.child.is_none() {
+            "building"
+        } else {
+            "starting"
         }
     }
 

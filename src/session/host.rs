@@ -94,10 +94,10 @@ impl<I: Io> Session<I> {
 
     /// Sends a host request to the ready server under our own id.
     pub(super) fn route_host_request(&mut self, msg: Message) {
-        let method = msg.method().unwrap_or_default().to_string();
-        if method == "tools/call" {
+        if msg.method() == Some("tools/call") {
             return self.on_host_call(msg);
         }
+        let method = msg.method().unwrap_or_default().to_string();
         let Some(child) = &self.child else {
             return self.answer_unavailable(msg);
         };

@@ -6,6 +6,7 @@
 use serde_json::json;
 
 use super::*;
+use crate::audit::records;
 use crate::proxy::envelope;
 
 impl<I: Io> Session<I> {
@@ -49,9 +50,18 @@ impl<I: Io> Session<I> {
                         "retry": "refresh tool metadata, check whether the call took effect, then decide whether to call again",
                     });
                     if let Some(call) = call {
-                        self.audit_record(audit::CALL_FAILED_EPOCH_TRANSITION, Some(epoch), json!({
-                            "callId": call.call_id, "tool": call.tool, "oldEpoch": epoch, "newEpoch": new_epoch, "cause": cause,
-                        }));
+                        let record = records::CallFailedEpochTransition {
+                            call_id: json!(call.call_id),
+                            tool: call.tool.clone(),
+                            old_epoch: Some(epoch.to_string()),
+                            new_epoch: new_epoch.map(str::to_string),
+                            cause: Some(cause.to_string()),
+                        };
+                        self.audit_record(
+                            audit::CALL_FAILED_EPOCH_TRANSITION,
+                            Some(epoch),
+                            records::data(&record),
+                        );
                         let what = if cause == "replaced" {
                             "was replaced"
                         } else {

@@ -225,8 +225,9 @@ impl<I: Io> Session<I> {
                 return;
             }
         };
-        let clock = self.io.clock();
-        let mut launch = LaunchRecord::new(&epoch, pid, &record, clock.rfc3339, replaced.clone());
+        let started_ms = self.io.now_ms();
+        let started_at = self.io.timestamp();
+        let mut launch = LaunchRecord::new(&epoch, pid, &record, started_at, replaced.clone());
         launch.fallback = fallback.clone();
         self.io.record_launch(&launch);
         self.gate.epoch_started(&epoch);
@@ -261,7 +262,7 @@ impl<I: Io> Session<I> {
             pid,
             record,
             phase: ChildPhase::Started,
-            started_ms: clock.mono_ms,
+            started_ms,
             stopping: false,
             catalog_pages: Vec::new(),
             pages_fetched: 0,

@@ -151,17 +151,6 @@ impl EffectError {
     }
 }
 
-/// Times as the session sees them, read once per use through [`Io::clock`].
-#[derive(Debug, Clone)]
-pub struct Clock {
-    /// Monotonic milliseconds (deadlines, durations).
-    pub mono_ms: u64,
-    /// Milliseconds since the Unix epoch (grant issue times, denials).
-    pub wall_ms: u64,
-    /// RFC 3339 wall time, milliseconds (launch records, the status document).
-    pub rfc3339: String,
-}
-
 /// Every effect the session needs, performed by its shell.
 pub trait Io {
     /// Queue one line (with `\n`) for the host: our stdout.
@@ -198,7 +187,12 @@ pub trait Io {
     fn record_launch(&mut self, launch: &LaunchRecord);
     /// Keep what a real server of this package said, for later first contacts.
     fn record_facts(&mut self, facts: &RecordedFacts);
-    fn clock(&mut self) -> Clock;
+    /// Monotonic milliseconds (deadlines, durations): read on every call, so cheap.
+    fn now_ms(&mut self) -> u64;
+    /// Milliseconds since the Unix epoch (grant issue times, denials).
+    fn wall_ms(&mut self) -> u64;
+    /// RFC 3339 wall time, milliseconds (launch records, the status document).
+    fn timestamp(&mut self) -> String;
     /// A new unique id (ULID): epochs, agent runs, grants.
     fn mint_id(&mut self) -> String;
 }
@@ -305,6 +299,8 @@ pub struct Session<I: Io> {
     /// Child-to-host requests: our host-facing id → (epoch, the child's own id).
     child_requests: HashMap<u64, (EpochId, RawIdText)>,
     held: VecDeque<Held>,
+    /// The deadline the one held-request timer is armed for.
+    held_timer: Option<u64>,
     host: HostConnection,
     listens: Vec<Listen>,
     crashes: VecDeque<u64>,
@@ -337,6 +333,7 @@ impl<I: Io> Session<I> {
             next_id: 1,
             child_requests: HashMap::new(),
             held: VecDeque::new(),
+            held_timer: None,
             host: HostConnection::default(),
             listens: Vec::new(),
             crashes: VecDeque::new(),
@@ -419,7 +416,7 @@ impl<I: Io> Session<I> {
     // ----- small shared helpers -------------------------------------------------------------
 
     fn now(&mut self) -> u64 {
-        self.io.clock().mono_ms
+        self.io.now_ms()
     }
 
     fn alloc(&mut self, p: Pending) -> u64 {
@@ -461,8 +458,9 @@ impl<I: Io> Session<I> {
         epoch: Option<&str>,
         data: Value,
     ) -> Result<(), EffectError> {
-        let run = self.agent_run.clone();
-        self.io.audit(kind, &run, epoch, data)
+        // Disjoint borrows: no copy of the run id per record (two records per call).
+        let Session { io, agent_run, .. } = self;
+        io.audit(kind, agent_run, epoch, data)
     }
 
     /// A tool execution error the model can read: the payload as text and in `_meta`.

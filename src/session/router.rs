@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::approval::{CallDecision, Denial, DenialReason};
+use crate::audit::records;
 use crate::catalog::{self, Catalog};
 use crate::hashing;
 use crate::proxy::envelope::{self, Message};
@@ -30,19 +31,27 @@ impl<I: Io> Session<I> {
         {
             return self.refuse_unavailable_call(&host_id, &tool, &call_id);
         }
-        let epoch_now = self.current_epoch().map(str::to_string);
-        let wall = self.io.clock().wall_ms;
+        let wall = self.io.wall_ms();
         match self.gate.decide_call(&tool, wall) {
             CallDecision::Deny(denial) => {
+                let epoch_now = self.current_epoch().map(str::to_string);
                 let mut payload = denial.payload();
                 let mut hint = denial.human_hint();
                 if denial.reason == DenialReason::CatalogStale {
                     hint = self.present_current_definition(&denial, &mut payload);
                 }
-                self.audit_record(audit::AUTHORIZATION_DENIED, epoch_now.as_deref(), json!({
-                    "callId": call_id, "tool": tool, "reason": denial.reason.as_str(),
-                    "approvedEpoch": denial.approved_epoch, "currentEpoch": denial.current_epoch,
-                }));
+                let record = records::AuthorizationDenied {
+                    call_id: json!(call_id),
+                    tool: tool.clone(),
+                    reason: denial.reason.as_str().into(),
+                    approved_epoch: denial.approved_epoch.as_deref().map(str::to_string),
+                    current_epoch: denial.current_epoch.as_deref().map(str::to_string),
+                };
+                self.audit_record(
+                    audit::AUTHORIZATION_DENIED,
+                    epoch_now.as_deref(),
+                    records::data(&record),
+                );
                 let shown_tool: String = tool.chars().take(128).collect();
                 self.io.status(&format!(
                     "call denied: {} ({}): {}",
@@ -66,11 +75,19 @@ impl<I: Io> Session<I> {
                 };
                 let shown_revision = self.gate.host_shown(&tool).and_then(|s| s.revision);
                 // Written and flushed before forwarding; a call that cannot be audited is refused.
-                if let Err(e) = self.audit_required(audit::TOOL_CALLED, Some(&epoch), json!({
-                    "callId": call_id, "tool": tool, "grant": grant_id, "credentialScopes": credential_scopes,
-                    "argumentsDigest": args_digest, "shownRevision": shown_revision,
-                })) {
-                    self.io.status(&format!("call refused: audit log unavailable: {e}"));
+                let record = records::ToolCalled {
+                    call_id: json!(call_id),
+                    tool: tool.clone(),
+                    grant: grant_id.map(|g| g.to_string()),
+                    credential_scopes,
+                    arguments_digest: Some(args_digest),
+                    shown_revision,
+                };
+                if let Err(e) =
+                    self.audit_required(audit::TOOL_CALLED, Some(&epoch), records::data(&record))
+                {
+                    self.io
+                        .status(&format!("call refused: audit log unavailable: {e}"));
                     let payload = json!({"error": "audit_failed", "reason": e.to_string(), "retry": "fix the audit log, then call again"});
                     let result = self.tool_error(&payload, "The call was not forwarded because it could not be written to the audit log.");
                     self.io.to_host(envelope::result_line(&host_id, &result));
@@ -101,7 +118,16 @@ impl<I: Io> Session<I> {
         self.audit_record(
             audit::AUTHORIZATION_DENIED,
             None,
-            json!({"callId": call_id, "tool": tool, "reason": payload["error"], "approvedEpoch": null, "currentEpoch": null}),
+            records::data(&records::AuthorizationDenied {
+                call_id: json!(call_id),
+                tool: tool.to_string(),
+                reason: payload["error"]
+                    .as_str()
+                    .unwrap_or("server_unavailable")
+                    .into(),
+                approved_epoch: None,
+                current_epoch: None,
+            }),
         );
         let result = self.tool_error(&payload, &format!("{message}."));
         self.io.to_host(envelope::result_line(host_id, &result));

@@ -102,7 +102,7 @@ impl<I: Io> Session<I> {
     }
 
     pub fn snapshot(&mut self) -> StatusSnapshot {
-        let updated_at = self.io.clock().rfc3339;
+        let updated_at = self.io.timestamp();
         let (pending_tools, pending_scopes) = self.gate.pending_requests();
         let policy = self.gate.policy();
         StatusSnapshot {

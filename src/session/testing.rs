@@ -118,12 +118,14 @@ impl Io for FakeIo {
     fn record_facts(&mut self, facts: &RecordedFacts) {
         self.facts = Some(facts.clone());
     }
-    fn clock(&mut self) -> Clock {
-        Clock {
-            mono_ms: self.now_ms,
-            wall_ms: 1_700_000_000_000 + self.now_ms,
-            rfc3339: format!("t+{}ms", self.now_ms),
-        }
+    fn now_ms(&mut self) -> u64 {
+        self.now_ms
+    }
+    fn wall_ms(&mut self) -> u64 {
+        1_700_000_000_000 + self.now_ms
+    }
+    fn timestamp(&mut self) -> String {
+        format!("t+{}ms", self.now_ms)
     }
     fn mint_id(&mut self) -> String {
         self.next_id += 1;

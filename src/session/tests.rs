@@ -679,3 +679,236 @@ fn the_status_document_round_trips_through_its_type() {
     assert_eq!(back.lifecycle, "serving");
     assert_eq!(back.pending_approval.tools.len(), 1);
 }
+
+// ----- every state × every event kind -----------------------------------------------------------
+
+/// The lifecycle states, each reached the way a session reaches it.
+fn in_state(state: &str) -> Harness {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    match state {
+        "first-start" => {}
+        "serving" => h.build(complete("a")),
+        "restarting" => {
+            h.build(complete("a"));
+            h.build(complete("b")); // the old server is stopping
+        }
+        "build-broken" => h.build(failed(None)),
+        "crash-loop" => {
+            h.build(complete("a"));
+            for _ in 0..CRASH_LIMIT {
+                if let Some(epoch) = h.current_epoch() {
+                    h.s.handle(Event::ChildExited {
+                        epoch,
+                        exit: ExitInfo {
+                            code: Some(3),
+                            signal: None,
+                        },
+                    });
+                }
+                h.advance(5_000);
+            }
+            assert_eq!(*h.s.lifecycle(), Lifecycle::CrashLoop);
+        }
+        "stopping" => {
+            h.build(complete("a"));
+            h.s.handle(Event::Shutdown("test".into()));
+        }
+        other => panic!("{other}"),
+    }
+    h
+}
+
+const STATES: [&str; 6] = [
+    "first-start",
+    "serving",
+    "restarting",
+    "build-broken",
+    "crash-loop",
+    "stopping",
+];
+
+/// One event of every kind, built against the harness's current state.
+fn every_event(h: &mut Harness) -> Vec<(&'static str, Event)> {
+    let epoch = h
+        .current_epoch()
+        .or_else(|| h.io().spawned.last().map(|(e, _)| e.clone()))
+        .unwrap_or_else(|| "none".into());
+    let (tx, _rx) = crossbeam_channel::bounded(1);
+    let line = |v: Value| v.to_string().into_bytes();
+    vec![
+        (
+            "host request",
+            Event::HostLine(line(
+                json!({"jsonrpc": "2.0", "id": "q", "method": "tools/list"}),
+            )),
+        ),
+        (
+            "host call",
+            Event::HostLine(line(
+                json!({"jsonrpc": "2.0", "id": "c", "method": "tools/call", "params": {"name": "list_items"}}),
+            )),
+        ),
+        (
+            "host notification",
+            Event::HostLine(line(
+                json!({"jsonrpc": "2.0", "method": "notifications/progress"}),
+            )),
+        ),
+        ("host garbage", Event::HostLine(b"{not json".to_vec())),
+        (
+            "host oversize",
+            Event::HostOversize {
+                prefix: br#"{"jsonrpc":"2.0","id":"o","#.to_vec(),
+                len: 1 << 30,
+            },
+        ),
+        (
+            "child line",
+            Event::ChildLine {
+                epoch: epoch.clone(),
+                line: line(json!({"jsonrpc": "2.0", "method": "notifications/message"})),
+            },
+        ),
+        (
+            "child oversize",
+            Event::ChildOversize {
+                epoch: epoch.clone(),
+                prefix: b"{".to_vec(),
+                len: 1 << 30,
+            },
+        ),
+        (
+            "child exited",
+            Event::ChildExited {
+                epoch: epoch.clone(),
+                exit: ExitInfo {
+                    code: Some(1),
+                    signal: None,
+                },
+            },
+        ),
+        ("child stopped", Event::ChildStopped { epoch }),
+        ("build ok", Event::BuildFinished(Box::new(complete("z")))),
+        ("build failed", Event::BuildFinished(Box::new(failed(None)))),
+        (
+            "sources changed",
+            Event::SourcesChanged(vec!["src/main.rs".into()]),
+        ),
+        ("held deadline", Event::Timer(Timer::HeldDeadline)),
+        ("restart timer", Event::Timer(Timer::Restart)),
+        ("handshake timer", Event::Timer(Timer::HandshakeWait)),
+        (
+            "control",
+            Event::Control {
+                request: json!({"op": "status"}),
+                reply: tx,
+            },
+        ),
+        ("host eof", Event::HostEof),
+        ("shutdown", Event::Shutdown("signal".into())),
+    ]
+}
+
+/// Every state handles every event kind: no panic, a request is answered at most once, an
+/// answer the host gets is well-formed JSON-RPC, and once the host is gone (EOF) every request
+/// it sent has exactly one answer.
+#[test]
+fn every_state_handles_every_event_kind() {
+    for state in STATES {
+        let n = every_event(&mut in_state(state)).len();
+        for i in 0..n {
+            let mut h = in_state(state);
+            let (name, event) = every_event(&mut h).swap_remove(i);
+            h.s.handle(event);
+            h.serve();
+            h.advance(30_000);
+            for id in ["q", "c", "o"] {
+                let id = json!(id);
+                let _ = h.answer(&id); // at most once (asserted inside)
+            }
+            for m in &h.io().to_host {
+                assert_eq!(m["jsonrpc"], json!("2.0"), "{state}/{name}: {m}");
+                assert!(
+                    m.get("method").is_some()
+                        || m.get("result").is_some()
+                        || m.get("error").is_some(),
+                    "{state}/{name}: {m}"
+                );
+            }
+            h.s.handle(Event::HostEof);
+            h.serve();
+            for id in ["q", "c"] {
+                let sent = name
+                    == if id == "q" {
+                        "host request"
+                    } else {
+                        "host call"
+                    };
+                let answered = h.answer(&json!(id)).is_some();
+                assert!(
+                    !sent || answered || state == "stopping",
+                    "{state}/{name}: request {id} never answered"
+                );
+            }
+            assert!(
+                h.s.exit_code().is_some(),
+                "{state}/{name}: the session ends on EOF"
+            );
+        }
+    }
+}
+
+/// Where each event kind takes each state (the transitions of the lifecycle).
+#[test]
+fn lifecycle_transitions() {
+    let after = |state: &str, event: &str| -> Lifecycle {
+        let mut h = in_state(state);
+        let i = every_event(&mut h)
+            .iter()
+            .position(|(n, _)| *n == event)
+            .unwrap();
+        let (_, e) = every_event(&mut h).swap_remove(i);
+        h.s.handle(e);
+        h.serve();
+        h.s.lifecycle().clone()
+    };
+    let broken = |l: &Lifecycle| matches!(l, Lifecycle::BuildBroken { .. });
+    assert_eq!(after("first-start", "build ok"), Lifecycle::Serving);
+    assert!(broken(&after("first-start", "build failed")));
+    assert_eq!(after("build-broken", "build ok"), Lifecycle::Serving);
+    assert_eq!(
+        after("serving", "build failed"),
+        Lifecycle::Serving,
+        "a running server keeps running"
+    );
+    assert_eq!(after("crash-loop", "sources changed"), Lifecycle::Serving);
+    assert_eq!(
+        after("crash-loop", "build ok"),
+        Lifecycle::CrashLoop,
+        "no restart until a change"
+    );
+    for state in STATES {
+        assert_eq!(after(state, "host eof"), Lifecycle::Stopping, "{state}");
+        assert_eq!(after(state, "shutdown"), Lifecycle::Stopping, "{state}");
+    }
+    assert_eq!(after("stopping", "build ok"), Lifecycle::Stopping);
+}
+
+#[test]
+fn many_held_requests_cost_one_timer() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    let before = h.io().timers.len();
+    for _ in 0..200 {
+        h.request("tools/list", json!({}));
+        h.io().now_ms += 1;
+    }
+    let held_timers = h.io().timers.len() - before;
+    assert_eq!(held_timers, 1, "one timer for every held request");
+    h.advance(DEFAULT_FIRST_START_BUDGET.as_millis() as u64 + 300);
+    assert!(
+        h.s.held.is_empty(),
+        "every held request answered when its time came"
+    );
+}

@@ -382,3 +382,43 @@ fn fc_two_clients_in_turn() {
     }
     assert_audit_verifies(&s);
 }
+
+/// Cold start (no target directory) with the client most hosts embed (TS SDK v1, no
+/// list-changed handler, like Claude Code before v2.1.233): the handshake is answered at once,
+/// the first list waits the first-start budget (5 s here) and then says the server is still building
+/// (never `[]`), the call made at once waits too and is refused `identity_pending` with that
+/// reason; once the server is up the host is told (`list_changed`), and a list and call work.
+#[test]
+fn fc_cold_start_ts_v1() {
+    let fresh = tempfile::Builder::new()
+        .prefix("e2e-cold-tsv1-")
+        .tempdir()
+        .unwrap();
+    let mut s = Scenario::with_target("fc-cold-tsv1", secs(480), fresh.path().to_path_buf());
+    // A short budget keeps the test far from the build's end (a cold rmcp build takes a minute).
+    let mut d = s.driver(
+        Client::TsV1,
+        &["--no-gating", "--first-start-budget", "5s"],
+        &[],
+    );
+    let c = d.connect(10_000);
+    assert!(c["elapsedMs"].as_u64().unwrap() < 5_000, "{c}");
+    let early = d.cmd(json!({"op": "list_tools"}), secs(45));
+    assert_eq!(early["ok"], json!(false), "{early}");
+    assert_eq!(early["error"]["code"], json!(-31002), "{early}");
+    let p = d.call_denied("list_items", json!({}), "identity_pending");
+    assert_eq!(p["tool"], json!("list_items"), "{p}");
+    assert!(
+        d.stderr.grep(0, "server started:").is_empty(),
+        "a cold rmcp build cannot be done yet"
+    );
+    let (_, line) = d.stderr.wait_for(0, "server started:", s.within(secs(420)));
+    let (_, epoch) = pid_epoch(&line);
+    s.wait_ready(Some(&epoch));
+    assert!(d.wait_list_changed(10_000), "the refused host is told");
+    assert_eq!(d.list_tools(), TOOLS);
+    let r = d.call("list_items", json!({}));
+    assert_eq!(structured(&r)["revision"], json!("A"), "{r}");
+    close_clean(&s, d);
+    assert_audit_verifies(&s);
+}
