@@ -344,6 +344,19 @@ impl Io for Shell {
     }
 
     fn publish_status(&mut self, snapshot: &serde_json::Value) {
+        // A supervisor that is ending never overwrites the status of another live one for the
+        // same label (a host's probe copy, killed while the real session runs, used to leave
+        // its "stopping" document on top of the session's).
+        if snapshot["lifecycle"] == "stopping"
+            && let Some(owner) = std::fs::read(&self.status_file)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .and_then(|v| v["supervisorPid"].as_u64())
+            && owner as u32 != std::process::id()
+            && unix::process_exists(owner as u32)
+        {
+            return;
+        }
         let text = serde_json::to_string_pretty(snapshot).expect("json") + "\n";
         write_atomic(&self.status_file, text.as_bytes());
     }

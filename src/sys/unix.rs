@@ -117,6 +117,17 @@ pub fn signal_name(sig: i32) -> &'static str {
     }
 }
 
+/// Whether a process with this pid exists (signal 0).
+pub fn process_exists(pid: u32) -> bool {
+    match rustix::process::Pid::from_raw(pid as i32) {
+        Some(p) => {
+            rustix::process::test_kill_process(p).is_ok()
+                || rustix::process::test_kill_process(p) == Err(rustix::io::Errno::PERM)
+        }
+        None => false,
+    }
+}
+
 /// `open(2)` flags that refuse a final symbolic link and keep the descriptor out of children.
 pub fn nofollow_flags() -> i32 {
     (rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC).bits() as i32
