@@ -114,24 +114,24 @@ impl<I: Io> Session<I> {
             let wants_tools = l.tools;
             let mut params = params.clone();
             params["_meta"][protocol::SUBSCRIPTION_ID] = host_sid.clone();
-            msg.set_params(&params);
             if method == "notifications/subscriptions/acknowledged" {
                 if l.acknowledged {
                     return;
                 }
                 l.acknowledged = true;
-                self.io.to_host(msg.to_line());
-                // A stream opened while the host held an outdated view hears about the current
-                // catalog right after its ack.
-                if wants_tools && self.host_list_outdated() {
-                    let params = json!({"_meta": {protocol::SUBSCRIPTION_ID: host_sid}});
-                    self.io.to_host(envelope::notification_line(
-                        "notifications/tools/list_changed",
-                        Some(&params),
-                    ));
+                if wants_tools {
+                    // Tool-list changes are ours to send, whatever the server honours.
+                    if !params["notifications"].is_object() {
+                        params["notifications"] = json!({});
+                    }
+                    params["notifications"]["toolsListChanged"] = json!(true);
                 }
+                msg.set_params(&params);
+                self.io.to_host(msg.to_line());
+                self.after_listen_acknowledged(&host_sid, wants_tools);
                 return;
             }
+            msg.set_params(&params);
         }
         if method == "notifications/cancelled"
             && let Some(req) = params.get("requestId")
@@ -203,6 +203,10 @@ impl<I: Io> Session<I> {
                 call,
                 ..
             } => {
+                if method == "subscriptions/listen" && self.server_refused_listen(&host_id, &msg)
+                {
+                    return;
+                }
                 if method == "subscriptions/listen" {
                     self.listens.retain(|l| l.host_id.get() != host_id.get());
                 }
@@ -348,11 +352,38 @@ impl<I: Io> Session<I> {
         }
     }
 
+    /// The server answered a host stream with an error (rmcp's default answers "method not
+    /// found"): if the host asked for tool-list changes, the supervisor's part of the stream
+    /// stays open and the error is not passed on. Returns whether it was absorbed.
+    fn server_refused_listen(&mut self, host_id: &RawId, msg: &Message) -> bool {
+        if !msg.is_error() {
+            return false;
+        }
+        let Some(l) = self
+            .listens
+            .iter_mut()
+            .find(|l| l.host_id.get() == host_id.get())
+        else {
+            return false;
+        };
+        if !l.tools {
+            return false;
+        }
+        l.server_part = false;
+        l.child_id = None;
+        self.io.verbose(
+            "the server does not serve subscriptions/listen; the supervisor sends tool-list changes on the host's stream",
+        );
+        let text = host_id.get().to_string();
+        self.acknowledge_supervisor_listen(&text);
+        true
+    }
+
     fn reopen_listens(&mut self, epoch: &str) {
         let listens: Vec<(String, Value)> = self
             .listens
             .iter()
-            .filter(|l| l.child_id.is_none())
+            .filter(|l| l.server_part && l.child_id.is_none())
             .map(|l| (l.host_id.get().to_string(), l.params.clone()))
             .collect();
         for (host_id_text, params) in listens {

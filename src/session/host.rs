@@ -76,6 +76,18 @@ impl<I: Io> Session<I> {
                 let id = msg.id().expect("request").to_owned();
                 self.io.to_host(envelope::result_line(&id, &json!({})));
             }
+            "subscriptions/listen" if self.listens.len() >= LISTEN_LIMIT => {
+                let id = msg.id().expect("request").to_owned();
+                let why = format!("more than {LISTEN_LIMIT} subscriptions/listen streams are open");
+                self.io
+                    .to_host(envelope::error_line(Some(&id), -32600, &why, json!({})));
+            }
+            "subscriptions/listen"
+                if self.era() == Some(Era::Modern)
+                    && protocol::ListenFilter::of(&msg.params_value()).supervisor_only() =>
+            {
+                self.open_supervisor_listen(msg)
+            }
             _ if self.child_ready() => self.route_host_request(msg),
             "server/discover" => match self.hold_budget() {
                 // A real server's answer or, shortly, a fallback to `initialize`.
@@ -115,10 +127,7 @@ impl<I: Io> Session<I> {
         });
         if method == "subscriptions/listen" {
             let params = msg.params_value();
-            let tools = params
-                .pointer("/notifications/toolsListChanged")
-                .and_then(|v| v.as_bool())
-                .unwrap_or(false);
+            let tools = protocol::ListenFilter::of(&params).tools;
             match self
                 .listens
                 .iter_mut()
@@ -130,6 +139,7 @@ impl<I: Io> Session<I> {
                     params,
                     child_id: Some(id),
                     tools,
+                    server_part: true,
                     acknowledged: false,
                 }),
             }
@@ -185,10 +195,11 @@ impl<I: Io> Session<I> {
             }
             _ => None,
         });
+        // A listen stream the host ends is gone, whoever served it.
+        self.listens.retain(|l| l.host_id.get() != req_text);
         if let Some((id, epoch)) = found {
             let mut params = params.clone();
             params["requestId"] = json!(id);
-            self.listens.retain(|l| l.host_id.get() != req_text);
             if let Some(Pending::Host {
                 call: Some(call), ..
             }) = self.pending.get(&id)
@@ -271,6 +282,63 @@ impl<I: Io> Session<I> {
         }
     }
 
+    /// A modern stream that asks only for tool-list changes: the supervisor announces those
+    /// (it advertised `tools.listChanged`), so it acknowledges the stream itself, whether or not
+    /// a server is up or serves `subscriptions/listen` at all (rmcp's default does not).
+    fn open_supervisor_listen(&mut self, msg: Message) {
+        let host_id = msg.id().expect("request").to_owned();
+        if self.listens.iter().any(|l| l.host_id.get() == host_id.get()) {
+            let why = "a subscriptions/listen stream with this id is already open";
+            self.io
+                .to_host(envelope::error_line(Some(&host_id), -32600, why, json!({})));
+            return;
+        }
+        let host_id_text = host_id.get().to_string();
+        self.listens.push(Listen {
+            host_id,
+            params: msg.params_value(),
+            child_id: None,
+            tools: true,
+            server_part: false,
+            acknowledged: false,
+        });
+        self.acknowledge_supervisor_listen(&host_id_text);
+    }
+
+    /// Our acknowledgement of the tool-list part of a host stream (honoured: tools only).
+    pub(super) fn acknowledge_supervisor_listen(&mut self, host_id_text: &str) {
+        let Some(l) = self
+            .listens
+            .iter_mut()
+            .find(|l| l.host_id.get() == host_id_text)
+        else {
+            return;
+        };
+        if l.acknowledged {
+            return;
+        }
+        l.acknowledged = true;
+        let sid: Value = serde_json::from_str(host_id_text).unwrap_or(Value::Null);
+        let params = protocol::listen_ack_params(&sid, json!({"toolsListChanged": true}));
+        self.io.to_host(envelope::notification_line(
+            "notifications/subscriptions/acknowledged",
+            Some(&params),
+        ));
+        self.after_listen_acknowledged(&sid, true);
+    }
+
+    /// A stream opened while the host held an outdated view hears about the current catalog
+    /// right after its acknowledgement.
+    pub(super) fn after_listen_acknowledged(&mut self, sid: &Value, wants_tools: bool) {
+        if wants_tools && self.host_list_outdated() {
+            let params = json!({"_meta": {protocol::SUBSCRIPTION_ID: sid}});
+            self.io.to_host(envelope::notification_line(
+                "notifications/tools/list_changed",
+                Some(&params),
+            ));
+        }
+    }
+
     /// `list_changed` to the host, on every stream that asked for it (modern) or plainly.
     pub(super) fn notify_list_changed(&mut self) {
         self.host.notified_revision = self.catalog.current().map(|r| r.number);
@@ -279,7 +347,7 @@ impl<I: Io> Session<I> {
                 let targets: Vec<Value> = self
                     .listens
                     .iter()
-                    .filter(|l| l.tools)
+                    .filter(|l| l.tools && l.acknowledged)
                     .map(|l| serde_json::from_str(l.host_id.get()).unwrap_or(Value::Null))
                     .collect();
                 for sid in targets {

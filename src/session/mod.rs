@@ -38,6 +38,8 @@ pub mod state;
 pub mod testing;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_listen;
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;

@@ -51,6 +51,42 @@ pub fn modern_meta_of(meta: &Value) -> Option<Value> {
     Some(Value::Object(kept))
 }
 
+/// What a `subscriptions/listen` filter asks for, split by who can serve it: tool-list changes
+/// are the supervisor's to announce (it advertises `tools.listChanged` and refetches the catalog
+/// on every new server), every other category only the server knows about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenFilter {
+    pub tools: bool,
+    pub server_categories: bool,
+}
+
+impl ListenFilter {
+    pub fn of(params: &Value) -> ListenFilter {
+        let n = params.get("notifications");
+        let flag = |k: &str| n.and_then(|n| n.get(k)).and_then(Value::as_bool) == Some(true);
+        let resources = n
+            .and_then(|n| n.get("resourceSubscriptions"))
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty());
+        ListenFilter {
+            tools: flag("toolsListChanged"),
+            server_categories: flag("promptsListChanged")
+                || flag("resourcesListChanged")
+                || resources,
+        }
+    }
+
+    /// Only tool-list changes: the supervisor serves the stream by itself.
+    pub fn supervisor_only(self) -> bool {
+        self.tools && !self.server_categories
+    }
+}
+
+/// `notifications/subscriptions/acknowledged` params for the host's stream `sid`.
+pub fn listen_ack_params(sid: &Value, notifications: Value) -> Value {
+    json!({"_meta": {SUBSCRIPTION_ID: sid}, "notifications": notifications})
+}
+
 /// Best effort: the id of a message we could not parse (so the error can name it).
 pub fn recover_id(bytes: &[u8]) -> Option<RawId> {
     let text = String::from_utf8_lossy(bytes);
@@ -130,6 +166,23 @@ mod tests {
         );
         assert_eq!(recover_id(br#"{"id": "a-b", "#).unwrap().get(), "\"a-b\"");
         assert!(recover_id(b"garbage").is_none());
+    }
+
+    #[test]
+    fn listen_filters_split_by_who_serves_them() {
+        let f = |n: Value| ListenFilter::of(&json!({ "notifications": n }));
+        assert!(f(json!({"toolsListChanged": true})).supervisor_only());
+        assert!(!f(json!({"toolsListChanged": false})).tools);
+        let mixed = f(json!({"toolsListChanged": true, "promptsListChanged": true}));
+        assert!(mixed.tools && mixed.server_categories && !mixed.supervisor_only());
+        assert!(f(json!({"resourceSubscriptions": ["file:///a"]})).server_categories);
+        assert!(!f(json!({"resourceSubscriptions": []})).server_categories);
+        // Malformed filters ask for nothing.
+        assert_eq!(
+            ListenFilter::of(&json!({"notifications": "all"})),
+            ListenFilter { tools: false, server_categories: false }
+        );
+        assert!(!ListenFilter::of(&json!(null)).tools);
     }
 
     #[test]

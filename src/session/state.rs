@@ -123,6 +123,11 @@ pub struct Held {
 }
 
 /// A host `subscriptions/listen` stream, carried across restarts.
+///
+/// Tool-list changes on it are the supervisor's to send (it advertises `tools.listChanged`);
+/// other categories are the server's, so the stream is also opened at each server while it
+/// asks for any (`server_part`). A server that refuses the stream (rmcp's default) leaves the
+/// supervisor's part standing.
 #[derive(Debug)]
 pub struct Listen {
     pub host_id: RawId,
@@ -130,6 +135,8 @@ pub struct Listen {
     /// Our id for it at the current child.
     pub child_id: Option<u64>,
     pub tools: bool,
+    /// The stream is (also) carried by the server, and re-opened at each new one.
+    pub server_part: bool,
     /// The host got this stream's acknowledgement (re-opened streams are not acknowledged twice).
     pub acknowledged: bool,
 }
@@ -202,6 +209,8 @@ pub const CRASH_LIMIT: usize = 5;
 pub const CRASH_WINDOW_MS: u64 = 60_000;
 /// Requests held at once; more are answered at once.
 pub const HELD_LIMIT: usize = 1024;
+/// Open `subscriptions/listen` streams one host connection may hold.
+pub const LISTEN_LIMIT: usize = 64;
 /// `tools/list` pages fetched for one catalog; a server that pages forever is cut off here.
 pub const MAX_CATALOG_PAGES: usize = 1000;
 /// Tools in one catalog (a bound on memory for a server that never stops listing).

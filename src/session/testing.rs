@@ -176,6 +176,19 @@ pub struct Harness {
     pub answer_calls: bool,
     /// Host-side ids the harness allocates.
     pub next_host_id: i64,
+    /// How the fake server answers `subscriptions/listen`.
+    pub listen: ListenReply,
+    /// Every method the fake server was sent, in order (across epochs).
+    pub server_saw: Vec<String>,
+}
+
+/// The fake server's `subscriptions/listen` behaviour.
+#[derive(Debug, Clone)]
+pub enum ListenReply {
+    /// "Method not found", as an rmcp 3.x server without `accepted_subscription_filter` answers.
+    Refuse,
+    /// Acknowledges with this honoured filter and keeps the stream open (no response).
+    Acknowledge(Value),
 }
 
 impl Harness {
@@ -203,6 +216,8 @@ impl Harness {
             server_version: None,
             answer_calls: true,
             next_host_id: 0,
+            listen: ListenReply::Refuse,
+            server_saw: Vec::new(),
         }
     }
 
@@ -306,10 +321,25 @@ impl Harness {
             if Some(epoch.as_str()) != self.s.current_epoch() {
                 continue;
             }
+            let method = msg["method"].as_str().unwrap_or_default().to_string();
+            self.server_saw.push(method.clone());
             let Some(id) = msg.get("id").cloned() else {
                 continue;
             };
-            let method = msg["method"].as_str().unwrap_or_default().to_string();
+            if method == "subscriptions/listen" {
+                let line = match &self.listen {
+                    ListenReply::Refuse => json!({"jsonrpc": "2.0", "id": id,
+                        "error": {"code": -32601, "message": "subscriptions/listen"}}),
+                    ListenReply::Acknowledge(honoured) => json!({"jsonrpc": "2.0",
+                        "method": "notifications/subscriptions/acknowledged",
+                        "params": {"_meta": {protocol::SUBSCRIPTION_ID: id}, "notifications": honoured}}),
+                };
+                self.s.handle(Event::ChildLine {
+                    epoch: epoch.clone(),
+                    line: line.to_string().into_bytes(),
+                });
+                continue;
+            }
             let result = match method.as_str() {
                 "initialize" => {
                     let v = self

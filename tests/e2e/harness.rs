@@ -210,6 +210,21 @@ pub enum Client {
     TsV1Auto,
     /// TS client v2 2.4.0, versionNegotiation auto (spawns the server command twice).
     TsV2,
+    /// TS client v2 with `listChanged` auto-refresh (opens `subscriptions/listen` when modern).
+    TsV2Auto,
+}
+
+impl Client {
+    /// Whether the driver refetches tools/list by itself after list_changed.
+    pub fn refetches_on_list_changed(self) -> bool {
+        matches!(self, Client::TsV1Auto | Client::TsV2Auto)
+    }
+
+    /// Whether a modern (2026-07-28) session of this driver opens a `subscriptions/listen`
+    /// stream, the only way list_changed reaches a modern host.
+    pub fn opens_listen_stream(self) -> bool {
+        self == Client::TsV2Auto
+    }
 }
 
 impl Client {
@@ -237,6 +252,7 @@ impl Client {
             Client::TsV1 => node("ts_v1_driver.mjs", &[]),
             Client::TsV1Auto => node("ts_v1_driver.mjs", &["--list-changed-auto"]),
             Client::TsV2 => node("ts_v2_driver.mjs", &[]),
+            Client::TsV2Auto => node("ts_v2_driver.mjs", &["--list-changed-auto"]),
         }
     }
 }

@@ -761,8 +761,10 @@ fn full_session(name: &str, client: Client) {
         "{}",
         d.stderr.text()
     );
-    if client == Client::TsV1Auto {
-        // The SDK refetches by itself (the proxy advertises tools.listChanged).
+    if client.refetches_on_list_changed() {
+        // The SDK refetches by itself (the proxy advertises tools.listChanged; a modern TS v2
+        // client hears it on the `subscriptions/listen` stream it opened, carried across the
+        // restart).
         let r = d.cmd(
             json!({"op": "wait_event", "event": "tools_refetched", "timeoutMs": 10_000}),
             secs(20),
@@ -781,12 +783,12 @@ fn full_session(name: &str, client: Client) {
         let p = d.call_denied("write_item", json!({"sku": "b", "qty": 2}), "catalog_stale");
         assert_eq!(p["tool"], json!("write_item"), "{p}");
         // 2026-07-28: list_changed travels only on a `subscriptions/listen` stream the host
-        // opened; the Python 2.x client opens none by itself, so a modern Python session hears
-        // nothing (the refusal above carried the new definition instead).
+        // opened; the Python 2.x and plain TS v2 clients open none by themselves, so a modern
+        // session of theirs hears nothing (the refusal above carried the new definition instead).
         let modern = s
             .status_file()
             .is_some_and(|st| st["era"] == json!("modern"));
-        if !(modern && client == Client::Py2) {
+        if !modern || client.opens_listen_stream() {
             assert!(d.wait_list_changed(15_000), "list_changed was sent");
         }
         let r = d.cmd(json!({"op": "list_tools"}), secs(30));
@@ -855,6 +857,11 @@ fn s10_session_ts_v1_list_changed_auto() {
 #[test]
 fn s10_session_ts_v2_auto() {
     full_session("s10tsv2", Client::TsV2);
+}
+
+#[test]
+fn s10_session_ts_v2_list_changed_auto() {
+    full_session("s10tsv2auto", Client::TsV2Auto);
 }
 
 /// Inspector CLI one-shots: every `--method` is a new host process, hence a new `run` session
