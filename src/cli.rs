@@ -287,7 +287,8 @@ pub struct RunArgs {
     /// What to do when a new build changes the identity.
     #[arg(long, value_enum, value_name = "MODE")]
     pub restart: Option<RestartMode>,
-    /// Quiet period after the last file change before rebuilding, in milliseconds.
+    /// Quiet period after the last file change before rebuilding, in milliseconds [default: 50].
+    /// A change during a build queues exactly one more build.
     #[arg(long, value_name = "MS")]
     pub debounce: Option<u64>,
     /// Do not watch sources (build once, restart only on `cargo mcp-dev restart`).

@@ -14,7 +14,7 @@
 //! watch = ["assets"]                  # extra paths to watch (not in identity)
 //! ignore = ["*.log", "fixtures/**"]   # paths the watcher ignores (globs, relative to the package)
 //! restart = "supervise"               # supervise | disconnect | manual
-//! debounce-ms = 200
+//! debounce-ms = 50
 //! audit-log = "target/audit.jsonl"    # default: <target>/mcp-dev/audit/<label>.jsonl
 //! gate = "all"                        # "all" (default), "off", or a list of tool names
 //! exempt = ["list_items"]             # with gate = "all": tools that need no approval

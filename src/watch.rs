@@ -13,8 +13,9 @@ use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 
 use crate::workspace::ServerTarget;
 
-/// Default quiet period after the last change.
-pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(200);
+/// Default quiet period after the last change (watchexec's default too): long enough to merge an
+/// editor's save burst (write, rename, chmod), short enough not to be felt.
+pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(50);
 
 /// What to watch and what to ignore.
 #[derive(Debug, Clone)]

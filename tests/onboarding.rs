@@ -361,7 +361,7 @@ fn new_creates_a_complete_package() {
     assert_eq!(c.bin.as_deref(), Some("notes-srv"));
     assert_eq!(c.exempt, ["list_notes"]);
     assert_eq!(c.restart.as_deref(), Some("supervise"));
-    assert_eq!(c.debounce_ms, Some(200));
+    assert_eq!(c.debounce_ms, Some(50));
     assert!(
         c.credential_scopes.is_empty(),
         "the scope example stays commented"

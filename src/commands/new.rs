@@ -57,7 +57,7 @@ pub fn create(args: &NewArgs, quiet: bool) -> Result<usize, Failure> {
             label: Some(args.name.clone()),
             bin: Some(args.name.clone()),
             restart: Some("supervise".into()),
-            debounce_ms: Some(200),
+            debounce_ms: Some(50),
             exempt: vec![READ_TOOL.into()],
             ignore: vec![NOTES_FILE.into()],
             ..McpDevConfig::default()
