@@ -253,6 +253,21 @@ pub fn result_is_error(result: Option<&RawValue>) -> bool {
         .unwrap_or(false)
 }
 
+/// The `tools` array of a `tools/list` result as raw text, and its `nextCursor` (the tools
+/// themselves are validated, not built).
+pub fn list_result_parts(result: Option<&RawValue>) -> Option<(&str, Option<String>)> {
+    #[derive(serde::Deserialize)]
+    struct ListResult<'a> {
+        #[serde(borrow)]
+        tools: Option<&'a RawValue>,
+        #[serde(rename = "nextCursor", default)]
+        next_cursor: Option<Value>,
+    }
+    let r: ListResult = serde_json::from_str(result?.get()).ok()?;
+    let cursor = r.next_cursor.and_then(|c| c.as_str().map(str::to_string));
+    Some((r.tools.map(|t| t.get()).unwrap_or("[]"), cursor))
+}
+
 /// A raw value from a JSON value.
 pub fn raw(v: &Value) -> Box<RawValue> {
     RawValue::from_string(v.to_string()).expect("a Value is valid JSON")

@@ -43,16 +43,16 @@ impl<I: Io> Session<I> {
             // A server without tools: an empty catalog is still a catalog (it said so).
             return self.catalog_complete(epoch, Vec::new());
         }
-        let result = msg.result_value();
-        let tools = result
-            .get("tools")
-            .and_then(|t| t.as_array())
-            .cloned()
-            .unwrap_or_default();
-        let next = result
-            .get("nextCursor")
-            .and_then(|c| c.as_str())
-            .map(str::to_string);
+        let Some((tools_text, next)) = envelope::list_result_parts(msg.result()) else {
+            return self.catalog_complete(epoch, Vec::new());
+        };
+        let tools: Vec<Value> = serde_json::from_str(tools_text).unwrap_or_default();
+        let Some(pages_before) = self.child.as_ref().map(|c| c.pages_fetched) else {
+            return;
+        };
+        // One page: remembered with its catalog, so the host's identical answers are cheap.
+        self.pending_list_text =
+            (pages_before == 0 && next.is_none()).then(|| tools_text.to_string());
         let Some(c) = &mut self.child else { return };
         c.catalog_pages.extend(tools);
         c.pages_fetched += 1;
@@ -88,6 +88,10 @@ impl<I: Io> Session<I> {
                 Catalog::from_tools(Vec::new()).expect("empty catalog")
             }
         };
+        self.known_list = self.pending_list_text.take().map(|tools_text| KnownList {
+            tools_text,
+            catalog: catalog.clone(),
+        });
         let digests = catalog.tool_digests().clone();
         let tools_json = catalog.tools_json();
         let (revision, diff) = self.catalog.observe(catalog);
@@ -164,11 +168,37 @@ impl<I: Io> Session<I> {
         if msg.is_error() {
             return;
         }
-        let result = msg.result_value();
-        if let Some(tools) = result.get("tools").and_then(|t| t.as_array()) {
-            self.host.list_pages.extend(tools.iter().cloned());
+        let Some((tools_text, next)) = envelope::list_result_parts(msg.result()) else {
+            return;
+        };
+        if next.is_none() && self.host.list_pages.is_empty() {
+            // The whole list in one page: the same bytes as last time need no new digest.
+            let known = self
+                .known_list
+                .take()
+                .filter(|k| k.tools_text == tools_text);
+            let known = match known {
+                Some(k) => k,
+                None => {
+                    let tools: Vec<Value> = serde_json::from_str(tools_text).unwrap_or_default();
+                    let Ok(catalog) = Catalog::from_tools(tools) else {
+                        return;
+                    };
+                    KnownList {
+                        tools_text: tools_text.to_string(),
+                        catalog,
+                    }
+                }
+            };
+            self.host_was_shown(&known.catalog, "server", None);
+            self.known_list = Some(known);
+            self.publish();
+            return;
         }
-        if result.get("nextCursor").and_then(|c| c.as_str()).is_none() {
+        if let Ok(tools) = serde_json::from_str::<Vec<Value>>(tools_text) {
+            self.host.list_pages.extend(tools);
+        }
+        if next.is_none() {
             let pages = std::mem::take(&mut self.host.list_pages);
             if let Ok(c) = Catalog::from_tools(pages) {
                 self.host_was_shown(&c, "server", None);

@@ -305,6 +305,9 @@ pub struct Session<I: Io> {
     held_timer: Option<u64>,
     host: HostConnection,
     listens: Vec<Listen>,
+    known_list: Option<KnownList>,
+    /// The `tools` text of the supervisor's own one-page fetch, until its catalog is built.
+    pending_list_text: Option<String>,
     crashes: VecDeque<u64>,
     restart_scheduled: bool,
     last_build: Option<String>,
@@ -338,6 +341,8 @@ impl<I: Io> Session<I> {
             held_timer: None,
             host: HostConnection::default(),
             listens: Vec::new(),
+            known_list: None,
+            pending_list_text: None,
             crashes: VecDeque::new(),
             restart_scheduled: false,
             last_build: None,

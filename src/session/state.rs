@@ -122,6 +122,15 @@ pub struct Held {
     pub since_ms: u64,
 }
 
+/// The last whole one-page tool list seen (the supervisor's own fetch or a host's answer): its
+/// `tools` text exactly as the server wrote it and the catalog built from it. A host that lists
+/// again and gets the same bytes costs a comparison, not a parse and a digest per tool.
+#[derive(Debug, Clone)]
+pub struct KnownList {
+    pub tools_text: String,
+    pub catalog: crate::catalog::Catalog,
+}
+
 /// A host `subscriptions/listen` stream, carried across restarts.
 ///
 /// Tool-list changes on it are the supervisor's to send (it advertises `tools.listChanged`);

@@ -912,3 +912,24 @@ fn many_held_requests_cost_one_timer() {
         "every held request answered when its time came"
     );
 }
+
+#[test]
+fn repeated_host_lists_reuse_the_known_catalog_and_new_bytes_are_digested_again() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    let current = h.s.catalog.current().map(|r| r.digest.clone());
+    for _ in 0..2 {
+        let l = h.request("tools/list", json!({}));
+        assert!(h.answer(&l).is_some());
+        assert_eq!(h.s.gate.host_catalog().map(str::to_string), current);
+    }
+    // Same epoch, the server now lists other bytes (it did not say list_changed).
+    h.tools.push(tool("added", 1));
+    let l = h.request("tools/list", json!({}));
+    assert_eq!(Harness::names(&h.answer(&l).unwrap()).len(), 3);
+    let shown = h.s.gate.host_catalog().map(str::to_string);
+    assert_ne!(shown, current, "the host's view follows what it was shown");
+    // Every presentation is still recorded.
+    assert_eq!(h.audit_kinds(audit::CATALOG_PRESENTED).len(), 3);
+}
