@@ -414,7 +414,10 @@ fn modern_era_discover_listen_and_restart() {
         .timeout(Duration::from_secs(90))
         .start();
     let meta = modern_meta();
-    let listen = json!({"notifications": {"toolsListChanged": true}, "_meta": meta});
+    // Prompts as well as tools: a stream the server has a part in (a tools-only one is the
+    // supervisor's alone and never reaches the server).
+    let listen = json!({"notifications": {"toolsListChanged": true, "promptsListChanged": true},
+                        "_meta": meta});
     s.request(r#""sub-1""#, "subscriptions/listen", Some(listen.clone()));
     let (_, e1) = s.server_started();
     let ack = s.notification("notifications/subscriptions/acknowledged");

@@ -59,17 +59,41 @@ type Shared = Arc<Mutex<Session<Shell>>>;
 
 /// Hands an event to the session on the current thread; wakes the main thread when the session
 /// decided to end.
-fn deliver(me: &Weak<Mutex<Session<Shell>>>, event: Event) -> bool {
+fn deliver(me: &Weak<Mutex<Session<Shell>>>, events: Vec<Event>) -> bool {
     let Some(shared) = me.upgrade() else {
         return false;
     };
     let mut session = shared.lock().unwrap_or_else(|e| e.into_inner());
-    session.handle(event);
-    if session.exit_code().is_some() {
-        let _ = session.io().done.try_send(());
-        return false;
+    for event in events {
+        session.handle(event);
+        if session.exit_code().is_some() {
+            let _ = session.io().done.try_send(());
+            return false;
+        }
     }
     true
+}
+
+/// Lines handed to the session under one lock at most (see [`next_batch`]).
+const BATCH: usize = 32;
+
+/// The next frame, then every further line already in the reader's buffer (up to [`BATCH`]):
+/// lines that arrived together are handled under one lock instead of one lock each, and the
+/// reader never waits for more input while it holds some. `Ok(None)` ends the stream.
+fn next_batch<R: std::io::Read>(
+    reader: &mut LineReader<BufReader<R>>,
+    mut event: impl FnMut(Frame) -> Option<Event>,
+) -> (Vec<Event>, bool) {
+    let mut batch = Vec::new();
+    loop {
+        match reader.next_frame().ok().and_then(&mut event) {
+            Some(e) => batch.push(e),
+            None => return (batch, true),
+        }
+        if batch.len() >= BATCH || !reader.line_buffered() {
+            return (batch, false);
+        }
+    }
 }
 
 struct Shell {
@@ -227,19 +251,19 @@ impl Io for Shell {
                 let mut reader =
                     LineReader::new(BufReader::with_capacity(1 << 16, stdout), DEFAULT_MAX_LINE);
                 loop {
-                    let event = match reader.next_frame() {
-                        Ok(Frame::Line(line)) => Event::ChildLine {
+                    let (batch, ended) = next_batch(&mut reader, |frame| match frame {
+                        Frame::Line(line) => Some(Event::ChildLine {
                             epoch: e.clone(),
                             line,
-                        },
-                        Ok(Frame::Oversize { prefix, len }) => Event::ChildOversize {
+                        }),
+                        Frame::Oversize { prefix, len } => Some(Event::ChildOversize {
                             epoch: e.clone(),
                             prefix,
                             len,
-                        },
-                        Ok(Frame::Eof) | Err(_) => break,
-                    };
-                    if !deliver(&me, event) {
+                        }),
+                        Frame::Eof => None,
+                    });
+                    if !deliver(&me, batch) || ended {
                         break;
                     }
                 }
@@ -890,15 +914,15 @@ fn spawn_host_reader(me: Weak<Mutex<Session<Shell>>>) {
                 DEFAULT_MAX_LINE,
             );
             loop {
-                let event = match reader.next_frame() {
-                    Ok(Frame::Line(line)) => Event::HostLine(line),
-                    Ok(Frame::Oversize { prefix, len }) => Event::HostOversize { prefix, len },
-                    Ok(Frame::Eof) | Err(_) => {
-                        deliver(&me, Event::HostEof);
-                        break;
-                    }
-                };
-                if !deliver(&me, event) {
+                let (mut batch, ended) = next_batch(&mut reader, |frame| match frame {
+                    Frame::Line(line) => Some(Event::HostLine(line)),
+                    Frame::Oversize { prefix, len } => Some(Event::HostOversize { prefix, len }),
+                    Frame::Eof => None,
+                });
+                if ended {
+                    batch.push(Event::HostEof);
+                }
+                if !deliver(&me, batch) || ended {
                     break;
                 }
             }

@@ -88,8 +88,24 @@ impl<R: BufRead> LineReader<R> {
     }
 }
 
+impl<R: io::Read> LineReader<io::BufReader<R>> {
+    /// Whether [`LineReader::next_frame`] would return a line without reading: the first
+    /// non-blank line in the buffer is complete. Lets a reader hand several lines that arrived
+    /// together to the session in one go, and never wait for more input while holding some.
+    pub fn line_buffered(&self) -> bool {
+        let mut rest = self.inner.buffer();
+        while let Some(i) = memchr_newline(rest) {
+            if !rest[..i].iter().all(|b| b.is_ascii_whitespace()) {
+                return true;
+            }
+            rest = &rest[i + 1..];
+        }
+        false
+    }
+}
+
 fn memchr_newline(buf: &[u8]) -> Option<usize> {
-    buf.iter().position(|&b| b == b'\n')
+    memchr::memchr(b'\n', buf)
 }
 
 #[cfg(test)]
@@ -130,6 +146,20 @@ mod tests {
         let f = frames(&input, 20);
         assert!(matches!(&f[0], Frame::Oversize { len: 50, prefix } if prefix.len() == 50));
         assert_eq!(f[1], Frame::Line(b"{\"ok\":true}".to_vec()));
+    }
+
+    #[test]
+    fn a_buffered_line_is_seen_only_when_complete_and_not_blank() {
+        let input: &[u8] = b"{\"a\":1}\n \r\n\n{\"b\":2}\n{\"c\"";
+        let mut r = LineReader::new(io::BufReader::with_capacity(64, input), 100);
+        assert!(!r.line_buffered(), "nothing read yet");
+        assert_eq!(r.next_frame().unwrap(), Frame::Line(b"{\"a\":1}".to_vec()));
+        assert!(r.line_buffered(), "blank lines then a whole one");
+        assert_eq!(r.next_frame().unwrap(), Frame::Line(b"{\"b\":2}".to_vec()));
+        assert!(!r.line_buffered(), "the last line has no end yet");
+        let mut blanks = LineReader::new(io::BufReader::with_capacity(64, &b"{}\n \n\n"[..]), 100);
+        blanks.next_frame().unwrap();
+        assert!(!blanks.line_buffered(), "only blank lines follow");
     }
 
     #[test]
