@@ -190,9 +190,11 @@ impl<I: Io> Session<I> {
                     }
                 }
             };
-            self.host_was_shown(&known.catalog, "server", None);
+            let changed = self.host_was_shown(&known.catalog, "server", None);
             self.known_list = Some(known);
-            self.publish();
+            if changed {
+                self.publish();
+            }
             return;
         }
         if let Ok(tools) = serde_json::from_str::<Vec<Value>>(tools_text) {
@@ -200,31 +202,39 @@ impl<I: Io> Session<I> {
         }
         if next.is_none() {
             let pages = std::mem::take(&mut self.host.list_pages);
-            if let Ok(c) = Catalog::from_tools(pages) {
-                self.host_was_shown(&c, "server", None);
+            if let Ok(c) = Catalog::from_tools(pages)
+                && self.host_was_shown(&c, "server", None)
+            {
                 self.publish();
             }
         }
     }
 
     /// Records a whole catalog shown to the host (`catalog_presented`) and tells the gate.
+    /// Returns whether what the host holds changed (a host listing the same catalog again
+    /// changes nothing but the record: no per-tool copies, no new status document).
     pub(super) fn host_was_shown(
         &mut self,
         shown: &Catalog,
         source: &str,
         provenance: Option<(&str, &str)>,
-    ) {
+    ) -> bool {
         let revision = self
             .catalog
             .current()
             .filter(|r| r.digest == shown.digest())
             .map(|r| r.number);
-        self.gate
-            .host_shown_catalog(shown.digest(), revision, shown.tool_digests().clone());
-        self.host.shown_tools = shown
-            .names()
-            .filter_map(|n| shown.tool(n).map(|t| (n.to_string(), t.clone())))
-            .collect();
+        let view = (shown.digest().to_string(), revision);
+        let changed = self.host.shown_whole.as_ref() != Some(&view);
+        if changed {
+            self.gate
+                .host_shown_catalog(shown.digest(), revision, shown.tool_digests().clone());
+            self.host.shown_tools = shown
+                .names()
+                .filter_map(|n| shown.tool(n).map(|t| (n.to_string(), t.clone())))
+                .collect();
+            self.host.shown_whole = Some(view);
+        }
         let epoch = self.current_epoch().map(str::to_string);
         let mut data = json!({"connection": self.agent_run, "source": source, "digest": shown.digest(),
                                "revision": revision, "tools": shown.len()});
@@ -233,5 +243,6 @@ impl<I: Io> Session<I> {
             data["recordedIdentity"] = json!(identity);
         }
         self.audit_record(audit::CATALOG_PRESENTED, epoch.as_deref(), data);
+        changed
     }
 }

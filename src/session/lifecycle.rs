@@ -427,7 +427,13 @@ impl<I: Io> Session<I> {
             let e = c.epoch.clone();
             self.answer_in_flight(&e, None, "exited", Some("supervisor shutting down"));
             self.record_exit(&c, "stopped at session end", None);
-            self.io.stop(&e, Duration::from_millis(500));
+            // A server that never answered its handshake has nothing to wind down, and may not
+            // be reading stdin yet: it gets SIGTERM almost at once instead of the usual grace.
+            let grace = match c.phase {
+                ChildPhase::Started | ChildPhase::Handshaking => STOP_GRACE_UNANSWERED,
+                _ => STOP_GRACE,
+            };
+            self.io.stop(&e, grace);
         }
         self.gate.end_run();
         self.audit_record(

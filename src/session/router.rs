@@ -173,6 +173,7 @@ impl<I: Io> Session<I> {
             "the tool's current definition is in currentDefinition: call again with arguments that match it (refetch tools/list to see every change)"
         );
         self.gate.host_shown_tool(&tool, digest.clone(), revision);
+        self.host.shown_whole = None;
         let epoch = self.current_epoch().map(str::to_string);
         self.audit_record(
             audit::CATALOG_PRESENTED,

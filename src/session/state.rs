@@ -176,6 +176,9 @@ pub struct HostConnection {
     pub client_info: Option<Value>,
     /// Each tool as this host was last shown it (to diff a stale call against).
     pub shown_tools: std::collections::BTreeMap<String, Value>,
+    /// `(digest, revision)` of the whole catalog `shown_tools` and the gate's host view hold,
+    /// `None` once a single tool was presented on its own (a stale-call result).
+    pub shown_whole: Option<(String, Option<u64>)>,
     /// Pages of a `tools/list` answer passing through, until the last one.
     pub list_pages: Vec<Value>,
     /// An `initialize` held for the server's own answer.
@@ -218,6 +221,10 @@ pub const CRASH_LIMIT: usize = 5;
 pub const CRASH_WINDOW_MS: u64 = 60_000;
 /// Requests held at once; more are answered at once.
 pub const HELD_LIMIT: usize = 1024;
+/// How long a stopping server gets after its stdin closes, before SIGTERM (session end).
+pub const STOP_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+/// The same for a server that never answered its handshake.
+pub const STOP_GRACE_UNANSWERED: std::time::Duration = std::time::Duration::from_millis(50);
 /// Open `subscriptions/listen` streams one host connection may hold.
 pub const LISTEN_LIMIT: usize = 64;
 /// `tools/list` pages fetched for one catalog; a server that pages forever is cut off here.

@@ -25,6 +25,8 @@ pub struct FakeIo {
     pub builds_started: usize,
     pub spawned: Vec<(String, u32)>,
     pub stopped: Vec<String>,
+    /// The grace each stop was given (same order as `stopped`).
+    pub stop_graces: Vec<Duration>,
     pub reaped: Vec<String>,
     pub timers: Vec<(u64, Timer)>,
     pub host_closed: bool,
@@ -78,8 +80,9 @@ impl Io for FakeIo {
         self.spawned.push((epoch.to_string(), pid));
         Ok(pid)
     }
-    fn stop(&mut self, epoch: &str, _grace: Duration) {
+    fn stop(&mut self, epoch: &str, grace: Duration) {
         self.stopped.push(epoch.to_string());
+        self.stop_graces.push(grace);
     }
     fn reap(&mut self, epoch: &str) {
         self.reaped.push(epoch.to_string());

@@ -919,17 +919,44 @@ fn repeated_host_lists_reuse_the_known_catalog_and_new_bytes_are_digested_again(
     h.connect_legacy();
     h.build(complete("a"));
     let current = h.s.catalog.current().map(|r| r.digest.clone());
-    for _ in 0..2 {
+    let mut published = Vec::new();
+    for _ in 0..3 {
         let l = h.request("tools/list", json!({}));
         assert!(h.answer(&l).is_some());
         assert_eq!(h.s.gate.host_catalog().map(str::to_string), current);
+        published.push(h.io().published);
     }
+    assert_eq!(
+        (published[1], published[2]),
+        (published[0], published[0]),
+        "listing the same catalog again is no new state to publish"
+    );
     // Same epoch, the server now lists other bytes (it did not say list_changed).
     h.tools.push(tool("added", 1));
     let l = h.request("tools/list", json!({}));
     assert_eq!(Harness::names(&h.answer(&l).unwrap()).len(), 3);
     let shown = h.s.gate.host_catalog().map(str::to_string);
     assert_ne!(shown, current, "the host's view follows what it was shown");
+    assert!(h.io().published > published[0]);
     // Every presentation is still recorded.
-    assert_eq!(h.audit_kinds(audit::CATALOG_PRESENTED).len(), 3);
+    assert_eq!(h.audit_kinds(audit::CATALOG_PRESENTED).len(), 4);
+}
+
+#[test]
+fn a_server_that_never_answered_is_stopped_without_the_usual_grace() {
+    // Ready server: the usual grace.
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    h.s.handle(Event::HostEof);
+    assert_eq!(h.io().stop_graces, vec![STOP_GRACE]);
+    // A server still in its handshake when the host leaves (not reading stdin, say).
+    let mut h = Harness::ungated(|_| {});
+    h.initialize("2025-06-18");
+    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    assert!(h.current_epoch().is_some(), "spawned");
+    // The fake server has not been served: the handshake is unanswered.
+    h.s.handle(Event::HostEof);
+    assert_eq!(h.io().stop_graces, vec![STOP_GRACE_UNANSWERED]);
+    assert!(STOP_GRACE_UNANSWERED <= Duration::from_millis(100));
 }
