@@ -10,6 +10,7 @@ use crate::{
 use serde_json::{Value, json};
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// What one catalog's measurement gives, per variant (indexed like `Variants::conns`).
 struct ListRun {
@@ -70,6 +71,59 @@ fn measure(v: &mut Variants, rounds: usize) -> ListRun {
         r.cpu[c] = (after[c].0 - before[c].0, after[c].1 - before[c].1);
     }
     r
+}
+
+/// Quiet before each spaced list: longer than `run`'s work after answering a 1,000-tool list.
+const SPACING: Duration = Duration::from_millis(100);
+
+/// Spaced lists: before each, `SPACING` of quiet, so whatever a proxy does after answering the
+/// previous one is over; right after each answer, one timed `tools/call echo`, which waits for
+/// whatever the proxy still does with this list. Returns (list µs, call µs) per variant.
+fn measure_spaced(v: &mut Variants, rounds: usize) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
+    let k = v.conns.len();
+    let mut lists = vec![Vec::with_capacity(rounds); k];
+    let mut calls = vec![Vec::with_capacity(rounds); k];
+    for i in 0..rounds {
+        for j in 0..k {
+            let c = (i + j) % k;
+            std::thread::sleep(SPACING);
+            let conn = &mut v.conns[c];
+            lists[c].push(conn.timed_list());
+            // Read off the count only (no parse) so the call goes out at once.
+            assert!(
+                conn.line.contains("\"tools\":["),
+                "{}: {:.300}",
+                conn.name,
+                conn.line
+            );
+            calls[c].push(conn.timed_echo() as f64 / 1000.0);
+        }
+    }
+    (lists, calls)
+}
+
+fn report_spaced(names: &[String], r: &(Vec<Vec<f64>>, Vec<Vec<f64>>), ms: bool, out: &mut String) {
+    let (unit, div) = if ms { ("ms", 1000.0) } else { ("µs", 1.0) };
+    let rounds = r.0[0].len();
+    out.push_str(&format!(
+        "Spaced: {rounds} more lists per variant, each after {} ms of quiet (so a proxy's work after its previous answer is over), each followed at once by a timed `tools/call echo` (which waits for whatever the proxy still does with the list it just answered); rotating order.\n\n| variant | n | spaced list p50 ({unit}) | min | p50 / direct | call right after the list: p50 (µs) | max (µs) |\n|---|---|---|---|---|---|---|\n",
+        SPACING.as_millis()
+    ));
+    let d = summarize(&r.0[DIRECT]).p50;
+    for (i, name) in names.iter().enumerate() {
+        let l = summarize(&r.0[i]);
+        let c = summarize(&r.1[i]);
+        out.push_str(&format!(
+            "| {name} | {} | {:.3} | {:.3} | {:.3} | {:.1} | {:.1} |\n",
+            l.n,
+            l.p50 / div,
+            l.min / div,
+            l.p50 / d,
+            c.p50,
+            c.max
+        ));
+    }
+    out.push('\n');
 }
 
 const VERBS: [&str; 10] = [
@@ -220,6 +274,7 @@ pub(crate) fn list_phase(o: &Opts, srv: &Server, v: &mut Variants, out: &mut Str
         false,
         out,
     );
+    report_spaced(&names, &measure_spaced(v, o.list_spaced), false, out);
     goal(
         out,
         "tools/list p50 two tools run/relay",
@@ -248,6 +303,12 @@ pub(crate) fn list_phase(o: &Opts, srv: &Server, v: &mut Variants, out: &mut Str
             o.list_big_tools,
             file.display()
         ),
+        true,
+        out,
+    );
+    report_spaced(
+        &names,
+        &measure_spaced(&mut big_v, o.list_spaced),
         true,
         out,
     );

@@ -52,6 +52,8 @@ struct Opts {
     list_big_calls: usize,
     /// Tools in the large catalog.
     list_big_tools: usize,
+    /// Spaced lists (each after a pause, followed by a call) per variant and catalog.
+    list_spaced: usize,
     start_rounds: usize,
     exit_rounds: usize,
     phases: Vec<String>,
@@ -74,6 +76,7 @@ fn parse_opts() -> Opts {
         list_calls: 1000,
         list_big_calls: 100,
         list_big_tools: 1000,
+        list_spaced: 30,
         start_rounds: 10,
         exit_rounds: 5,
         phases: vec![
@@ -108,6 +111,7 @@ fn parse_opts() -> Opts {
             "--list-calls" => o.list_calls = val().parse().expect("--list-calls N"),
             "--list-big-calls" => o.list_big_calls = val().parse().expect("--list-big-calls N"),
             "--list-big-tools" => o.list_big_tools = val().parse().expect("--list-big-tools N"),
+            "--list-spaced" => o.list_spaced = val().parse().expect("--list-spaced N"),
             "--start-rounds" => o.start_rounds = val().parse().expect("--start-rounds N"),
             "--exit-rounds" => o.exit_rounds = val().parse().expect("--exit-rounds N"),
             "--phases" => o.phases = val().split(',').map(str::to_string).collect(),
