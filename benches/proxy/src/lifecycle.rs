@@ -9,7 +9,7 @@
 //!   stdin is closed once cargo's `Compiling fake-server` line has been relayed), (c) with the
 //!   server spawned but not answering yet (`FAKE_STARTUP_DELAY_MS`).
 
-use crate::{Conn, Opts, Poll, Server, build_server, progress, run_command, summarize};
+use crate::{Conn, Opts, Poll, Server, build_server, met, progress, run_command, summarize};
 use serde_json::json;
 use std::collections::HashMap;
 use std::fs;
@@ -207,11 +207,11 @@ pub(crate) fn start_phase(o: &Opts, srv: &Server, out: &mut String) {
         "GOAL start run <= cargo run + 20 ms: {:.1} vs {:.1} ms ({d:+.1}) -> {}\n\n",
         p50s[2],
         p50s[1],
-        if d <= 20.0 { "MET" } else { "MISSED" }
+        met(d <= 20.0)
     ));
     out.push_str(&format!(
         "GOAL start with a big audit log = with an empty one, within noise (<= 10 ms; {big_log_mb:.1} MB here, the issue asks about 1 GB): {big:+.1} ms -> {}\n\n",
-        if big <= 10.0 { "MET" } else { "MISSED" }
+        met(big <= 10.0)
     ));
 }
 
@@ -584,7 +584,7 @@ pub(crate) fn exit_phase(o: &Opts, srv: &Server, out: &mut String) {
                 &c.label[..3],
                 e.max,
                 e.p50,
-                if e.p50 <= 100.0 { "MET" } else { "MISSED" }
+                met(e.p50 <= 100.0)
             ));
         }
     }

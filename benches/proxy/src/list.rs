@@ -4,7 +4,7 @@
 //! separate set of processes started with `FAKE_TOOLS`.
 
 use crate::{
-    Conn, DIRECT, Opts, RELAY, RUN, Server, Variants, cpu_snapshot, progress, start_variants,
+    Conn, DIRECT, Opts, RELAY, RUN, Server, Variants, cpu_snapshot, met, progress, start_variants,
     summarize,
 };
 use serde_json::{Value, json};
@@ -251,7 +251,7 @@ fn report(names: &[String], r: &ListRun, title: &str, ms: bool, out: &mut String
 fn goal(out: &mut String, what: &str, r: f64) {
     out.push_str(&format!(
         "GOAL {what} <= 1.10: {r:.3} -> {}\n\n",
-        if r <= 1.10 { "MET" } else { "MISSED" }
+        met(r <= 1.10)
     ));
 }
 
