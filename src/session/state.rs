@@ -128,6 +128,8 @@ pub struct Held {
 #[derive(Debug, Clone)]
 pub struct KnownList {
     pub tools_text: String,
+    /// The whole `result` text of the last host answer that showed it.
+    pub result_text: Option<String>,
     pub catalog: crate::catalog::Catalog,
 }
 
