@@ -30,9 +30,18 @@ pub struct Prepared {
 
 impl Prepared {
     /// Finds cargo and rustc and resolves the package (from the metadata cache when current).
+    ///
+    /// `rustc -vV` runs beside the rest: the facts the last run got from the same rustc stand in
+    /// until it answers, and [`Prepared::confirmed`] (called before an identity is captured)
+    /// replaces a wrong guess. Without a remembered answer this waits for rustc.
     pub fn new(args: &CargoArgs) -> Result<Prepared, Failure> {
         let cargo = workspace::find_cargo()?;
-        let rustc = workspace::rustc_facts(&workspace::find_rustc(&cargo))?;
+        let rustc_path = workspace::find_rustc(&cargo);
+        workspace::prefetch_rustc_facts(&rustc_path);
+        let rustc = match workspace::remembered_rustc_facts(&rustc_path) {
+            Some(guess) => guess,
+            None => workspace::rustc_facts(&rustc_path)?,
+        };
         let target = workspace::resolve(&cargo, &rustc.host, args)?;
         if let Some(choice) = &target.bin_choice {
             crate::status::note(choice);
@@ -42,6 +51,21 @@ impl Prepared {
             rustc,
             target,
             args: args.clone(),
+        })
+    }
+
+    /// This preparation with the facts `rustc -vV` really gave in this process (re-resolved
+    /// for the real host if the remembered guess was wrong).
+    pub fn confirmed(&self) -> Result<Prepared, Failure> {
+        let real = workspace::rustc_facts(&workspace::find_rustc(&self.cargo))?;
+        if real == self.rustc {
+            return Ok(self.clone());
+        }
+        let target = workspace::resolve(&self.cargo, &real.host, &self.args)?;
+        Ok(Prepared {
+            rustc: real,
+            target,
+            ..self.clone()
         })
     }
 
@@ -175,6 +199,9 @@ pub fn run_cycle(
             duration,
             ..
         } => {
+            // The identity names the toolchain rustc really reported, never a remembered guess.
+            let confirmed = prep.confirmed()?;
+            let prep = &confirmed;
             let store = prep.store();
             let ctx = CaptureContext {
                 target: &prep.target,

@@ -90,6 +90,52 @@ pub struct RustcFacts {
     pub host: String,
 }
 
+/// Starts `rustc -vV` on its own thread (through rustup's proxy it takes ~25 ms): the caller
+/// goes on resolving and building, and [`rustc_facts`] later returns at once or waits for it.
+pub fn prefetch_rustc_facts(rustc: &Path) {
+    let rustc = rustc.to_path_buf();
+    let _ = std::thread::Builder::new()
+        .name("rustc-vV".into())
+        .spawn(move || {
+            if let Ok(facts) = rustc_facts(&rustc) {
+                remember_rustc_facts(&remembered_facts_file(), &rustc, &facts);
+            }
+        });
+}
+
+fn remembered_facts_file() -> PathBuf {
+    cache_dir().join("rustc-facts.json")
+}
+
+/// The facts `rustc -vV` gave the last process that ran this `rustc` (same path, same
+/// `RUSTUP_TOOLCHAIN`): a guess to start with, never the facts an identity is built from.
+pub fn remembered_rustc_facts(rustc: &Path) -> Option<RustcFacts> {
+    remembered_in(&remembered_facts_file(), rustc)
+}
+
+fn remembered_in(file: &Path, rustc: &Path) -> Option<RustcFacts> {
+    let text = std::fs::read(file).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
+    if v["rustc"] != serde_json::json!(rustc.to_string_lossy())
+        || v["toolchain"] != serde_json::json!(std::env::var("RUSTUP_TOOLCHAIN").ok())
+    {
+        return None;
+    }
+    serde_json::from_value(v["facts"].clone()).ok()
+}
+
+fn remember_rustc_facts(file: &Path, rustc: &Path, facts: &RustcFacts) {
+    if remembered_in(file, rustc).as_ref() == Some(facts) {
+        return;
+    }
+    let v = serde_json::json!({
+        "rustc": rustc.to_string_lossy(),
+        "toolchain": std::env::var("RUSTUP_TOOLCHAIN").ok(),
+        "facts": facts,
+    });
+    let _ = crate::fsutil::write_atomic(file, v.to_string().as_bytes());
+}
+
 /// Runs `rustc -vV` once per process.
 pub fn rustc_facts(rustc: &Path) -> Result<RustcFacts, Failure> {
     static FACTS: OnceLock<Result<RustcFacts, String>> = OnceLock::new();
@@ -752,6 +798,33 @@ pub fn unpinned_git_dependencies(deps: &[DependencyEntry]) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn remembered_rustc_facts_are_only_for_the_same_rustc() {
+        use super::*;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("rustc-facts.json");
+        let rustc = Path::new("/opt/rust/bin/rustc");
+        assert_eq!(remembered_in(&file, rustc), None, "nothing remembered yet");
+        let facts = RustcFacts {
+            release: "1.95.0".into(),
+            commit_hash: "abc".into(),
+            host: "x86_64-unknown-linux-gnu".into(),
+        };
+        remember_rustc_facts(&file, rustc, &facts);
+        assert_eq!(remembered_in(&file, rustc), Some(facts.clone()));
+        assert_eq!(
+            remembered_in(&file, Path::new("/other/rustc")),
+            None,
+            "another rustc is not guessed from this one's answer"
+        );
+        std::fs::write(&file, b"{not json").unwrap();
+        assert_eq!(
+            remembered_in(&file, rustc),
+            None,
+            "a damaged file is no guess"
+        );
+    }
 
     /// Issue 12, low finding "a non-UTF-8 path panics (workspace handling)": a clear error.
     #[test]
