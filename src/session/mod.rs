@@ -315,6 +315,8 @@ pub struct Session<I: Io> {
     /// The epoch, identity and catalog of the last approval (what `approve` diffs against).
     approved_baseline: Option<(String, IdentityRecord, Option<crate::catalog::Catalog>)>,
     recorded: RecordedFacts,
+    /// Calls refused for lack of a grant, newest last (bounded by [`state::DENIED_CALLS`]).
+    denied_calls: VecDeque<DeniedCallRecord>,
 }
 
 impl<I: Io> Session<I> {
@@ -349,6 +351,7 @@ impl<I: Io> Session<I> {
             exit_code: None,
             approved_baseline: None,
             recorded,
+            denied_calls: VecDeque::new(),
         }
     }
 

@@ -224,3 +224,24 @@ pub const LISTEN_LIMIT: usize = 64;
 pub const MAX_CATALOG_PAGES: usize = 1000;
 /// Tools in one catalog (a bound on memory for a server that never stops listing).
 pub const MAX_CATALOG_TOOLS: usize = 100_000;
+
+/// How many denied calls are kept for `approve --call` (oldest dropped first).
+pub const DENIED_CALLS: usize = 32;
+/// How much of a denied call's arguments text is kept to show the human (characters).
+pub const ARGUMENTS_PREVIEW: usize = 2000;
+
+/// A call refused for lack of a grant, kept so a human can approve exactly that call
+/// (`cargo mcp-dev approve --call ID`). The arguments are kept only to show the human over
+/// the owner-only control socket; never in the status document or the audit log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeniedCallRecord {
+    /// The host's id of the call, as JSON text.
+    pub call_id: String,
+    pub tool: String,
+    pub arguments_digest: String,
+    /// The arguments text as sent, cut at [`ARGUMENTS_PREVIEW`] characters.
+    pub arguments_preview: String,
+    pub arguments_truncated: bool,
+    pub epoch: Option<EpochId>,
+    pub reason: String,
+}
