@@ -373,6 +373,10 @@ pub struct ApproveArgs {
     /// Credential scope to approve (repeatable; default: the scopes the approved tools use).
     #[arg(long = "credential-scope", value_name = "SCOPE")]
     pub credential_scopes: Vec<String>,
+    /// Approve exactly one denied call (its id as `status` lists it): the same tool with the
+    /// same arguments, in this epoch, once. Shows the call's arguments first.
+    #[arg(long = "call", value_name = "CALL_ID", conflicts_with_all = ["tools", "all_requested", "credential_scopes"])]
+    pub call: Option<String>,
     /// List live grants instead of approving.
     #[arg(long, conflicts_with_all = ["revoke", "tools"])]
     pub list: bool,

@@ -73,7 +73,11 @@ fn sigkill_mid_burst_leaves_a_verifiable_log_and_no_unrecorded_call() {
 
     let log = audit_log(&s.project.target_dir());
     let verify = s.cli(&["audit", "verify"]);
-    assert_eq!(verify.code, 0, "audit verify after SIGKILL: {}", verify.stderr);
+    assert_eq!(
+        verify.code, 0,
+        "audit verify after SIGKILL: {}",
+        verify.stderr
+    );
 
     // Every call the server received had its intent record written first.
     let records = audit_records(&log);

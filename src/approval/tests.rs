@@ -642,7 +642,10 @@ fn verdict(g: &mut Gate, tool: &str, digest: &str) -> String {
 #[test]
 fn call_grant_covers_exactly_one_call_with_the_same_arguments() {
     let mut g = ready_gate(A);
-    assert_eq!(verdict(&mut g, "write_item", "sha256:x"), "authorization_required");
+    assert_eq!(
+        verdict(&mut g, "write_item", "sha256:x"),
+        "authorization_required"
+    );
     assert_eq!(g.pending_requests().0, set(&["write_item"]));
     let grant = g
         .approve_call(call_req(A, "write_item", "sha256:x"), 1, "c1".into())
@@ -653,14 +656,23 @@ fn call_grant_covers_exactly_one_call_with_the_same_arguments() {
     assert_eq!(grant.credential_scope, set(&[API]), "the tool's scopes");
     assert_eq!(grant.arguments_digest.as_deref(), Some("sha256:x"));
     assert_eq!(grant.call_id.as_deref(), Some("7"));
-    assert!(g.pending_requests().0.is_empty(), "the request was answered");
+    assert!(
+        g.pending_requests().0.is_empty(),
+        "the request was answered"
+    );
 
     // Other arguments: not covered, and the grant is not spent.
-    assert_eq!(verdict(&mut g, "write_item", "sha256:y"), "authorization_required");
+    assert_eq!(
+        verdict(&mut g, "write_item", "sha256:y"),
+        "authorization_required"
+    );
     // Without a digest (a caller that cannot bind): never covered.
     assert_eq!(reason(&mut g, "write_item"), "authorization_required");
     // Another tool, same digest: not covered.
-    assert_eq!(verdict(&mut g, "delete_item", "sha256:x"), "authorization_required");
+    assert_eq!(
+        verdict(&mut g, "delete_item", "sha256:x"),
+        "authorization_required"
+    );
     assert_eq!(g.grants().len(), 1);
     // The call itself: forwarded once, then spent.
     assert_eq!(verdict(&mut g, "write_item", "sha256:x"), "forward c1 call");
@@ -684,7 +696,10 @@ fn call_grant_dies_with_its_epoch_and_is_checked_against_it() {
         rev(2, "c1"),
         cat("c1", &["read_item", "write_item", "delete_item"])
     ));
-    assert_eq!(verdict(&mut g, "write_item", "sha256:x"), "authorization_stale");
+    assert_eq!(
+        verdict(&mut g, "write_item", "sha256:x"),
+        "authorization_stale"
+    );
     // A decision for the call shown under A is void under B.
     assert_eq!(
         g.approve_call(call_req(A, "write_item", "sha256:x"), 2, "c2".into()),
@@ -721,21 +736,36 @@ fn call_grant_is_not_a_tool_grant_and_a_tool_grant_is_used_first() {
     g.approve_call(call_req(A, "write_item", "sha256:x"), 1, "c1".into())
         .unwrap();
     // A call grant does not make the tool approved for status or approve's defaults.
-    assert_eq!(verdict(&mut g, "write_item", "sha256:z"), "authorization_required");
+    assert_eq!(
+        verdict(&mut g, "write_item", "sha256:z"),
+        "authorization_required"
+    );
     assert_eq!(g.pending_requests().0, set(&["write_item"]));
     // With a per-epoch grant too, the per-epoch one is used and the call grant kept.
     g.approve(req(A, &["write_item"], &[API]), 2, "e1".into())
         .unwrap();
-    assert_eq!(verdict(&mut g, "write_item", "sha256:x"), "forward e1 epoch");
+    assert_eq!(
+        verdict(&mut g, "write_item", "sha256:x"),
+        "forward e1 epoch"
+    );
     assert_eq!(g.grants().len(), 2);
     // A per-call-mode tool: its call grant is used before a generic first-use grant.
     g.approve_call(call_req(A, "delete_item", "sha256:d"), 3, "c2".into())
         .unwrap();
     g.approve(req(A, &["delete_item"], &[API]), 4, "p1".into())
         .unwrap();
-    assert_eq!(verdict(&mut g, "delete_item", "sha256:d"), "forward c2 call");
-    assert_eq!(verdict(&mut g, "delete_item", "sha256:d"), "forward p1 epoch");
-    assert_eq!(verdict(&mut g, "delete_item", "sha256:d"), "authorization_required");
+    assert_eq!(
+        verdict(&mut g, "delete_item", "sha256:d"),
+        "forward c2 call"
+    );
+    assert_eq!(
+        verdict(&mut g, "delete_item", "sha256:d"),
+        "forward p1 epoch"
+    );
+    assert_eq!(
+        verdict(&mut g, "delete_item", "sha256:d"),
+        "authorization_required"
+    );
     // Revoking removes a call grant like any other.
     assert_eq!(g.revoke(RevokeTarget::Id("c1".into())).len(), 1);
     let grant = g

@@ -86,8 +86,23 @@ pub fn render(v: &Value) -> String {
     {
         out.push_str(&format!(
             "denied       {} {}\n",
-            s(&d, "/tool"),
+            crate::sanitize::review(s(&d, "/tool")),
             s(&d, "/reason")
+        ));
+    }
+    // Tool names and call ids come from the agent: sanitized for the terminal.
+    for d in v
+        .get("deniedCalls")
+        .and_then(|d| d.as_array())
+        .cloned()
+        .unwrap_or_default()
+    {
+        out.push_str(&format!(
+            "waiting call {} {} (arguments {}): `cargo mcp-dev approve --call {}` approves this call only\n",
+            crate::sanitize::review(s(&d, "/callId")),
+            crate::sanitize::review(s(&d, "/tool")),
+            s(&d, "/argumentsDigest"),
+            crate::sanitize::review(s(&d, "/callId")),
         ));
     }
     out.push_str(&format!("audit log    {}\n", s(v, "/auditLog")));

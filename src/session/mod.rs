@@ -39,6 +39,8 @@ pub mod testing;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_approvals;
+#[cfg(test)]
 mod tests_listen;
 
 use std::collections::{HashMap, VecDeque};

@@ -72,8 +72,17 @@ impl<I: Io> Session<I> {
                     records::data(&record),
                 );
                 let shown_tool: String = tool.chars().take(128).collect();
+                let only_this = if needs_grant {
+                    let id: String = call_id.chars().take(64).collect();
+                    format!(
+                        " (or `cargo mcp-dev approve --call {}` for this call only)",
+                        id.escape_debug()
+                    )
+                } else {
+                    String::new()
+                };
                 self.io.status(&format!(
-                    "call denied: {} ({}): {}",
+                    "call denied: {} ({}): {}{only_this}",
                     shown_tool.escape_debug(),
                     denial.reason.as_str(),
                     denial.human_hint()

@@ -41,6 +41,10 @@ pub struct StatusSnapshot {
     pub held_requests: usize,
     pub grants: Vec<crate::approval::Grant>,
     pub recent_denials: Vec<DenialSnapshot>,
+    /// Calls refused for lack of a grant that `approve --call ID` can approve, newest first
+    /// (ids, tools and digests only: the arguments are shown over the control socket).
+    #[serde(default)]
+    pub denied_calls: Vec<Value>,
     pub pending_approval: PendingApproval,
     pub policy: PolicySnapshot,
     pub tool_policy: Option<BTreeMap<String, ToolPolicy>>,
@@ -163,6 +167,13 @@ impl<I: Io> Session<I> {
                     approved_epoch: d.denial.approved_epoch.clone(),
                     current_epoch: d.denial.current_epoch.clone(),
                 })
+                .collect(),
+            denied_calls: self
+                .denied_calls
+                .iter()
+                .rev()
+                .take(10)
+                .map(|d| control::denied_call_json(d, false))
                 .collect(),
             pending_approval: PendingApproval {
                 tools: pending_tools,
