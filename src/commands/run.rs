@@ -739,6 +739,13 @@ pub fn execute(args: RunArgs) -> CmdResult {
         &c.handshake_wait,
         crate::session::DEFAULT_HANDSHAKE_WAIT,
     )?;
+    let approval_timeout = duration_setting(
+        args.approval_timeout,
+        "approval-timeout",
+        &c.approval_timeout,
+        crate::session::DEFAULT_APPROVAL_TIMEOUT,
+    )?;
+    let approval_channels = approval_channels_setting(&args.approval_channels, c);
     let fallback = match (args.fallback, c.fallback.as_deref()) {
         (Some(FallbackMode::LastGood), _) | (None, Some("last-good")) => Fallback::LastGood,
         (Some(FallbackMode::None), _) | (None, None | Some("none")) => Fallback::None,
@@ -780,6 +787,9 @@ pub fn execute(args: RunArgs) -> CmdResult {
         supervisor_pid: std::process::id(),
         audit_path: audit_path.display().to_string(),
         socket_path: socket.as_ref().map(|p| p.display().to_string()),
+        approval_channels,
+        approval_timeout,
+        max_open_prompts: crate::session::DEFAULT_MAX_OPEN_PROMPTS,
     };
     let stops = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let shell = Shell {
@@ -1034,4 +1044,32 @@ mod tests {
             "the stricter mode wins"
         );
     }
+}
+
+/// `--approval-channels` wins over `approval-channels` (validated when the config was read).
+fn approval_channels_setting(
+    flag: &[crate::cli::ChannelArg],
+    c: &crate::config::McpDevConfig,
+) -> Option<std::collections::BTreeSet<crate::approval::Channel>> {
+    use crate::approval::Channel;
+    if !flag.is_empty() {
+        return Some(
+            flag.iter()
+                .map(|f| match f {
+                    crate::cli::ChannelArg::Terminal => Channel::Terminal,
+                    crate::cli::ChannelArg::Host => Channel::Host,
+                })
+                .collect(),
+        );
+    }
+    c.approval_channels.as_ref().map(|s| {
+        s.names()
+            .into_iter()
+            .filter_map(|n| match n {
+                "terminal" => Some(Channel::Terminal),
+                "host" => Some(Channel::Host),
+                _ => None,
+            })
+            .collect()
+    })
 }

@@ -137,12 +137,22 @@ impl<I: Io> Session<I> {
             .find(|d| d.call_id == call_id || d.call_id == quoted)
     }
 
+    /// The control socket grants only when the terminal channel is on in this run.
+    fn terminal_channel(&self) -> Result<(), String> {
+        if self.approval_channels().contains(&Channel::Terminal) {
+            Ok(())
+        } else {
+            Err("the terminal approval channel is off in this run (approval-channels = [\"host\"]): approve in the host".into())
+        }
+    }
+
     fn control_approve_call(
         &mut self,
         epoch: EpochId,
         call_id: &str,
         arguments_digest: &str,
     ) -> Result<Value, String> {
+        self.terminal_channel()?;
         let denied = self
             .denied_call(call_id)
             .cloned()
@@ -222,6 +232,7 @@ impl<I: Io> Session<I> {
     }
 
     fn control_approve(&mut self, req: ApprovalRequest) -> Result<Value, String> {
+        self.terminal_channel()?;
         let (now, id) = (self.io.wall_ms(), self.io.mint_id());
         let grant = self.gate.approve(req, now, id).map_err(|e| e.to_string())?;
         self.record_grant(&grant, "control socket");

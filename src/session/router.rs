@@ -16,7 +16,13 @@ use crate::hashing;
 use crate::proxy::envelope::{self, Message};
 
 impl<I: Io> Session<I> {
-    pub(super) fn on_host_call(&mut self, mut msg: Message) {
+    pub(super) fn on_host_call(&mut self, msg: Message) {
+        self.judge_call(msg, true)
+    }
+
+    /// Judges one call. With `may_prompt`, a call refused for lack of a grant may wait for an
+    /// answer in the host instead (`approvals`); a call judged again after that answer may not.
+    pub(super) fn judge_call(&mut self, mut msg: Message, may_prompt: bool) {
         let host_id = msg.id().expect("request").to_owned();
         let (tool, arguments) = envelope::call_target(msg.params());
         // Digest of the arguments exactly as the host sent them (never their values).
@@ -45,7 +51,7 @@ impl<I: Io> Session<I> {
                     DenialReason::AuthorizationRequired | DenialReason::AuthorizationStale
                 ) || denial.authorization.is_some();
                 if needs_grant {
-                    let raw = arguments.map(|a| a.get()).unwrap_or("null");
+                    let raw = arguments.map(|a| a.get()).unwrap_or("null").to_string();
                     self.remember_denied_call(DeniedCallRecord {
                         call_id: call_id.clone(),
                         tool: tool.clone(),
@@ -55,7 +61,18 @@ impl<I: Io> Session<I> {
                         epoch: denial.current_epoch.clone(),
                         reason: denial.reason.as_str().into(),
                     });
+                    if may_prompt {
+                        match self.try_prompt(msg, &denial, &call_id, &args_digest, &raw) {
+                            Ok(()) => return, // the call waits for the host's answer
+                            Err(_call) => {}
+                        }
+                    }
                 }
+                let channel = if self.approval_channels().contains(&Channel::Terminal) {
+                    Channel::Terminal
+                } else {
+                    Channel::Host
+                };
                 let record = records::AuthorizationDenied {
                     call_id: json!(call_id),
                     tool: tool.clone(),
@@ -63,7 +80,7 @@ impl<I: Io> Session<I> {
                     approved_epoch: denial.approved_epoch.as_deref().map(str::to_string),
                     current_epoch: denial.current_epoch.as_deref().map(str::to_string),
                     arguments_digest: Some(args_digest.clone()),
-                    channel: needs_grant.then(|| Channel::Terminal.as_str().to_string()),
+                    channel: needs_grant.then(|| channel.as_str().to_string()),
                     outcome: None,
                 };
                 self.audit_record(

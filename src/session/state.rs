@@ -245,3 +245,22 @@ pub struct DeniedCallRecord {
     pub epoch: Option<EpochId>,
     pub reason: String,
 }
+
+/// A gated call waiting for the human's answer to an approval prompt in the host.
+#[derive(Debug)]
+pub struct Prompt {
+    /// The `tools/call` as the host sent it, judged again after a grant.
+    pub call: Message,
+    pub host_id: RawId,
+    pub call_id: String,
+    pub tool: String,
+    pub arguments_digest: String,
+    /// The epoch the prompt was for: an answer that arrives under another one grants nothing.
+    pub epoch: EpochId,
+    /// The tools "all requested tools" grants, as the form listed them.
+    pub requested: std::collections::BTreeSet<String>,
+    /// Monotonic milliseconds after which the call is refused as timed out.
+    pub deadline_ms: u64,
+    /// The denial the call gets if no grant results.
+    pub denial: crate::approval::Denial,
+}
