@@ -114,6 +114,38 @@ impl ChannelsSetting {
     }
 }
 
+impl McpDevConfig {
+    /// The approval channels: `--approval-channels` wins over `approval-channels` (validated
+    /// when the table was read); `None` when neither is set (the session's default applies).
+    pub fn approval_channel_set(
+        &self,
+        flag: &[crate::cli::ChannelArg],
+    ) -> Option<BTreeSet<crate::approval::Channel>> {
+        use crate::approval::Channel;
+        use crate::cli::ChannelArg;
+        if !flag.is_empty() {
+            return Some(
+                flag.iter()
+                    .map(|f| match f {
+                        ChannelArg::Terminal => Channel::Terminal,
+                        ChannelArg::Host => Channel::Host,
+                    })
+                    .collect(),
+            );
+        }
+        self.approval_channels.as_ref().map(|s| {
+            s.names()
+                .into_iter()
+                .filter_map(|n| match n {
+                    "terminal" => Some(Channel::Terminal),
+                    "host" => Some(Channel::Host),
+                    _ => None,
+                })
+                .collect()
+        })
+    }
+}
+
 /// `gate = "all" | "off" | ["tool", …]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]

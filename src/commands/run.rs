@@ -745,7 +745,7 @@ pub fn execute(args: RunArgs) -> CmdResult {
         &c.approval_timeout,
         crate::session::DEFAULT_APPROVAL_TIMEOUT,
     )?;
-    let approval_channels = approval_channels_setting(&args.approval_channels, c);
+    let approval_channels = c.approval_channel_set(&args.approval_channels);
     let fallback = match (args.fallback, c.fallback.as_deref()) {
         (Some(FallbackMode::LastGood), _) | (None, Some("last-good")) => Fallback::LastGood,
         (Some(FallbackMode::None), _) | (None, None | Some("none")) => Fallback::None,
@@ -1044,32 +1044,4 @@ mod tests {
             "the stricter mode wins"
         );
     }
-}
-
-/// `--approval-channels` wins over `approval-channels` (validated when the config was read).
-fn approval_channels_setting(
-    flag: &[crate::cli::ChannelArg],
-    c: &crate::config::McpDevConfig,
-) -> Option<std::collections::BTreeSet<crate::approval::Channel>> {
-    use crate::approval::Channel;
-    if !flag.is_empty() {
-        return Some(
-            flag.iter()
-                .map(|f| match f {
-                    crate::cli::ChannelArg::Terminal => Channel::Terminal,
-                    crate::cli::ChannelArg::Host => Channel::Host,
-                })
-                .collect(),
-        );
-    }
-    c.approval_channels.as_ref().map(|s| {
-        s.names()
-            .into_iter()
-            .filter_map(|n| match n {
-                "terminal" => Some(Channel::Terminal),
-                "host" => Some(Channel::Host),
-                _ => None,
-            })
-            .collect()
-    })
 }
