@@ -406,6 +406,12 @@ pub struct ApproveArgs {
     /// List live grants instead of approving.
     #[arg(long, conflicts_with_all = ["revoke", "tools"])]
     pub list: bool,
+    /// Stay open as a terminal inbox: show each call waiting for a grant as it arrives (what
+    /// changed since the last approved epoch, the call's arguments) and take one key per
+    /// decision: o = this call once, t = this tool for this epoch, a = all requested tools,
+    /// d = deny (nothing granted), q = quit. Needs a terminal.
+    #[arg(long, conflicts_with_all = ["list", "revoke", "tools", "all_requested", "call", "yes", "json"])]
+    pub follow: bool,
     /// Revoke a grant by id (or `all`).
     #[arg(long, value_name = "GRANT")]
     pub revoke: Option<String>,

@@ -14,6 +14,9 @@ use crate::error::{CmdResult, Failure};
 use crate::{exit_codes, output, status};
 
 pub fn execute(args: ApproveArgs) -> CmdResult {
+    if args.follow {
+        return super::approve_follow::execute(&args);
+    }
     if args.list {
         let st = control_client::call(&args.control, &json!({"op": "status"}))?;
         let grants = st.get("grants").cloned().unwrap_or(json!([]));
@@ -228,7 +231,7 @@ fn approve_call(args: &ApproveArgs, call_id: &str) -> CmdResult {
 
 /// The call part of the `approve --call` screen. Every field came from the agent (arguments,
 /// call id) or the server (tool): all through [`crate::sanitize::review`].
-fn call_review(call: &Value) -> String {
+pub(super) fn call_review(call: &Value) -> String {
     use crate::sanitize::review as r;
     let mut out = format!(
         "  call      {} ({}, denied: {})
@@ -251,7 +254,7 @@ fn eprint_flush(text: &str) {
     let _ = e.flush();
 }
 
-fn strings(v: &Value) -> Vec<String> {
+pub(super) fn strings(v: &Value) -> Vec<String> {
     v.as_array()
         .map(|a| {
             a.iter()
@@ -265,7 +268,12 @@ fn strings(v: &Value) -> Vec<String> {
 /// (tool names, descriptions, hints, catalog lines, scope and env names, even the label) goes
 /// through [`crate::sanitize::review`]: no escape sequence reaches the terminal and invisible or
 /// bidi characters are shown as `<U+XXXX>` (issue 12, terminal escape injection).
-fn review(st: &Value, epoch: &str, tools: &BTreeSet<String>, scopes: &BTreeSet<String>) -> String {
+pub(super) fn review(
+    st: &Value,
+    epoch: &str,
+    tools: &BTreeSet<String>,
+    scopes: &BTreeSet<String>,
+) -> String {
     use crate::sanitize::review as r;
     let mut out = String::new();
     out.push_str(&format!(
