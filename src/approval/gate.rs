@@ -496,6 +496,15 @@ impl Gate {
         (tools, scopes)
     }
 
+    /// Whether a live grant would authorize a call of `tool` with these arguments now (nothing
+    /// is consumed; the call itself is still judged by [`Gate::decide_call_with`]).
+    pub fn has_grant_for(&self, tool: &str, arguments_digest: Option<&str>) -> bool {
+        let scopes = self.policy.scopes_for(tool);
+        self.live
+            .iter()
+            .any(|g| g.covers_call(tool, &scopes, arguments_digest))
+    }
+
     /// The last [`RECENT_DENIALS`] denials, oldest first.
     pub fn recent_denials(&self) -> &[DeniedCall] {
         &self.denials

@@ -383,6 +383,7 @@ impl<I: Io> Session<I> {
         match result {
             Ok(grant) => {
                 debug_assert!(grant.kind == GrantKind::Call || decision != Decision::Once);
+                self.denied_calls.retain(|d| d.call_id != prompt.call_id);
                 self.record_grant(&grant, "host elicitation");
                 // Judged again: forwarded under the new grant (never prompts twice).
                 self.judge_call(prompt.call, false);
@@ -432,6 +433,36 @@ impl<I: Io> Session<I> {
         self.publish();
     }
 
+    /// A grant came through another channel (the terminal): calls waiting for a prompt that it
+    /// now covers are judged again at once, and their prompts withdrawn from the host.
+    pub(super) fn release_covered_prompts(&mut self) {
+        let covered: Vec<String> = self
+            .prompts
+            .iter()
+            .filter(|(_, p)| {
+                self.current_epoch() == Some(p.epoch.as_str())
+                    && self.gate.has_grant_for(&p.tool, Some(&p.arguments_digest))
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in covered {
+            if let Some(p) = self.prompts.remove(&id) {
+                self.withdraw_prompt(&id, "approved in another channel");
+                self.denied_calls.retain(|d| d.call_id != p.call_id);
+                self.judge_call(p.call, false);
+            }
+        }
+    }
+
+    /// Tells the host a prompt is no longer wanted (`notifications/cancelled`), so its form
+    /// closes; an answer that still comes finds no open prompt.
+    fn withdraw_prompt(&mut self, id: &str, reason: &str) {
+        self.io.to_host(envelope::notification_line(
+            "notifications/cancelled",
+            Some(&json!({"requestId": id, "reason": reason})),
+        ));
+    }
+
     /// Timer: prompts past their deadline are closed and their calls refused.
     pub(super) fn expire_prompts(&mut self) {
         let now = self.now();
@@ -443,6 +474,7 @@ impl<I: Io> Session<I> {
             .collect();
         for id in due {
             if let Some(p) = self.prompts.remove(&id) {
+                self.withdraw_prompt(&id, "no answer in time");
                 let secs = self.cfg.approval_timeout.as_secs();
                 self.refuse_prompted(p, &format!("timed out in the host after {secs}s"));
             }

@@ -177,6 +177,7 @@ impl<I: Io> Session<I> {
             .map_err(|e| e.to_string())?;
         self.denied_calls.retain(|d| d.call_id != denied.call_id);
         self.record_grant(&grant, "control socket");
+        self.release_covered_prompts();
         Ok(json!({"grant": grant}))
     }
 
@@ -236,6 +237,7 @@ impl<I: Io> Session<I> {
         let (now, id) = (self.io.wall_ms(), self.io.mint_id());
         let grant = self.gate.approve(req, now, id).map_err(|e| e.to_string())?;
         self.record_grant(&grant, "control socket");
+        self.release_covered_prompts();
         Ok(json!({"grant": grant}))
     }
 

@@ -467,3 +467,34 @@ fn open_prompts_are_bounded_and_a_cancelled_call_closes_its_prompt() {
     h.s.handle(Event::Shutdown("test".into()));
     assert!(h.answer(&c2).is_some());
 }
+
+#[test]
+fn a_terminal_grant_releases_the_calls_waiting_in_the_host() {
+    let mut h = Harness::new(|_| {});
+    let epoch = ready_eliciting(&mut h);
+    let c1 = h.call_with("write_item", json!({"n": 1}));
+    let c2 = h.call_with("list_items", json!({}));
+    let p1 = prompts(&mut h)[0]["id"].clone();
+    assert_eq!(h.answer(&c1), None);
+    let r = h.control(json!({"op": "approve", "epoch": epoch, "tools": ["write_item"]}));
+    assert_eq!(r["ok"], true, "{r}");
+    // The write_item call runs at once and its prompt is withdrawn; list_items still waits.
+    assert_eq!(Harness::tool_error(&h.answer(&c1).unwrap()), None);
+    assert_eq!(h.answer(&c2), None);
+    let withdrawn: Vec<Value> = h
+        .io()
+        .to_host
+        .iter()
+        .filter(|m| m["method"] == "notifications/cancelled")
+        .cloned()
+        .collect();
+    assert_eq!(withdrawn.len(), 1, "{withdrawn:?}");
+    assert_eq!(withdrawn[0]["params"]["requestId"], p1);
+    // The host's late answer to the withdrawn prompt grants nothing more.
+    answer_prompt(&mut h, &p1, accept("requested"));
+    assert_eq!(grants(&mut h).len(), 1);
+    // A timed-out prompt is withdrawn too.
+    h.advance(60_000);
+    assert!(h.answer(&c2).is_some());
+    assert_eq!(h.host_notes("notifications/cancelled"), 2);
+}
