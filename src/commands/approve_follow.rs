@@ -18,6 +18,9 @@ use crate::cli::{ApproveArgs, ControlArgs};
 use crate::error::{CmdResult, Failure};
 use crate::{exit_codes, sanitize, status};
 
+/// How many decided requests the inbox remembers (the supervisor lists at most 10 at a time).
+const SEEN: usize = 256;
+
 /// How often the inbox asks the supervisor for news.
 const POLL: Duration = Duration::from_millis(400);
 
@@ -64,8 +67,9 @@ pub fn execute(args: &ApproveArgs) -> CmdResult {
         sanitize::review(st["label"].as_str().unwrap_or("?")),
         sanitize::review(st["agentRun"].as_str().unwrap_or("?")),
     ));
-    // Requests already decided (or shown and denied) in this inbox: callId, digest, epoch.
-    let mut seen: BTreeSet<(String, String, String)> = BTreeSet::new();
+    // Requests already decided in this inbox (callId, digest, epoch), the newest SEEN.
+    let mut seen: std::collections::VecDeque<(String, String, String)> =
+        std::collections::VecDeque::new();
     loop {
         let st = control_client::call(&control, &json!({"op": "status"}))?;
         let Some(epoch) = st.pointer("/server/epoch").and_then(Value::as_str) else {
@@ -124,7 +128,10 @@ pub fn execute(args: &ApproveArgs) -> CmdResult {
             }
         };
         let Some(key) = key else { continue };
-        seen.insert(id);
+        if seen.len() == SEEN {
+            seen.pop_front();
+        }
+        seen.push_back(id);
         let request = match key {
             Key::Quit => return Ok(exit_codes::OK),
             Key::Deny => {
