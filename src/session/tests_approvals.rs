@@ -498,3 +498,18 @@ fn a_terminal_grant_releases_the_calls_waiting_in_the_host() {
     assert!(h.answer(&c2).is_some());
     assert_eq!(h.host_notes("notifications/cancelled"), 2);
 }
+
+#[test]
+fn requested_grants_only_the_tools_the_form_listed() {
+    let mut h = Harness::new(|_| {});
+    ready_eliciting(&mut h);
+    let c1 = h.call_with("write_item", json!({}));
+    let p1 = prompts(&mut h)[0]["id"].clone();
+    // Another tool is requested after the first form was shown.
+    let _c2 = h.call_with("list_items", json!({}));
+    answer_prompt(&mut h, &p1, accept("requested"));
+    assert_eq!(Harness::tool_error(&h.answer(&c1).unwrap()), None);
+    let g = grants(&mut h);
+    assert_eq!(g.len(), 1);
+    assert_eq!(g[0]["grant"]["toolScope"], json!(["write_item"]), "{g:?}");
+}
