@@ -91,6 +91,15 @@ pub enum MessageFormat {
     Json,
 }
 
+/// An approval channel (`--approval-channels`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ChannelArg {
+    /// `cargo mcp-dev approve` over the owner-only control socket.
+    Terminal,
+    /// A prompt in the host (elicitation).
+    Host,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum RestartMode {
     /// Keep the host connection, replace the child, publish the new epoch and gate calls until
@@ -321,6 +330,23 @@ pub struct RunArgs {
     /// (said in the status line and the launch record). [config: fallback] [default: none]
     #[arg(long, value_enum, value_name = "WHAT")]
     pub fallback: Option<FallbackMode>,
+    /// Who may grant approvals, comma-separated: `terminal` (`cargo mcp-dev approve`, the strict
+    /// setting), `host` (a prompt in the host via elicitation: whoever answers the host's
+    /// prompts approves). [config: approval-channels] [default: both when the host declared
+    /// elicitation, else terminal]
+    #[arg(
+        long,
+        value_enum,
+        value_name = "CHANNELS",
+        value_delimiter = ',',
+        conflicts_with = "no_gating"
+    )]
+    pub approval_channels: Vec<ChannelArg>,
+    /// How long a gated call waits for an answer to its prompt in the host before it is
+    /// refused (keep it under the host's request timeout, 60 s in the MCP SDKs).
+    /// [config: approval-timeout] [default: 45s]
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub approval_timeout: Option<std::time::Duration>,
     #[arg(long, value_enum, default_value_t = MessageFormat::Human, value_name = "FMT", help = MESSAGE_FORMAT_HELP, help_heading = heading::OUTPUT)]
     pub message_format: MessageFormat,
     /// Arguments passed to the server.
@@ -373,9 +399,19 @@ pub struct ApproveArgs {
     /// Credential scope to approve (repeatable; default: the scopes the approved tools use).
     #[arg(long = "credential-scope", value_name = "SCOPE")]
     pub credential_scopes: Vec<String>,
+    /// Approve exactly one denied call (its id as `status` lists it): the same tool with the
+    /// same arguments, in this epoch, once. Shows the call's arguments first.
+    #[arg(long = "call", value_name = "CALL_ID", conflicts_with_all = ["tools", "all_requested", "credential_scopes"])]
+    pub call: Option<String>,
     /// List live grants instead of approving.
     #[arg(long, conflicts_with_all = ["revoke", "tools"])]
     pub list: bool,
+    /// Stay open as a terminal inbox: show each call waiting for a grant as it arrives (what
+    /// changed since the last approved epoch, the call's arguments) and take one key per
+    /// decision: o = this call once, t = this tool for this epoch, a = all requested tools,
+    /// d = deny (nothing granted), q = quit. Needs a terminal.
+    #[arg(long, conflicts_with_all = ["list", "revoke", "tools", "all_requested", "call", "yes", "json"])]
+    pub follow: bool,
     /// Revoke a grant by id (or `all`).
     #[arg(long, value_name = "GRANT")]
     pub revoke: Option<String>,

@@ -20,6 +20,9 @@
 //! exempt = ["list_items"]             # with gate = "all": tools that need no approval
 //! approval = "per-epoch"              # per-epoch (default) | per-call
 //! per-call = ["delete_item"]          # tools that need a decision per call
+//! approval-channels = ["terminal"]    # who may grant: terminal, host (default: both when the
+//!                                     # host declared elicitation, else terminal)
+//! approval-timeout = "45s"            # how long a call waits for an answer in the host
 //!
 //! [package.metadata.mcp-dev.credential-scopes.inventory-api-staging]
 //! env = ["INVENTORY_API_TOKEN"]       # env vars that carry the credential to the server
@@ -52,6 +55,8 @@ pub const KNOWN_KEYS: &[&str] = &[
     "exempt",
     "approval",
     "per-call",
+    "approval-channels",
+    "approval-timeout",
     "credential-scopes",
 ];
 
@@ -84,8 +89,61 @@ pub struct McpDevConfig {
     pub approval: Option<String>,
     #[serde(default)]
     pub per_call: Vec<String>,
+    /// `["terminal"]`, `["host"]` or both (also a single string).
+    pub approval_channels: Option<ChannelsSetting>,
+    /// e.g. `"45s"` (humantime).
+    pub approval_timeout: Option<String>,
     #[serde(default)]
     pub credential_scopes: BTreeMap<String, CredentialScopeConfig>,
+}
+
+/// `approval-channels = "terminal" | ["terminal", "host"]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ChannelsSetting {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl ChannelsSetting {
+    pub fn names(&self) -> Vec<&str> {
+        match self {
+            ChannelsSetting::One(s) => vec![s.as_str()],
+            ChannelsSetting::Many(v) => v.iter().map(String::as_str).collect(),
+        }
+    }
+}
+
+impl McpDevConfig {
+    /// The approval channels: `--approval-channels` wins over `approval-channels` (validated
+    /// when the table was read); `None` when neither is set (the session's default applies).
+    pub fn approval_channel_set(
+        &self,
+        flag: &[crate::cli::ChannelArg],
+    ) -> Option<BTreeSet<crate::approval::Channel>> {
+        use crate::approval::Channel;
+        use crate::cli::ChannelArg;
+        if !flag.is_empty() {
+            return Some(
+                flag.iter()
+                    .map(|f| match f {
+                        ChannelArg::Terminal => Channel::Terminal,
+                        ChannelArg::Host => Channel::Host,
+                    })
+                    .collect(),
+            );
+        }
+        self.approval_channels.as_ref().map(|s| {
+            s.names()
+                .into_iter()
+                .filter_map(|n| match n {
+                    "terminal" => Some(Channel::Terminal),
+                    "host" => Some(Channel::Host),
+                    _ => None,
+                })
+                .collect()
+        })
+    }
 }
 
 /// `gate = "all" | "off" | ["tool", …]`.
@@ -290,6 +348,8 @@ const RESTART_VALUES: &[&str] = &["supervise", "disconnect", "manual"];
 const APPROVAL_VALUES: &[&str] = &["per-epoch", "per-call"];
 const GATE_KEYWORDS: &[&str] = &["all", "off"];
 const FALLBACK_VALUES: &[&str] = &["none", "last-good"];
+/// Values of `approval-channels`.
+pub const CHANNEL_VALUES: &[&str] = &["terminal", "host"];
 
 fn path_of(parts: &[&str]) -> Vec<String> {
     parts.iter().map(|p| p.to_string()).collect()
@@ -391,9 +451,22 @@ impl LoadedConfig {
         if let Some(f) = &c.fallback {
             check_value("fallback", f, FALLBACK_VALUES)?;
         }
+        if let Some(channels) = &c.approval_channels {
+            let names = channels.names();
+            if names.is_empty() {
+                return Err(invalid(
+                    &["approval-channels"],
+                    "no channel: name \"terminal\", \"host\" or both".into(),
+                ));
+            }
+            for name in names {
+                check_value("approval-channels", name, CHANNEL_VALUES)?;
+            }
+        }
         for (key, value) in [
             ("first-start-budget", &c.first_start_budget),
             ("handshake-wait", &c.handshake_wait),
+            ("approval-timeout", &c.approval_timeout),
         ] {
             if let Some(v) = value
                 && let Err(e) = humantime::parse_duration(v)
@@ -543,6 +616,29 @@ mod tests {
     }
 
     #[test]
+    fn approval_channels_and_timeout_are_read() {
+        let c = LoadedConfig::from_package_metadata(&json!({"mcp-dev": {
+            "approval-channels": ["terminal", "host"], "approval-timeout": "30s"}}))
+        .unwrap()
+        .config;
+        assert_eq!(
+            c.approval_channels.as_ref().map(|c| c.names()),
+            Some(vec!["terminal", "host"])
+        );
+        assert_eq!(c.approval_timeout.as_deref(), Some("30s"));
+        let c = LoadedConfig::from_package_metadata(
+            &json!({"mcp-dev": {"approval-channels": "terminal"}}),
+        )
+        .unwrap()
+        .config;
+        assert_eq!(c.approval_channels.unwrap().names(), ["terminal"]);
+        assert_eq!(
+            error_of(json!({"mcp-dev": {"approval-channel": "host"}})),
+            "unknown key `approval-channel` in [package.metadata.mcp-dev]: did you mean `approval-channels`?"
+        );
+    }
+
+    #[test]
     fn unknown_values_of_known_keys_are_errors_with_the_closest_value() {
         for (table, expected) in [
             (
@@ -562,6 +658,14 @@ mod tests {
                 "unknown value fallback = \"last_good\" in [package.metadata.mcp-dev]: did you mean \"last-good\"? (expected \"none\" or \"last-good\")",
             ),
             (
+                json!({"approval-channels": ["terminal", "hosts"]}),
+                "unknown value approval-channels = \"hosts\" in [package.metadata.mcp-dev]: did you mean \"host\"? (expected \"terminal\" or \"host\")",
+            ),
+            (
+                json!({"approval-channels": "termnal"}),
+                "unknown value approval-channels = \"termnal\" in [package.metadata.mcp-dev]: did you mean \"terminal\"? (expected \"terminal\" or \"host\")",
+            ),
+            (
                 json!({"gate": "of"}),
                 "unknown value gate = \"of\" in [package.metadata.mcp-dev]: did you mean \"off\"? (expected \"all\", \"off\" or \"a list of tool names\")",
             ),
@@ -578,6 +682,14 @@ mod tests {
             (
                 json!({"mcp-dev": {"env": ["A=B"]}}),
                 "`A=B` is not a variable name",
+            ),
+            (
+                json!({"mcp-dev": {"approval-channels": []}}),
+                "`approval-channels` in [package.metadata.mcp-dev]: no channel",
+            ),
+            (
+                json!({"mcp-dev": {"approval-timeout": "soon"}}),
+                "`approval-timeout` in",
             ),
             (
                 json!({"mcp-dev": {"debounce-ms": "fast"}}),

@@ -94,6 +94,43 @@ export class Events {
   }
 }
 
+/**
+ * The person at the host, as the test scripts them: answers `elicitation/create` requests.
+ * Each request is reported as `{"event":"elicitation","message":…,"requestedSchema":…}`, then
+ * answered by the current policy (`elicitation_policy` op): `accept` with `choice` (the form's
+ * `decision` field), `decline`, `cancel`, or `hold` (the default: wait for an
+ * `answer_elicitation` op with the same fields, or never answer).
+ */
+export class Elicitor {
+  constructor(events) {
+    this.events = events;
+    this.policy = { action: 'hold' };
+    this.held = [];
+  }
+  async handle(params) {
+    this.events.record('elicitation', { message: params?.message, requestedSchema: params?.requestedSchema });
+    if (this.policy.action === 'hold') return new Promise((resolve) => this.held.push(resolve));
+    return Elicitor.result(this.policy);
+  }
+  static result(p) {
+    return p.action === 'accept' ? { action: 'accept', content: { decision: p.choice } } : { action: p.action };
+  }
+  /** The elicitation ops; null for any other op. */
+  op(cmd) {
+    if (cmd.op === 'elicitation_policy') {
+      this.policy = { action: cmd.action, choice: cmd.choice };
+      return { ok: true };
+    }
+    if (cmd.op === 'answer_elicitation') {
+      const resolve = this.held.shift();
+      if (!resolve) return { ok: false };
+      resolve(Elicitor.result(cmd));
+      return { ok: true };
+    }
+    return null;
+  }
+}
+
 export function runDriver(adapter, events) {
   let connectPromise = null;
   const inflight = new Map(); // AbortController -> command
@@ -154,8 +191,12 @@ export function runDriver(adapter, events) {
           answer(cmd, { ok: found, target: cmd.target });
           break;
         }
-        default:
-          throw new Error(`unknown op ${JSON.stringify(cmd.op)}`);
+        default: {
+          const r = adapter.op ? await adapter.op(cmd) : null;
+          if (r === null || r === undefined) throw new Error(`unknown op ${JSON.stringify(cmd.op)}`);
+          answer(cmd, r);
+          break;
+        }
       }
     } catch (err) {
       fail(cmd, ctl.signal.aborted ? ctl.signal.reason : err);

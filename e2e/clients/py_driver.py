@@ -7,6 +7,12 @@ initialize handshake); `--legacy` selects mode "legacy". Under mcp 1.x it uses `
 `ClientSession.initialize()` (legacy only). Notifications are observed the way an application
 sees them: through the session's `message_handler`; the SDK itself never refetches tools.
 
+`--elicitation` passes an elicitation callback (so the SDK declares the capability) that
+answers `elicitation/create` as the test scripts it: each request is reported as
+`{"event":"elicitation",...}`, then answered by the policy set with the `elicitation_policy`
+op (`accept` with `choice`, `decline`, `cancel`, or `hold`, the default: wait for an
+`answer_elicitation` op, or never answer).
+
 Speaks the line protocol of e2e/README.md ("Driver protocol"), the same as the TypeScript
 drivers: one JSON command per stdin line, one JSON result or event per stdout line.
 """
@@ -105,8 +111,53 @@ class Events:
         return self.pending.pop(name, 0)
 
 
+class Elicitor:
+    """The person at the host, as the test scripts them."""
+
+    def __init__(self, events: Events) -> None:
+        self.events = events
+        self.policy: dict[str, Any] = {"action": "hold"}
+        self.held: list[tuple[anyio.Event, dict[str, Any]]] = []
+
+    @staticmethod
+    def result(p: dict[str, Any]) -> Any:
+        from mcp import types
+
+        if p.get("action") == "accept":
+            return types.ElicitResult(action="accept", content={"decision": p.get("choice")})
+        return types.ElicitResult(action=p.get("action"))
+
+    async def callback(self, context: Any, params: Any) -> Any:
+        self.events.record(
+            "elicitation",
+            message=getattr(params, "message", None),
+            requestedSchema=getattr(params, "requestedSchema", None),
+        )
+        policy = self.policy
+        if policy.get("action") == "hold":
+            done = anyio.Event()
+            slot: dict[str, Any] = {}
+            self.held.append((done, slot))
+            await done.wait()
+            policy = slot
+        return Elicitor.result(policy)
+
+    def op(self, cmd: dict[str, Any]) -> dict[str, Any] | None:
+        if cmd["op"] == "elicitation_policy":
+            self.policy = {"action": cmd.get("action"), "choice": cmd.get("choice")}
+            return {"ok": True}
+        if cmd["op"] == "answer_elicitation":
+            if not self.held:
+                return {"ok": False}
+            done, slot = self.held.pop(0)
+            slot.update(action=cmd.get("action"), choice=cmd.get("choice"))
+            done.set()
+            return {"ok": True}
+        return None
+
+
 class Driver:
-    def __init__(self, command: str, args: list[str], legacy: bool) -> None:
+    def __init__(self, command: str, args: list[str], legacy: bool, elicitation: bool = False) -> None:
         # The server inherits the driver's whole environment (the SDK passes a minimal one).
         self.params = StdioServerParameters(command=command, args=args, env=dict(os.environ))
         self.legacy = legacy
@@ -119,6 +170,11 @@ class Driver:
         self.owner_done = anyio.Event()
         self.owner_scope: anyio.CancelScope | None = None
         self.inflight: dict[anyio.CancelScope, dict[str, Any]] = {}
+        self.elicitor = Elicitor(self.events) if elicitation else None
+        extra: dict[str, Any] = {}
+        if self.elicitor is not None:
+            extra["elicitation_callback"] = self.elicitor.callback
+        self.session_extra = extra
 
     async def message_handler(self, message: Any) -> None:
         if isinstance(message, Exception):
@@ -139,6 +195,7 @@ class Driver:
                             self.params,
                             message_handler=self.message_handler,
                             mode="legacy" if self.legacy else "auto",
+                            **self.session_extra,
                         )
                         self.session = await stack.enter_async_context(client)
                         caps = client.server_capabilities
@@ -151,7 +208,7 @@ class Driver:
                     else:
                         read, write = await stack.enter_async_context(stdio_client(self.params))
                         session = await stack.enter_async_context(
-                            ClientSession(read, write, message_handler=self.message_handler)
+                            ClientSession(read, write, message_handler=self.message_handler, **self.session_extra)
                         )
                         init = await session.initialize()
                         self.session = session
@@ -250,6 +307,8 @@ class Driver:
                                 other_scope.cancel()
                                 found = True
                         reply.update(ok=found, target=cmd.get("target"))
+                    elif self.elicitor is not None and (answer := self.elicitor.op(cmd)) is not None:
+                        reply.update(answer)
                     else:
                         raise ValueError(f"unknown op {op!r}")
                 except Exception as err:  # noqa: BLE001 - an SDK error is an answer, not a crash
@@ -311,15 +370,15 @@ class Driver:
 
 def main(argv: list[str]) -> int:
     if "--" not in argv or argv.index("--") == len(argv) - 1:
-        sys.stderr.write("usage: py_driver.py [--legacy] -- <server command and args...>\n")
+        sys.stderr.write("usage: py_driver.py [--legacy] [--elicitation] -- <server command and args...>\n")
         return 2
     sep = argv.index("--")
     options, server = argv[:sep], argv[sep + 1 :]
-    unknown = [o for o in options if o != "--legacy"]
+    unknown = [o for o in options if o not in ("--legacy", "--elicitation")]
     if unknown:
         sys.stderr.write(f"py_driver.py: unknown option {unknown[0]}\n")
         return 2
-    driver = Driver(server[0], server[1:], legacy="--legacy" in options)
+    driver = Driver(server[0], server[1:], legacy="--legacy" in options, elicitation="--elicitation" in options)
     anyio.run(driver.run)
     return 0
 

@@ -6,18 +6,22 @@
 // refetches tools/list by itself (debounced ~300 ms, only when the server advertised
 // tools.listChanged) and the driver reports `{"event":"tools_refetched","tools":[names]}`.
 // Without it the app-level handler only reports `{"event":"tools_list_changed"}` and the SDK
-// refetches nothing. Line protocol: driver_common.mjs and e2e/README.md.
+// refetches nothing. --elicitation declares `capabilities.elicitation` and answers
+// `elicitation/create` as the test scripts it (Elicitor in driver_common.mjs). Line protocol:
+// driver_common.mjs and e2e/README.md.
 
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
-import { ErrorCode, McpError, ToolListChangedNotificationSchema } from '@modelcontextprotocol/sdk/types.js';
-import { Events, inheritedEnv, parseArgs, runDriver, tapInbound, trackSpawns, wireMessage } from './driver_common.mjs';
+import { ElicitRequestSchema, ErrorCode, McpError, ToolListChangedNotificationSchema } from '@modelcontextprotocol/sdk/types.js';
+import { Elicitor, Events, inheritedEnv, parseArgs, runDriver, tapInbound, trackSpawns, wireMessage } from './driver_common.mjs';
 
-const { flags, command, args } = parseArgs(process.argv.slice(2), ['--list-changed-auto']);
+const { flags, command, args } = parseArgs(process.argv.slice(2), ['--list-changed-auto', '--elicitation']);
 const autoRefresh = flags['--list-changed-auto'] === true;
+const elicit = flags['--elicitation'] === true;
 const events = new Events();
+const elicitor = new Elicitor(events);
 
-const options = { capabilities: {} };
+const options = { capabilities: elicit ? { elicitation: {} } : {} };
 if (autoRefresh) {
   options.listChanged = {
     tools: {
@@ -33,6 +37,7 @@ if (!autoRefresh) {
   // The app's own handler: what a host without listChanged options does.
   client.setNotificationHandler(ToolListChangedNotificationSchema, () => events.record('tools_list_changed'));
 }
+if (elicit) client.setRequestHandler(ElicitRequestSchema, (request) => elicitor.handle(request.params));
 trackSpawns(StdioClientTransport);
 const transport = new StdioClientTransport({ command, args, env: inheritedEnv(), stderr: 'inherit' });
 let protocolVersion; // v1 keeps the negotiated version private: read it off the wire
@@ -64,6 +69,7 @@ runDriver(
       return client.callTool({ name: cmd.name, arguments: cmd.arguments ?? {} }, undefined, opts);
     },
     close: () => client.close(),
+    op: (cmd) => elicitor.op(cmd),
     classify(err) {
       if (err instanceof McpError) {
         if (err.code === ErrorCode.RequestTimeout && /timed out/i.test(err.message)) {

@@ -14,6 +14,8 @@ pub enum CallDecision {
     /// the names of the scopes the tool uses (for the audit record; never values).
     Forward {
         grant_id: Option<GrantId>,
+        /// The kind of that grant (`call` grants are bound to the arguments).
+        grant_kind: Option<super::GrantKind>,
         credential_scopes: Vec<String>,
     },
     Deny(Denial),

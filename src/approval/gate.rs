@@ -196,27 +196,19 @@ impl Gate {
         now: u64,
         id: String,
     ) -> Result<Grant, ApprovalError> {
-        if self.run_ended {
-            return Err(ApprovalError::RunEnded);
-        }
-        let current = match &self.current {
-            Some(c) if c.epoch == req.epoch => c,
-            other => {
-                return Err(ApprovalError::EpochChanged {
-                    requested: req.epoch,
-                    current: other.as_ref().map(|c| c.epoch.clone()),
-                });
-            }
-        };
-        let Some((_, catalog)) = &current.catalog else {
-            return Err(ApprovalError::NotReady);
-        };
-        if req.tools.is_empty() {
-            return Err(ApprovalError::NoTools);
-        }
-        if let Some(tool) = req.tools.iter().find(|t| !catalog.contains_key(*t)) {
-            return Err(ApprovalError::UnknownTool(tool.clone()));
-        }
+        self.approve_via(req, Channel::Terminal, now, id)
+    }
+
+    /// [`Gate::approve`] for a decision that came through `channel`.
+    pub fn approve_via(
+        &mut self,
+        req: ApprovalRequest,
+        channel: Channel,
+        now: u64,
+        id: String,
+    ) -> Result<Grant, ApprovalError> {
+        let tools: Vec<String> = req.tools.iter().cloned().collect();
+        self.check_approvable(&req.epoch, &tools)?;
         if let Some(scope) = req
             .credential_scopes
             .iter()
@@ -254,10 +246,74 @@ impl Gate {
             } else {
                 Expiry::RunEnd
             },
+            kind: GrantKind::Epoch,
+            arguments_digest: None,
+            call_id: None,
+            channel,
         };
         self.requested.retain(|t| !grant.tool_scope.contains(t));
         self.live.push(grant.clone());
         Ok(grant)
+    }
+
+    /// Applies a human decision about one call: a grant of kind `call` that authorizes exactly
+    /// one forward of `req.tool` with arguments of digest `req.arguments_digest`, in `req.epoch`
+    /// (re-checked here), with the credential scopes the tool uses. The same checks as
+    /// [`Gate::approve`] apply (run, epoch, catalog, tool).
+    pub fn approve_call(
+        &mut self,
+        req: CallApprovalRequest,
+        now: u64,
+        id: String,
+    ) -> Result<Grant, ApprovalError> {
+        let scopes = self.policy.scopes_for(&req.tool);
+        // The epoch, catalog and tool checks of a per-epoch approval, without issuing one.
+        self.check_approvable(&req.epoch, std::slice::from_ref(&req.tool))?;
+        if req.arguments_digest.is_empty() {
+            return Err(ApprovalError::NoArgumentsDigest);
+        }
+        let grant = Grant {
+            id: GrantId::from(id),
+            agent_run: self.agent_run.clone(),
+            server_label: self.server_label.clone(),
+            execution_epoch: req.epoch,
+            tool_scope: BTreeSet::from([req.tool.clone()]),
+            credential_scope: scopes,
+            issued_at: now,
+            expires_when: Expiry::FirstUse,
+            kind: GrantKind::Call,
+            arguments_digest: Some(req.arguments_digest),
+            call_id: req.call_id,
+            channel: req.channel,
+        };
+        self.requested.remove(&req.tool);
+        self.live.push(grant.clone());
+        Ok(grant)
+    }
+
+    fn check_approvable(&self, epoch: &EpochId, tools: &[String]) -> Result<(), ApprovalError> {
+        if self.run_ended {
+            return Err(ApprovalError::RunEnded);
+        }
+        let current = match &self.current {
+            Some(c) if &c.epoch == epoch => c,
+            other => {
+                return Err(ApprovalError::EpochChanged {
+                    requested: epoch.clone(),
+                    current: other.as_ref().map(|c| c.epoch.clone()),
+                });
+            }
+        };
+        let Some((_, catalog)) = &current.catalog else {
+            return Err(ApprovalError::NotReady);
+        };
+        if tools.is_empty() {
+            return Err(ApprovalError::NoTools);
+        }
+        if let Some(tool) = tools.iter().find(|t| !catalog.contains_key(*t)) {
+            return Err(ApprovalError::UnknownTool(tool.clone()));
+        }
+        Ok(())
     }
 
     /// Removes grants (live or stale) and returns them, for the `approval_revoked` record.
@@ -291,6 +347,18 @@ impl Gate {
     /// per-call grant consumes it; a cancelled or failed call does not give it back, because the
     /// call may have run.
     pub fn decide_call(&mut self, tool: &str, now: u64) -> CallDecision {
+        self.decide_call_with(tool, None, now)
+    }
+
+    /// [`Gate::decide_call`] for a call whose arguments have digest `arguments_digest` (the
+    /// router always knows it): only then can a `call` grant authorize it. Without a digest,
+    /// `call` grants never apply.
+    pub fn decide_call_with(
+        &mut self,
+        tool: &str,
+        arguments_digest: Option<&str>,
+        now: u64,
+    ) -> CallDecision {
         let scopes = self.policy.scopes_for(tool);
         let gated = self.policy.is_gated(tool);
         let mut denial = Denial {
@@ -309,7 +377,10 @@ impl Gate {
         };
         denial.current_catalog = Some(revision.clone());
         let in_catalog = catalog.contains_key(tool);
-        let live = self.live.iter().position(|g| g.covers(tool, &scopes));
+        let live = self
+            .live
+            .iter()
+            .position(|g| g.covers_call(tool, &scopes, arguments_digest));
         let stale = self
             .stale
             .iter()
@@ -340,16 +411,24 @@ impl Gate {
         if !gated {
             return CallDecision::Forward {
                 grant_id: None,
+                grant_kind: None,
                 credential_scopes: scopes.into_iter().collect(),
             };
         }
-        // Prefer a per-epoch grant so a per-call grant is not spent when another grant suffices.
+        // Prefer a per-epoch grant so a per-call grant is not spent when another grant suffices;
+        // then a grant for exactly this call; then a per-call grant of the tool.
         let chosen = self
             .live
             .iter()
             .position(|g| g.expires_when == Expiry::RunEnd && g.covers(tool, &scopes))
+            .or_else(|| {
+                self.live.iter().position(|g| {
+                    g.kind == GrantKind::Call && g.covers_call(tool, &scopes, arguments_digest)
+                })
+            })
             .or(live);
         if let Some(index) = chosen {
+            let kind = self.live[index].kind;
             let grant_id = if self.live[index].expires_when == Expiry::FirstUse {
                 self.live.remove(index).id
             } else {
@@ -357,6 +436,7 @@ impl Gate {
             };
             return CallDecision::Forward {
                 grant_id: Some(grant_id),
+                grant_kind: Some(kind),
                 credential_scopes: scopes.into_iter().collect(),
             };
         }
@@ -414,6 +494,15 @@ impl Gate {
             .flat_map(|t| self.policy.scopes_for(t))
             .collect();
         (tools, scopes)
+    }
+
+    /// Whether a live grant would authorize a call of `tool` with these arguments now (nothing
+    /// is consumed; the call itself is still judged by [`Gate::decide_call_with`]).
+    pub fn has_grant_for(&self, tool: &str, arguments_digest: Option<&str>) -> bool {
+        let scopes = self.policy.scopes_for(tool);
+        self.live
+            .iter()
+            .any(|g| g.covers_call(tool, &scopes, arguments_digest))
     }
 
     /// The last [`RECENT_DENIALS`] denials, oldest first.

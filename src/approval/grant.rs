@@ -15,6 +15,47 @@ pub enum Expiry {
     FirstUse,
 }
 
+/// What a grant covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum GrantKind {
+    /// Every call of the tools in `tool_scope` during the epoch (or the first one, when
+    /// `expires_when` is `firstUse`: the per-call policy mode), whatever the arguments.
+    #[default]
+    Epoch,
+    /// Exactly one call: the one tool in `tool_scope`, with arguments whose digest is
+    /// `arguments_digest`, in this epoch, used once.
+    Call,
+}
+
+impl GrantKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GrantKind::Epoch => "epoch",
+            GrantKind::Call => "call",
+        }
+    }
+}
+
+/// Who approved: the channel a human decision came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Channel {
+    /// `cargo mcp-dev approve` over the owner-only control socket.
+    Terminal,
+    /// An elicitation answered in the host (a person, or whatever answers for the host).
+    Host,
+}
+
+impl Channel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Channel::Terminal => "terminal",
+            Channel::Host => "host",
+        }
+    }
+}
+
 /// A human decision: these tools, with these credential scopes, for this agent run and epoch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -28,13 +69,61 @@ pub struct Grant {
     /// Milliseconds since the Unix epoch, as passed to [`Gate::approve`].
     pub issued_at: u64,
     pub expires_when: Expiry,
+    #[serde(default)]
+    pub kind: GrantKind,
+    /// For a `call` grant: the digest of the approved call's arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments_digest: Option<String>,
+    /// For a `call` grant: the host's id of the denied call the human approved (audit only:
+    /// the retried call carries a new id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
+    #[serde(default = "default_channel")]
+    pub channel: Channel,
+}
+
+fn default_channel() -> Channel {
+    Channel::Terminal
 }
 
 impl Grant {
-    /// Whether this grant names `tool` and every scope in `scopes`.
+    /// Whether this grant names `tool` and every scope in `scopes`, whatever the arguments.
+    /// A `call` grant never covers a tool in general: see [`Grant::covers_call`].
     pub(super) fn covers(&self, tool: &str, scopes: &BTreeSet<String>) -> bool {
-        self.tool_scope.contains(tool) && scopes.is_subset(&self.credential_scope)
+        self.kind == GrantKind::Epoch
+            && self.tool_scope.contains(tool)
+            && scopes.is_subset(&self.credential_scope)
     }
+
+    /// Whether this grant authorizes this one call: an `epoch` grant that covers the tool, or
+    /// a `call` grant for the same tool and the same argument digest.
+    pub(super) fn covers_call(
+        &self,
+        tool: &str,
+        scopes: &BTreeSet<String>,
+        arguments_digest: Option<&str>,
+    ) -> bool {
+        match self.kind {
+            GrantKind::Epoch => self.covers(tool, scopes),
+            GrantKind::Call => {
+                self.tool_scope.contains(tool)
+                    && scopes.is_subset(&self.credential_scope)
+                    && arguments_digest.is_some()
+                    && self.arguments_digest.as_deref() == arguments_digest
+            }
+        }
+    }
+}
+
+/// What the human approves for one call: `tool` with arguments whose digest is
+/// `arguments_digest`, in `epoch` (re-checked), once. `call_id` names the denied call shown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallApprovalRequest {
+    pub epoch: EpochId,
+    pub tool: String,
+    pub arguments_digest: String,
+    pub call_id: Option<String>,
+    pub channel: Channel,
 }
 
 /// What the human approves. `epoch` is the epoch the human was shown: if the server has moved
@@ -62,6 +151,8 @@ pub enum ApprovalError {
     NotReady,
     #[error("no tools to approve")]
     NoTools,
+    #[error("the call to approve has no argument digest")]
+    NoArgumentsDigest,
     #[error("tool `{0}` is not in the current catalog")]
     UnknownTool(String),
     #[error("credential scope `{0}` is not defined in the policy")]

@@ -185,6 +185,7 @@ fn walk_through_the_design_state_machine() {
         g.decide_call("read_item", 4),
         CallDecision::Forward {
             grant_id: None,
+            grant_kind: None,
             credential_scopes: vec![]
         },
         "exempt tools need no grant"
@@ -201,6 +202,7 @@ fn walk_through_the_design_state_machine() {
             g.decide_call("write_item", 6),
             CallDecision::Forward {
                 grant_id: Some("gA".into()),
+                grant_kind: Some(GrantKind::Epoch),
                 credential_scopes: vec![API.into()]
             }
         );
@@ -461,6 +463,7 @@ fn gating_off_and_only() {
         g.decide_call("write_item", 0),
         CallDecision::Forward {
             grant_id: None,
+            grant_kind: None,
             credential_scopes: vec![API.into()]
         }
     );
@@ -606,8 +609,173 @@ fn grant_serializes_with_design_names() {
         value,
         json!({"id": "01JGRANT", "agentRun": "run-1", "serverLabel": "inventory", "executionEpoch": A,
                "toolScope": ["delete_item"], "credentialScope": [API], "issuedAt": 1_700_000_000_000u64,
-               "expiresWhen": "firstUse"})
+               "expiresWhen": "firstUse", "kind": "epoch", "channel": "terminal"})
     );
+    assert_eq!(serde_json::from_value::<Grant>(value).unwrap(), grant);
+}
+
+fn call_req(epoch: &str, tool: &str, digest: &str) -> CallApprovalRequest {
+    CallApprovalRequest {
+        epoch: epoch.into(),
+        tool: tool.into(),
+        arguments_digest: digest.into(),
+        call_id: Some("7".into()),
+        channel: Channel::Terminal,
+    }
+}
+
+fn verdict(g: &mut Gate, tool: &str, digest: &str) -> String {
+    match g.decide_call_with(tool, Some(digest), 0) {
+        CallDecision::Deny(d) => d.reason.as_str().to_string(),
+        CallDecision::Forward {
+            grant_id,
+            grant_kind,
+            ..
+        } => format!(
+            "forward {} {}",
+            grant_id.map(|g| g.to_string()).unwrap_or_default(),
+            grant_kind.map(|k| k.as_str()).unwrap_or("-")
+        ),
+    }
+}
+
+#[test]
+fn call_grant_covers_exactly_one_call_with_the_same_arguments() {
+    let mut g = ready_gate(A);
+    assert_eq!(
+        verdict(&mut g, "write_item", "sha256:x"),
+        "authorization_required"
+    );
+    assert_eq!(g.pending_requests().0, set(&["write_item"]));
+    let grant = g
+        .approve_call(call_req(A, "write_item", "sha256:x"), 1, "c1".into())
+        .expect("approved");
+    assert_eq!(grant.kind, GrantKind::Call);
+    assert_eq!(grant.expires_when, Expiry::FirstUse);
+    assert_eq!(grant.tool_scope, set(&["write_item"]));
+    assert_eq!(grant.credential_scope, set(&[API]), "the tool's scopes");
+    assert_eq!(grant.arguments_digest.as_deref(), Some("sha256:x"));
+    assert_eq!(grant.call_id.as_deref(), Some("7"));
+    assert!(
+        g.pending_requests().0.is_empty(),
+        "the request was answered"
+    );
+
+    // Other arguments: not covered, and the grant is not spent.
+    assert_eq!(
+        verdict(&mut g, "write_item", "sha256:y"),
+        "authorization_required"
+    );
+    // Without a digest (a caller that cannot bind): never covered.
+    assert_eq!(reason(&mut g, "write_item"), "authorization_required");
+    // Another tool, same digest: not covered.
+    assert_eq!(
+        verdict(&mut g, "delete_item", "sha256:x"),
+        "authorization_required"
+    );
+    assert_eq!(g.grants().len(), 1);
+    // The call itself: forwarded once, then spent.
+    assert_eq!(verdict(&mut g, "write_item", "sha256:x"), "forward c1 call");
+    assert!(g.grants().is_empty());
+    assert_eq!(
+        verdict(&mut g, "write_item", "sha256:x"),
+        "authorization_required",
+        "second use"
+    );
+}
+
+#[test]
+fn call_grant_dies_with_its_epoch_and_is_checked_against_it() {
+    let mut g = ready_gate(A);
+    g.approve_call(call_req(A, "write_item", "sha256:x"), 1, "c1".into())
+        .unwrap();
+    // A rebuild: the grant is stale, the same call under B is refused.
+    g.epoch_started(B);
+    assert!(g.catalog_fetched(
+        B,
+        rev(2, "c1"),
+        cat("c1", &["read_item", "write_item", "delete_item"])
+    ));
+    assert_eq!(
+        verdict(&mut g, "write_item", "sha256:x"),
+        "authorization_stale"
+    );
+    // A decision for the call shown under A is void under B.
+    assert_eq!(
+        g.approve_call(call_req(A, "write_item", "sha256:x"), 2, "c2".into()),
+        Err(ApprovalError::EpochChanged {
+            requested: A.into(),
+            current: Some(B.into())
+        })
+    );
+    assert_eq!(
+        g.approve_call(call_req(B, "nope", "sha256:x"), 2, "c3".into()),
+        Err(ApprovalError::UnknownTool("nope".into()))
+    );
+    assert_eq!(
+        g.approve_call(call_req(B, "write_item", ""), 2, "c4".into()),
+        Err(ApprovalError::NoArgumentsDigest)
+    );
+    assert!(g.grants().is_empty());
+    // During a restart (identity pending) nothing can be approved.
+    g.epoch_started("C");
+    assert_eq!(
+        g.approve_call(call_req("C", "write_item", "sha256:x"), 3, "c5".into()),
+        Err(ApprovalError::NotReady)
+    );
+    g.end_run();
+    assert_eq!(
+        g.approve_call(call_req("C", "write_item", "sha256:x"), 3, "c6".into()),
+        Err(ApprovalError::RunEnded)
+    );
+}
+
+#[test]
+fn call_grant_is_not_a_tool_grant_and_a_tool_grant_is_used_first() {
+    let mut g = ready_gate(A);
+    g.approve_call(call_req(A, "write_item", "sha256:x"), 1, "c1".into())
+        .unwrap();
+    // A call grant does not make the tool approved for status or approve's defaults.
+    assert_eq!(
+        verdict(&mut g, "write_item", "sha256:z"),
+        "authorization_required"
+    );
+    assert_eq!(g.pending_requests().0, set(&["write_item"]));
+    // With a per-epoch grant too, the per-epoch one is used and the call grant kept.
+    g.approve(req(A, &["write_item"], &[API]), 2, "e1".into())
+        .unwrap();
+    assert_eq!(
+        verdict(&mut g, "write_item", "sha256:x"),
+        "forward e1 epoch"
+    );
+    assert_eq!(g.grants().len(), 2);
+    // A per-call-mode tool: its call grant is used before a generic first-use grant.
+    g.approve_call(call_req(A, "delete_item", "sha256:d"), 3, "c2".into())
+        .unwrap();
+    g.approve(req(A, &["delete_item"], &[API]), 4, "p1".into())
+        .unwrap();
+    assert_eq!(
+        verdict(&mut g, "delete_item", "sha256:d"),
+        "forward c2 call"
+    );
+    assert_eq!(
+        verdict(&mut g, "delete_item", "sha256:d"),
+        "forward p1 epoch"
+    );
+    assert_eq!(
+        verdict(&mut g, "delete_item", "sha256:d"),
+        "authorization_required"
+    );
+    // Revoking removes a call grant like any other.
+    assert_eq!(g.revoke(RevokeTarget::Id("c1".into())).len(), 1);
+    let grant = g
+        .approve_call(call_req(A, "write_item", "sha256:x"), 5, "c3".into())
+        .unwrap();
+    let value = serde_json::to_value(&grant).unwrap();
+    assert_eq!(value["kind"], "call");
+    assert_eq!(value["argumentsDigest"], "sha256:x");
+    assert_eq!(value["callId"], "7");
+    assert_eq!(value["channel"], "terminal");
     assert_eq!(serde_json::from_value::<Grant>(value).unwrap(), grant);
 }
 
@@ -967,7 +1135,7 @@ mod model {
                         let expected = m.expected_call(&tool);
                         let stale_epochs = m.stale_epochs(&tool);
                         match gate.decide_call(&tool, now) {
-                            CallDecision::Forward { grant_id, credential_scopes } => {
+                            CallDecision::Forward { grant_id, credential_scopes, .. } => {
                                 prop_assert_eq!(expected, Ok(()), "forwarded {}", tool);
                                 // Invariants, stated directly.
                                 let (_, current) = m.catalog.as_ref().expect("catalog known");

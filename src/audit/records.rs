@@ -84,6 +84,9 @@ pub struct ToolCalled {
     /// The grant that authorized it; `None` for an ungated tool.
     #[serde(default)]
     pub grant: Option<String>,
+    /// That grant's kind: `epoch` or `call` (bound to `arguments_digest`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant_kind: Option<String>,
     /// Names of the credential scopes the tool uses (never values).
     #[serde(default)]
     pub credential_scopes: Vec<String>,
@@ -119,6 +122,17 @@ pub struct AuthorizationDenied {
     pub approved_epoch: Option<String>,
     #[serde(default)]
     pub current_epoch: Option<String>,
+    /// Digest of the call's arguments as sent (never the arguments): what `approve --call`
+    /// binds a `call` grant to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments_digest: Option<String>,
+    /// The approval channel involved: `terminal` (the denial points to `cargo mcp-dev approve`)
+    /// or `host` (the host's prompt was declined, cancelled or timed out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
+    /// For a host-channel denial: `declined`, `cancelled`, `timed out`, `epoch changed`, ….
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
 }
 
 /// `call_failed_epoch_transition`: a call in flight when its server was replaced or exited.

@@ -14,6 +14,9 @@ use crate::error::{CmdResult, Failure};
 use crate::{exit_codes, output, status};
 
 pub fn execute(args: ApproveArgs) -> CmdResult {
+    if args.follow {
+        return super::approve_follow::execute(&args);
+    }
     if args.list {
         let st = control_client::call(&args.control, &json!({"op": "status"}))?;
         let grants = st.get("grants").cloned().unwrap_or(json!([]));
@@ -48,6 +51,9 @@ pub fn execute(args: ApproveArgs) -> CmdResult {
         return Ok(exit_codes::OK);
     }
 
+    if let Some(call_id) = &args.call {
+        return approve_call(&args, call_id);
+    }
     if args.yes && args.tools.is_empty() && !args.all_requested {
         return Err(Failure::new(
             exit_codes::USAGE,
@@ -166,13 +172,89 @@ pub fn execute(args: ApproveArgs) -> CmdResult {
     Ok(exit_codes::OK)
 }
 
+/// `approve --call ID`: shows the denied call (tool, arguments, digest, epoch and what changed)
+/// and grants exactly that call. `--yes` is allowed: the human named the call.
+fn approve_call(args: &ApproveArgs, call_id: &str) -> CmdResult {
+    let st = control_client::call(&args.control, &json!({"op": "status"}))?;
+    let epoch = st
+        .pointer("/server/epoch")
+        .and_then(|e| e.as_str())
+        .ok_or_else(|| {
+            Failure::error("no server is running in this session (it may be building or crashed)")
+        })?
+        .to_string();
+    let call = control_client::call(
+        &args.control,
+        &json!({"op": "deniedCall", "callId": call_id}),
+    )?;
+    let tool = call["tool"].as_str().unwrap_or("").to_string();
+    let digest = call["argumentsDigest"].as_str().unwrap_or("").to_string();
+    let tools: BTreeSet<String> = [tool.clone()].into();
+    let scopes: BTreeSet<String> = strings(&st["toolPolicy"][&tool]["credentialScopes"])
+        .into_iter()
+        .collect();
+    let mut text = review(&st, &epoch, &tools, &scopes);
+    text.push_str(&call_review(&call));
+    status::raw(&text);
+    if !args.yes {
+        if !std::io::stdin().is_terminal() {
+            return Err(Failure::new(
+                exit_codes::USAGE,
+                "stdin is not a terminal: pass --yes to approve without asking",
+            ));
+        }
+        eprint_flush("Approve this one call? [y/N] ");
+        let mut answer = String::new();
+        std::io::stdin().lock().read_line(&mut answer)?;
+        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+            status::line("approval cancelled: nothing was granted");
+            return Ok(exit_codes::ERROR);
+        }
+    }
+    let r = control_client::call(
+        &args.control,
+        &json!({"op": "approveCall", "epoch": epoch, "callId": call_id, "argumentsDigest": digest}),
+    )?;
+    let g = &r["grant"];
+    if args.json {
+        output::stdout_line(&json!({"grants": [g]}).to_string())?;
+    }
+    status::line(&format!(
+        "approved: one call of {} with arguments {} for epoch {} (grant {}); the agent may call it again with the same arguments",
+        crate::sanitize::review(&tool),
+        crate::sanitize::review(&digest),
+        g["executionEpoch"].as_str().unwrap_or("?"),
+        g["id"].as_str().unwrap_or("?"),
+    ));
+    Ok(exit_codes::OK)
+}
+
+/// The call part of the `approve --call` screen. Every field came from the agent (arguments,
+/// call id) or the server (tool): all through [`crate::sanitize::review`].
+pub(super) fn call_review(call: &Value) -> String {
+    use crate::sanitize::review as r;
+    let mut out = format!(
+        "  call      {} ({}, denied: {})
+  arguments {}
+",
+        r(call["callId"].as_str().unwrap_or("?")),
+        r(call["argumentsDigest"].as_str().unwrap_or("?")),
+        r(call["reason"].as_str().unwrap_or("?")),
+        r(call["arguments"].as_str().unwrap_or("null")),
+    );
+    if call["argumentsTruncated"] == true {
+        out.push_str("            (arguments cut for display; the grant binds the whole text by its digest)\n");
+    }
+    out
+}
+
 fn eprint_flush(text: &str) {
     let mut e = std::io::stderr();
     let _ = e.write_all(text.as_bytes());
     let _ = e.flush();
 }
 
-fn strings(v: &Value) -> Vec<String> {
+pub(super) fn strings(v: &Value) -> Vec<String> {
     v.as_array()
         .map(|a| {
             a.iter()
@@ -186,7 +268,12 @@ fn strings(v: &Value) -> Vec<String> {
 /// (tool names, descriptions, hints, catalog lines, scope and env names, even the label) goes
 /// through [`crate::sanitize::review`]: no escape sequence reaches the terminal and invisible or
 /// bidi characters are shown as `<U+XXXX>` (issue 12, terminal escape injection).
-fn review(st: &Value, epoch: &str, tools: &BTreeSet<String>, scopes: &BTreeSet<String>) -> String {
+pub(super) fn review(
+    st: &Value,
+    epoch: &str,
+    tools: &BTreeSet<String>,
+    scopes: &BTreeSet<String>,
+) -> String {
     use crate::sanitize::review as r;
     let mut out = String::new();
     out.push_str(&format!(
@@ -294,5 +381,21 @@ mod tests {
         assert!(text.contains("wri<U+202E>te"), "{text}");
         assert!(text.contains("safe\\x1b[8mhidden\\x1b]0;t\\x07"), "{text}");
         assert!(text.contains("description \\x1b[2K changed"), "{text}");
+    }
+
+    /// The arguments of a call to approve come from the agent: no escape sequence, newline or
+    /// invisible character reaches the terminal.
+    #[test]
+    fn call_review_neutralises_agent_text() {
+        let call = json!({"callId": "7\u{1b}[2J", "argumentsDigest": "sha256:ab", "reason": "authorization_required",
+            "arguments": "{\"path\":\"/etc\u{202e}dwssap\",\n\"x\":\"\u{1b}]0;owned\u{7}\"}", "argumentsTruncated": true});
+        let text = call_review(&call);
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}') && !text.contains('\u{202e}'),
+            "{text}"
+        );
+        assert_eq!(text.lines().count(), 3, "one line of arguments: {text}");
+        assert!(text.contains("/etc<U+202E>dwssap"), "{text}");
+        assert!(text.contains("cut for display"), "{text}");
     }
 }

@@ -2,6 +2,7 @@
 //! or spawns servers itself.
 
 pub mod approve;
+mod approve_follow;
 pub mod audit;
 pub mod background_build;
 pub mod build;

@@ -763,6 +763,13 @@ pub fn execute(args: RunArgs) -> CmdResult {
         &c.handshake_wait,
         crate::session::DEFAULT_HANDSHAKE_WAIT,
     )?;
+    let approval_timeout = duration_setting(
+        args.approval_timeout,
+        "approval-timeout",
+        &c.approval_timeout,
+        crate::session::DEFAULT_APPROVAL_TIMEOUT,
+    )?;
+    let approval_channels = c.approval_channel_set(&args.approval_channels);
     let fallback = match (args.fallback, c.fallback.as_deref()) {
         (Some(FallbackMode::LastGood), _) | (None, Some("last-good")) => Fallback::LastGood,
         (Some(FallbackMode::None), _) | (None, None | Some("none")) => Fallback::None,
@@ -804,6 +811,9 @@ pub fn execute(args: RunArgs) -> CmdResult {
         supervisor_pid: std::process::id(),
         audit_path: audit_path.display().to_string(),
         socket_path: socket.as_ref().map(|p| p.display().to_string()),
+        approval_channels,
+        approval_timeout,
+        max_open_prompts: crate::session::DEFAULT_MAX_OPEN_PROMPTS,
     };
     let stops = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let shell = Shell {

@@ -86,8 +86,43 @@ pub fn render(v: &Value) -> String {
     {
         out.push_str(&format!(
             "denied       {} {}\n",
-            s(&d, "/tool"),
+            crate::sanitize::review(s(&d, "/tool")),
             s(&d, "/reason")
+        ));
+    }
+    let channels: Vec<&str> = v
+        .get("approvalChannels")
+        .and_then(|c| c.as_array())
+        .map(|a| a.iter().filter_map(|c| c.as_str()).collect())
+        .unwrap_or_default();
+    if !channels.is_empty() {
+        out.push_str(&format!("approvals    via {}\n", channels.join(", ")));
+    }
+    for p in v
+        .get("openPrompts")
+        .and_then(|p| p.as_array())
+        .cloned()
+        .unwrap_or_default()
+    {
+        out.push_str(&format!(
+            "asking host  call {} {} (waiting for the answer in the host)\n",
+            crate::sanitize::review(s(&p, "/callId")),
+            crate::sanitize::review(s(&p, "/tool")),
+        ));
+    }
+    // Tool names and call ids come from the agent: sanitized for the terminal.
+    for d in v
+        .get("deniedCalls")
+        .and_then(|d| d.as_array())
+        .cloned()
+        .unwrap_or_default()
+    {
+        out.push_str(&format!(
+            "waiting call {} {} (arguments {}): `cargo mcp-dev approve --call {}` approves this call only\n",
+            crate::sanitize::review(s(&d, "/callId")),
+            crate::sanitize::review(s(&d, "/tool")),
+            s(&d, "/argumentsDigest"),
+            crate::sanitize::review(s(&d, "/callId")),
         ));
     }
     out.push_str(&format!("audit log    {}\n", s(v, "/auditLog")));

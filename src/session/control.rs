@@ -8,7 +8,7 @@
 use serde_json::{Value, json};
 
 use super::*;
-use crate::approval::{ApprovalRequest, RevokeTarget};
+use crate::approval::{ApprovalRequest, CallApprovalRequest, Channel, RevokeTarget};
 use crate::epoch::EpochId;
 
 /// A request on the control socket, as the session understands it. The wire is one JSON
@@ -33,6 +33,21 @@ pub enum ControlRequest {
         #[serde(default)]
         grant: Option<String>,
     },
+    /// One call refused for lack of a grant, with its arguments (for the human's review).
+    #[serde(rename_all = "camelCase")]
+    DeniedCall {
+        /// The host's id of the call, as JSON text (`7`, `"abc"`).
+        call_id: String,
+    },
+    /// Approve exactly one denied call: its tool, its argument digest, this epoch, once.
+    #[serde(rename_all = "camelCase")]
+    ApproveCall {
+        /// The epoch the human reviewed (re-checked against the current one).
+        epoch: EpochId,
+        call_id: String,
+        /// The digest the human was shown (must still be that call's).
+        arguments_digest: String,
+    },
 }
 
 impl ControlRequest {
@@ -40,7 +55,7 @@ impl ControlRequest {
         serde_json::from_value(request.clone()).map_err(|e| {
             let op = request.get("op").and_then(Value::as_str).unwrap_or("");
             match op {
-                "status" | "restart" | "approve" | "revoke" => {
+                "status" | "restart" | "approve" | "revoke" | "deniedCall" | "approveCall" => {
                     format!("control request `{op}` is malformed: {e}")
                 }
                 "" => "control request without `op`".to_string(),
@@ -80,6 +95,15 @@ impl<I: Io> Session<I> {
                 tools,
                 credential_scopes,
             }),
+            Ok(ControlRequest::DeniedCall { call_id }) => self
+                .denied_call(&call_id)
+                .map(|d| denied_call_json(d, true))
+                .ok_or_else(|| no_such_call(&call_id)),
+            Ok(ControlRequest::ApproveCall {
+                epoch,
+                call_id,
+                arguments_digest,
+            }) => self.control_approve_call(epoch, &call_id, &arguments_digest),
             Ok(ControlRequest::Revoke { grant }) => {
                 let target = match grant.as_deref() {
                     Some("all") | None => RevokeTarget::All,
@@ -103,11 +127,63 @@ impl<I: Io> Session<I> {
         }
     }
 
-    fn control_approve(&mut self, req: ApprovalRequest) -> Result<Value, String> {
-        let epoch = req.epoch.clone();
+    /// The newest kept denial of the call with this id.
+    /// `call_id` is the id's JSON text (`7`, `"abc"`); a string id may also be given bare.
+    pub(super) fn denied_call(&self, call_id: &str) -> Option<&DeniedCallRecord> {
+        let quoted = serde_json::to_string(call_id).unwrap_or_default();
+        self.denied_calls
+            .iter()
+            .rev()
+            .find(|d| d.call_id == call_id || d.call_id == quoted)
+    }
+
+    /// The control socket grants only when the terminal channel is on in this run.
+    fn terminal_channel(&self) -> Result<(), String> {
+        if self.approval_channels().contains(&Channel::Terminal) {
+            Ok(())
+        } else {
+            Err("the terminal approval channel is off in this run (approval-channels = [\"host\"]): approve in the host".into())
+        }
+    }
+
+    fn control_approve_call(
+        &mut self,
+        epoch: EpochId,
+        call_id: &str,
+        arguments_digest: &str,
+    ) -> Result<Value, String> {
+        self.terminal_channel()?;
+        let denied = self
+            .denied_call(call_id)
+            .cloned()
+            .ok_or_else(|| no_such_call(call_id))?;
+        if denied.arguments_digest != arguments_digest {
+            return Err(format!(
+                "call {} now has other arguments than the ones reviewed; review it again",
+                sanitize_id(call_id)
+            ));
+        }
+        let req = CallApprovalRequest {
+            epoch,
+            tool: denied.tool.clone(),
+            arguments_digest: denied.arguments_digest.clone(),
+            call_id: Some(denied.call_id.clone()),
+            channel: Channel::Terminal,
+        };
         let (now, id) = (self.io.wall_ms(), self.io.mint_id());
-        let grant = self.gate.approve(req, now, id).map_err(|e| e.to_string())?;
-        let g = serde_json::to_value(&grant).expect("grant serializes");
+        let grant = self
+            .gate
+            .approve_call(req, now, id)
+            .map_err(|e| e.to_string())?;
+        self.denied_calls.retain(|d| d.call_id != denied.call_id);
+        self.record_grant(&grant, "control socket");
+        self.release_covered_prompts();
+        Ok(json!({"grant": grant}))
+    }
+
+    /// The `approval_granted` record, the baseline for the next review, the status line.
+    pub(super) fn record_grant(&mut self, grant: &crate::approval::Grant, via: &str) {
+        let g = serde_json::to_value(grant).expect("grant serializes");
         if let Some(c) = &self.child {
             self.approved_baseline = Some((
                 c.epoch.to_string(),
@@ -115,25 +191,54 @@ impl<I: Io> Session<I> {
                 self.catalog.catalog().cloned(),
             ));
         }
+        let epoch = grant.execution_epoch.to_string();
         self.audit_record(
             audit::APPROVAL_GRANTED,
             Some(&epoch),
-            json!({"grant": g, "via": "control socket"}),
+            json!({"grant": g, "via": via, "channel": grant.channel.as_str(),
+                   "kind": grant.kind.as_str(), "argumentsDigest": grant.arguments_digest}),
         );
+        let what = match grant.kind {
+            crate::approval::GrantKind::Call => format!(
+                "one call of {} (arguments {})",
+                crate::sanitize::review(
+                    &grant
+                        .tool_scope
+                        .iter()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                grant.arguments_digest.as_deref().unwrap_or("?")
+            ),
+            crate::approval::GrantKind::Epoch => crate::sanitize::review(
+                &grant
+                    .tool_scope
+                    .iter()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            )
+            .into_owned(),
+        };
         self.io.status(&format!(
-            "approved: {} for epoch {} (grant {}, expires {})",
-            grant
-                .tool_scope
-                .iter()
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", "),
+            "approved: {} for epoch {} (grant {}, expires {}, via {})",
+            what,
             epoch,
             grant.id,
-            g["expiresWhen"].as_str().unwrap_or("?")
+            g["expiresWhen"].as_str().unwrap_or("?"),
+            grant.channel.as_str(),
         ));
         self.publish();
-        Ok(json!({"grant": g}))
+    }
+
+    fn control_approve(&mut self, req: ApprovalRequest) -> Result<Value, String> {
+        self.terminal_channel()?;
+        let (now, id) = (self.io.wall_ms(), self.io.mint_id());
+        let grant = self.gate.approve(req, now, id).map_err(|e| e.to_string())?;
+        self.record_grant(&grant, "control socket");
+        self.release_covered_prompts();
+        Ok(json!({"grant": grant}))
     }
 
     /// What changed between the last approved epoch and now (for `approve`'s review).
@@ -161,4 +266,32 @@ impl<I: Io> Session<I> {
             self.lifecycle = Lifecycle::Serving;
         }
     }
+}
+
+/// A kept denied call for the control socket: `with_arguments` adds the arguments text (only
+/// `deniedCall` answers carry it; the status document has names and digests only).
+pub(super) fn denied_call_json(d: &DeniedCallRecord, with_arguments: bool) -> Value {
+    let mut v = json!({"callId": d.call_id, "tool": d.tool, "argumentsDigest": d.arguments_digest,
+                       "epoch": d.epoch, "reason": d.reason});
+    if with_arguments {
+        v["arguments"] = json!(d.arguments_preview);
+        v["argumentsTruncated"] = json!(d.arguments_truncated);
+    }
+    v
+}
+
+fn sanitize_id(call_id: &str) -> String {
+    call_id
+        .chars()
+        .take(64)
+        .collect::<String>()
+        .escape_debug()
+        .to_string()
+}
+
+fn no_such_call(call_id: &str) -> String {
+    format!(
+        "no denied call with id {} is waiting for approval (see `cargo mcp-dev status`)",
+        sanitize_id(call_id)
+    )
 }

@@ -197,6 +197,8 @@ impl<I: Io> Session<I> {
         });
         // A listen stream the host ends is gone, whoever served it.
         self.listens.retain(|l| l.host_id.get() != req_text);
+        // A call waiting for an approval prompt: the prompt is closed, nothing is granted.
+        self.drop_prompt_of_call(&req_text);
         if let Some((id, epoch)) = found {
             let mut params = params.clone();
             params["requestId"] = json!(id);
@@ -219,6 +221,13 @@ impl<I: Io> Session<I> {
     }
 
     fn on_host_response(&mut self, mut msg: Message) {
+        // String ids: approval prompts (the relayed server requests have numeric ids).
+        if let Some(text) = msg.id().map(|i| i.get().to_string())
+            && text.starts_with('"')
+            && self.on_prompt_answer(&text, &msg)
+        {
+            return;
+        }
         let Some(id) = msg.id().and_then(envelope::parse_numeric_id) else {
             self.io
                 .status("host answered a request nobody sent; dropped");

@@ -403,6 +403,7 @@ impl<I: Io> Session<I> {
         self.io.status(&format!("connection closed: {why}"));
         self.lifecycle = Lifecycle::Stopping;
         self.fail_held();
+        self.fail_prompts("the supervisor is shutting down");
         self.io.close_host();
         self.shutdown_with(why, crate::exit_codes::CONNECTION_CLOSED);
     }
@@ -423,6 +424,7 @@ impl<I: Io> Session<I> {
         }
         self.lifecycle = Lifecycle::Stopping;
         self.fail_held();
+        self.fail_prompts("the supervisor is shutting down");
         if let Some(c) = self.child.take() {
             let e = c.epoch.clone();
             self.answer_in_flight(&e, None, "exited", Some("supervisor shutting down"));

@@ -21,8 +21,11 @@
 //! - `catalog_fetch`: fetching and publishing catalogs, what each host connection was shown;
 //! - `router`: `tools/call` gating and forwarding; `inflight`: answers for requests whose
 //!   server went away;
-//! - `control`: `approve`/`status`/`restart`/`revoke`; `snapshot`: the status document.
+//! - `control`: `approve`/`status`/`restart`/`revoke`; `snapshot`: the status document;
+//! - `approvals`: the approval channels, and prompts in the host (`elicitation/create`) while
+//!   a gated call waits.
 
+mod approvals;
 mod catalog_fetch;
 mod child;
 pub mod control;
@@ -38,6 +41,8 @@ pub mod state;
 pub mod testing;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_approvals;
 #[cfg(test)]
 mod tests_listen;
 
@@ -78,6 +83,8 @@ pub enum Timer {
     Restart,
     /// The warm-start wait for the server's own `initialize`/`server/discover` answer is over.
     HandshakeWait,
+    /// Some approval prompt in the host reached its deadline.
+    ApprovalDeadline,
 }
 
 /// How a build ended, as the session needs it (the shell renders the status line).
@@ -249,6 +256,13 @@ pub struct SessionConfig {
     pub supervisor_pid: u32,
     pub audit_path: String,
     pub socket_path: Option<String>,
+    /// The configured approval channels (`None`: both when the host declared elicitation,
+    /// else terminal). See [`Session::approval_channels`].
+    pub approval_channels: Option<std::collections::BTreeSet<approval::Channel>>,
+    /// How long a gated call waits for the host's answer to its approval prompt.
+    pub approval_timeout: Duration,
+    /// How many approval prompts may be open in the host at once.
+    pub max_open_prompts: usize,
 }
 
 impl SessionConfig {
@@ -270,6 +284,9 @@ impl SessionConfig {
             supervisor_pid: 0,
             audit_path: String::new(),
             socket_path: None,
+            approval_channels: None,
+            approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
+            max_open_prompts: DEFAULT_MAX_OPEN_PROMPTS,
         }
     }
 }
@@ -278,6 +295,10 @@ impl SessionConfig {
 pub const DEFAULT_FIRST_START_BUDGET: Duration = Duration::from_secs(25);
 /// Default warm-start wait for the server's own handshake answer.
 pub const DEFAULT_HANDSHAKE_WAIT: Duration = Duration::from_secs(5);
+/// Default wait for an answer in the host: well under the MCP SDKs' 60 s request timeout.
+pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(45);
+/// Default bound on approval prompts open in the host at once (more calls are refused).
+pub const DEFAULT_MAX_OPEN_PROMPTS: usize = 4;
 /// Default time a call waits for the next server during a restart.
 pub const DEFAULT_RESTART_HOLD: Duration = Duration::from_secs(5);
 
@@ -315,6 +336,11 @@ pub struct Session<I: Io> {
     /// The epoch, identity and catalog of the last approval (what `approve` diffs against).
     approved_baseline: Option<(String, IdentityRecord, Option<crate::catalog::Catalog>)>,
     recorded: RecordedFacts,
+    /// Calls refused for lack of a grant, newest last (bounded by [`state::DENIED_CALLS`]).
+    denied_calls: VecDeque<DeniedCallRecord>,
+    /// Approval prompts open in the host, by their request id (bounded by
+    /// `cfg.max_open_prompts`).
+    prompts: std::collections::BTreeMap<String, Prompt>,
 }
 
 impl<I: Io> Session<I> {
@@ -349,6 +375,8 @@ impl<I: Io> Session<I> {
             exit_code: None,
             approved_baseline: None,
             recorded,
+            denied_calls: VecDeque::new(),
+            prompts: std::collections::BTreeMap::new(),
         }
     }
 
@@ -412,6 +440,7 @@ impl<I: Io> Session<I> {
             Event::Timer(Timer::HeldDeadline) => self.expire_held(),
             Event::Timer(Timer::HandshakeWait) => self.handshake_wait_over(),
             Event::Timer(Timer::Restart) => self.restart_due(),
+            Event::Timer(Timer::ApprovalDeadline) => self.expire_prompts(),
             Event::Control { request, reply } => {
                 let answer = self.on_control(&request);
                 let _ = reply.send(answer);

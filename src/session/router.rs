@@ -9,14 +9,20 @@
 use serde_json::{Value, json};
 
 use super::*;
-use crate::approval::{CallDecision, Denial, DenialReason};
+use crate::approval::{CallDecision, Channel, Denial, DenialReason};
 use crate::audit::records;
 use crate::catalog::{self, Catalog};
 use crate::hashing;
 use crate::proxy::envelope::{self, Message};
 
 impl<I: Io> Session<I> {
-    pub(super) fn on_host_call(&mut self, mut msg: Message) {
+    pub(super) fn on_host_call(&mut self, msg: Message) {
+        self.judge_call(msg, true)
+    }
+
+    /// Judges one call. With `may_prompt`, a call refused for lack of a grant may wait for an
+    /// answer in the host instead (`approvals`); a call judged again after that answer may not.
+    pub(super) fn judge_call(&mut self, mut msg: Message, may_prompt: bool) {
         let host_id = msg.id().expect("request").to_owned();
         let (tool, arguments) = envelope::call_target(msg.params());
         // Digest of the arguments exactly as the host sent them (never their values).
@@ -32,7 +38,7 @@ impl<I: Io> Session<I> {
             return self.refuse_unavailable_call(&host_id, &tool, &call_id);
         }
         let wall = self.io.wall_ms();
-        match self.gate.decide_call(&tool, wall) {
+        match self.gate.decide_call_with(&tool, Some(&args_digest), wall) {
             CallDecision::Deny(denial) => {
                 let epoch_now = self.current_epoch().map(str::to_string);
                 let mut payload = denial.payload();
@@ -40,12 +46,42 @@ impl<I: Io> Session<I> {
                 if denial.reason == DenialReason::CatalogStale {
                     hint = self.present_current_definition(&denial, &mut payload);
                 }
+                let needs_grant = matches!(
+                    denial.reason,
+                    DenialReason::AuthorizationRequired | DenialReason::AuthorizationStale
+                ) || denial.authorization.is_some();
+                if needs_grant {
+                    let raw = arguments.map(|a| a.get()).unwrap_or("null").to_string();
+                    self.remember_denied_call(DeniedCallRecord {
+                        call_id: call_id.clone(),
+                        tool: tool.clone(),
+                        arguments_digest: args_digest.clone(),
+                        arguments_preview: raw.chars().take(ARGUMENTS_PREVIEW).collect(),
+                        arguments_truncated: raw.chars().nth(ARGUMENTS_PREVIEW).is_some(),
+                        epoch: denial.current_epoch.clone(),
+                        reason: denial.reason.as_str().into(),
+                    });
+                    if may_prompt {
+                        match self.try_prompt(msg, &denial, &call_id, &args_digest, &raw) {
+                            Ok(()) => return, // the call waits for the host's answer
+                            Err(_call) => {}
+                        }
+                    }
+                }
+                let channel = if self.approval_channels().contains(&Channel::Terminal) {
+                    Channel::Terminal
+                } else {
+                    Channel::Host
+                };
                 let record = records::AuthorizationDenied {
                     call_id: json!(call_id),
                     tool: tool.clone(),
                     reason: denial.reason.as_str().into(),
                     approved_epoch: denial.approved_epoch.as_deref().map(str::to_string),
                     current_epoch: denial.current_epoch.as_deref().map(str::to_string),
+                    arguments_digest: Some(args_digest.clone()),
+                    channel: needs_grant.then(|| channel.as_str().to_string()),
+                    outcome: None,
                 };
                 self.audit_record(
                     audit::AUTHORIZATION_DENIED,
@@ -53,8 +89,17 @@ impl<I: Io> Session<I> {
                     records::data(&record),
                 );
                 let shown_tool: String = tool.chars().take(128).collect();
+                let only_this = if needs_grant {
+                    let id: String = call_id.chars().take(64).collect();
+                    format!(
+                        " (or `cargo mcp-dev approve --call {}` for this call only)",
+                        id.escape_debug()
+                    )
+                } else {
+                    String::new()
+                };
                 self.io.status(&format!(
-                    "call denied: {} ({}): {}",
+                    "call denied: {} ({}): {}{only_this}",
                     shown_tool.escape_debug(),
                     denial.reason.as_str(),
                     denial.human_hint()
@@ -67,6 +112,7 @@ impl<I: Io> Session<I> {
             }
             CallDecision::Forward {
                 grant_id,
+                grant_kind,
                 credential_scopes,
             } => {
                 let epoch = match &self.child {
@@ -79,6 +125,7 @@ impl<I: Io> Session<I> {
                     call_id: json!(call_id),
                     tool: tool.clone(),
                     grant: grant_id.map(|g| g.to_string()),
+                    grant_kind: grant_kind.map(|k| k.as_str().to_string()),
                     credential_scopes,
                     arguments_digest: Some(args_digest),
                     shown_revision,
@@ -110,6 +157,16 @@ impl<I: Io> Session<I> {
         }
     }
 
+    /// Keeps a call refused for lack of a grant for `approve --call` (bounded; a call id seen
+    /// again replaces its older entry).
+    fn remember_denied_call(&mut self, record: DeniedCallRecord) {
+        self.denied_calls.retain(|d| d.call_id != record.call_id);
+        if self.denied_calls.len() == DENIED_CALLS {
+            self.denied_calls.pop_front();
+        }
+        self.denied_calls.push_back(record);
+    }
+
     /// No server will answer soon (build broken, crash loop, closing): a tool error that says
     /// why, recorded as a refused call.
     fn refuse_unavailable_call(&mut self, host_id: &RawId, tool: &str, call_id: &str) {
@@ -127,6 +184,7 @@ impl<I: Io> Session<I> {
                     .into(),
                 approved_epoch: None,
                 current_epoch: None,
+                ..Default::default()
             }),
         );
         let result = self.tool_error(&payload, &format!("{message}."));

@@ -41,6 +41,16 @@ pub struct StatusSnapshot {
     pub held_requests: usize,
     pub grants: Vec<crate::approval::Grant>,
     pub recent_denials: Vec<DenialSnapshot>,
+    /// Calls refused for lack of a grant that `approve --call ID` can approve, newest first
+    /// (ids, tools and digests only: the arguments are shown over the control socket).
+    #[serde(default)]
+    pub denied_calls: Vec<Value>,
+    /// The channels that may grant now (`terminal`, `host`).
+    #[serde(default)]
+    pub approval_channels: Vec<String>,
+    /// Approval prompts open in the host (the calls waiting for them).
+    #[serde(default)]
+    pub open_prompts: Vec<Value>,
     pub pending_approval: PendingApproval,
     pub policy: PolicySnapshot,
     pub tool_policy: Option<BTreeMap<String, ToolPolicy>>,
@@ -164,6 +174,19 @@ impl<I: Io> Session<I> {
                     current_epoch: d.denial.current_epoch.clone(),
                 })
                 .collect(),
+            denied_calls: self
+                .denied_calls
+                .iter()
+                .rev()
+                .take(10)
+                .map(|d| control::denied_call_json(d, false))
+                .collect(),
+            approval_channels: self
+                .approval_channels()
+                .into_iter()
+                .map(|c| c.as_str().to_string())
+                .collect(),
+            open_prompts: self.open_prompts(),
             pending_approval: PendingApproval {
                 tools: pending_tools,
                 credential_scopes: pending_scopes,

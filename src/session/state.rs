@@ -233,3 +233,43 @@ pub const LISTEN_LIMIT: usize = 64;
 pub const MAX_CATALOG_PAGES: usize = 1000;
 /// Tools in one catalog (a bound on memory for a server that never stops listing).
 pub const MAX_CATALOG_TOOLS: usize = 100_000;
+
+/// How many denied calls are kept for `approve --call` (oldest dropped first).
+pub const DENIED_CALLS: usize = 32;
+/// How much of a denied call's arguments text is kept to show the human (characters).
+pub const ARGUMENTS_PREVIEW: usize = 2000;
+
+/// A call refused for lack of a grant, kept so a human can approve exactly that call
+/// (`cargo mcp-dev approve --call ID`). The arguments are kept only to show the human over
+/// the owner-only control socket; never in the status document or the audit log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeniedCallRecord {
+    /// The host's id of the call, as JSON text.
+    pub call_id: String,
+    pub tool: String,
+    pub arguments_digest: String,
+    /// The arguments text as sent, cut at [`ARGUMENTS_PREVIEW`] characters.
+    pub arguments_preview: String,
+    pub arguments_truncated: bool,
+    pub epoch: Option<EpochId>,
+    pub reason: String,
+}
+
+/// A gated call waiting for the human's answer to an approval prompt in the host.
+#[derive(Debug)]
+pub struct Prompt {
+    /// The `tools/call` as the host sent it, judged again after a grant.
+    pub call: Message,
+    pub host_id: RawId,
+    pub call_id: String,
+    pub tool: String,
+    pub arguments_digest: String,
+    /// The epoch the prompt was for: an answer that arrives under another one grants nothing.
+    pub epoch: EpochId,
+    /// The tools "all requested tools" grants, as the form listed them.
+    pub requested: std::collections::BTreeSet<String>,
+    /// Monotonic milliseconds after which the call is refused as timed out.
+    pub deadline_ms: u64,
+    /// The denial the call gets if no grant results.
+    pub denial: crate::approval::Denial,
+}

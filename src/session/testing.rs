@@ -402,6 +402,31 @@ impl Harness {
             .map(str::to_string)
     }
 
+    /// A rebuild with new code, the old server stopped and the new one up: its epoch.
+    pub fn rebuild(&mut self, exe: &str) -> String {
+        let old = self.current_epoch();
+        self.build(complete(exe));
+        if let Some(old) = old {
+            self.s.handle(Event::ChildStopped { epoch: old });
+            self.serve();
+        }
+        self.current_epoch().expect("the new server runs")
+    }
+
+    /// A control-socket request (the human channel); returns the session's answer.
+    pub fn control(&mut self, request: Value) -> Value {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.s.handle(Event::Control { request, reply: tx });
+        self.serve();
+        rx.try_recv()
+            .expect("control requests are answered at once")
+    }
+
+    /// The host calls `tool` with these arguments; returns the call's id.
+    pub fn call_with(&mut self, tool: &str, arguments: Value) -> Value {
+        self.request("tools/call", json!({"name": tool, "arguments": arguments}))
+    }
+
     pub fn audit_kinds(&mut self, kind: &str) -> Vec<Value> {
         self.io()
             .audit

@@ -428,6 +428,34 @@ enum Step {
     CallsStall(bool),
     /// A human approves `write_item` for the current (or a stale) epoch.
     Approve(bool),
+    /// The host answers the n-th approval prompt it was sent (open, answered or expired).
+    AnswerPrompt {
+        nth: u8,
+        answer: u8,
+    },
+    /// The host sends an answer to a prompt id it was never sent.
+    ForgedAnswer {
+        kind: u8,
+        answer: u8,
+    },
+}
+
+/// The host's possible answers to a prompt (well-formed or not).
+fn prompt_answer(n: u8) -> Value {
+    match n % 8 {
+        0 => json!({"action": "accept", "content": {"decision": "once"}}),
+        1 => json!({"action": "accept", "content": {"decision": "tool"}}),
+        2 => json!({"action": "accept", "content": {"decision": "requested"}}),
+        3 => json!({"action": "accept", "content": {"decision": "deny"}}),
+        4 => json!({"action": "decline"}),
+        5 => json!({"action": "cancel"}),
+        6 => json!({"action": "accept", "content": {"decision": "tool", "epoch": "forged"}}),
+        _ => json!({"action": "accept", "content": {"decision": "always"}}),
+    }
+}
+
+fn grants_something(answer: u8) -> bool {
+    answer % 8 <= 2
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -444,6 +472,8 @@ fn step() -> impl Strategy<Value = Step> {
         Just(Step::ServerChangesTools),
         any::<bool>().prop_map(Step::CallsStall),
         any::<bool>().prop_map(Step::Approve),
+        (0u8..6, 0u8..8).prop_map(|(nth, answer)| Step::AnswerPrompt { nth, answer }),
+        (0u8..4, 0u8..8).prop_map(|(kind, answer)| Step::ForgedAnswer { kind, answer }),
     ]
 }
 
@@ -453,19 +483,57 @@ proptest! {
     /// exactly once by the end; no `tools/call` reaches a server without a `tool_called` record
     /// for the current epoch written before it; no call is sent twice; the host never receives
     /// a tool list no server returned.
+    ///
+    /// And the agent cannot grant: over random host messages, including forged, replayed and
+    /// malformed answers to approval prompts, a grant comes only from the control socket or
+    /// from the first well-formed accepting answer to a prompt that is open, for the epoch the
+    /// prompt was for, before its deadline.
     #[test]
-    fn session_invariants(steps in prop::collection::vec(step(), 1..40), gated in any::<bool>()) {
+    fn session_invariants(steps in prop::collection::vec(step(), 1..40), gated in any::<bool>(), elicit in any::<bool>()) {
         let policy = if gated { approval::Policy::default() } else {
             approval::Policy { gating: approval::Gating::Off, ..approval::Policy::default() }
         };
-        let mut h = Harness::with_policy(|_| {}, policy);
+        let mut h = Harness::with_policy(|c| c.approval_timeout = std::time::Duration::from_secs(20), policy);
         let mut requests = Vec::new();
         let mut forwarded_calls = 0usize;
         let mut version = 1;
+        // Every prompt the host was sent: id, the epoch then, when it was sent; and the ids the
+        // host already answered.
+        let mut sent_prompts: Vec<(Value, Option<String>, u64)> = Vec::new();
+        let mut answered: std::collections::BTreeSet<String> = Default::default();
+        let mut grants_seen = 0usize;
         for step in steps {
             let before = h.io().to_child.len();
+            // What this step may legitimately grant through the host: (prompt id, its epoch).
+            let mut host_may_grant: Option<(String, Option<String>)> = None;
+            let mut terminal_may_grant = false;
             match step {
+                Step::Init if elicit => {
+                    requests.push(h.request("initialize", json!({"protocolVersion": V,
+                        "capabilities": {"elicitation": {}}, "clientInfo": {"name": "test", "version": "1"}})));
+                    h.initialized();
+                }
                 Step::Init => { requests.push(h.initialize(V)); h.initialized(); }
+                Step::AnswerPrompt { nth, answer } => {
+                    if let Some((id, epoch, sent_at)) = sent_prompts.get(nth as usize).cloned() {
+                        let key = id.to_string();
+                        let fresh = answered.insert(key.clone());
+                        let in_time = h.io().now_ms < sent_at + 20_000;
+                        if fresh && in_time && grants_something(answer) && epoch.is_some() && epoch == h.current_epoch() {
+                            host_may_grant = Some((key, epoch));
+                        }
+                        h.host(json!({"jsonrpc": "2.0", "id": id, "result": prompt_answer(answer)}));
+                    }
+                }
+                Step::ForgedAnswer { kind, answer } => {
+                    let id = match kind {
+                        0 => json!(format!("{}{}", approvals::PROMPT_ID_PREFIX, "ID0001")),
+                        1 => json!(1),
+                        2 => json!(format!("{}forged", approvals::PROMPT_ID_PREFIX)),
+                        _ => json!("elicitation"),
+                    };
+                    h.host(json!({"jsonrpc": "2.0", "id": id, "result": prompt_answer(answer)}));
+                }
                 Step::List => requests.push(h.request("tools/list", json!({}))),
                 Step::Call(write) => requests.push(h.call(if write { "write_item" } else { "list_items" })),
                 Step::IdlessCall => h.host(json!({"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "write_item"}})),
@@ -484,6 +552,7 @@ proptest! {
                 Step::CallsStall(stall) => h.answer_calls = !stall,
                 Step::Approve(current) => {
                     let epoch = if current { h.current_epoch() } else { h.io().spawned.first().map(|(e, _)| e.clone()) };
+                    terminal_may_grant = true;
                     if let Some(epoch) = epoch {
                         let (tx, _rx) = crossbeam_channel::bounded(1);
                         h.s.handle(Event::Control {
@@ -495,6 +564,29 @@ proptest! {
                 }
             }
             let _ = before;
+            // Prompts sent during this step.
+            let now = h.io().now_ms;
+            let epoch_now = h.current_epoch();
+            let ids: Vec<Value> = h.io().to_host.iter().filter(|m| m["method"] == "elicitation/create").map(|m| m["id"].clone()).collect();
+            for id in ids.into_iter().skip(sent_prompts.len()) {
+                prop_assert!(elicit, "a prompt to a host that cannot elicit");
+                sent_prompts.push((id, epoch_now.clone(), now));
+            }
+            // Grants written during this step, and where they could come from.
+            let new_grants: Vec<Value> = h.io().audit.iter().filter(|(k, _, _)| k == audit::APPROVAL_GRANTED).map(|(_, _, d)| d.clone()).skip(grants_seen).collect();
+            grants_seen += new_grants.len();
+            prop_assert!(new_grants.len() <= 1, "one decision, one grant: {:?}", new_grants);
+            for g in &new_grants {
+                match g["channel"].as_str() {
+                    Some("terminal") => prop_assert!(terminal_may_grant, "terminal grant without a control request: {}", g),
+                    Some("host") => {
+                        let (_, epoch) = host_may_grant.clone().unwrap_or_default();
+                        prop_assert!(host_may_grant.is_some(), "host grant without a real answer to an open prompt: {}", g);
+                        prop_assert_eq!(g["grant"]["executionEpoch"].as_str(), epoch.as_deref(), "host grant for another epoch");
+                    }
+                    other => prop_assert!(false, "grant without a channel: {:?}", other),
+                }
+            }
             // Every tools/call sent to a server so far had its intent record first.
             let calls_sent = h.io().audit.iter().filter(|(k, _, _)| k == audit::TOOL_CALLED).count();
             prop_assert!(calls_sent >= forwarded_calls);

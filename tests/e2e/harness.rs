@@ -212,6 +212,10 @@ pub enum Client {
     TsV2,
     /// TS client v2 with `listChanged` auto-refresh (opens `subscriptions/listen` when modern).
     TsV2Auto,
+    /// TS SDK v1 declaring `capabilities.elicitation`, answering prompts as the test scripts.
+    TsV1Elicit,
+    /// Python SDK mcp 1.30.0 with an elicitation callback the test scripts.
+    Py1Elicit,
 }
 
 impl Client {
@@ -230,16 +234,15 @@ impl Client {
 impl Client {
     fn command(self) -> (PathBuf, Vec<String>) {
         let p = peers_dir();
-        let py = |venv: &str| {
-            (
-                p.join(venv).join("bin/python"),
-                vec![
-                    repo()
-                        .join("e2e/clients/py_driver.py")
-                        .display()
-                        .to_string(),
-                ],
-            )
+        let py = |venv: &str, flags: &[&str]| {
+            let mut args = vec![
+                repo()
+                    .join("e2e/clients/py_driver.py")
+                    .display()
+                    .to_string(),
+            ];
+            args.extend(flags.iter().map(|s| s.to_string()));
+            (p.join(venv).join("bin/python"), args)
         };
         let node = |script: &str, flags: &[&str]| {
             let mut args = vec![p.join("node").join(script).display().to_string()];
@@ -247,8 +250,10 @@ impl Client {
             (PathBuf::from("node"), args)
         };
         match self {
-            Client::Py2 => py("py-mcp2"),
-            Client::Py1 => py("py-mcp1"),
+            Client::Py2 => py("py-mcp2", &[]),
+            Client::Py1 => py("py-mcp1", &[]),
+            Client::Py1Elicit => py("py-mcp1", &["--elicitation"]),
+            Client::TsV1Elicit => node("ts_v1_driver.mjs", &["--elicitation"]),
             Client::TsV1 => node("ts_v1_driver.mjs", &[]),
             Client::TsV1Auto => node("ts_v1_driver.mjs", &["--list-changed-auto"]),
             Client::TsV2 => node("ts_v2_driver.mjs", &[]),

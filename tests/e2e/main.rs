@@ -11,6 +11,7 @@
 //! Every denial is asserted as a tool result with `isError: true` (never a transport or protocol
 //! failure): `Driver::call` fails the scenario otherwise.
 
+mod approvals;
 mod first_contact;
 mod harness;
 

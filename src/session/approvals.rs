@@ -1,0 +1,506 @@
+//! Approvals room: which approval channels this run has, and the in-host channel: a gated call
+//! that needs a grant waits while the supervisor asks the person at the host
+//! (`elicitation/create`, legacy era), bounded in time and in number.
+//!
+//! Owns: prompts (their ids, deadlines and the call each holds), the form, matching an answer
+//! to the one prompt it answers, and turning an accepted answer into a grant through the gate
+//! (re-checked against the current epoch). Must not touch: the gate's rules, I/O (the port).
+//!
+//! Ids: prompts are JSON-RPC requests to the host with string ids
+//! `"cargo-mcp-dev/approval/<minted id>"`. Requests the server sends to the host are relayed
+//! under numeric ids (`next_id`), so the two spaces never meet; a host response is routed by
+//! the id's JSON type first. An answer grants only if its id names an open prompt (removed on
+//! the first answer, so a replay or a second answer finds nothing), it is a well-formed
+//! `accept` whose content is exactly one known choice, and the epoch is still the prompt's.
+
+use std::collections::BTreeSet;
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::approval::{
+    ApprovalRequest, CallApprovalRequest, Channel, Denial, DenialReason, GrantKind,
+};
+use crate::audit::records;
+use crate::proxy::envelope::{self, Message};
+use crate::sanitize;
+
+/// The prefix of every prompt's request id.
+pub const PROMPT_ID_PREFIX: &str = "cargo-mcp-dev/approval/";
+/// How much of the call's arguments the form shows (characters).
+const FORM_ARGUMENTS: usize = 600;
+/// The form's one field.
+pub const DECISION_FIELD: &str = "decision";
+
+/// The choices of the form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// This call once (a `call` grant).
+    Once,
+    /// This tool for this epoch.
+    Tool,
+    /// Every requested tool for this epoch.
+    Requested,
+    Deny,
+}
+
+impl Decision {
+    pub const ALL: [Decision; 4] = [
+        Decision::Once,
+        Decision::Tool,
+        Decision::Requested,
+        Decision::Deny,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Once => "once",
+            Decision::Tool => "tool",
+            Decision::Requested => "requested",
+            Decision::Deny => "deny",
+        }
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            Decision::Once => "Allow this call once",
+            Decision::Tool => "Allow this tool for this epoch",
+            Decision::Requested => "Allow all requested tools for this epoch",
+            Decision::Deny => "Deny",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Decision> {
+        Decision::ALL.into_iter().find(|d| d.as_str() == text)
+    }
+}
+
+/// What the host said to a prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Answer {
+    Accept(Decision),
+    Declined,
+    Cancelled,
+    /// Not a well-formed answer (an error response, unknown action, other fields).
+    Invalid(String),
+}
+
+fn read_answer(msg: &Message) -> Answer {
+    if msg.is_error() {
+        return Answer::Invalid("the host answered with an error".into());
+    }
+    let result = msg.result_value();
+    match result.get("action").and_then(Value::as_str) {
+        Some("decline") => Answer::Declined,
+        Some("cancel") => Answer::Cancelled,
+        Some("accept") => {
+            let content = result.get("content").and_then(Value::as_object);
+            match content {
+                Some(c) if c.len() == 1 => match c.get(DECISION_FIELD).and_then(Value::as_str) {
+                    Some(d) => match Decision::parse(d) {
+                        Some(d) => Answer::Accept(d),
+                        None => Answer::Invalid("an unknown choice".into()),
+                    },
+                    None => Answer::Invalid(format!("no `{DECISION_FIELD}` field")),
+                },
+                _ => Answer::Invalid(format!("content other than one `{DECISION_FIELD}` field")),
+            }
+        }
+        _ => Answer::Invalid("no known action".into()),
+    }
+}
+
+/// The form's schema: one required enum field (titled choices, the form every client era reads).
+pub fn requested_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            DECISION_FIELD: {
+                "type": "string",
+                "title": "Decision",
+                "enum": Decision::ALL.iter().map(|d| d.as_str()).collect::<Vec<_>>(),
+                "enumNames": Decision::ALL.iter().map(|d| d.title()).collect::<Vec<_>>(),
+            }
+        },
+        "required": [DECISION_FIELD],
+    })
+}
+
+/// An epoch id shortened for people (the last 8 characters of the ULID differ between epochs).
+fn short(epoch: &str) -> String {
+    let n = epoch.chars().count();
+    epoch.chars().skip(n.saturating_sub(8)).collect()
+}
+
+impl<I: Io> Session<I> {
+    /// Whether the host declared form elicitation in `initialize` (legacy era only: the
+    /// 2026-07-28 flow is not built yet).
+    pub(super) fn host_can_elicit(&self) -> bool {
+        if self.era() != Some(Era::Legacy) {
+            return false;
+        }
+        let Some(e) = self
+            .host
+            .init_params
+            .as_ref()
+            .and_then(|p| p.pointer("/capabilities/elicitation"))
+            .and_then(Value::as_object)
+        else {
+            return false;
+        };
+        // `{}` (2025-06-18) means form; 2025-11-25 names the modes.
+        e.is_empty() || e.contains_key("form")
+    }
+
+    /// The channels that may grant in this run now: the configured ones (default: both when
+    /// the host can elicit, else terminal). `host` needs a host that can elicit; when no
+    /// configured channel is available, the terminal is (it is the owner's, and strictest).
+    pub(super) fn approval_channels(&self) -> BTreeSet<Channel> {
+        let can = self.host_can_elicit();
+        let mut set = match &self.cfg.approval_channels {
+            Some(c) => c.clone(),
+            None => BTreeSet::from([Channel::Terminal, Channel::Host]),
+        };
+        if !can {
+            set.remove(&Channel::Host);
+        }
+        if set.is_empty() {
+            set.insert(Channel::Terminal);
+        }
+        set
+    }
+
+    /// Opens a prompt for a call refused for lack of a grant, if the host channel is on and
+    /// fewer than the bounded number of prompts are open. Gives the call back otherwise.
+    pub(super) fn try_prompt(
+        &mut self,
+        call: Message,
+        denial: &Denial,
+        call_id: &str,
+        arguments_digest: &str,
+        arguments: &str,
+    ) -> Result<(), Message> {
+        let Some(epoch) = denial.current_epoch.clone() else {
+            return Err(call);
+        };
+        if !matches!(
+            denial.reason,
+            DenialReason::AuthorizationRequired | DenialReason::AuthorizationStale
+        ) || !self.approval_channels().contains(&Channel::Host)
+            || self.prompts.len() >= self.cfg.max_open_prompts
+            || self.gate.run_ended()
+        {
+            return Err(call);
+        }
+        let host_id = call.id().expect("request").to_owned();
+        let tool = denial.tool.clone();
+        let mut requested = self.gate.pending_requests().0;
+        requested.insert(tool.clone());
+        let prompt_id = format!("{PROMPT_ID_PREFIX}{}", self.io.mint_id());
+        let message = self.prompt_message(&tool, &epoch, &requested, arguments);
+        let params = json!({"message": message, "requestedSchema": requested_schema()});
+        let line = json!({"jsonrpc": "2.0", "id": prompt_id, "method": "elicitation/create", "params": params});
+        let deadline_ms = self.now() + self.cfg.approval_timeout.as_millis() as u64;
+        self.prompts.insert(
+            prompt_id.clone(),
+            Prompt {
+                call,
+                host_id,
+                call_id: call_id.to_string(),
+                tool: tool.clone(),
+                arguments_digest: arguments_digest.to_string(),
+                epoch: epoch.clone(),
+                requested,
+                deadline_ms,
+                denial: denial.clone(),
+            },
+        );
+        let mut bytes = line.to_string().into_bytes();
+        bytes.push(b'\n');
+        self.io.to_host(bytes);
+        self.io
+            .schedule(self.cfg.approval_timeout, Timer::ApprovalDeadline);
+        self.io.status(&format!(
+            "approval asked in the host: {} for epoch {} (call {}, waits up to {}s)",
+            sanitize::review(&tool),
+            epoch,
+            sanitize::review(call_id),
+            self.cfg.approval_timeout.as_secs()
+        ));
+        self.publish();
+        Ok(())
+    }
+
+    /// The form's text: what is being approved, in plain words. Server and agent text is
+    /// passed through [`sanitize::review`] (a host shows it to the person deciding).
+    fn prompt_message(
+        &self,
+        tool: &str,
+        epoch: &str,
+        requested: &BTreeSet<String>,
+        arguments: &str,
+    ) -> String {
+        let r = |t: &str| sanitize::review(t).into_owned();
+        let mut m = format!(
+            "cargo mcp-dev: the agent wants to call `{}` on server `{}`.\nAgent run: {}\nEpoch: {} (the server as built now)\n",
+            r(tool),
+            r(self.label()),
+            self.agent_run,
+            short(epoch),
+        );
+        m.push_str(&self.change_summary(tool));
+        let shown: String = arguments.chars().take(FORM_ARGUMENTS).collect();
+        let cut = if arguments.chars().nth(FORM_ARGUMENTS).is_some() {
+            " … (cut)"
+        } else {
+            ""
+        };
+        m.push_str(&format!("Arguments: {}{cut}\n", r(&shown)));
+        let others: Vec<String> = requested.iter().map(|t| r(t)).collect();
+        m.push_str(&format!(
+            "Choices: once = only this call with these arguments; tool = `{}` until the next rebuild; requested = {} until the next rebuild; deny = refuse the call.",
+            r(tool),
+            others.join(", ")
+        ));
+        m
+    }
+
+    /// What changed since the last approved epoch, for one tool (issue 14, item 5).
+    fn change_summary(&self, tool: &str) -> String {
+        let since = self.since_last_approval();
+        if since.is_null() {
+            return match &self.approved_baseline {
+                Some(_) => "No rebuild since the last approval.\n".into(),
+                None => "First approval in this run.\n".into(),
+            };
+        }
+        let identity = since["identity"].as_str().unwrap_or("");
+        let prefix = format!("{tool}:");
+        let lines: Vec<String> = since["catalog"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .filter(|l| {
+                let body = l.get(2..).unwrap_or("");
+                body == tool || body.starts_with(&prefix)
+            })
+            .map(|l| sanitize::review(l).into_owned())
+            .collect();
+        let identity = if identity.is_empty() {
+            "nothing (restart only)".to_string()
+        } else if identity.contains(',') {
+            identity.to_string()
+        } else {
+            format!("{identity} only")
+        };
+        let catalog = if lines.is_empty() {
+            "tool definition unchanged".to_string()
+        } else {
+            format!("tool definition changed: {}", lines.join("; "))
+        };
+        format!(
+            "Since the last approved epoch {}: identity changed: {identity}; {catalog}.\n",
+            short(since["epoch"].as_str().unwrap_or("?"))
+        )
+    }
+
+    /// A host response whose id is a string: ours if it names an open prompt. Anything else
+    /// is refused (and never grants).
+    pub(super) fn on_prompt_answer(&mut self, id_text: &str, msg: &Message) -> bool {
+        let Ok(id) = serde_json::from_str::<String>(id_text) else {
+            return false;
+        };
+        if !id.starts_with(PROMPT_ID_PREFIX) {
+            return false;
+        }
+        let Some(prompt) = self.prompts.remove(&id) else {
+            self.io.status(&format!(
+                "host answered approval prompt {} that is not open (never sent, already answered or expired); ignored, nothing granted",
+                sanitize::review(&id.chars().take(80).collect::<String>())
+            ));
+            return true;
+        };
+        let answer = read_answer(msg);
+        let outcome = match answer {
+            Answer::Accept(Decision::Deny) => "denied in the host".to_string(),
+            Answer::Declined => "declined in the host".to_string(),
+            Answer::Cancelled => "cancelled in the host".to_string(),
+            Answer::Invalid(why) => format!("invalid answer from the host ({why})"),
+            Answer::Accept(decision) => return self.prompt_accepted(prompt, decision),
+        };
+        self.refuse_prompted(prompt, &outcome);
+        true
+    }
+
+    fn prompt_accepted(&mut self, prompt: Prompt, decision: Decision) -> bool {
+        if self.current_epoch() != Some(prompt.epoch.as_str()) {
+            let outcome = format!(
+                "approved in the host for epoch {}, but the server was rebuilt during the prompt (now {}); the answer is void",
+                prompt.epoch,
+                self.current_epoch().unwrap_or("not running")
+            );
+            self.refuse_prompted(prompt, &outcome);
+            return true;
+        }
+        let (now, id) = (self.io.wall_ms(), self.io.mint_id());
+        let epoch = prompt.epoch.clone();
+        let result = match decision {
+            Decision::Once => self.gate.approve_call(
+                CallApprovalRequest {
+                    epoch,
+                    tool: prompt.tool.clone(),
+                    arguments_digest: prompt.arguments_digest.clone(),
+                    call_id: Some(prompt.call_id.clone()),
+                    channel: Channel::Host,
+                },
+                now,
+                id,
+            ),
+            Decision::Tool | Decision::Requested => {
+                let tools: BTreeSet<String> = if decision == Decision::Tool {
+                    BTreeSet::from([prompt.tool.clone()])
+                } else {
+                    prompt.requested.clone()
+                };
+                let credential_scopes = tools
+                    .iter()
+                    .flat_map(|t| self.gate.policy().scopes_for(t))
+                    .collect();
+                self.gate.approve_via(
+                    ApprovalRequest {
+                        epoch,
+                        tools,
+                        credential_scopes,
+                    },
+                    Channel::Host,
+                    now,
+                    id,
+                )
+            }
+            Decision::Deny => unreachable!("deny is refused before"),
+        };
+        match result {
+            Ok(grant) => {
+                debug_assert!(grant.kind == GrantKind::Call || decision != Decision::Once);
+                self.denied_calls.retain(|d| d.call_id != prompt.call_id);
+                self.record_grant(&grant, "host elicitation");
+                // Judged again: forwarded under the new grant (never prompts twice).
+                self.judge_call(prompt.call, false);
+            }
+            Err(e) => {
+                let outcome = format!("approved in the host, but no grant: {e}");
+                self.refuse_prompted(prompt, &outcome);
+            }
+        }
+        true
+    }
+
+    /// The call of a prompt that yielded no grant gets its denial, saying what happened.
+    fn refuse_prompted(&mut self, prompt: Prompt, outcome: &str) {
+        let denial = &prompt.denial;
+        let mut payload = denial.payload();
+        payload["approval"] = json!({"channel": "host", "outcome": outcome});
+        let hint = format!(
+            "Approval was asked in the host: {outcome}. The call was not run. {}",
+            denial.human_hint()
+        );
+        let record = records::AuthorizationDenied {
+            call_id: json!(prompt.call_id),
+            tool: prompt.tool.clone(),
+            reason: denial.reason.as_str().into(),
+            approved_epoch: denial.approved_epoch.as_deref().map(str::to_string),
+            current_epoch: denial.current_epoch.as_deref().map(str::to_string),
+            arguments_digest: Some(prompt.arguments_digest.clone()),
+            channel: Some(Channel::Host.as_str().into()),
+            outcome: Some(outcome.to_string()),
+        };
+        let epoch = self.current_epoch().map(str::to_string);
+        self.audit_record(
+            audit::AUTHORIZATION_DENIED,
+            epoch.as_deref(),
+            records::data(&record),
+        );
+        self.io.status(&format!(
+            "call refused: {} ({}): {}",
+            sanitize::review(&prompt.tool),
+            denial.reason.as_str(),
+            sanitize::line(outcome)
+        ));
+        let result = self.tool_error(&payload, &hint);
+        self.io
+            .to_host(envelope::result_line(&prompt.host_id, &result));
+        self.publish();
+    }
+
+    /// A grant came through another channel (the terminal): calls waiting for a prompt that it
+    /// now covers are judged again at once, and their prompts withdrawn from the host.
+    pub(super) fn release_covered_prompts(&mut self) {
+        let covered: Vec<String> = self
+            .prompts
+            .iter()
+            .filter(|(_, p)| {
+                self.current_epoch() == Some(p.epoch.as_str())
+                    && self.gate.has_grant_for(&p.tool, Some(&p.arguments_digest))
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in covered {
+            if let Some(p) = self.prompts.remove(&id) {
+                self.withdraw_prompt(&id, "approved in another channel");
+                self.denied_calls.retain(|d| d.call_id != p.call_id);
+                self.judge_call(p.call, false);
+            }
+        }
+    }
+
+    /// Tells the host a prompt is no longer wanted (`notifications/cancelled`), so its form
+    /// closes; an answer that still comes finds no open prompt.
+    fn withdraw_prompt(&mut self, id: &str, reason: &str) {
+        self.io.to_host(envelope::notification_line(
+            "notifications/cancelled",
+            Some(&json!({"requestId": id, "reason": reason})),
+        ));
+    }
+
+    /// Timer: prompts past their deadline are closed and their calls refused.
+    pub(super) fn expire_prompts(&mut self) {
+        let now = self.now();
+        let due: Vec<String> = self
+            .prompts
+            .iter()
+            .filter(|(_, p)| p.deadline_ms <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in due {
+            if let Some(p) = self.prompts.remove(&id) {
+                self.withdraw_prompt(&id, "no answer in time");
+                let secs = self.cfg.approval_timeout.as_secs();
+                self.refuse_prompted(p, &format!("timed out in the host after {secs}s"));
+            }
+        }
+    }
+
+    /// The host cancelled a call that waits for a prompt: the prompt is closed (a later answer
+    /// finds nothing and grants nothing).
+    pub(super) fn drop_prompt_of_call(&mut self, request_id_text: &str) {
+        self.prompts
+            .retain(|_, p| p.host_id.get() != request_id_text);
+    }
+
+    /// The session ends: every waiting call is answered.
+    pub(super) fn fail_prompts(&mut self, why: &str) {
+        let open = std::mem::take(&mut self.prompts);
+        for (_, p) in open {
+            self.refuse_prompted(p, why);
+        }
+    }
+
+    /// Open prompts (status document).
+    pub(super) fn open_prompts(&self) -> Vec<Value> {
+        self.prompts
+            .iter()
+            .map(|(id, p)| json!({"id": id, "callId": p.call_id, "tool": p.tool, "epoch": p.epoch}))
+            .collect()
+    }
+}

@@ -1,0 +1,219 @@
+//! Approvals where the human is (issue 14): the in-host channel (legacy `elicitation/create`)
+//! with the official clients' own elicitation handling, and the terminal fallback with a call
+//! bound to its arguments (`approve --call`). The person at the host is scripted through the
+//! drivers' `elicitation_policy` / `answer_elicitation` ops.
+
+use super::*;
+
+/// Sets how the driver's "person" answers the next prompts.
+fn policy(d: &mut Driver, action: &str, choice: Option<&str>) {
+    let r = d.cmd(
+        json!({"op": "elicitation_policy", "action": action, "choice": choice}),
+        secs(10),
+    );
+    assert_eq!(r["ok"], json!(true), "{r}");
+}
+
+/// The prompt the host showed (waits for it).
+fn prompt_shown(d: &mut Driver) -> Value {
+    let r = d.cmd(
+        json!({"op": "wait_event", "event": "elicitation", "timeoutMs": 20_000}),
+        secs(30),
+    );
+    assert_eq!(
+        r["ok"],
+        json!(true),
+        "{:?}: no prompt in the host: {r}",
+        d.client
+    );
+    d.events
+        .iter()
+        .rev()
+        .find(|e| e["event"] == json!("elicitation"))
+        .cloned()
+        .expect("the elicitation event line")
+}
+
+fn grants_of(s: &Scenario) -> Vec<Value> {
+    records_of(&s.audit_records(), "approval_granted")
+        .into_iter()
+        .map(|r| r["data"].clone())
+        .collect()
+}
+
+/// The outcome of a refused prompt, from a denial payload.
+fn host_outcome(p: &Value) -> String {
+    assert_eq!(p["approval"]["channel"], json!("host"), "{p}");
+    p["approval"]["outcome"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Accept "this call once" runs exactly that call; decline and cancel refuse the next one.
+fn accept_once_then_decline(name: &str, client: Client) {
+    let mut s = Scenario::new(name, secs(150));
+    let mut d = s.driver(client, &[], &[]);
+    let (pid, epoch) = start(&s, &mut d);
+    policy(&mut d, "accept", Some("once"));
+    let r = write(&mut d, "host-once", 1);
+    assert_wrote(&r, "A", pid, "host-once");
+    let shown = prompt_shown(&mut d);
+    let text = shown["message"].as_str().unwrap_or_default();
+    assert!(text.contains("`write_item`"), "{shown}");
+    assert!(text.contains(&epoch[epoch.len() - 8..]), "{shown}");
+    assert!(
+        text.contains("host-once"),
+        "the arguments are shown: {shown}"
+    );
+    assert_eq!(
+        shown["requestedSchema"]["properties"]["decision"]["enum"],
+        json!(["once", "tool", "requested", "deny"])
+    );
+    let g = grants_of(&s);
+    assert_eq!(g.len(), 1, "{g:?}");
+    assert_eq!(g[0]["channel"], json!("host"));
+    assert_eq!(g[0]["kind"], json!("call"));
+    let calls = tool_called(&s);
+    assert_eq!(calls[0]["data"]["grantKind"], json!("call"));
+    assert_eq!(calls[0]["data"]["argumentsDigest"], g[0]["argumentsDigest"]);
+    // The grant was for one call: the same call again asks again, and a decline refuses it.
+    policy(&mut d, "decline", None);
+    let p = d.call_denied(
+        "write_item",
+        json!({"sku": "host-once", "qty": 1}),
+        "authorization_required",
+    );
+    assert!(host_outcome(&p).starts_with("declined in the host"), "{p}");
+    policy(&mut d, "cancel", None);
+    let p = d.call_denied(
+        "write_item",
+        json!({"sku": "host-once", "qty": 1}),
+        "authorization_required",
+    );
+    assert!(host_outcome(&p).starts_with("cancelled in the host"), "{p}");
+    assert_eq!(s.side_effect_lines().len(), 1, "only the approved call ran");
+    assert_eq!(grants_of(&s).len(), 1);
+    let denied = records_of(&s.audit_records(), "authorization_denied")
+        .into_iter()
+        .filter(|r| r["data"]["channel"] == json!("host"))
+        .count();
+    assert_eq!(denied, 2);
+    close_clean(&s, d);
+    assert_audit_verifies(&s);
+}
+
+/// A rebuild while the prompt is open: the answer that arrives after it is void.
+fn rebuild_voids_the_answer(name: &str, client: Client) {
+    let mut s = Scenario::new(name, secs(200));
+    let mut d = s.driver(client, &[], &[]);
+    let (_, epoch_a) = start(&s, &mut d);
+    policy(&mut d, "hold", None);
+    let id = d.send(json!({"op": "call_tool", "name": "write_item",
+        "arguments": {"sku": "during-rebuild", "qty": 1}, "timeoutMs": 120_000, "nowait": true}));
+    prompt_shown(&mut d);
+    let (_, epoch_b, _) = rebuild(&s, &d, &epoch_a, to_b);
+    let r = d.cmd(
+        json!({"op": "answer_elicitation", "action": "accept", "choice": "tool"}),
+        secs(10),
+    );
+    assert_eq!(r["ok"], json!(true), "{r}");
+    let r = d.result(&id, s.within(secs(30)));
+    assert_eq!(r["ok"], json!(true), "a tool result, not a failure: {r}");
+    let p = denial_payload(&r, "authorization_required", client);
+    let outcome = host_outcome(&p);
+    assert!(outcome.contains("rebuilt during the prompt"), "{outcome}");
+    assert!(outcome.contains(&epoch_b), "{outcome}");
+    assert!(grants_of(&s).is_empty(), "a void answer granted");
+    assert!(s.side_effect_lines().is_empty());
+    close_clean(&s, d);
+}
+
+/// A host without the elicitation capability: the terminal channel, and `approve --call`
+/// grants exactly the denied call.
+fn terminal_fallback_approve_call(name: &str, client: Client) {
+    let mut s = Scenario::new(name, secs(150));
+    let mut d = s.driver(client, &[], &[]);
+    let (pid, _) = start(&s, &mut d);
+    d.call_denied(
+        "write_item",
+        json!({"sku": "by-call", "qty": 2}),
+        "authorization_required",
+    );
+    let st = s.wait_status("the denied call is listed", secs(10), |st| {
+        st["deniedCalls"].as_array().is_some_and(|a| !a.is_empty())
+    });
+    assert_eq!(st["approvalChannels"], json!(["terminal"]), "{st}");
+    let call_id = st["deniedCalls"][0]["callId"].as_str().unwrap().to_string();
+    let mut args = vec!["approve", "--call", &call_id, "--yes", "--json"];
+    let control = s.control_args();
+    args.extend(control.iter().map(String::as_str));
+    let out = s.mcp_dev(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "approve --call: {err}");
+    assert!(err.contains("by-call"), "the arguments were shown: {err}");
+    // Other arguments: still refused; the approved ones: run once.
+    d.call_denied(
+        "write_item",
+        json!({"sku": "by-call", "qty": 3}),
+        "authorization_required",
+    );
+    assert_wrote(&write(&mut d, "by-call", 2), "A", pid, "by-call");
+    d.call_denied(
+        "write_item",
+        json!({"sku": "by-call", "qty": 2}),
+        "authorization_required",
+    );
+    let g = grants_of(&s);
+    assert_eq!(g.len(), 1, "{g:?}");
+    assert_eq!(g[0]["channel"], json!("terminal"));
+    assert_eq!(g[0]["kind"], json!("call"));
+    close_clean(&s, d);
+}
+
+#[test]
+fn a01_accept_once_then_decline_ts_v1() {
+    accept_once_then_decline("a01", Client::TsV1Elicit);
+}
+
+#[test]
+fn a02_accept_once_then_decline_python1() {
+    accept_once_then_decline("a02", Client::Py1Elicit);
+}
+
+#[test]
+fn a03_rebuild_voids_the_answer_ts_v1() {
+    rebuild_voids_the_answer("a03", Client::TsV1Elicit);
+}
+
+#[test]
+fn a04_rebuild_voids_the_answer_python1() {
+    rebuild_voids_the_answer("a04", Client::Py1Elicit);
+}
+
+#[test]
+fn a05_terminal_fallback_ts_v1() {
+    terminal_fallback_approve_call("a05", Client::TsV1);
+}
+
+#[test]
+fn a06_terminal_fallback_python1() {
+    terminal_fallback_approve_call("a06", Client::Py1);
+}
+
+/// Nobody answers: the call is refused at the approval timeout, well before the SDK's own.
+#[test]
+fn a07_unanswered_prompt_times_out_ts_v1() {
+    let mut s = Scenario::new("a07", secs(150));
+    let mut d = s.driver(Client::TsV1Elicit, &["--approval-timeout", "3s"], &[]);
+    start(&s, &mut d);
+    policy(&mut d, "hold", None);
+    let p = d.call_denied(
+        "write_item",
+        json!({"sku": "nobody", "qty": 1}),
+        "authorization_required",
+    );
+    assert!(host_outcome(&p).contains("timed out"), "{p}");
+    assert!(grants_of(&s).is_empty());
+    close_clean(&s, d);
+}
