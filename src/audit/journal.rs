@@ -102,6 +102,10 @@ pub struct GrantEntry {
     pub credential_scopes: Vec<String>,
     pub issued_at: Option<String>,
     pub expires_when: Option<String>,
+    /// Where the human decided: `terminal` or `host` (absent in logs older than channels).
+    pub channel: Option<String>,
+    /// `epoch` (the tools for the epoch) or `call` (one call, bound to its arguments' digest).
+    pub kind: Option<String>,
     /// Time of the `approval_granted` record.
     pub granted: String,
     /// Time of the `approval_revoked` record.
@@ -145,6 +149,9 @@ pub enum CallOutcome {
         reason: String,
         approved_epoch: Option<String>,
         current_epoch: Option<String>,
+        /// The approval channel involved, and for the host what became of its prompt.
+        channel: Option<String>,
+        channel_outcome: Option<String>,
     },
     FailedEpochTransition {
         old_epoch: Option<String>,
@@ -288,6 +295,12 @@ impl Journals {
                 dash(&g.agent_run),
                 list(&g.tools),
                 list(&g.credential_scopes),
+                match (&g.channel, &g.kind) {
+                    (Some(ch), Some(k)) => format!("{ch}, {k}"),
+                    (Some(ch), None) => ch.clone(),
+                    (None, Some(k)) => k.clone(),
+                    (None, None) => "-".into(),
+                },
                 g.granted.clone(),
                 g.revoked
                     .clone()
@@ -298,7 +311,7 @@ impl Journals {
         table(
             out,
             &[
-                "GRANT", "EPOCH", "RUN", "TOOLS", "SCOPES", "GRANTED", "ENDS",
+                "GRANT", "EPOCH", "RUN", "TOOLS", "SCOPES", "VIA", "GRANTED", "ENDS",
             ],
             rows.collect(),
         );
@@ -349,12 +362,21 @@ impl Journals {
                     reason,
                     approved_epoch,
                     current_epoch,
-                } => match (approved_epoch, current_epoch) {
-                    (Some(a), Some(cur)) => {
-                        format!("denied: {reason} (approved {a}, current {cur})")
+                    channel,
+                    channel_outcome,
+                } => {
+                    let base = match (approved_epoch, current_epoch) {
+                        (Some(a), Some(cur)) => {
+                            format!("denied: {reason} (approved {a}, current {cur})")
+                        }
+                        _ => format!("denied: {reason}"),
+                    };
+                    match (channel, channel_outcome) {
+                        (Some(ch), Some(o)) => format!("{base} [{ch}: {o}]"),
+                        (Some(ch), None) => format!("{base} [{ch}]"),
+                        _ => base,
                     }
-                    _ => format!("denied: {reason}"),
-                },
+                }
                 CallOutcome::FailedEpochTransition {
                     old_epoch,
                     new_epoch,
@@ -579,6 +601,8 @@ impl Builder {
                     credential_scopes: strings(&g["credentialScope"]),
                     issued_at: s(&g["issuedAt"]),
                     expires_when: s(&g["expiresWhen"]),
+                    channel: s(&d["channel"]).or_else(|| s(&g["channel"])),
+                    kind: s(&d["kind"]).or_else(|| s(&g["kind"])),
                     granted: r.time.clone(),
                     revoked: None,
                 });
@@ -630,6 +654,8 @@ impl Builder {
                     reason: rec.reason,
                     approved_epoch: rec.approved_epoch,
                     current_epoch: rec.current_epoch,
+                    channel: rec.channel,
+                    channel_outcome: rec.outcome,
                 };
                 let c = self.call(r);
                 if current.is_some() {
@@ -685,9 +711,9 @@ mod tests {
             json!(["server_replaced", "R1", "EB", {"oldEpoch": "EA", "newEpoch": "EB", "pid": 200}]),
             json!(["call_failed_epoch_transition", "R1", "EB", {"callId": "r", "tool": "read", "oldEpoch": "EA", "newEpoch": "EB"}]),
             json!(["server_started", "R1", "EB", {"epoch": "EB", "pid": 200, "identityDigest": "bbbbbbbbbbbbbbbbbbbb", "executableSha256": "ff", "argv": ["srv"], "label": "inv"}]),
-            json!(["authorization_denied", "R1", "EB", {"callId": 2, "tool": "write", "reason": "authorization_stale", "approvedEpoch": "EA", "currentEpoch": "EB"}]),
+            json!(["authorization_denied", "R1", "EB", {"callId": 2, "tool": "write", "reason": "authorization_stale", "approvedEpoch": "EA", "currentEpoch": "EB", "channel": "host", "outcome": "declined"}]),
             json!(["approval_revoked", "R1", "EB", {"grantId": "G1"}]),
-            json!(["approval_granted", "R1", "EB", {"grant": {"id": "G2", "agentRun": "R1", "serverLabel": "inv", "executionEpoch": "EB", "toolScope": ["write"], "credentialScope": ["inv-staging"], "issuedAt": "t2", "expiresWhen": "run-end"}}]),
+            json!(["approval_granted", "R1", "EB", {"grant": {"id": "G2", "agentRun": "R1", "serverLabel": "inv", "executionEpoch": "EB", "toolScope": ["write"], "credentialScope": ["inv-staging"], "issuedAt": "t2", "expiresWhen": "run-end"}, "channel": "terminal", "kind": "epoch"}]),
             json!(["tool_called", "R1", "EB", {"callId": 3, "tool": "write", "grant": "G2", "credentialScopes": ["inv-staging"], "argumentsDigest": "d3"}]),
             json!(["tool_result", "R1", "EB", {"callId": 3, "tool": "write", "isError": true, "durationMs": 5}]),
             json!(["server_exited", "R1", "EB", {"epoch": "EB", "status": "exit 0"}]),
@@ -800,7 +826,9 @@ mod tests {
                     CallOutcome::Denied {
                         reason: "authorization_stale".into(),
                         approved_epoch: Some("EA".into()),
-                        current_epoch: Some("EB".into())
+                        current_epoch: Some("EB".into()),
+                        channel: Some("host".into()),
+                        channel_outcome: Some("declined".into()),
                     }
                 ),
                 (
@@ -891,9 +919,12 @@ mod tests {
         }
         assert!(text.contains("ungated"));
         assert!(text.contains("failed: epoch EA -> EB"));
-        assert!(text.contains("denied: authorization_stale (approved EA, current EB)"));
+        assert!(
+            text.contains("denied: authorization_stale (approved EA, current EB) [host: declined]")
+        );
         assert!(text.contains("ok (12 ms)"));
         let session = journals().render_human(JournalView::Session);
+        assert!(session.contains("terminal, epoch"), "{session}");
         assert!(session.contains("claude-code 1.2"));
         assert!(session.contains("(replaced by EB)"));
         assert!(
