@@ -128,10 +128,13 @@ class Elicitor:
         return types.ElicitResult(action=p.get("action"))
 
     async def callback(self, context: Any, params: Any) -> Any:
+        schema = getattr(params, "requestedSchema", None) or getattr(params, "requested_schema", None)
+        if hasattr(schema, "model_dump"):  # mcp 2.x: a model, not a dict
+            schema = schema.model_dump(by_alias=True, exclude_none=True)
         self.events.record(
             "elicitation",
             message=getattr(params, "message", None),
-            requestedSchema=getattr(params, "requestedSchema", None),
+            requestedSchema=schema,
         )
         policy = self.policy
         if policy.get("action") == "hold":

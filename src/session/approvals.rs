@@ -89,7 +89,11 @@ fn read_answer(msg: &Message) -> Answer {
     if msg.is_error() {
         return Answer::Invalid("the host answered with an error".into());
     }
-    let result = msg.result_value();
+    read_answer_value(&msg.result_value())
+}
+
+/// An elicitation result (`{action, content}`), as a response or as a modern input response.
+fn read_answer_value(result: &Value) -> Answer {
     match result.get("action").and_then(Value::as_str) {
         Some("decline") => Answer::Declined,
         Some("cancel") => Answer::Cancelled,
@@ -133,11 +137,13 @@ fn short(epoch: &str) -> String {
 }
 
 impl<I: Io> Session<I> {
-    /// Whether the host declared form elicitation in `initialize` (legacy era only: the
-    /// 2026-07-28 flow is not built yet).
+    /// Whether the host declared form elicitation (legacy: in `initialize`; 2026-07-28: in its
+    /// requests' `_meta`).
     pub(super) fn host_can_elicit(&self) -> bool {
-        if self.era() != Some(Era::Legacy) {
-            return false;
+        match self.era() {
+            Some(Era::Modern) => return self.modern_host_can_elicit(),
+            Some(Era::Legacy) => {}
+            None => return false,
         }
         let Some(e) = self
             .host
@@ -192,32 +198,25 @@ impl<I: Io> Session<I> {
         {
             return Err(call);
         }
-        let host_id = call.id().expect("request").to_owned();
-        let tool = denial.tool.clone();
-        let mut requested = self.gate.pending_requests().0;
-        requested.insert(tool.clone());
-        let prompt_id = format!("{PROMPT_ID_PREFIX}{}", self.io.mint_id());
-        let message = self.prompt_message(&tool, &epoch, &requested, arguments);
-        let params = json!({"message": message, "requestedSchema": requested_schema()});
-        let line = json!({"jsonrpc": "2.0", "id": prompt_id, "method": "elicitation/create", "params": params});
-        let deadline_ms = self.now() + self.cfg.approval_timeout.as_millis() as u64;
-        self.prompts.insert(
-            prompt_id.clone(),
-            Prompt {
-                call,
-                host_id,
-                call_id: call_id.to_string(),
-                tool: tool.clone(),
-                arguments_digest: arguments_digest.to_string(),
-                epoch: epoch.clone(),
-                requested,
-                deadline_ms,
-                denial: denial.clone(),
-            },
+        let modern = self.era() == Some(Era::Modern);
+        let (prompt_id, prompt, message) = self.new_prompt(
+            call,
+            denial,
+            epoch.clone(),
+            (call_id, arguments_digest, arguments),
+            modern,
         );
-        let mut bytes = line.to_string().into_bytes();
-        bytes.push(b'\n');
-        self.io.to_host(bytes);
+        let tool = prompt.tool.clone();
+        if modern {
+            self.prompt_modern(prompt_id, prompt, message);
+        } else {
+            let params = json!({"message": message, "requestedSchema": requested_schema()});
+            let line = json!({"jsonrpc": "2.0", "id": prompt_id, "method": "elicitation/create", "params": params});
+            self.prompts.insert(prompt_id, prompt);
+            let mut bytes = line.to_string().into_bytes();
+            bytes.push(b'\n');
+            self.io.to_host(bytes);
+        }
         self.io
             .schedule(self.cfg.approval_timeout, Timer::ApprovalDeadline);
         self.io.status(&format!(
@@ -233,7 +232,7 @@ impl<I: Io> Session<I> {
 
     /// The form's text: what is being approved, in plain words. Server and agent text is
     /// passed through [`sanitize::review`] (a host shows it to the person deciding).
-    fn prompt_message(
+    pub(super) fn prompt_message(
         &self,
         tool: &str,
         epoch: &str,
@@ -321,7 +320,24 @@ impl<I: Io> Session<I> {
             ));
             return true;
         };
-        let answer = read_answer(msg);
+        if prompt.modern {
+            // A modern prompt is answered by the call's retry, never by a response.
+            self.prompts.insert(id, prompt);
+            self.io.status(
+                "host answered an approval prompt that was sent as an input request; ignored, nothing granted",
+            );
+            return true;
+        }
+        self.answered(prompt, read_answer(msg));
+        true
+    }
+
+    /// A modern prompt's answer, as its retry carried it under the prompt's key.
+    pub(super) fn on_prompt_answer_value(&mut self, prompt: Prompt, answer: &Value) {
+        self.answered(prompt, read_answer_value(answer));
+    }
+
+    fn answered(&mut self, prompt: Prompt, answer: Answer) {
         let outcome = match answer {
             Answer::Accept(Decision::Deny) => "denied in the host".to_string(),
             Answer::Declined => "declined in the host".to_string(),
@@ -330,10 +346,9 @@ impl<I: Io> Session<I> {
             Answer::Accept(decision) => return self.prompt_accepted(prompt, decision),
         };
         self.refuse_prompted(prompt, &outcome);
-        true
     }
 
-    fn prompt_accepted(&mut self, prompt: Prompt, decision: Decision) -> bool {
+    fn prompt_accepted(&mut self, prompt: Prompt, decision: Decision) {
         if self.current_epoch() != Some(prompt.epoch.as_str()) {
             let outcome = format!(
                 "approved in the host for epoch {}, but the server was rebuilt during the prompt (now {}); the answer is void",
@@ -341,7 +356,7 @@ impl<I: Io> Session<I> {
                 self.current_epoch().unwrap_or("not running")
             );
             self.refuse_prompted(prompt, &outcome);
-            return true;
+            return;
         }
         let (now, id) = (self.io.wall_ms(), self.io.mint_id());
         let epoch = prompt.epoch.clone();
@@ -393,7 +408,11 @@ impl<I: Io> Session<I> {
                 self.refuse_prompted(prompt, &outcome);
             }
         }
-        true
+    }
+
+    /// Same as [`Session::refuse_prompted`], for the modern room.
+    pub(super) fn refuse_prompt(&mut self, prompt: Prompt, outcome: &str) {
+        self.refuse_prompted(prompt, outcome);
     }
 
     /// The call of a prompt that yielded no grant gets its denial, saying what happened.
@@ -447,6 +466,10 @@ impl<I: Io> Session<I> {
             .collect();
         for id in covered {
             if let Some(p) = self.prompts.remove(&id) {
+                if p.modern {
+                    // Answered already (input_required): the retry finds the grant.
+                    continue;
+                }
                 self.withdraw_prompt(&id, "approved in another channel");
                 self.denied_calls.retain(|d| d.call_id != p.call_id);
                 self.judge_call(p.call, false);
@@ -474,6 +497,10 @@ impl<I: Io> Session<I> {
             .collect();
         for id in due {
             if let Some(p) = self.prompts.remove(&id) {
+                if p.modern {
+                    // Its call was answered with the form; a later retry finds nothing open.
+                    continue;
+                }
                 self.withdraw_prompt(&id, "no answer in time");
                 let secs = self.cfg.approval_timeout.as_secs();
                 self.refuse_prompted(p, &format!("timed out in the host after {secs}s"));
@@ -491,7 +518,7 @@ impl<I: Io> Session<I> {
     /// The session ends: every waiting call is answered.
     pub(super) fn fail_prompts(&mut self, why: &str) {
         let open = std::mem::take(&mut self.prompts);
-        for (_, p) in open {
+        for p in open.into_values().filter(|p| !p.modern) {
             self.refuse_prompted(p, why);
         }
     }

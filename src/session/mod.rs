@@ -23,9 +23,11 @@
 //!   server went away;
 //! - `control`: `approve`/`status`/`restart`/`revoke`; `snapshot`: the status document;
 //! - `approvals`: the approval channels, and prompts in the host (`elicitation/create`) while
-//!   a gated call waits.
+//!   a gated call waits; `approvals_modern`: the same on a 2026-07-28 connection
+//!   (`input_required`, answered by the host's retry).
 
 mod approvals;
+mod approvals_modern;
 mod catalog_fetch;
 mod child;
 pub mod control;
@@ -43,6 +45,8 @@ pub mod testing;
 mod tests;
 #[cfg(test)]
 mod tests_approvals;
+#[cfg(test)]
+mod tests_approvals_modern;
 #[cfg(test)]
 mod tests_listen;
 

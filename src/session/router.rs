@@ -17,6 +17,18 @@ use crate::proxy::envelope::{self, Message};
 
 impl<I: Io> Session<I> {
     pub(super) fn on_host_call(&mut self, msg: Message) {
+        // 2026-07-28: the retry of a call answered with the approval form carries its answer
+        // (a substring test first: most calls carry no `requestState` at all).
+        let may_be_retry = self.era() == Some(Era::Modern)
+            && msg
+                .params()
+                .is_some_and(|p| p.get().contains("\"requestState\""));
+        if may_be_retry {
+            if let Some(call) = self.on_prompt_retry(msg) {
+                self.judge_call(call, true);
+            }
+            return;
+        }
         self.judge_call(msg, true)
     }
 

@@ -272,4 +272,7 @@ pub struct Prompt {
     pub deadline_ms: u64,
     /// The denial the call gets if no grant results.
     pub denial: crate::approval::Denial,
+    /// 2026-07-28: the call was answered with the form (`input_required`); the host's retry
+    /// carries the answer. Legacy: the call waits for the answer to our request.
+    pub modern: bool,
 }

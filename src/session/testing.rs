@@ -43,6 +43,8 @@ pub struct FakeIo {
     /// Every `tools/call` sent to a child: its epoch, and the `tool_called` records (callId,
     /// epoch) written before it.
     pub calls_sent: Vec<(String, Vec<Intent>)>,
+    /// Every `tools/call` sent to a child, as sent.
+    pub call_messages: Vec<Value>,
 }
 
 impl Io for FakeIo {
@@ -65,6 +67,7 @@ impl Io for FakeIo {
                 .map(|(_, e, d)| (d["callId"].clone(), e.clone()))
                 .collect();
             self.calls_sent.push((epoch.to_string(), intents));
+            self.call_messages.push(v.clone());
         }
         self.to_child.push_back((epoch.to_string(), v));
     }

@@ -1,9 +1,33 @@
-//! Approvals where the human is (issue 14): the in-host channel (legacy `elicitation/create`)
-//! with the official clients' own elicitation handling, and the terminal fallback with a call
+//! Approvals where the human is (issue 14): the in-host channel (legacy `elicitation/create`,
+//! and 2026-07-28 `input_required` answered by the client's retry) with the official clients'
+//! own elicitation handling, and the terminal fallback with a call
 //! bound to its arguments (`approve --call`). The person at the host is scripted through the
 //! drivers' `elicitation_policy` / `answer_elicitation` ops.
 
 use super::*;
+
+/// The client's driver on a fresh scenario. A 2026-07-28 client finds a warm server (built
+/// first), so its `server/discover` gets the server's own answer and the session is modern
+/// (cold, it falls back to `initialize` when the build outlasts the handshake wait).
+fn driver_for(s: &mut Scenario, client: Client) -> Driver {
+    if client == Client::Py2Elicit {
+        let manifest = s.manifest().display().to_string();
+        let target = s.target.display().to_string();
+        let out = s.mcp_dev(&[
+            "build",
+            "--manifest-path",
+            &manifest,
+            "--target-dir",
+            &target,
+        ]);
+        assert!(
+            out.status.success(),
+            "prebuild: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    s.driver(client, &[], &[])
+}
 
 /// Sets how the driver's "person" answers the next prompts.
 fn policy(d: &mut Driver, action: &str, choice: Option<&str>) {
@@ -53,8 +77,16 @@ fn host_outcome(p: &Value) -> String {
 /// Accept "this call once" runs exactly that call; decline and cancel refuse the next one.
 fn accept_once_then_decline(name: &str, client: Client) {
     let mut s = Scenario::new(name, secs(150));
-    let mut d = s.driver(client, &[], &[]);
+    let mut d = driver_for(&mut s, client);
     let (pid, epoch) = start(&s, &mut d);
+    if client == Client::Py2Elicit {
+        let st = s.status_file().expect("status");
+        assert_eq!(
+            st["era"],
+            json!("modern"),
+            "the input_required flow is the one tested"
+        );
+    }
     policy(&mut d, "accept", Some("once"));
     let r = write(&mut d, "host-once", 1);
     assert_wrote(&r, "A", pid, "host-once");
@@ -106,8 +138,11 @@ fn accept_once_then_decline(name: &str, client: Client) {
 /// A rebuild while the prompt is open: the answer that arrives after it is void.
 fn rebuild_voids_the_answer(name: &str, client: Client) {
     let mut s = Scenario::new(name, secs(200));
-    let mut d = s.driver(client, &[], &[]);
+    let mut d = driver_for(&mut s, client);
     let (_, epoch_a) = start(&s, &mut d);
+    if client == Client::Py2Elicit {
+        assert_eq!(s.status_file().expect("status")["era"], json!("modern"));
+    }
     policy(&mut d, "hold", None);
     let id = d.send(json!({"op": "call_tool", "name": "write_item",
         "arguments": {"sku": "during-rebuild", "qty": 1}, "timeoutMs": 120_000, "nowait": true}));
@@ -216,4 +251,16 @@ fn a07_unanswered_prompt_times_out_ts_v1() {
     assert!(host_outcome(&p).contains("timed out"), "{p}");
     assert!(grants_of(&s).is_empty());
     close_clean(&s, d);
+}
+
+/// 2026-07-28: the refused call comes back `input_required` with the form; the Python 2.x
+/// client asks its callback and retries with the answer, which the supervisor matches.
+#[test]
+fn a08_accept_once_then_decline_python2_modern() {
+    accept_once_then_decline("a08", Client::Py2Elicit);
+}
+
+#[test]
+fn a09_rebuild_voids_the_answer_python2_modern() {
+    rebuild_voids_the_answer("a09", Client::Py2Elicit);
 }

@@ -216,6 +216,8 @@ pub enum Client {
     TsV1Elicit,
     /// Python SDK mcp 1.30.0 with an elicitation callback the test scripts.
     Py1Elicit,
+    /// Python SDK mcp 2.3.0 with an elicitation callback (2026-07-28: `input_required`).
+    Py2Elicit,
 }
 
 impl Client {
@@ -253,6 +255,7 @@ impl Client {
             Client::Py2 => py("py-mcp2", &[]),
             Client::Py1 => py("py-mcp1", &[]),
             Client::Py1Elicit => py("py-mcp1", &["--elicitation"]),
+            Client::Py2Elicit => py("py-mcp2", &["--elicitation"]),
             Client::TsV1Elicit => node("ts_v1_driver.mjs", &["--elicitation"]),
             Client::TsV1 => node("ts_v1_driver.mjs", &[]),
             Client::TsV1Auto => node("ts_v1_driver.mjs", &["--list-changed-auto"]),

@@ -1,0 +1,151 @@
+//! Modern approvals room: the in-host channel on a 2026-07-28 connection, where a server never
+//! sends the host a request. A gated call that needs a grant is answered at once with
+//! `resultType: "input_required"`, its one input request the approval form
+//! (`elicitation/create`), and `requestState` naming the prompt; the host asks its person and
+//! retries the same call carrying `inputResponses` and that `requestState`.
+//!
+//! Owns: turning a refused call into that result, and matching a retry to the one open prompt it
+//! answers (same tool, same arguments digest, the prompt's epoch, once). Must not touch: the
+//! gate's rules, the legacy prompt flow (`approvals`), I/O (the port).
+//!
+//! The retry's `requestState` is only a key into the supervisor's own table of open prompts:
+//! nothing in it is trusted. A retry naming no open prompt, another call's prompt, or carrying
+//! anything but a well-formed answer under the prompt's key grants nothing. A `requestState`
+//! that is not ours (a server's own multi-round request) is passed through untouched.
+
+use serde_json::{Value, json};
+
+use super::approvals::{PROMPT_ID_PREFIX, requested_schema};
+use super::*;
+use crate::approval::Denial;
+use crate::hashing;
+use crate::proxy::envelope::{self, Message};
+use crate::sanitize;
+
+/// Where a call's params carry a multi-round answer.
+const REQUEST_STATE: &str = "requestState";
+const INPUT_RESPONSES: &str = "inputResponses";
+
+impl<I: Io> Session<I> {
+    /// Whether a modern host declared form elicitation in the `_meta` of its requests.
+    pub(super) fn modern_host_can_elicit(&self) -> bool {
+        let Some(e) = self
+            .host
+            .modern_meta
+            .as_ref()
+            .and_then(|m| m.get(protocol::CLIENT_CAPABILITIES))
+            .and_then(|c| c.get("elicitation"))
+            .and_then(Value::as_object)
+        else {
+            return false;
+        };
+        e.is_empty() || e.contains_key("form")
+    }
+
+    /// Answers a refused call with the approval form as its one input request, and remembers
+    /// the prompt until the retry or the deadline. The call itself is not held.
+    pub(super) fn prompt_modern(&mut self, prompt_id: String, prompt: Prompt, message: String) {
+        let host_id = prompt.host_id.clone();
+        let params = json!({"mode": "form", "message": message,
+                            "requestedSchema": requested_schema()});
+        let result = json!({
+            "resultType": "input_required",
+            "inputRequests": {prompt_id.clone(): {"method": "elicitation/create", "params": params}},
+            REQUEST_STATE: prompt_id,
+        });
+        self.prompts.insert(prompt_id, prompt);
+        self.io.to_host(envelope::result_line(&host_id, &result));
+    }
+
+    /// A modern `tools/call` whose `requestState` is one of ours: the retry of a call that was
+    /// answered with the approval form. Returns the call back when the state is not ours.
+    pub(super) fn on_prompt_retry(&mut self, msg: Message) -> Option<Message> {
+        let params = msg.params_value();
+        let ours = params
+            .get(REQUEST_STATE)
+            .and_then(Value::as_str)
+            .filter(|s| s.starts_with(PROMPT_ID_PREFIX))
+            .map(str::to_string);
+        let Some(prompt_id) = ours else {
+            return Some(msg);
+        };
+        let (tool, arguments) = envelope::call_target(msg.params());
+        let digest = hashing::sha256_bytes(arguments.map(|a| a.get()).unwrap_or("null").as_bytes());
+        let host_id = msg.id().expect("request").to_owned();
+        let open = self
+            .prompts
+            .get(&prompt_id)
+            .is_some_and(|p| p.modern && p.tool == tool && p.arguments_digest == digest);
+        if !open {
+            self.io.status(&format!(
+                "a retry of {} named approval prompt {} that is not open for this call (never sent, already answered, expired, or another call's); nothing granted",
+                sanitize::review(&tool),
+                sanitize::review(&prompt_id.chars().take(80).collect::<String>())
+            ));
+            // Judged as a plain call (it cannot prompt again): without a grant, refused.
+            let stripped = without_round_trip(msg, &params);
+            self.judge_call(stripped, false);
+            return None;
+        }
+        let mut prompt = self.prompts.remove(&prompt_id).expect("checked open");
+        let answer = params
+            .get(INPUT_RESPONSES)
+            .and_then(|r| r.as_object())
+            .filter(|r| r.len() == 1)
+            .and_then(|r| r.get(&prompt_id))
+            .cloned();
+        // The retry (a new JSON-RPC id) is the call that runs or is refused from here on.
+        prompt.call = without_round_trip(msg, &params);
+        prompt.host_id = host_id;
+        match answer {
+            Some(a) => self.on_prompt_answer_value(prompt, &a),
+            None => self.refuse_prompt(
+                prompt,
+                "invalid answer from the host (no response under the prompt's key)",
+            ),
+        }
+        None
+    }
+
+    /// The form's text and a prompt for a call refused with `denial` (shared by both eras).
+    pub(super) fn new_prompt(
+        &mut self,
+        call: Message,
+        denial: &Denial,
+        epoch: EpochId,
+        (call_id, arguments_digest, arguments): (&str, &str, &str),
+        modern: bool,
+    ) -> (String, Prompt, String) {
+        let host_id = call.id().expect("request").to_owned();
+        let tool = denial.tool.clone();
+        let mut requested = self.gate.pending_requests().0;
+        requested.insert(tool.clone());
+        let prompt_id = format!("{PROMPT_ID_PREFIX}{}", self.io.mint_id());
+        let message = self.prompt_message(&tool, &epoch, &requested, arguments);
+        let deadline_ms = self.now() + self.cfg.approval_timeout.as_millis() as u64;
+        let prompt = Prompt {
+            call,
+            host_id,
+            call_id: call_id.to_string(),
+            tool,
+            arguments_digest: arguments_digest.to_string(),
+            epoch,
+            requested,
+            deadline_ms,
+            denial: denial.clone(),
+            modern,
+        };
+        (prompt_id, prompt, message)
+    }
+}
+
+/// The call as the server must see it: the supervisor's round trip is not the server's.
+fn without_round_trip(mut msg: Message, params: &Value) -> Message {
+    let mut p = params.clone();
+    if let Some(o) = p.as_object_mut() {
+        o.remove(REQUEST_STATE);
+        o.remove(INPUT_RESPONSES);
+    }
+    msg.set_params(&p);
+    msg
+}
