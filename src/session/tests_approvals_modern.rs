@@ -197,3 +197,160 @@ fn a_modern_host_without_elicitation_gets_the_terminal_channel() {
     );
     assert!(h.s.prompts.is_empty());
 }
+
+// ----- property test: forged, replayed and mismatched retries never grant --------------------
+
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// A gated call with argument variant `n` (no round trip).
+    Call(u8),
+    /// The retry of the `nth` form the host got: `args_match` keeps the arguments, `answer` as
+    /// in the legacy property test, `state`: 0 the real prompt, 1 a forged id, 2 another key.
+    Retry {
+        nth: u8,
+        args_match: bool,
+        answer: u8,
+        state: u8,
+    },
+    Rebuild(u8),
+    Advance(u16),
+    /// The terminal approves `write_item` for the current epoch.
+    Approve,
+}
+
+fn answer_of(n: u8) -> Value {
+    match n % 6 {
+        0 => json!({"action": "accept", "content": {"decision": "once"}}),
+        1 => json!({"action": "accept", "content": {"decision": "tool"}}),
+        2 => json!({"action": "accept", "content": {"decision": "deny"}}),
+        3 => json!({"action": "decline"}),
+        4 => json!({"action": "accept", "content": {"decision": "tool", "epoch": "forged"}}),
+        _ => json!({"action": "cancel"}),
+    }
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        (0u8..3).prop_map(Step::Call),
+        (0u8..6, any::<bool>(), 0u8..6, 0u8..3).prop_map(|(nth, args_match, answer, state)| {
+            Step::Retry {
+                nth,
+                args_match,
+                answer,
+                state,
+            }
+        }),
+        (0u8..3).prop_map(Step::Rebuild),
+        (0u16..30_000).prop_map(Step::Advance),
+        Just(Step::Approve),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+    /// Over random calls and retries on a 2026-07-28 connection, a host grant comes only from
+    /// the first retry that names an open form of that very call (same arguments), in time,
+    /// under the form's epoch, with a granting answer; every forwarded call has its grant.
+    #[test]
+    fn only_a_real_answer_to_an_open_form_grants(steps in prop::collection::vec(step(), 1..30)) {
+        let mut h = modern(true);
+        h.s.cfg.approval_timeout = std::time::Duration::from_secs(20);
+        // Every form the host got: (state, arguments, epoch, sent at).
+        let mut forms: Vec<(String, Value, Option<String>, u64)> = Vec::new();
+        let mut used: std::collections::BTreeSet<String> = Default::default();
+        let mut grants_seen = 0usize;
+        for step in steps {
+            let mut host_may_grant: Option<Option<String>> = None;
+            let mut terminal_may_grant = false;
+            match step {
+                Step::Call(n) => {
+                    let id = call(&mut h, json!({"sku": format!("s{n}"), "qty": n}), json!({}));
+                    if let Some(a) = h.answer(&id)
+                        && a["result"]["resultType"] == "input_required"
+                    {
+                        let state = a["result"]["requestState"].as_str().unwrap().to_string();
+                        let now = h.io().now_ms;
+                        forms.push((state, json!({"sku": format!("s{n}"), "qty": n}), h.current_epoch(), now));
+                    }
+                }
+                Step::Retry { nth, args_match, answer, state } => {
+                    if let Some((real, args, epoch, sent_at)) = forms.get(nth as usize).cloned() {
+                        let key = match state {
+                            0 => real.clone(),
+                            1 => format!("{PROMPT_ID_PREFIX}FORGED"),
+                            _ => real.clone(),
+                        };
+                        let response_key = if state == 2 { "other".to_string() } else { key.clone() };
+                        let args = if args_match { args } else { json!({"sku": "other", "qty": 99}) };
+                        let fresh = state == 0 && args_match && !used.contains(&real);
+                        if state == 0 && args_match {
+                            used.insert(real.clone());
+                        }
+                        let in_time = h.io().now_ms < sent_at + 20_000;
+                        if fresh && in_time && answer % 6 <= 1 && epoch.is_some() && epoch == h.current_epoch() {
+                            host_may_grant = Some(epoch);
+                        }
+                        let extra = json!({"requestState": key, "inputResponses": {response_key: answer_of(answer)}});
+                        let id = call(&mut h, args, extra);
+                        prop_assert!(h.answer(&id).is_some(), "a retry is always answered");
+                    }
+                }
+                Step::Rebuild(n) => {
+                    if let Some(old) = h.current_epoch() {
+                        h.build(complete(&format!("r{n}")));
+                        h.s.handle(Event::ChildStopped { epoch: old });
+                        h.serve();
+                    }
+                }
+                Step::Advance(ms) => h.advance(ms as u64),
+                Step::Approve => {
+                    terminal_may_grant = true;
+                    if let Some(epoch) = h.current_epoch() {
+                        let (tx, _rx) = crossbeam_channel::bounded(1);
+                        h.s.handle(Event::Control {
+                            request: json!({"op": "approve", "epoch": epoch, "tools": ["write_item"]}),
+                            reply: tx,
+                        });
+                        h.serve();
+                    }
+                }
+            }
+            let new_grants: Vec<Value> = h.audit_kinds(audit::APPROVAL_GRANTED).into_iter().skip(grants_seen).collect();
+            grants_seen += new_grants.len();
+            prop_assert!(new_grants.len() <= 1, "one decision, one grant: {:?}", new_grants);
+            for g in &new_grants {
+                match g["channel"].as_str() {
+                    Some("terminal") => prop_assert!(terminal_may_grant, "{}", g),
+                    Some("host") => {
+                        prop_assert!(host_may_grant.is_some(), "host grant without a real answer: {}", g);
+                        let epoch = host_may_grant.clone().flatten();
+                        prop_assert_eq!(g["grant"]["executionEpoch"].as_str(), epoch.as_deref());
+                    }
+                    other => prop_assert!(false, "grant without a channel: {:?}", other),
+                }
+            }
+        }
+        // Every call that reached a server names a grant issued for its epoch, and the server
+        // never saw the supervisor's round trip.
+        let mut grants: std::collections::BTreeMap<String, String> = Default::default();
+        for (kind, epoch, data) in &h.io().audit {
+            match kind.as_str() {
+                audit::APPROVAL_GRANTED => {
+                    grants.insert(data["grant"]["id"].as_str().unwrap().to_string(),
+                                  data["grant"]["executionEpoch"].as_str().unwrap().to_string());
+                }
+                audit::TOOL_CALLED => {
+                    let grant = data["grant"].as_str().expect("a gated call names its grant");
+                    prop_assert_eq!(grants.get(grant), epoch.as_ref());
+                }
+                _ => {}
+            }
+        }
+        for m in &h.io().call_messages {
+            prop_assert!(m["params"].get("requestState").is_none(), "{}", m);
+            prop_assert!(m["params"].get("inputResponses").is_none(), "{}", m);
+        }
+    }
+}
