@@ -264,3 +264,43 @@ fn a08_accept_once_then_decline_python2_modern() {
 fn a09_rebuild_voids_the_answer_python2_modern() {
     rebuild_voids_the_answer("a09", Client::Py2Elicit);
 }
+
+/// 2026-07-28: the form's deadline passes before the person answers; the client's retry then
+/// names a prompt that is no longer open and is refused, nothing granted.
+#[test]
+fn a10_late_answer_after_the_deadline_python2_modern() {
+    let mut s = Scenario::new("a10", secs(150));
+    let manifest = s.manifest().display().to_string();
+    let target = s.target.display().to_string();
+    let out = s.mcp_dev(&[
+        "build",
+        "--manifest-path",
+        &manifest,
+        "--target-dir",
+        &target,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut d = s.driver(Client::Py2Elicit, &["--approval-timeout", "2s"], &[]);
+    start(&s, &mut d);
+    assert_eq!(s.status_file().expect("status")["era"], json!("modern"));
+    policy(&mut d, "hold", None);
+    let id = d.send(json!({"op": "call_tool", "name": "write_item",
+        "arguments": {"sku": "late", "qty": 1}, "timeoutMs": 60_000, "nowait": true}));
+    prompt_shown(&mut d);
+    std::thread::sleep(secs(3));
+    let r = d.cmd(
+        json!({"op": "answer_elicitation", "action": "accept", "choice": "tool"}),
+        secs(10),
+    );
+    assert_eq!(r["ok"], json!(true), "{r}");
+    let r = d.result(&id, s.within(secs(30)));
+    assert_eq!(r["ok"], json!(true), "a tool result, not a failure: {r}");
+    denial_payload(&r, "authorization_required", Client::Py2Elicit);
+    assert!(grants_of(&s).is_empty(), "a late answer granted");
+    assert!(s.side_effect_lines().is_empty());
+    close_clean(&s, d);
+}
