@@ -515,6 +515,34 @@ fn cpu_ns(pid: u32) -> u64 {
         .sum()
 }
 
+/// Context switches (voluntary + involuntary) over all threads of `pid`: the wake-ups a
+/// process costs, whatever their CPU time.
+fn ctxt_switches(pid: u32) -> u64 {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(|t| fs::read_to_string(t.ok()?.path().join("status")).ok())
+        .map(|s| {
+            s.lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+fn ctxt_snapshot(v: &Variants) -> Vec<(u64, u64)> {
+    v.conns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let (proxy, server) = work_pids(c, i != DIRECT);
+            (proxy.map_or(0, ctxt_switches), ctxt_switches(server))
+        })
+        .collect()
+}
+
 /// The processes doing the work of one variant: (proxy or None, server).
 fn work_pids(c: &Conn, proxied: bool) -> (Option<u32>, u32) {
     if proxied {
@@ -691,6 +719,7 @@ fn latency_phase(o: &Opts, v: &mut Variants, out: &mut String) {
     let k = v.conns.len();
     let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(o.calls); k];
     let cpu_before = cpu_snapshot(v);
+    let ctxt_before = ctxt_snapshot(v);
     for i in 0..o.calls {
         for j in 0..k {
             let c = (i + j) % k;
@@ -698,6 +727,7 @@ fn latency_phase(o: &Opts, v: &mut Variants, out: &mut String) {
         }
     }
     let cpu_after = cpu_snapshot(v);
+    let ctxt_after = ctxt_snapshot(v);
     let s: Vec<Summary> = samples.iter().map(|x| summarize(x)).collect();
     // Paired per-round ratio run/direct: the calls of one round ran within a few hundred µs.
     let paired = |a: usize| {
@@ -743,6 +773,20 @@ fn latency_phase(o: &Opts, v: &mut Variants, out: &mut String) {
                 format!("{:.1}", per(cpu_before[i].0, cpu_after[i].0))
             },
             per(cpu_before[i].1, cpu_after[i].1)
+        ));
+    }
+    out.push_str("\nContext switches per call (voluntary + involuntary, all threads, from /proc/<pid>/task/*/status):\n\n| variant | proxy process | server process |\n|---|---|---|\n");
+    for (i, c) in v.conns.iter().enumerate() {
+        let per = |a: u64, b: u64| (b - a) as f64 / o.calls as f64;
+        out.push_str(&format!(
+            "| {} | {} | {:.2} |\n",
+            c.name,
+            if i == DIRECT {
+                "-".into()
+            } else {
+                format!("{:.2}", per(ctxt_before[i].0, ctxt_after[i].0))
+            },
+            per(ctxt_before[i].1, ctxt_after[i].1)
         ));
     }
     let hop = s[RELAY].p50 - s[DIRECT].p50;
