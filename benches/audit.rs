@@ -1,0 +1,137 @@
+//! Audit log benchmarks (issue 15, "Scale of the log"). Figures are written down in
+//! `bench-results/audit.md`; this program only measures and prints (to stdout: it is a bench
+//! binary, not library code), it asserts nothing.
+//!
+//! (a) per-record cost of the writer: append + flush of a typical `tool_called` record
+//!     (the audit cost on the path of every tool call), median and p99 over 20,000 records;
+//! (b) `audit verify` throughput (records/s, one core) on a log of `AUDIT_BENCH_MB` MiB;
+//! (c) `open_for_run` (what `run` does at start) on an empty log and on that big log.
+//!
+//! Run: `benches/audit/run.sh` (or `cargo bench --bench audit`). Environment:
+//! - `AUDIT_BENCH_MB=1024`: size of the big log
+//! - `AUDIT_BENCH_DIR` (default a temporary directory under `target/`)
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use cargo_mcp_dev::audit::{self, AuditLog, KeyStore};
+use serde_json::json;
+
+fn data(i: u64) -> serde_json::Value {
+    json!({"callId": i, "tool": "write_inventory", "grant": "01JQ7R4S4S0QJ7GZP1S2G1",
+        "credentialScopes": ["inventory-api-staging"], "argumentsDigest": "f".repeat(64)})
+}
+
+const RUN: &str = "01JQ7R4S4S0QJ7GZP1S2";
+const EPOCH: &str = "01JQ7R9KQ6K2Y8W4JH0M";
+
+fn append(log: &mut AuditLog, i: u64) {
+    log.append(audit::TOOL_CALLED, RUN, Some(EPOCH), data(i)).unwrap();
+    flush(log);
+}
+
+#[allow(unused_variables)]
+fn flush(log: &mut AuditLog) {
+    // (before: append wrote the record itself)
+    log.flush().unwrap();
+}
+
+fn main() {
+    let mb: u64 = std::env::var("AUDIT_BENCH_MB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1024);
+    let base = std::env::var_os("AUDIT_BENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-work/audit"));
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base).unwrap();
+    let keys = KeyStore::at(base.join("state"));
+    println!("nproc: {}", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0));
+
+    // (a) per-record append + flush
+    let small = base.join("small.jsonl");
+    let mut log = AuditLog::open(&small, &keys).unwrap();
+    let mut times = Vec::with_capacity(20_000);
+    for i in 0..20_000u64 {
+        let t = Instant::now();
+        append(&mut log, i);
+        times.push(t.elapsed());
+    }
+    drop(log);
+    times.sort();
+    let total: Duration = times.iter().sum();
+    println!(
+        "append+flush per record: mean {:.2} µs, median {:.2} µs, p99 {:.2} µs (20000 records)",
+        us(total) / times.len() as f64,
+        us(times[times.len() / 2]),
+        us(times[times.len() * 99 / 100])
+    );
+
+    // (b) the big log
+    let big = base.join("big.jsonl");
+    let t = Instant::now();
+    let mut log = AuditLog::open(&big, &keys).unwrap();
+    let mut i = 0u64;
+    let target = mb << 20;
+    while std::fs::metadata(&big).unwrap().len() < target {
+        for _ in 0..10_000 {
+            i += 1;
+            log.append(audit::TOOL_CALLED, RUN, Some(EPOCH), data(i)).unwrap();
+        }
+        flush(&mut log);
+    }
+    drop(log);
+    let size = total_size(&big);
+    println!(
+        "big log: {i} records, {:.1} MiB, written in {:.1} s",
+        size as f64 / 1048576.0,
+        t.elapsed().as_secs_f64()
+    );
+
+    for run in 1..=2 {
+        let t = Instant::now();
+        let r = audit::verify(&big, &keys).unwrap();
+        let el = t.elapsed();
+        println!(
+            "verify #{run}: {} records in {:.2} s = {:.0} records/s ({:.0} MiB/s)",
+            r.records,
+            el.as_secs_f64(),
+            r.records as f64 / el.as_secs_f64(),
+            size as f64 / 1048576.0 / el.as_secs_f64()
+        );
+    }
+
+    // (c) open_for_run: empty vs big (each opened 3 times; the first big open may do one-time work)
+    let empty = base.join("empty.jsonl");
+    for (name, path) in [("empty", &empty), ("big", &big)] {
+        let mut v = Vec::new();
+        for _ in 0..3 {
+            let t = Instant::now();
+            let (log, rec) = audit::open_for_run(path, &keys).unwrap();
+            v.push(t.elapsed());
+            assert!(rec.is_none());
+            drop(log);
+        }
+        println!(
+            "open_for_run {name}: {}",
+            v.iter().map(|d| format!("{:.3} ms", us(*d) / 1000.0)).collect::<Vec<_>>().join(", ")
+        );
+    }
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+fn total_size(p: &Path) -> u64 {
+    let dir = p.parent().unwrap();
+    let stem = p.file_stem().unwrap().to_string_lossy().into_owned();
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&stem))
+        .map(|e| e.metadata().unwrap().len())
+        .sum()
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
