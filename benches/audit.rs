@@ -26,7 +26,8 @@ const RUN: &str = "01JQ7R4S4S0QJ7GZP1S2";
 const EPOCH: &str = "01JQ7R9KQ6K2Y8W4JH0M";
 
 fn append(log: &mut AuditLog, i: u64) {
-    log.append(audit::TOOL_CALLED, RUN, Some(EPOCH), data(i)).unwrap();
+    log.append(audit::TOOL_CALLED, RUN, Some(EPOCH), data(i))
+        .unwrap();
     flush(log);
 }
 
@@ -43,11 +44,18 @@ fn main() {
         .unwrap_or(1024);
     let base = std::env::var_os("AUDIT_BENCH_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-work/audit"));
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-work/audit")
+        });
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base).unwrap();
     let keys = KeyStore::at(base.join("state"));
-    println!("nproc: {}", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0));
+    println!(
+        "nproc: {}",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
+    );
 
     // (a) per-record append + flush
     let small = base.join("small.jsonl");
@@ -77,7 +85,8 @@ fn main() {
     while std::fs::metadata(&big).unwrap().len() < target {
         for _ in 0..10_000 {
             i += 1;
-            log.append(audit::TOOL_CALLED, RUN, Some(EPOCH), data(i)).unwrap();
+            log.append(audit::TOOL_CALLED, RUN, Some(EPOCH), data(i))
+                .unwrap();
         }
         flush(&mut log);
     }
@@ -115,7 +124,10 @@ fn main() {
         }
         println!(
             "open_for_run {name}: {}",
-            v.iter().map(|d| format!("{:.3} ms", us(*d) / 1000.0)).collect::<Vec<_>>().join(", ")
+            v.iter()
+                .map(|d| format!("{:.3} ms", us(*d) / 1000.0))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     let _ = std::fs::remove_dir_all(&base);

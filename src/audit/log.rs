@@ -571,8 +571,15 @@ impl AuditLog {
                     "incomplete last line (no final newline: an interrupted write?)".into(),
                 ));
             };
-            scan::check_line(&mac, &line, true, 0, &Expect::default(), &mut Default::default())
-                .map_err(|f| self.corrupt(format!("the last record: {}", f.reason)))?;
+            scan::check_line(
+                &mac,
+                &line,
+                true,
+                0,
+                &Expect::default(),
+                &mut Default::default(),
+            )
+            .map_err(|f| self.corrupt(format!("the last record: {}", f.reason)))?;
             return Err(self.corrupt(format!(
                 "it has no anchor at {}",
                 self.anchor.path().display()
@@ -617,7 +624,10 @@ impl AuditLog {
                 anchored = Some(if r.hash == a.hash {
                     Ok(end)
                 } else {
-                    Err(format!("record {} is not the record its anchor names", r.seq))
+                    Err(format!(
+                        "record {} is not the record its anchor names",
+                        r.seq
+                    ))
                 });
             }
             Ok(())
@@ -696,7 +706,10 @@ fn segment_ends_at(path: &Path, a: &Anchor, mac: &MacChecker) -> bool {
 /// Opens the active file for appending (`create_new`: a fresh file after a rotation).
 fn open_active(path: &Path, create_new: bool) -> Result<File, AuditError> {
     let mut o = OpenOptions::new();
-    o.read(true).append(true).mode(0o600).custom_flags(keys::nofollow());
+    o.read(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(keys::nofollow());
     if create_new {
         o.create_new(true);
     } else {
@@ -884,7 +897,10 @@ mod tests {
         );
         let text = err.to_string();
         assert!(text.contains(&path.display().to_string()), "{text}");
-        assert!(text.contains("--audit-log") && text.contains("--label"), "{text}");
+        assert!(
+            text.contains("--audit-log") && text.contains("--label"),
+            "{text}"
+        );
         drop(a);
         let mut b = AuditLog::open_with(&path, &keys, &opts).unwrap();
         assert_eq!(b.append("x", "B", None, json!({})).unwrap().seq, 2);

@@ -182,7 +182,8 @@ fn set_aside(path: &Path, keys: &KeyStore, problem: &str) -> Result<Recovery, Au
             .map_err(AuditError::io("set aside audit log", path))?;
         for (n, segment) in segments {
             let to = scan::segment_path(&aside, n);
-            rename_new(&segment, &to).map_err(AuditError::io("set aside audit segment", &segment))?;
+            rename_new(&segment, &to)
+                .map_err(AuditError::io("set aside audit segment", &segment))?;
         }
         Some(aside)
     } else {
@@ -244,7 +245,8 @@ fn last_record(path: &Path) -> Option<Record> {
     // The last 1 MiB at most: recovery must not read a whole large log either.
     let mut file = keys::open_nofollow(path).ok()?;
     let len = file.metadata().ok()?.len();
-    file.seek(SeekFrom::Start(len.saturating_sub(1 << 20))).ok()?;
+    file.seek(SeekFrom::Start(len.saturating_sub(1 << 20)))
+        .ok()?;
     let mut text = Vec::new();
     file.read_to_end(&mut text).ok()?;
     text.split(|&b| b == b'\n')
@@ -364,7 +366,10 @@ mod tests {
         assert!(matches!(e, AuditError::WriterBusy { .. }), "{e}");
         assert!(aside_files(path.parent().unwrap()).is_empty());
         drop(holder);
-        assert!(open_for_run(&path, &keys).unwrap().1.is_some(), "judged once free");
+        assert!(
+            open_for_run(&path, &keys).unwrap().1.is_some(),
+            "judged once free"
+        );
     }
 
     /// Issue 15 trade-off: start reads only the anchored tail, so a record changed before the
@@ -431,7 +436,10 @@ mod tests {
         assert!(rec.is_none());
         drop(log);
         let b = keys.read_anchor(&path).unwrap().unwrap();
-        assert_eq!((b.seq, b.offset), (3, Some(std::fs::metadata(&path).unwrap().len())));
+        assert_eq!(
+            (b.seq, b.offset),
+            (3, Some(std::fs::metadata(&path).unwrap().len()))
+        );
         // A wrong offset (not MAC'd) only costs a scan too.
         let mut c = b.clone();
         c.offset = Some(5);

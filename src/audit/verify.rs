@@ -287,10 +287,9 @@ fn verify_once(
             None => open_log(&file_path).map_err(io)?,
         };
         let expect = match &prev {
-            None => Expect {
-                seq: Some(1),
-                prev: None,
-            },
+            // Any seq here, so that a first file that continues a missing segment is named as
+            // such; `check_segment_start` requires seq 1 otherwise.
+            None => Expect::default(),
             Some((seq, hash, _)) => Expect {
                 seq: Some(seq + 1),
                 prev: Some(hash.clone()),
@@ -445,6 +444,9 @@ fn check_segment_start(
             "the first file of the log ({name}) continues segment {named} (seq {}), which is missing",
             r.data["previousSeq"]
         )),
+        None if r.seq != 1 => {
+            Err("out of sequence: expected seq 1 (a record was deleted, inserted or moved)".into())
+        }
         None => Ok(()),
         Some((seq, hash, prev_name)) => {
             if !is_start {
