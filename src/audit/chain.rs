@@ -210,6 +210,7 @@ impl Record {
 /// What a verifier needs from one parsed line: the recomputed hash and the writer's rendering,
 /// from one encoding of `data` (the verifier's hot path).
 pub(crate) struct Recomputed {
+    pub digest: [u8; 32],
     pub hash: String,
     pub line: Vec<u8>,
 }
@@ -219,9 +220,10 @@ impl Record {
     pub(crate) fn recompute(&self, data_scratch: &mut Vec<u8>) -> Result<Recomputed, ChainError> {
         data_scratch.clear();
         canonical_json(&self.data, data_scratch)?;
-        let hash = crate::hashing::hex_lower(Sha256::digest(self.body_with_data(data_scratch)));
+        let digest: [u8; 32] = Sha256::digest(self.body_with_data(data_scratch)).into();
         Ok(Recomputed {
-            hash,
+            digest,
+            hash: crate::hashing::hex_lower(digest),
             line: self.line_with_data(data_scratch),
         })
     }
@@ -238,10 +240,18 @@ impl MacChecker {
 
     /// As [`verify_record_mac`].
     pub(crate) fn verify_record(&self, hash_hex: &str, mac_hex: &str) -> Result<bool, ChainError> {
-        let digest = decode_digest("hash", hash_hex)?;
+        self.verify_digest(&decode_digest("hash", hash_hex)?, mac_hex)
+    }
+
+    /// As [`verify_record_mac`], for a hash already in bytes (the verifier recomputed it).
+    pub(crate) fn verify_digest(
+        &self,
+        digest: &[u8; 32],
+        mac_hex: &str,
+    ) -> Result<bool, ChainError> {
         let tag = decode_digest("mac", mac_hex)?;
         let mut mac = self.0.clone();
-        mac.update(&digest);
+        mac.update(digest);
         Ok(mac.verify_slice(&tag).is_ok())
     }
 }
@@ -256,11 +266,24 @@ fn decode_digest(field: &'static str, value: &str) -> Result<[u8; 32], ChainErro
         field,
         value: value.to_owned(),
     };
-    if !is_digest_hex(value) {
+    // Lowercase hex only (the one spelling the writer produces), decoded without the generic
+    // decoder: the verifier decodes one MAC per record.
+    let bytes = value.as_bytes();
+    if bytes.len() != 64 {
         return Err(bad());
     }
+    let nibble = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
     let mut out = [0u8; 32];
-    hex::decode_to_slice(value, &mut out).map_err(|_| bad())?;
+    for (i, pair) in bytes.chunks_exact(2).enumerate() {
+        match (nibble(pair[0]), nibble(pair[1])) {
+            (Some(h), Some(l)) => out[i] = (h << 4) | l,
+            _ => return Err(bad()),
+        }
+    }
     Ok(out)
 }
 

@@ -204,7 +204,8 @@ pub(crate) fn check_line(
             ),
         ));
     }
-    match mac.verify_record(&record.hash, &record.mac) {
+    // `hash` equals the recomputed one (checked above), so its bytes are the recomputed digest.
+    match mac.verify_digest(&recomputed.digest, &record.mac) {
         Ok(true) => {}
         Ok(false) => {
             return Err(fail(

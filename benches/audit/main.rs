@@ -7,7 +7,8 @@
 //! (b) `audit verify` throughput (records/s, one core) on a log of `AUDIT_BENCH_MB` MiB;
 //! (c) `open_for_run` (what `run` does at start) on an empty log and on that big log.
 //!
-//! Run: `benches/audit/run.sh` (or `cargo bench --bench audit`). Environment:
+//! Run: `benches/audit/run.sh` (pins to one core with `taskset` when available), or
+//! `cargo bench --bench audit`. Environment:
 //! - `AUDIT_BENCH_MB=1024`: size of the big log
 //! - `AUDIT_BENCH_DIR` (default a temporary directory under `target/`)
 
@@ -31,9 +32,8 @@ fn append(log: &mut AuditLog, i: u64) {
     flush(log);
 }
 
-#[allow(unused_variables)]
+/// (Before issue 15 `append` wrote the record itself and there was no `flush`.)
 fn flush(log: &mut AuditLog) {
-    // (before: append wrote the record itself)
     log.flush().unwrap();
 }
 
@@ -82,7 +82,7 @@ fn main() {
     let mut log = AuditLog::open(&big, &keys).unwrap();
     let mut i = 0u64;
     let target = mb << 20;
-    while std::fs::metadata(&big).unwrap().len() < target {
+    while total_size(&big) < target {
         for _ in 0..10_000 {
             i += 1;
             log.append(audit::TOOL_CALLED, RUN, Some(EPOCH), data(i))
@@ -103,11 +103,13 @@ fn main() {
         let r = audit::verify(&big, &keys).unwrap();
         let el = t.elapsed();
         println!(
-            "verify #{run}: {} records in {:.2} s = {:.0} records/s ({:.0} MiB/s)",
+            "verify #{run}: {} records in {} files, {:.2} s = {:.0} records/s ({:.0} MiB/s), peak RSS so far {} MiB",
             r.records,
+            r.segments.len(),
             el.as_secs_f64(),
             r.records as f64 / el.as_secs_f64(),
-            size as f64 / 1048576.0 / el.as_secs_f64()
+            size as f64 / 1048576.0 / el.as_secs_f64(),
+            peak_rss_mib()
         );
     }
 
@@ -142,6 +144,21 @@ fn total_size(p: &Path) -> u64 {
         .filter(|e| e.file_name().to_string_lossy().starts_with(&stem))
         .map(|e| e.metadata().unwrap().len())
         .sum()
+}
+
+/// VmHWM of this process (Linux), to show that verify streams.
+fn peak_rss_mib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse::<u64>().ok())
+            })
+        })
+        .map(|kb| kb / 1024)
+        .unwrap_or(0)
 }
 
 fn us(d: Duration) -> f64 {
