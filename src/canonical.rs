@@ -82,7 +82,11 @@ pub fn write_str(s: &str, out: &mut Vec<u8>) {
     // Fast path (most strings: names, ids, hex digests): nothing to escape, so the literal is the
     // bytes in quotes, exactly what serde_json writes. The audit verifier renders every string
     // of every record; serde_json's escaper goes byte by byte.
-    if !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+    // (A fold without short-circuit: the compiler vectorizes it.)
+    let needs_escape = s.bytes().fold(false, |acc, b| {
+        acc | (b < 0x20) | (b == b'"') | (b == b'\\')
+    });
+    if !needs_escape {
         out.reserve(s.len() + 2);
         out.push(b'"');
         out.extend_from_slice(s.as_bytes());

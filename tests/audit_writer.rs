@@ -332,7 +332,7 @@ fn write_segmented(log: &Path, keys: &KeyStore, records: u64) -> Vec<PathBuf> {
 /// a reopened writer continues in the active file.
 #[test]
 fn segments_rotate_and_verify_follows_them() {
-    let (_tmp, _state, keys, log) = setup();
+    let (_tmp, state, keys, log) = setup();
     let segments = write_segmented(&log, &keys, 60);
     assert!(segments.len() >= 3, "{segments:?}");
     for s in &segments {
@@ -367,6 +367,27 @@ fn segments_rotate_and_verify_follows_them() {
     );
     let journals = audit::Journals::from_log(&log, &keys).unwrap();
     assert!(!journals.render_human(audit::JournalView::Both).is_empty());
+    // The CLI reports every file, oldest first, and the total.
+    let out = Command::new(env!("CARGO_BIN_EXE_cargo-mcp-dev"))
+        .args(["mcp-dev", "audit", "verify", "--json"])
+        .arg(&log)
+        .env("CARGO_MCP_DEV_HOME", &state)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["records"], json!(report.records));
+    assert_eq!(v["segments"].as_array().unwrap().len(), segments.len() + 1);
+    assert_eq!(v["segments"][0]["firstSeq"], json!(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("in {} files", segments.len() + 1)),
+        "{stderr}"
+    );
     // Start reads only the tail, and continues.
     let (mut w, rec) = open_for_run(&log, &keys).unwrap();
     assert!(rec.is_none());

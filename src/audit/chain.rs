@@ -238,11 +238,6 @@ impl MacChecker {
         MacChecker(key.hmac())
     }
 
-    /// As [`verify_record_mac`].
-    pub(crate) fn verify_record(&self, hash_hex: &str, mac_hex: &str) -> Result<bool, ChainError> {
-        self.verify_digest(&decode_digest("hash", hash_hex)?, mac_hex)
-    }
-
     /// As [`verify_record_mac`], for a hash already in bytes (the verifier recomputed it).
     pub(crate) fn verify_digest(
         &self,

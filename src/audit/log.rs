@@ -190,6 +190,8 @@ pub struct AuditLog {
     head: Option<(u64, String)>,
     /// Sealed lines not yet written.
     batch: Vec<u8>,
+    /// File length at the last fsync (a commit with nothing new does not fsync again).
+    synced_len: u64,
     /// Seq named by the anchor on disk, and when this writer last wrote it.
     anchored: Option<u64>,
     anchored_at: Instant,
@@ -241,6 +243,7 @@ impl AuditLog {
             key,
             opts: opts.clone(),
             len: 0,
+            synced_len: 0,
             written: None,
             head: None,
             batch: Vec::with_capacity(16 << 10),
@@ -428,10 +431,15 @@ impl AuditLog {
         Err(AuditError::io("append to audit log", &self.path)(error))
     }
 
-    fn sync_file(&self) -> Result<(), AuditError> {
+    fn sync_file(&mut self) -> Result<(), AuditError> {
+        if self.synced_len == self.len {
+            return Ok(());
+        }
         self.file
             .sync_data()
-            .map_err(AuditError::io("sync audit log", &self.path))
+            .map_err(AuditError::io("sync audit log", &self.path))?;
+        self.synced_len = self.len;
+        Ok(())
     }
 
     fn write_anchor(&mut self) -> Result<(), AuditError> {
@@ -474,6 +482,7 @@ impl AuditLog {
         };
         self.file = file;
         self.len = 0;
+        self.synced_len = 0;
         self.start_segment(&segment)
     }
 
@@ -666,6 +675,8 @@ impl AuditLog {
 
     fn finish_open(&mut self, len: u64, seq: u64, hash: String, anchored: Option<u64>) {
         self.len = len;
+        // What was there before this writer is not its to fsync.
+        self.synced_len = len;
         self.written = Some((seq, hash));
         self.head = self.written.clone();
         self.anchored = anchored;
