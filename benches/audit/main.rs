@@ -18,6 +18,15 @@ use std::time::{Duration, Instant};
 use cargo_mcp_dev::audit::{self, AuditLog, KeyStore};
 use serde_json::json;
 
+/// A bench prints its figures on stdout (the crate denies `println!`: stdout belongs to JSON-RPC
+/// in the library; this is a separate program).
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
 fn data(i: u64) -> serde_json::Value {
     json!({"callId": i, "tool": "write_inventory", "grant": "01JQ7R4S4S0QJ7GZP1S2G1",
         "credentialScopes": ["inventory-api-staging"], "argumentsDigest": "f".repeat(64)})
@@ -50,7 +59,7 @@ fn main() {
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base).unwrap();
     let keys = KeyStore::at(base.join("state"));
-    println!(
+    say!(
         "nproc: {}",
         std::thread::available_parallelism()
             .map(|n| n.get())
@@ -69,7 +78,7 @@ fn main() {
     drop(log);
     times.sort();
     let total: Duration = times.iter().sum();
-    println!(
+    say!(
         "append+flush per record: mean {:.2} µs, median {:.2} µs, p99 {:.2} µs (20000 records)",
         us(total) / times.len() as f64,
         us(times[times.len() / 2]),
@@ -92,7 +101,7 @@ fn main() {
     }
     drop(log);
     let size = total_size(&big);
-    println!(
+    say!(
         "big log: {i} records, {:.1} MiB, written in {:.1} s",
         size as f64 / 1048576.0,
         t.elapsed().as_secs_f64()
@@ -104,7 +113,7 @@ fn main() {
         let r = audit::verify(&big, &keys).unwrap();
         let el = t.elapsed();
         let cpu = thread_cpu() - cpu;
-        println!(
+        say!(
             "verify #{run}: {} records in {} files, wall {:.2} s = {:.0} records/s, CPU {:.2} s = {:.0} records/s per core ({:.0} MiB/s), peak RSS so far {} MiB",
             r.records,
             r.segments.len(),
@@ -132,7 +141,7 @@ fn main() {
         let first = v[0];
         let mut rest = v[1..].to_vec();
         rest.sort();
-        println!(
+        say!(
             "open_for_run {name}: first {:.3} ms, then median {:.3} ms (min {:.3}, max {:.3})",
             us(first) / 1000.0,
             us(rest[rest.len() / 2]) / 1000.0,
