@@ -22,9 +22,9 @@
 //!   strong as when every record was written alone) and encodes it into an in-memory batch. It
 //!   makes no system call (except once per `max_segment_bytes`, to rotate) and returns the
 //!   record's seq and hash.
-//! - [`AuditLog::flush`] writes the whole batch with one `write` on an `O_APPEND` descriptor. A
-//!   failed or short write is cut back off the file (no partial line stays) and the error is
-//!   returned: the records of that batch are lost, the head goes back to the last record on
+//! - [`AuditLog::flush`] writes the whole batch with one `write` on an `O_APPEND` descriptor (a
+//!   short write continues with the rest). A failed write is cut back off the file (no partial
+//!   line stays) and the error is returned: the records of that batch are lost, the head goes back to the last record on
 //!   disk, and the caller must treat it as an audit failure (fail closed: do not forward).
 //!   `flush` also rewrites the anchor when the last anchor write is older than [`ANCHOR_LAG`].
 //! - [`AuditLog::commit`] = flush + fsync (policy permitting) + anchor rewrite (+ its fsync).
@@ -405,6 +405,14 @@ impl AuditLog {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 other => break other,
             }
+        };
+        // A short write (a signal, a size limit, a full disk) continues with the rest, which
+        // either completes the batch or fails with the cause (EFBIG, ENOSPC) for the message.
+        let result = match result {
+            Ok(n) if n < self.batch.len() && n > 0 => (&self.file)
+                .write_all(&self.batch[n..])
+                .map(|()| self.batch.len()),
+            other => other,
         };
         let error = match result {
             Ok(n) if n == self.batch.len() => {
