@@ -422,6 +422,46 @@ mod tests {
         log.append("x", "R", None, json!({})).unwrap();
     }
 
+    /// A segmented log that cannot be extended is set aside with its segments (renamed along,
+    /// so the set-aside chain keeps them and the new chain starts with none).
+    #[test]
+    fn segments_are_set_aside_with_their_log() {
+        let (_tmp, keys, path) = setup();
+        let opts = AuditOptions {
+            max_segment_bytes: 600,
+            ..AuditOptions::default()
+        };
+        {
+            let (mut log, _) = open_for_run_with(&path, &keys, &opts).unwrap();
+            for i in 0..12 {
+                log.append("x", "R", None, json!({"i": i, "pad": "p".repeat(60)}))
+                    .unwrap();
+            }
+        }
+        let segments = scan::list_segments(&path).unwrap();
+        assert!(segments.len() >= 2, "{segments:?}");
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"{\"v\":1,")
+            .unwrap();
+        let (log, rec) = open_for_run_with(&path, &keys, &opts).unwrap();
+        drop(log);
+        let aside = rec.expect("set aside").set_aside_log.unwrap();
+        assert!(scan::list_segments(&path).unwrap().is_empty());
+        let moved = scan::list_segments(&aside).unwrap();
+        assert_eq!(moved.len(), segments.len());
+        for ((n, _), (m, p)) in segments.iter().zip(&moved) {
+            assert_eq!(n, m);
+            assert!(p.exists());
+        }
+        let r = crate::audit::verify(&path, &keys).unwrap();
+        assert_eq!(r.segments.len(), 1);
+        let old = r.previous.unwrap().previous.unwrap_err();
+        assert!(old.reason.contains("incomplete last line"), "{old}");
+    }
+
     /// An anchor written before issue 15 (no offset) costs one scan, then is upgraded.
     #[test]
     fn an_old_anchor_without_offset_is_upgraded() {

@@ -77,6 +77,20 @@ pub fn list_segments(path: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
     Ok(out)
 }
 
+/// The segment number in a segment's file name (`srv.00003.jsonl` -> 3): a set-aside chain's
+/// segments keep their numbers under a new stem, so links are compared by number.
+pub(crate) fn segment_number(name: &str) -> Option<u64> {
+    let p = Path::new(name);
+    let stem = match p.extension() {
+        Some(_) => p.file_stem()?.to_str()?,
+        None => name,
+    };
+    let (_, digits) = stem.rsplit_once('.')?;
+    (digits.len() >= 5 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
 /// The file name of `path`, for messages and `segment_started` records.
 pub(crate) fn file_name(path: &Path) -> String {
     path.file_name()

@@ -454,7 +454,11 @@ fn check_segment_start(
                     "{name} does not start with a segment_started record continuing {prev_name}"
                 ));
             }
-            if named != prev_name
+            // By number: a set-aside chain's segments keep their numbers under a new stem.
+            let same = named == prev_name
+                || scan::segment_number(named).is_some()
+                    && scan::segment_number(named) == scan::segment_number(prev_name);
+            if !same
                 || r.data["previousSeq"].as_u64() != Some(*seq)
                 || r.data["previousHash"].as_str() != Some(hash.as_str())
             {

@@ -203,7 +203,8 @@ impl<I: Io> Session<I> {
                 call,
                 ..
             } => {
-                if method == "subscriptions/listen" && self.server_refused_listen(&host_id, &msg) {
+                if method == "subscriptions/listen" && self.server_refused_listen(&host_id, &msg)
+                {
                     return;
                 }
                 if method == "subscriptions/listen" {

@@ -287,11 +287,7 @@ impl<I: Io> Session<I> {
     /// a server is up or serves `subscriptions/listen` at all (rmcp's default does not).
     fn open_supervisor_listen(&mut self, msg: Message) {
         let host_id = msg.id().expect("request").to_owned();
-        if self
-            .listens
-            .iter()
-            .any(|l| l.host_id.get() == host_id.get())
-        {
+        if self.listens.iter().any(|l| l.host_id.get() == host_id.get()) {
             let why = "a subscriptions/listen stream with this id is already open";
             self.io
                 .to_host(envelope::error_line(Some(&host_id), -32600, why, json!({})));

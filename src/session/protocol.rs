@@ -180,10 +180,7 @@ mod tests {
         // Malformed filters ask for nothing.
         assert_eq!(
             ListenFilter::of(&json!({"notifications": "all"})),
-            ListenFilter {
-                tools: false,
-                server_categories: false
-            }
+            ListenFilter { tools: false, server_categories: false }
         );
         assert!(!ListenFilter::of(&json!(null)).tools);
     }

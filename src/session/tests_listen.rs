@@ -87,17 +87,11 @@ fn a_tools_only_stream_is_served_by_the_supervisor_even_when_the_server_refuses_
     let changed = notes(&mut h, LIST_CHANGED);
     assert_eq!(changed.len(), 1, "{changed:?}");
     assert_eq!(sid(&changed[0]), l, "tagged with the host's listen id");
-    assert_eq!(
-        server_listens(&h),
-        0,
-        "nothing to re-open at the new server"
-    );
+    assert_eq!(server_listens(&h), 0, "nothing to re-open at the new server");
     assert_eq!(h.answer(&l), None, "the stream survives the restart");
 
     // The host ends the stream: later changes are not sent on it.
-    h.host(
-        json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": l}}),
-    );
+    h.host(json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": l}}));
     rebuild_with_changed_tools(&mut h, "c", 3);
     assert_eq!(notes(&mut h, LIST_CHANGED).len(), 1);
     assert_eq!(h.answer(&l), None, "a cancelled request is not answered");
@@ -113,11 +107,7 @@ fn a_stream_opened_before_any_server_is_acknowledged_and_told_of_later_changes()
     );
     assert_eq!(notes(&mut h, ACK).len(), 1, "ours to acknowledge at once");
     let list = h.request("tools/list", json!({"_meta": meta()}));
-    assert_eq!(
-        h.answer(&list),
-        None,
-        "the list still waits for a real server"
-    );
+    assert_eq!(h.answer(&list), None, "the list still waits for a real server");
     h.build(complete("a"));
     assert_eq!(Harness::names(&h.answer(&list).unwrap()).len(), 2);
     assert_eq!(
@@ -203,13 +193,9 @@ fn listen_streams_are_bounded_and_ids_unique() {
         "subscriptions/listen",
         listen_params(json!({"toolsListChanged": true})),
     );
-    h.host(
-        json!({"jsonrpc": "2.0", "id": first, "method": "subscriptions/listen",
-                  "params": listen_params(json!({"toolsListChanged": true}))}),
-    );
-    let dup = h
-        .answer(&first)
-        .expect("a second stream under the same id is refused");
+    h.host(json!({"jsonrpc": "2.0", "id": first, "method": "subscriptions/listen",
+                  "params": listen_params(json!({"toolsListChanged": true}))}));
+    let dup = h.answer(&first).expect("a second stream under the same id is refused");
     assert_eq!(dup["error"]["code"], json!(-32600));
     for _ in 1..LISTEN_LIMIT {
         h.request(
