@@ -176,7 +176,8 @@ impl Default for AuditOptions {
 #[derive(Debug)]
 pub struct AuditLog {
     file: File,
-    _lock: WriterLock,
+    /// Always `Some` while the log is usable (taken back out only by a failed open).
+    lock: Option<WriterLock>,
     path: PathBuf,
     canonical_path: String,
     anchor: AnchorFile,
@@ -218,6 +219,14 @@ impl AuditLog {
         keys: &KeyStore,
         opts: &AuditOptions,
     ) -> Result<AuditLog, AuditError> {
+        let lock = Self::lock(path, opts)?;
+        Self::open_locked(path, keys, opts, lock).map_err(|(e, _)| e)
+    }
+
+    /// Takes the writer lock of `path` (creating its directory): the first half of
+    /// [`AuditLog::open_with`], for a caller that must keep the log to itself across a failed
+    /// open (recovery sets the log aside under the lock).
+    pub(crate) fn lock(path: &Path, opts: &AuditOptions) -> Result<WriterLock, AuditError> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             DirBuilder::new()
                 .recursive(true)
@@ -225,18 +234,34 @@ impl AuditLog {
                 .create(parent)
                 .map_err(AuditError::io("create directory", parent))?;
         }
-        let lock = WriterLock::acquire(path, opts.lock_wait)?;
-        let file = open_active(path, false)?;
-        let key = keys.load_or_create_key()?;
-        keys.ensure_anchor_dir()?;
-        let canonical =
-            std::fs::canonicalize(path).map_err(AuditError::io("resolve the path of", path))?;
-        let canonical_path = canonical.to_string_lossy().into_owned();
-        let anchor =
-            AnchorFile::open(&keys.anchor_path_for_canonical(&canonical), &canonical_path)?;
+        WriterLock::acquire(path, opts.lock_wait)
+    }
+
+    /// The second half of [`AuditLog::open_with`]; a failure hands the lock back.
+    pub(crate) fn open_locked(
+        path: &Path,
+        keys: &KeyStore,
+        opts: &AuditOptions,
+        lock: WriterLock,
+    ) -> Result<AuditLog, (AuditError, Option<WriterLock>)> {
+        let prepared = (|| {
+            let file = open_active(path, false)?;
+            let key = keys.load_or_create_key()?;
+            keys.ensure_anchor_dir()?;
+            let canonical =
+                std::fs::canonicalize(path).map_err(AuditError::io("resolve the path of", path))?;
+            let canonical_path = canonical.to_string_lossy().into_owned();
+            let anchor =
+                AnchorFile::open(&keys.anchor_path_for_canonical(&canonical), &canonical_path)?;
+            Ok((file, key, canonical_path, anchor))
+        })();
+        let (file, key, canonical_path, anchor) = match prepared {
+            Ok(p) => p,
+            Err(e) => return Err((e, Some(lock))),
+        };
         let mut log = AuditLog {
             file,
-            _lock: lock,
+            lock: Some(lock),
             path: path.to_owned(),
             canonical_path,
             anchor,
@@ -255,8 +280,13 @@ impl AuditLog {
             rotatable: false,
             poisoned: None,
         };
-        log.read_tail()?;
-        Ok(log)
+        match log.read_tail() {
+            Ok(()) => Ok(log),
+            Err(e) => {
+                let lock = log.lock.take();
+                Err((e, lock))
+            }
+        }
     }
 
     /// Seals one record into the batch (see the module doc: no system call) and returns its
@@ -763,7 +793,7 @@ impl Drop for AuditLog {
 /// The writer lock of a log: an exclusive `flock` on `<log>.lock`, held until drop (the file
 /// is closed then, which releases it). The file holds the holder's pid.
 #[derive(Debug)]
-struct WriterLock(#[allow(dead_code)] File);
+pub(crate) struct WriterLock(#[allow(dead_code)] File);
 
 /// Where the writer lock of `log` lives.
 pub fn lock_path(log: &Path) -> PathBuf {

@@ -94,16 +94,16 @@ pub fn open_for_run_with(
     keys: &KeyStore,
     opts: &AuditOptions,
 ) -> Result<(AuditLog, Option<Recovery>), AuditError> {
-    let problem = match AuditLog::open_with(path, keys, opts) {
+    // The writer lock is held from the check through the set-aside to the new chain: no other
+    // writer can append to, or set aside, the same log in between.
+    let lock = AuditLog::lock(path, opts)?;
+    let (problem, lock) = match AuditLog::open_locked(path, keys, opts, lock) {
         Ok(log) => return Ok((log, None)),
-        Err(e) if recoverable(&e) => e.to_string(),
-        Err(e) => return Err(e),
+        Err((e, Some(lock))) if recoverable(&e) => (e.to_string(), lock),
+        Err((e, _)) => return Err(e),
     };
-    // The writer lock was let go with the failed writer: a writer that starts meanwhile would
-    // find the same damage and set it aside itself; ours then fails with `WriterBusy` below or
-    // starts after it, extending its new chain. Nothing is lost either way.
     let recovery = set_aside(path, keys, &problem)?;
-    let mut log = AuditLog::open_with(path, keys, opts)?;
+    let mut log = AuditLog::open_locked(path, keys, opts, lock).map_err(|(e, _)| e)?;
     let head = |h: &Option<(u64, String)>| match h {
         Some((seq, hash)) => json!({"seq": seq, "hash": hash}),
         None => Value::Null,
