@@ -4,8 +4,14 @@
 //!
 //! ```text
 //! <dir>/audit.key                       32 random bytes, mode 0600, owned by the current user
-//! <dir>/anchors/<H>.json                {"log": path, "seq": N, "hash": hex, "mac": hex}
+//! <dir>/anchors/<H>.json                {"log": path, "seq": N, "hash": hex, "mac": hex, "offset": B}
 //! ```
+//!
+//! `offset` (optional: anchors written before issue 15 have none) is the byte offset, in the
+//! active log file, of the end of the anchored record (just past its `\n`). It lets a writer
+//! find the anchored record without reading the log from the start. It is not covered by the
+//! anchor MAC: a wrong offset only points at bytes that do not match the sealed `seq`/`hash`,
+//! and the writer then falls back to a full scan of the active file.
 //!
 //! `<dir>` is `$CARGO_MCP_DEV_HOME`, else `$XDG_STATE_HOME/cargo-mcp-dev`, else
 //! `$HOME/.local/state/cargo-mcp-dev`. `<H>` is the lowercase hex SHA-256 of the bytes of the
@@ -45,6 +51,9 @@ pub struct Anchor {
     pub hash: String,
     /// See [`super::chain::anchor_mac`].
     pub mac: String,
+    /// Where the anchored record ends in the active file (see the module doc).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
 }
 
 /// Where the audit key and anchors live.
@@ -215,7 +224,7 @@ impl KeyStore {
 }
 
 /// Reads an anchor file; `Ok(None)` if it does not exist or is empty (created, never written).
-/// Hold the log's lock while reading if a writer may be active (see [`AnchorFile`]).
+/// A reader racing the writer may see a torn anchor (see [`AnchorFile`]); readers re-read once.
 pub(crate) fn read_anchor_at(path: &Path) -> Result<Option<Anchor>, AuditError> {
     let mut file = match OpenOptions::new()
         .read(true)
@@ -245,9 +254,12 @@ pub(crate) fn read_anchor_at(path: &Path) -> Result<Option<Anchor>, AuditError> 
 /// Why not a temporary file + rename: on ext4 (default `auto_da_alloc`) replacing a file by
 /// rename forces the new file's data out to disk, which costs 100–300 µs per append, on the path
 /// of every tool call. Instead the anchor is padded to a fixed length (a function of the log
-/// path only) and overwritten with one `pwrite` at offset 0, under the log's exclusive lock.
-/// Readers that must see a consistent anchor (the writer's tail check, `verify`) hold the log's
-/// lock while reading it; a torn anchor (power loss mid-write) fails its MAC and is reported.
+/// path only) and overwritten with one `pwrite` at offset 0 by the log's only writer (which
+/// holds the writer lock, see [`super::log`]). Readers (`verify`) take no lock: they read the
+/// anchor before the log (the writer rewrites the anchor only after the records it names are
+/// written, so the log they read is never shorter than the anchor) and re-read an anchor that
+/// does not parse or seal (a read racing a rewrite). A torn anchor left by a power loss
+/// mid-write fails its MAC and is reported.
 #[derive(Debug)]
 pub(crate) struct AnchorFile {
     path: PathBuf,
@@ -273,6 +285,7 @@ impl AnchorFile {
             seq: u64::MAX,
             hash: "0".repeat(64),
             mac: "0".repeat(64),
+            offset: Some(u64::MAX),
         };
         let padded_len = serde_json::to_vec(&widest)
             .expect("an anchor always serializes")
@@ -309,6 +322,13 @@ impl AnchorFile {
             self.needs_trim = false;
         }
         Ok(())
+    }
+
+    /// fsync of the anchor (at commit points under an fsync policy other than `never`).
+    pub(crate) fn sync(&self) -> Result<(), AuditError> {
+        self.file
+            .sync_data()
+            .map_err(AuditError::io("sync anchor", &self.path))
     }
 }
 
@@ -542,6 +562,7 @@ mod tests {
             seq: 3,
             hash: "a".repeat(64),
             mac: "b".repeat(64),
+            offset: Some(1234),
         };
         file.write(&a).unwrap();
         let len = std::fs::metadata(&path).unwrap().len();

@@ -1,36 +1,95 @@
-//! The append-only writer. Owns the log file handle, the exclusive lock around each append, and
-//! the anchor update that follows it. Must not touch: record content (callers choose `data`;
-//! the bytes are defined by [`super::chain`]) or policy.
+//! The append-only writer. Owns the log file handle, the writer lock, the in-memory batch of
+//! sealed records, the anchor updates, the fsync policy and segment rotation. Must not touch:
+//! record content (callers choose `data`; the bytes are defined by [`super::chain`]), policy,
+//! stdout.
 //!
-//! Concurrency: several writers (two supervisors, or two [`AuditLog`]s in one process) may share
-//! one file. Each append takes an exclusive `flock` on the file for the duration of the append
-//! only; if the file's length differs from what this writer last saw, another writer appended,
-//! and the tail is re-read (and checked) to continue the chain from the true head.
+//! # One writer per log
 //!
-//! Durability: records are written with one `write` call on an `O_APPEND` descriptor and are
-//! not fsynced, and the anchor is rewritten in place (see [`super::keys`] for why not
-//! temp + rename): an append costs tens of microseconds, not milliseconds; it sits on the path
-//! of every tool call. Once `append` returns, the record is in the kernel page cache: a crash of
-//! the supervisor loses nothing; a power loss may lose the newest records, which `verify` then
-//! reports (truncated tail, or a record that does not match the anchor). Call
-//! [`AuditLog::sync`] where durability matters more than latency (e.g. at run end).
+//! [`AuditLog::open`] takes an exclusive `flock` on `<log>.lock` (beside the log; it holds the
+//! writer's pid, for the error a second writer gets) and keeps it for as long as the
+//! [`AuditLog`] lives. A second writer waits up to [`WRITER_LOCK_WAIT`] (a host that starts the
+//! server command twice in quick succession — a probe, then the real session — may still have
+//! the probe's supervisor exiting) and then fails with [`AuditError::WriterBusy`], naming the
+//! log and the other writer's pid. Because nobody else appends, the writer keeps the head and
+//! the file length in memory: an append costs no lock, no `fstat` and no read. A change made
+//! to the file behind the writer's back (not a writer: an editor, an attacker) is not noticed
+//! while it runs; it breaks the chain, and `audit verify` and the next start report it.
+//! Readers (`audit verify`, `audit show`) never take the lock (see [`super::verify()`]).
 //!
-//! Fail closed: `open` and `append` refuse to extend a log whose tail does not parse, whose last
-//! record's hash or MAC is wrong, whose last line is incomplete, or which is shorter than its
-//! anchor says: writing onto a broken chain would bury the damage.
+//! # Group commit: the caller's contract
+//!
+//! - [`AuditLog::append`] seals the record (seq, `prev`, hash, MAC: the chain is exactly as
+//!   strong as when every record was written alone) and encodes it into an in-memory batch. It
+//!   makes no system call (except once per `max_segment_bytes`, to rotate) and returns the
+//!   record's seq and hash.
+//! - [`AuditLog::flush`] writes the whole batch with one `write` on an `O_APPEND` descriptor (a
+//!   short write continues with the rest). A failed write is cut back off the file (no partial
+//!   line stays) and the error is returned: the records of that batch are lost, the head goes back to the last record on
+//!   disk, and the caller must treat it as an audit failure (fail closed: do not forward).
+//!   `flush` also rewrites the anchor when the last anchor write is older than [`ANCHOR_LAG`].
+//! - [`AuditLog::commit`] = flush + fsync (policy permitting) + anchor rewrite (+ its fsync).
+//! - `Drop` does a best-effort `commit`.
+//!
+//! The caller must `flush` before it forwards a tool call whose intent record
+//! ([`super::record_type::TOOL_CALLED`]) it appended (the record is then in the kernel: a crash
+//! of the supervisor cannot lose it), and `commit` at epoch boundaries and at exit.
+//!
+//! # Durability ([`FsyncPolicy`])
+//!
+//! What survives, by setting:
+//!
+//! | policy | process crash (kill -9, panic) | power loss / kernel crash |
+//! |---|---|---|
+//! | `every` | everything flushed | everything flushed |
+//! | `boundaries` (default) | everything flushed | everything up to the last commit (epoch boundary, exit, rotation) |
+//! | `never` | everything flushed | nothing guaranteed |
+//!
+//! A process crash loses nothing that was flushed: once `write` returns the bytes are in the page
+//! cache. The anchor may lag the log by up to [`ANCHOR_LAG`] (or until the next flush or
+//! commit); a log longer than its anchor is valid (the unanchored tail is checked record by
+//! record at the next start), one shorter than its anchor is reported as truncated. After a
+//! power loss the anchor (rewritten without fsync between commits) can be on disk ahead of the
+//! records it names: the next start then sets the log aside as evidence and starts a new chain
+//! that names the old head (see [`super::recover`]); nothing committed is lost.
+//!
+//! # Opening: only the tail is read
+//!
+//! The anchor records where its record ends in the active file (`offset`, see [`super::keys`]).
+//! `open` reads that record, checks it against the sealed anchor (seq, hash, the record's hash
+//! and MAC), then checks every record after it (the unanchored tail: a crash's worth) fully and
+//! continues the chain from the last one. Start therefore costs the same on a 1 GB log as on an
+//! empty one. Records before the anchored one are *not* re-checked at start: a record changed
+//! in the middle of the log is found by `audit verify` (and reported there with its line), not
+//! by `run` (a deliberate change from issue 12, see `docs/SECURITY.md`). An anchor without an
+//! offset (written before issue 15), or an offset that does not point at the anchored record,
+//! makes `open` scan the active file once and rewrite the anchor with the offset.
+//!
+//! Fail closed: `open` refuses to extend a log whose tail does not check (torn or incomplete
+//! last line, a hash or MAC that does not match, another key), which is shorter than its anchor
+//! says, or whose anchor is missing or invalid: writing onto a broken chain would bury the
+//! damage. [`super::recover::open_for_run`] sets such a log aside.
+//!
+//! # Segments
+//!
+//! When a record would take the active file past `max_segment_bytes`, the file is committed,
+//! renamed to the next segment name (see [`super::scan`]) and a new active file is started whose
+//! first record, [`super::record_type::SEGMENT_STARTED`], names the previous segment's file
+//! name, last seq and hash; seq continues. Rotation happens inside `append` (the only time it
+//! does I/O).
 
 use super::AuditError;
 use super::chain::{
-    AuditKey, FORMAT_VERSION, GENESIS_PREV, Record, anchor_mac, verify_anchor_mac,
-    verify_record_mac,
+    AuditKey, FORMAT_VERSION, GENESIS_PREV, MacChecker, Record, anchor_mac, verify_anchor_mac,
 };
 use super::keys::{self, Anchor, AnchorFile, KeyStore};
-use serde_json::Value;
+use super::scan::{self, Expect, Last};
+use serde_json::{Value, json};
 use std::fs::{DirBuilder, File, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::str::FromStr;
+use std::time::{Duration, Instant, SystemTime};
 
 /// What an append produced: the record's position and hash (the new head of the log).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,31 +98,137 @@ pub struct AppendedRecord {
     pub hash: String,
 }
 
-/// An open audit log, ready to append.
+/// When the writer asks the kernel to put the log on stable storage (see the module doc for
+/// what each setting survives). Config key `audit-fsync`, flag `--audit-fsync`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FsyncPolicy {
+    /// Never fsync: the kernel writes back when it likes.
+    Never,
+    /// fsync at every commit: epoch boundaries, rotation and exit.
+    #[default]
+    Boundaries,
+    /// fsync at every flush (and commit): every record flushed survives a power loss.
+    Every,
+}
+
+impl FsyncPolicy {
+    /// The accepted spellings, for help texts and errors.
+    pub const VALUES: &'static [&'static str] = &["never", "boundaries", "every"];
+}
+
+impl std::fmt::Display for FsyncPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FsyncPolicy::Never => "never",
+            FsyncPolicy::Boundaries => "boundaries",
+            FsyncPolicy::Every => "every",
+        })
+    }
+}
+
+/// A value that is not one of [`FsyncPolicy::VALUES`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid audit fsync policy {0:?}: expected one of never, boundaries, every")]
+pub struct ParseFsyncPolicyError(pub String);
+
+impl FromStr for FsyncPolicy {
+    type Err = ParseFsyncPolicyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "never" => Ok(FsyncPolicy::Never),
+            "boundaries" => Ok(FsyncPolicy::Boundaries),
+            "every" => Ok(FsyncPolicy::Every),
+            other => Err(ParseFsyncPolicyError(other.to_owned())),
+        }
+    }
+}
+
+/// How long a second writer waits for the lock of a log before [`AuditError::WriterBusy`].
+pub const WRITER_LOCK_WAIT: Duration = Duration::from_secs(3);
+/// The anchor is rewritten by `flush` when its last write is older than this.
+pub const ANCHOR_LAG: Duration = Duration::from_millis(200);
+/// Default size at which the active file rotates into a segment (config
+/// `audit-max-segment-bytes`).
+pub const DEFAULT_MAX_SEGMENT_BYTES: u64 = 64 << 20;
+
+/// How a writer is opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditOptions {
+    pub fsync: FsyncPolicy,
+    /// Rotate the active file before a record would take it past this many bytes (`0`: never).
+    pub max_segment_bytes: u64,
+    /// How long to wait for another writer to let go of the log.
+    pub lock_wait: Duration,
+}
+
+impl Default for AuditOptions {
+    fn default() -> Self {
+        AuditOptions {
+            fsync: FsyncPolicy::default(),
+            max_segment_bytes: DEFAULT_MAX_SEGMENT_BYTES,
+            lock_wait: WRITER_LOCK_WAIT,
+        }
+    }
+}
+
+/// An open audit log, ready to append; the only writer of its file while it lives.
 #[derive(Debug)]
 pub struct AuditLog {
     file: File,
-    state: WriterState,
-    lock_deadline: std::time::Duration,
-}
-
-#[derive(Debug)]
-struct WriterState {
+    /// Always `Some` while the log is usable (taken back out only by a failed open).
+    lock: Option<WriterLock>,
     path: PathBuf,
     canonical_path: String,
     anchor: AnchorFile,
     key: AuditKey,
-    /// File length after this writer's last append or tail read.
-    seen_len: u64,
-    /// `(seq, hash)` of the last record, `None` for an empty log.
+    opts: AuditOptions,
+    /// Length of the active file (everything written by this writer, or found at open).
+    len: u64,
+    /// The last record in the file: `(seq, hash)`.
+    written: Option<(u64, String)>,
+    /// The last record sealed (in the batch or in the file).
     head: Option<(u64, String)>,
+    /// Sealed lines not yet written.
+    batch: Vec<u8>,
+    /// File length at the last fsync (a commit with nothing new does not fsync again).
+    synced_len: u64,
+    /// Seq named by the anchor on disk, and when this writer last wrote it.
+    anchored: Option<u64>,
+    anchored_at: Instant,
+    /// The anchor was rewritten since its last fsync.
+    anchor_unsynced: bool,
+    /// Whether the active file holds a record besides its opening `segment_started` (a file is
+    /// rotated only then, so one oversized record cannot rotate forever).
+    rotatable: bool,
+    /// Set when a failed write could not be cut back: the file may end in a partial line, so
+    /// nothing more is written to it.
+    poisoned: Option<String>,
 }
 
 impl AuditLog {
-    /// Opens (creating if needed) the log at `path`: parent directories are created with mode
-    /// 0700, the file with mode 0600; a symlink at `path` is refused. The key is loaded or
-    /// created, and the existing tail is checked against the key and the anchor.
+    /// [`AuditLog::open_with`] with the default options.
     pub fn open(path: &Path, keys: &KeyStore) -> Result<AuditLog, AuditError> {
+        Self::open_with(path, keys, &AuditOptions::default())
+    }
+
+    /// Opens (creating if needed) the log at `path` as its only writer: parent directories are
+    /// created with mode 0700, the file with mode 0600; a symlink at `path` is refused. The
+    /// writer lock is taken (see the module doc), the key is loaded or created, and the tail is
+    /// checked against the key and the anchor.
+    pub fn open_with(
+        path: &Path,
+        keys: &KeyStore,
+        opts: &AuditOptions,
+    ) -> Result<AuditLog, AuditError> {
+        let lock = Self::lock(path, opts)?;
+        Self::open_locked(path, keys, opts, lock).map_err(|(e, _)| e)
+    }
+
+    /// Takes the writer lock of `path` (creating its directory): the first half of
+    /// [`AuditLog::open_with`], for a caller that must keep the log to itself across a failed
+    /// open (recovery sets the log aside under the lock).
+    pub(crate) fn lock(path: &Path, opts: &AuditOptions) -> Result<WriterLock, AuditError> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             DirBuilder::new()
                 .recursive(true)
@@ -71,59 +236,66 @@ impl AuditLog {
                 .create(parent)
                 .map_err(AuditError::io("create directory", parent))?;
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .custom_flags(keys::nofollow())
-            .open(path)
-            .map_err(|e| {
-                if keys::is_eloop(&e) {
-                    AuditError::Symlink {
-                        path: path.to_owned(),
-                    }
-                } else {
-                    AuditError::io("open audit log", path)(e)
-                }
-            })?;
-        let meta = file
-            .metadata()
-            .map_err(AuditError::io("inspect audit log", path))?;
-        if !meta.file_type().is_file() {
-            return Err(AuditError::NotRegularFile {
-                path: path.to_owned(),
-            });
-        }
-        let key = keys.load_or_create_key()?;
-        keys.ensure_anchor_dir()?;
-        let canonical =
-            std::fs::canonicalize(path).map_err(AuditError::io("resolve the path of", path))?;
-        let canonical_path = canonical.to_string_lossy().into_owned();
-        let anchor =
-            AnchorFile::open(&keys.anchor_path_for_canonical(&canonical), &canonical_path)?;
-        let mut log = AuditLog {
-            file,
-            lock_deadline: APPEND_LOCK_DEADLINE,
-            state: WriterState {
-                path: path.to_owned(),
-                canonical_path,
-                anchor,
-                key,
-                seen_len: 0,
-                head: None,
-            },
-        };
-        {
-            let _lock = Lock::exclusive(&log.file, &log.state.path, log.lock_deadline)?;
-            let len = log.state.current_len(&log.file)?;
-            log.state.read_head(&log.file, len)?;
-        }
-        Ok(log)
+        WriterLock::acquire(path, opts.lock_wait)
     }
 
-    /// Appends one record and updates the anchor. `record_type` is one of the
-    /// [`super::record_type`] names; `run` the agent run id; `epoch` the current execution epoch.
+    /// The second half of [`AuditLog::open_with`]; a failure hands the lock back.
+    pub(crate) fn open_locked(
+        path: &Path,
+        keys: &KeyStore,
+        opts: &AuditOptions,
+        lock: WriterLock,
+    ) -> Result<AuditLog, (AuditError, Option<WriterLock>)> {
+        let prepared = (|| {
+            let file = open_active(path, false)?;
+            let key = keys.load_or_create_key()?;
+            keys.ensure_anchor_dir()?;
+            let canonical =
+                std::fs::canonicalize(path).map_err(AuditError::io("resolve the path of", path))?;
+            let canonical_path = canonical.to_string_lossy().into_owned();
+            let anchor =
+                AnchorFile::open(&keys.anchor_path_for_canonical(&canonical), &canonical_path)?;
+            Ok((file, key, canonical_path, anchor))
+        })();
+        let (file, key, canonical_path, anchor) = match prepared {
+            Ok(p) => p,
+            Err(e) => return Err((e, Some(lock))),
+        };
+        let mut log = AuditLog {
+            file,
+            lock: Some(lock),
+            path: path.to_owned(),
+            canonical_path,
+            anchor,
+            key,
+            opts: opts.clone(),
+            len: 0,
+            synced_len: 0,
+            written: None,
+            head: None,
+            batch: Vec::with_capacity(16 << 10),
+            anchored: None,
+            anchor_unsynced: false,
+            // Stale from the start: the first flush after a quiet time anchors at once.
+            anchored_at: Instant::now()
+                .checked_sub(ANCHOR_LAG)
+                .unwrap_or_else(Instant::now),
+            rotatable: false,
+            poisoned: None,
+        };
+        match log.read_tail() {
+            Ok(()) => Ok(log),
+            Err(e) => {
+                let lock = log.lock.take();
+                Err((e, lock))
+            }
+        }
+    }
+
+    /// Seals one record into the batch (see the module doc: no system call) and returns its
+    /// seq and hash. `record_type` is one of the [`super::record_type`] names; `run` the agent
+    /// run id; `epoch` the current execution epoch. The record reaches the file at the next
+    /// [`AuditLog::flush`] or [`AuditLog::commit`].
     pub fn append(
         &mut self,
         record_type: &str,
@@ -137,81 +309,262 @@ impl AuditLog {
         if run.is_empty() {
             return Err(AuditError::InvalidRecord("empty run id".into()));
         }
-        let _lock = Lock::exclusive(&self.file, &self.state.path, self.lock_deadline)?;
-        let state = &mut self.state;
-        let len = state.current_len(&self.file)?;
-        if len != state.seen_len {
-            if len < state.seen_len {
-                return Err(state.corrupt(format!(
-                    "the log shrank from {} to {len} bytes since this writer last appended",
-                    state.seen_len
-                )));
-            }
-            state.read_head(&self.file, len)?;
-        }
-        let (seq, prev) = match &state.head {
-            Some((seq, hash)) => (seq + 1, hash.clone()),
-            None => (1, GENESIS_PREV.to_owned()),
-        };
+        self.check_poisoned()?;
         let mut record = Record {
             v: FORMAT_VERSION,
-            seq,
-            // Taken under the lock, so times never go backwards along the file (clock permitting).
+            seq: 0,
             time: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             record_type: record_type.to_owned(),
             run: run.to_owned(),
             epoch: epoch.map(str::to_owned),
-            prev,
+            prev: String::new(),
             data,
             hash: String::new(),
             mac: String::new(),
         };
-        let mut line = record.seal_to_line(&state.key)?;
-        line.push(b'\n');
-        // One write call on an O_APPEND descriptor: the line lands whole at the end of the file.
-        if let Err(e) = (&self.file).write_all(&line) {
-            // Best effort: cut a partial line off so the chain stays intact for the next writer.
-            let _ = self.file.set_len(len);
-            return Err(AuditError::io("append to audit log", &state.path)(e));
+        loop {
+            let line = self.seal(&mut record)?;
+            if self.opts.max_segment_bytes > 0
+                && self.rotatable
+                && self.len + (self.batch.len() + line.len() + 1) as u64
+                    > self.opts.max_segment_bytes
+            {
+                self.rotate()?;
+                continue;
+            }
+            self.push(line, record.seq, &record.hash);
+            self.rotatable = true;
+            return Ok(AppendedRecord {
+                seq: record.seq,
+                hash: record.hash,
+            });
         }
-        state.seen_len = len + line.len() as u64;
-        state.head = Some((seq, record.hash.clone()));
-        let anchor = Anchor {
-            log: state.canonical_path.clone(),
-            seq,
-            mac: anchor_mac(&state.key, seq, &record.hash),
-            hash: record.hash.clone(),
+    }
+
+    /// Sets seq and prev from the head, seals, renders.
+    fn seal(&self, record: &mut Record) -> Result<Vec<u8>, AuditError> {
+        let (seq, prev) = match &self.head {
+            Some((seq, hash)) => (seq + 1, hash.clone()),
+            None => (1, GENESIS_PREV.to_owned()),
         };
-        state.anchor.write(&anchor)?;
-        Ok(AppendedRecord {
-            seq,
-            hash: record.hash,
-        })
+        record.seq = seq;
+        record.prev = prev;
+        Ok(record.seal_to_line(&self.key)?)
     }
 
-    /// How long an append waits for the log's lock (default [`APPEND_LOCK_DEADLINE`]).
-    pub fn set_lock_deadline(&mut self, deadline: std::time::Duration) {
-        self.lock_deadline = deadline;
+    fn push(&mut self, line: Vec<u8>, seq: u64, hash: &str) {
+        self.batch.extend_from_slice(&line);
+        self.batch.push(b'\n');
+        self.head = Some((seq, hash.to_owned()));
     }
 
-    /// Flushes the log to stable storage (fsync). Not called by `append`.
-    pub fn sync(&self) -> Result<(), AuditError> {
-        self.file
-            .sync_data()
-            .map_err(AuditError::io("sync audit log", &self.state.path))
+    /// Writes the batch with one `write` (see the module doc), fsyncs it under
+    /// [`FsyncPolicy::Every`], and rewrites the anchor if it is older than [`ANCHOR_LAG`].
+    pub fn flush(&mut self) -> Result<(), AuditError> {
+        self.check_poisoned()?;
+        if !self.batch.is_empty() {
+            self.write_batch()?;
+            if self.opts.fsync == FsyncPolicy::Every {
+                self.sync_file()?;
+            }
+        }
+        if self.anchored != self.written.as_ref().map(|w| w.0)
+            && self.anchored_at.elapsed() >= ANCHOR_LAG
+        {
+            self.write_anchor()?;
+        }
+        Ok(())
+    }
+
+    /// Flush, then fsync the log (unless the policy is [`FsyncPolicy::Never`]), rewrite the
+    /// anchor and fsync it: the caller's epoch boundaries and exit.
+    pub fn commit(&mut self) -> Result<(), AuditError> {
+        self.check_poisoned()?;
+        if !self.batch.is_empty() {
+            self.write_batch()?;
+        }
+        let sync = self.opts.fsync != FsyncPolicy::Never;
+        if sync {
+            self.sync_file()?;
+        }
+        if self.anchored != self.written.as_ref().map(|w| w.0) {
+            self.write_anchor()?;
+        }
+        // Also an anchor `flush` rewrote (timer) since the last commit.
+        if sync && self.anchor_unsynced {
+            self.anchor.sync()?;
+            self.anchor_unsynced = false;
+        }
+        Ok(())
+    }
+
+    /// Sets the fsync policy from now on.
+    pub fn set_fsync(&mut self, policy: FsyncPolicy) {
+        self.opts.fsync = policy;
+    }
+
+    pub fn fsync_policy(&self) -> FsyncPolicy {
+        self.opts.fsync
+    }
+
+    /// Sets the rotation size from now on (`0`: never rotate).
+    pub fn set_max_segment_bytes(&mut self, bytes: u64) {
+        self.opts.max_segment_bytes = bytes;
     }
 
     pub fn path(&self) -> &Path {
-        &self.state.path
+        &self.path
     }
 
-    /// `(seq, hash)` of the newest record this writer knows of (`None` for an empty log).
+    /// `(seq, hash)` of the newest record sealed (`None` for an empty log), flushed or not.
     pub fn head(&self) -> Option<(u64, &str)> {
-        self.state.head.as_ref().map(|(s, h)| (*s, h.as_str()))
+        self.head.as_ref().map(|(s, h)| (*s, h.as_str()))
     }
-}
 
-impl WriterState {
+    /// Bytes sealed but not yet written (what a crash now would lose).
+    pub fn pending_bytes(&self) -> usize {
+        self.batch.len()
+    }
+
+    fn check_poisoned(&self) -> Result<(), AuditError> {
+        match &self.poisoned {
+            Some(reason) => Err(self.corrupt(reason.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn write_batch(&mut self) -> Result<(), AuditError> {
+        let before = self.len;
+        let result = loop {
+            match (&self.file).write(&self.batch) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                other => break other,
+            }
+        };
+        // A short write (a signal, a size limit, a full disk) continues with the rest, which
+        // either completes the batch or fails with the cause (EFBIG, ENOSPC) for the message.
+        let result = match result {
+            Ok(n) if n < self.batch.len() && n > 0 => (&self.file)
+                .write_all(&self.batch[n..])
+                .map(|()| self.batch.len()),
+            other => other,
+        };
+        let error = match result {
+            Ok(n) if n == self.batch.len() => {
+                self.len += n as u64;
+                self.batch.clear();
+                self.written = self.head.clone();
+                return Ok(());
+            }
+            Ok(n) => std::io::Error::new(
+                std::io::ErrorKind::WriteZero,
+                format!("short write: {n} of {} bytes", self.batch.len()),
+            ),
+            Err(e) => e,
+        };
+        // The batch is lost: cut any part of it off so the file ends on a whole record, and
+        // continue the chain from the last record on disk.
+        self.batch.clear();
+        self.head = self.written.clone();
+        if let Err(cut) = self.file.set_len(before) {
+            self.poisoned = Some(format!(
+                "a failed write ({error}) could not be cut back ({cut}): the file may end in a partial line"
+            ));
+        }
+        Err(AuditError::io("append to audit log", &self.path)(error))
+    }
+
+    fn sync_file(&mut self) -> Result<(), AuditError> {
+        if self.synced_len == self.len {
+            return Ok(());
+        }
+        self.file
+            .sync_data()
+            .map_err(AuditError::io("sync audit log", &self.path))?;
+        self.synced_len = self.len;
+        Ok(())
+    }
+
+    fn write_anchor(&mut self) -> Result<(), AuditError> {
+        let Some((seq, hash)) = &self.written else {
+            return Ok(());
+        };
+        let anchor = Anchor {
+            log: self.canonical_path.clone(),
+            seq: *seq,
+            mac: anchor_mac(&self.key, *seq, hash),
+            hash: hash.clone(),
+            offset: Some(self.len),
+        };
+        self.anchor.write(&anchor)?;
+        self.anchor_unsynced = true;
+        self.anchored = Some(*seq);
+        self.anchored_at = Instant::now();
+        Ok(())
+    }
+
+    /// Commits the active file, renames it to the next segment and starts a new active file
+    /// with a `segment_started` record (written, anchored and, policy permitting, synced).
+    fn rotate(&mut self) -> Result<(), AuditError> {
+        self.commit()?;
+        let next = scan::list_segments(&self.path)
+            .map_err(AuditError::io("list the segments of", &self.path))?
+            .last()
+            .map(|(n, _)| n + 1)
+            .unwrap_or(1);
+        let segment = scan::segment_path(&self.path, next);
+        // Link + unlink: an existing segment is never overwritten.
+        std::fs::hard_link(&self.path, &segment)
+            .and_then(|()| std::fs::remove_file(&self.path))
+            .map_err(AuditError::io("rotate audit log", &self.path))?;
+        let file = match open_active(&self.path, true) {
+            Ok(f) => f,
+            Err(e) => {
+                self.poisoned = Some(format!("rotation failed: {e}"));
+                return Err(e);
+            }
+        };
+        self.file = file;
+        self.len = 0;
+        self.synced_len = 0;
+        self.start_segment(&segment)
+    }
+
+    /// Writes the first record of a new active file, continuing `previous` (a segment).
+    fn start_segment(&mut self, previous: &Path) -> Result<(), AuditError> {
+        let (seq, hash) = self
+            .written
+            .clone()
+            .expect("a segment is only started after records");
+        let mut record = Record {
+            v: FORMAT_VERSION,
+            seq: 0,
+            time: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            record_type: super::record_type::SEGMENT_STARTED.to_owned(),
+            run: super::recover::TOOL_RUN.to_owned(),
+            epoch: None,
+            prev: String::new(),
+            data: json!({
+                "previousSegment": scan::file_name(previous),
+                "previousSeq": seq,
+                "previousHash": hash,
+            }),
+            hash: String::new(),
+            mac: String::new(),
+        };
+        let line = self.seal(&mut record)?;
+        self.push(line, record.seq, &record.hash);
+        self.rotatable = false;
+        self.commit()?;
+        if self.opts.fsync != FsyncPolicy::Never
+            && let Some(dir) = self.path.parent().filter(|p| !p.as_os_str().is_empty())
+            && let Ok(d) = File::open(dir)
+        {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+
     fn corrupt(&self, reason: String) -> AuditError {
         AuditError::CorruptTail {
             path: self.path.clone(),
@@ -219,16 +572,8 @@ impl WriterState {
         }
     }
 
-    fn current_len(&self, file: &File) -> Result<u64, AuditError> {
-        Ok(file
-            .metadata()
-            .map_err(AuditError::io("inspect audit log", &self.path))?
-            .len())
-    }
-
-    /// Reads and checks the last record and the anchor; sets `head` and `seen_len`. Runs under
-    /// the lock.
-    fn read_head(&mut self, file: &File, len: u64) -> Result<(), AuditError> {
+    /// Checks the tail against the anchor and sets the head (see the module doc).
+    fn read_tail(&mut self) -> Result<(), AuditError> {
         let anchor = keys::read_anchor_at(self.anchor.path())?;
         if let Some(a) = &anchor
             && !verify_anchor_mac(&self.key, a.seq, &a.hash, &a.mac).unwrap_or(false)
@@ -238,152 +583,279 @@ impl WriterState {
                 self.anchor.path().display()
             )));
         }
+        let len = self
+            .file
+            .metadata()
+            .map_err(AuditError::io("inspect audit log", &self.path))?
+            .len();
+        let segments = scan::list_segments(&self.path)
+            .map_err(AuditError::io("list the segments of", &self.path))?;
+        let mac = MacChecker::new(&self.key);
         if len == 0 {
-            if let Some(a) = anchor {
+            let Some(a) = anchor else {
+                if let Some((_, last)) = segments.last() {
+                    return Err(self.corrupt(format!(
+                        "the active file is empty and has no anchor, but segment {} exists",
+                        last.display()
+                    )));
+                }
+                return Ok(());
+            };
+            // A crash between renaming the active file to a segment and writing the new
+            // file's first record: continue from that segment if it ends at the anchor.
+            if let Some((_, last)) = segments.last()
+                && segment_ends_at(last, &a, &mac)
+            {
+                self.written = Some((a.seq, a.hash.clone()));
+                self.head = self.written.clone();
+                return self.start_segment(last);
+            }
+            return Err(self.corrupt(format!(
+                "the log is empty but its anchor records head seq {}",
+                a.seq
+            )));
+        }
+        let Some(a) = anchor else {
+            // The last record's own problems first (a log sealed with another key says so).
+            let line = scan::line_ending_at(&self.file, len)
+                .map_err(AuditError::io("read audit log", &self.path))?;
+            let Some(line) = line else {
+                return Err(self.corrupt(
+                    "incomplete last line (no final newline: an interrupted write?)".into(),
+                ));
+            };
+            scan::check_line(
+                &mac,
+                &line,
+                true,
+                0,
+                &Expect::default(),
+                &mut Default::default(),
+            )
+            .map_err(|f| self.corrupt(format!("the last record: {}", f.reason)))?;
+            return Err(self.corrupt(format!(
+                "it has no anchor at {}",
+                self.anchor.path().display()
+            )));
+        };
+        if let Some(off) = a.offset {
+            if off > len {
                 return Err(self.corrupt(format!(
-                    "the log is empty but its anchor records head seq {}",
+                    "truncated: its anchor records head seq {} ending at byte {off}, but the log has {len} bytes",
                     a.seq
                 )));
             }
-            self.head = None;
-            self.seen_len = 0;
-            return Ok(());
+            if self.anchored_record_at(off, &a, &mac) {
+                let last = scan::scan_file(
+                    &self.file,
+                    off,
+                    0,
+                    Expect {
+                        seq: Some(a.seq + 1),
+                        prev: Some(a.hash.clone()),
+                    },
+                    &mac,
+                    |_, _, _| Ok(()),
+                )
+                .map_err(|f| self.corrupt(format!("after the anchored record: {f}")))?;
+                let (seq, hash) = match last {
+                    Some(l) => (l.seq, l.hash),
+                    None => (a.seq, a.hash.clone()),
+                };
+                self.finish_open(len, seq, hash, Some(a.seq));
+                return Ok(());
+            }
         }
-        let line = read_last_line(file, len)
-            .map_err(AuditError::io("read audit log", &self.path))?
-            .map_err(|reason| self.corrupt(reason))?;
-        let text = std::str::from_utf8(&line)
-            .map_err(|_| self.corrupt("the last line is not UTF-8".into()))?;
-        let record =
-            Record::from_line(text).map_err(|e| self.corrupt(format!("the last line: {e}")))?;
-        let last = format!("the last record (seq {})", record.seq);
-        if record.v != FORMAT_VERSION {
-            return Err(self.corrupt(format!("{last} has format version {}", record.v)));
-        }
-        if record.compute_hash()? != record.hash {
-            return Err(self.corrupt(format!("{last} does not match its hash")));
-        }
-        if !verify_record_mac(&self.key, &record.hash, &record.mac).unwrap_or(false) {
-            return Err(self.corrupt(format!(
-                "{last} has an invalid MAC (tampered, or sealed with another key)"
-            )));
-        }
-        match anchor {
+        // No usable offset: scan the active file once.
+        let mut first: Option<Record> = None;
+        let mut anchored: Option<Result<u64, String>> = None;
+        let last = scan::scan_file(&self.file, 0, 0, Expect::default(), &mac, |r, _, end| {
+            if first.is_none() {
+                first = Some(r.clone());
+            }
+            if r.seq == a.seq {
+                anchored = Some(if r.hash == a.hash {
+                    Ok(end)
+                } else {
+                    Err(format!(
+                        "record {} is not the record its anchor names",
+                        r.seq
+                    ))
+                });
+            }
+            Ok(())
+        })
+        .map_err(|f| self.corrupt(f.to_string()))?;
+        let Last { seq, hash, .. } = last.expect("a non-empty file that scanned has a record");
+        match anchored {
+            Some(Ok(_)) => {}
+            Some(Err(reason)) => return Err(self.corrupt(reason)),
+            None if a.seq > seq => {
+                return Err(self.corrupt(format!(
+                    "truncated: its anchor records head seq {} but the last record is seq {seq}",
+                    a.seq
+                )));
+            }
             None => {
-                return Err(self.corrupt(format!(
-                    "it has no anchor at {}",
-                    self.anchor.path().display()
-                )));
+                // The anchor may still name the last record of the previous segment (a crash
+                // right after a rotation), which this file's first record must continue.
+                let continues = first.as_ref().is_some_and(|f| {
+                    f.record_type == super::record_type::SEGMENT_STARTED
+                        && f.data["previousSeq"].as_u64() == Some(a.seq)
+                        && f.data["previousHash"].as_str() == Some(a.hash.as_str())
+                });
+                if !continues {
+                    return Err(self.corrupt(format!(
+                        "its anchor names seq {}, which is not in this file",
+                        a.seq
+                    )));
+                }
             }
-            Some(a) if a.seq > record.seq => {
-                return Err(self.corrupt(format!(
-                    "truncated: its anchor records head seq {} but the last record is seq {}",
-                    a.seq, record.seq
-                )));
-            }
-            Some(a) if a.seq == record.seq && a.hash != record.hash => {
-                return Err(self.corrupt(format!("{last} is not the record its anchor names")));
-            }
-            // An anchor behind the tail is a crash between the write and the anchor update.
-            Some(_) => {}
         }
-        self.head = Some((record.seq, record.hash));
-        self.seen_len = len;
-        Ok(())
+        self.finish_open(len, seq, hash, None);
+        // Upgrade the anchor (offset) now, so the next start reads only the tail.
+        self.write_anchor()
+    }
+
+    fn finish_open(&mut self, len: u64, seq: u64, hash: String, anchored: Option<u64>) {
+        self.len = len;
+        // What was there before this writer is not its to fsync.
+        self.synced_len = len;
+        self.written = Some((seq, hash));
+        self.head = self.written.clone();
+        self.anchored = anchored;
+        self.rotatable = true;
+    }
+
+    /// Whether the complete line ending at `off` is the anchored record, sealed with the key.
+    fn anchored_record_at(&self, off: u64, a: &Anchor, mac: &MacChecker) -> bool {
+        record_ending_at(&self.file, off, a, mac)
     }
 }
 
-/// The last line of a file of length `len`, without its `\n`. `Ok(Err(reason))` if the file does
-/// not end in a complete line.
-fn read_last_line(file: &File, len: u64) -> std::io::Result<Result<Vec<u8>, String>> {
-    let mut chunk = len.min(4096);
-    loop {
-        let start = len - chunk;
-        let mut buf = vec![0u8; chunk as usize];
-        file.read_exact_at(&mut buf, start)?;
-        if start + chunk == len && buf.last() != Some(&b'\n') {
-            return Ok(Err(
-                "the last line is incomplete (no final newline: an interrupted write?)".into(),
-            ));
+fn record_ending_at(file: &File, off: u64, a: &Anchor, mac: &MacChecker) -> bool {
+    let Ok(Some(line)) = scan::line_ending_at(file, off) else {
+        return false;
+    };
+    let expect = Expect {
+        seq: Some(a.seq),
+        prev: None,
+    };
+    matches!(
+        scan::check_line(mac, &line, true, 0, &expect, &mut Default::default()),
+        Ok(r) if r.hash == a.hash
+    )
+}
+
+/// Whether the segment at `path` ends with the record `a` names.
+fn segment_ends_at(path: &Path, a: &Anchor, mac: &MacChecker) -> bool {
+    let Ok(file) = keys::open_nofollow(path) else {
+        return false;
+    };
+    let Ok(meta) = file.metadata() else {
+        return false;
+    };
+    record_ending_at(&file, meta.len(), a, mac)
+}
+
+/// Opens the active file for appending (`create_new`: a fresh file after a rotation).
+fn open_active(path: &Path, create_new: bool) -> Result<File, AuditError> {
+    let mut o = OpenOptions::new();
+    o.read(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(keys::nofollow());
+    if create_new {
+        o.create_new(true);
+    } else {
+        o.create(true);
+    }
+    let file = o.open(path).map_err(|e| {
+        if keys::is_eloop(&e) {
+            AuditError::Symlink {
+                path: path.to_owned(),
+            }
+        } else {
+            AuditError::io("open audit log", path)(e)
         }
-        let body = &buf[..buf.len() - 1];
-        if let Some(pos) = body.iter().rposition(|&b| b == b'\n') {
-            return Ok(Ok(body[pos + 1..].to_vec()));
-        }
-        if start == 0 {
-            return Ok(Ok(body.to_vec()));
-        }
-        chunk = (chunk * 2).min(len);
+    })?;
+    let meta = file
+        .metadata()
+        .map_err(AuditError::io("inspect audit log", path))?;
+    if !meta.file_type().is_file() {
+        return Err(AuditError::NotRegularFile {
+            path: path.to_owned(),
+        });
+    }
+    Ok(file)
+}
+
+impl Drop for AuditLog {
+    fn drop(&mut self) {
+        let _ = self.commit();
     }
 }
 
-/// How long an append waits for the log's lock before failing (issue 12: another process
-/// holding a lock on the log used to freeze the whole session). The call being recorded then
-/// fails closed (it is not forwarded) and the session goes on.
-pub const APPEND_LOCK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
-/// How long a reader (`audit verify`) waits for writers.
-pub const READ_LOCK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+/// The writer lock of a log: an exclusive `flock` on `<log>.lock`, held until drop (the file
+/// is closed then, which releases it). The file holds the holder's pid.
+#[derive(Debug)]
+pub(crate) struct WriterLock(#[allow(dead_code)] File);
 
-/// A `flock` on a log, held until drop.
-pub(crate) struct Lock<'a>(&'a File);
+/// Where the writer lock of `log` lives.
+pub fn lock_path(log: &Path) -> PathBuf {
+    let mut name = log.file_name().unwrap_or_default().to_os_string();
+    name.push(".lock");
+    log.with_file_name(name)
+}
 
-impl<'a> Lock<'a> {
-    fn exclusive(
-        file: &'a File,
-        path: &Path,
-        deadline: std::time::Duration,
-    ) -> Result<Lock<'a>, AuditError> {
-        Self::take(
-            file,
-            path,
-            rustix::fs::FlockOperation::NonBlockingLockExclusive,
-            deadline,
-        )
-    }
-
-    /// For readers (verify): excludes writers, so the log and its anchor are read as one state.
-    pub(crate) fn shared(file: &'a File, path: &Path) -> Result<Lock<'a>, AuditError> {
-        Self::take(
-            file,
-            path,
-            rustix::fs::FlockOperation::NonBlockingLockShared,
-            READ_LOCK_DEADLINE,
-        )
-    }
-
-    /// Non-blocking attempts with a short back-off until `deadline` has passed.
-    fn take(
-        file: &'a File,
-        path: &Path,
-        op: rustix::fs::FlockOperation,
-        deadline: std::time::Duration,
-    ) -> Result<Lock<'a>, AuditError> {
-        let start = std::time::Instant::now();
-        let mut pause = std::time::Duration::from_micros(200);
+impl WriterLock {
+    /// Non-blocking attempts with a short back-off until `wait` has passed.
+    fn acquire(log: &Path, wait: Duration) -> Result<WriterLock, AuditError> {
+        let path = lock_path(log);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(keys::nofollow())
+            .open(&path)
+            .map_err(|e| {
+                if keys::is_eloop(&e) {
+                    AuditError::Symlink { path: path.clone() }
+                } else {
+                    AuditError::io("open the writer lock", &path)(e)
+                }
+            })?;
+        let start = Instant::now();
+        let mut pause = Duration::from_millis(1);
         loop {
-            match rustix::fs::flock(file, op) {
-                Ok(()) => return Ok(Lock(file)),
+            match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => break,
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(rustix::io::Errno::WOULDBLOCK) => {
                     let waited = start.elapsed();
-                    if waited >= deadline {
-                        return Err(AuditError::LockTimeout {
-                            path: path.to_owned(),
+                    if waited >= wait {
+                        let mut text = String::new();
+                        let _ = (&file).read_to_string(&mut text);
+                        return Err(AuditError::WriterBusy {
+                            path: log.to_owned(),
+                            pid: text.trim().parse().ok(),
                             waited_ms: waited.as_millis() as u64,
                         });
                     }
-                    std::thread::sleep(pause.min(deadline - waited));
-                    pause = (pause * 2).min(std::time::Duration::from_millis(50));
+                    std::thread::sleep(pause.min(wait - waited));
+                    pause = (pause * 2).min(Duration::from_millis(50));
                 }
-                Err(e) => return Err(AuditError::io("lock audit log", path)(e.into())),
+                Err(e) => return Err(AuditError::io("lock audit log", &path)(e.into())),
             }
         }
-    }
-}
-
-impl Drop for Lock<'_> {
-    fn drop(&mut self) {
-        let _ = rustix::fs::flock(self.0, rustix::fs::FlockOperation::Unlock);
+        // Best effort: the pid only makes the second writer's error more helpful. Overwritten in
+        // place at a fixed width, never truncated: on ext4 truncate-then-write forces the data
+        // out at close (`auto_da_alloc`), which cost milliseconds per start.
+        let pid = format!("{:<20}\n", std::process::id());
+        let _ = file.write_all_at(pid.as_bytes(), 0);
+        Ok(WriterLock(file))
     }
 }
 
@@ -421,6 +893,9 @@ mod tests {
             .unwrap();
         assert_eq!((a.seq, b.seq), (1, 2));
         assert_eq!(log.head(), Some((2, b.hash.as_str())));
+        assert!(lines(&path).is_empty(), "append only seals into the batch");
+        assert!(keys.read_anchor(&path).unwrap().is_none());
+        log.flush().unwrap();
         let l = lines(&path);
         assert_eq!(l.len(), 2);
         let r1 = Record::from_line(&l[0]).unwrap();
@@ -443,6 +918,41 @@ mod tests {
         assert_eq!(mode(path.parent().unwrap()), 0o700);
     }
 
+    /// Group commit: the anchor follows flushes at most every `ANCHOR_LAG` and every commit; a
+    /// log longer than its anchor verifies and is continued.
+    #[test]
+    fn the_anchor_lags_flushes_and_follows_commits() {
+        let (_tmp, keys, path) = setup();
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        let seq_of_anchor = || keys.read_anchor(&path).unwrap().map(|a| a.seq);
+        log.append("x", "R", None, json!({})).unwrap();
+        log.flush().unwrap();
+        assert_eq!(
+            seq_of_anchor(),
+            Some(1),
+            "the first flush after a quiet time anchors"
+        );
+        log.append("x", "R", None, json!({})).unwrap();
+        log.flush().unwrap();
+        assert_eq!(lines(&path).len(), 2);
+        assert_eq!(seq_of_anchor(), Some(1), "within ANCHOR_LAG: not rewritten");
+        let r = crate::audit::verify(&path, &keys).unwrap();
+        assert_eq!(r.head_seq, 2, "a log longer than its anchor is valid");
+        std::thread::sleep(ANCHOR_LAG);
+        log.append("x", "R", None, json!({})).unwrap();
+        log.flush().unwrap();
+        assert_eq!(seq_of_anchor(), Some(3));
+        log.append("x", "R", None, json!({})).unwrap();
+        log.commit().unwrap();
+        assert_eq!(seq_of_anchor(), Some(4), "commit always anchors");
+        log.append("x", "R", None, json!({})).unwrap();
+        log.flush().unwrap();
+        // A crash now: no commit, no drop.
+        std::mem::forget(log);
+        assert_eq!(seq_of_anchor(), Some(4));
+        assert_eq!(crate::audit::verify(&path, &keys).unwrap().head_seq, 5);
+    }
+
     #[test]
     fn reopening_continues_the_chain() {
         let (_tmp, keys, path) = setup();
@@ -458,16 +968,33 @@ mod tests {
         );
     }
 
+    /// Issue 15: one writer per log; the second is refused with the holder's pid and what to
+    /// do, after the (here short) wait; once the first is gone the second opens and continues.
     #[test]
-    fn another_writer_appending_is_picked_up() {
+    fn a_second_writer_is_refused_until_the_first_closes() {
         let (_tmp, keys, path) = setup();
         let mut a = AuditLog::open(&path, &keys).unwrap();
-        let mut b = AuditLog::open(&path, &keys).unwrap();
         a.append("x", "A", None, json!({})).unwrap();
-        let rb = b.append("x", "B", None, json!({})).unwrap();
-        let ra = a.append("x", "A", None, json!({})).unwrap();
-        assert_eq!((rb.seq, ra.seq), (2, 3));
-        assert_eq!(Record::from_line(&lines(&path)[2]).unwrap().prev, rb.hash);
+        let opts = AuditOptions {
+            lock_wait: Duration::from_millis(200),
+            ..AuditOptions::default()
+        };
+        let t = Instant::now();
+        let err = AuditLog::open_with(&path, &keys, &opts).unwrap_err();
+        assert!(t.elapsed() >= Duration::from_millis(200));
+        assert!(
+            matches!(&err, AuditError::WriterBusy { pid: Some(p), .. } if *p == std::process::id()),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(text.contains(&path.display().to_string()), "{text}");
+        assert!(
+            text.contains("--audit-log") && text.contains("--label"),
+            "{text}"
+        );
+        drop(a);
+        let mut b = AuditLog::open_with(&path, &keys, &opts).unwrap();
+        assert_eq!(b.append("x", "B", None, json!({})).unwrap().seq, 2);
     }
 
     #[test]
@@ -476,16 +1003,17 @@ mod tests {
         let mut log = AuditLog::open(&path, &keys).unwrap();
         log.append("x", "R", None, json!({"n": 1})).unwrap();
         log.append("x", "R", None, json!({"n": 2})).unwrap();
-        // Tamper with the last record's data (length unchanged would not be noticed by a
-        // running writer; a changed length is).
+        // The writer keeps the head in memory (one writer per log): a change behind its back
+        // is found by the next open (and by `audit verify`).
+        drop(log);
+        // Tamper with the last record's data.
         let text = std::fs::read_to_string(&path)
             .unwrap()
             .replace("\"n\":2", "\"n\":22");
         std::fs::write(&path, text).unwrap();
-        let err = log.append("x", "R", None, json!({})).unwrap_err();
+        let err = AuditLog::open(&path, &keys).unwrap_err();
         assert!(matches!(err, AuditError::CorruptTail { .. }), "{err:?}");
-        assert!(err.to_string().contains("does not match its hash"), "{err}");
-        assert!(AuditLog::open(&path, &keys).is_err());
+        assert!(err.to_string().contains("hash mismatch"), "{err}");
         assert_eq!(lines(&path).len(), 2, "nothing was appended");
     }
 
@@ -494,14 +1022,15 @@ mod tests {
         let (_tmp, keys, path) = setup();
         let mut log = AuditLog::open(&path, &keys).unwrap();
         log.append("x", "R", None, json!({})).unwrap();
+        drop(log);
         std::fs::OpenOptions::new()
             .append(true)
             .open(&path)
             .unwrap()
             .write_all(b"{\"v\":1,\"se")
             .unwrap();
-        let err = log.append("x", "R", None, json!({})).unwrap_err();
-        assert!(err.to_string().contains("no final newline"), "{err}");
+        let err = AuditLog::open(&path, &keys).unwrap_err();
+        assert!(err.to_string().contains("incomplete last line"), "{err}");
     }
 
     #[test]
@@ -532,7 +1061,7 @@ mod tests {
             .append("x", "R", None, json!({}))
             .unwrap();
         let err = AuditLog::open(&path, &KeyStore::at(tmp.path().join("other"))).unwrap_err();
-        assert!(err.to_string().contains("invalid MAC"), "{err}");
+        assert!(err.to_string().contains("MAC invalid"), "{err}");
     }
 
     #[test]
@@ -581,28 +1110,10 @@ mod tests {
         let big = log
             .append("x", "R", None, json!({"big": "b".repeat(20_000)}))
             .unwrap();
+        drop(log);
         let mut again = AuditLog::open(&path, &keys).unwrap();
         assert_eq!(again.head(), Some((2, big.hash.as_str())));
         assert_eq!(again.append("x", "R", None, json!({})).unwrap().seq, 3);
-    }
-
-    /// Issue 12, medium finding "the audit `flock` blocks the whole session": another process
-    /// holding a lock makes an append fail after the deadline instead of blocking forever.
-    #[test]
-    fn a_held_lock_fails_the_append_after_the_deadline() {
-        let (_tmp, keys, path) = setup();
-        let mut log = AuditLog::open(&path, &keys).unwrap();
-        log.append("x", "R", None, json!({})).unwrap();
-        let other = File::open(&path).unwrap();
-        rustix::fs::flock(&other, rustix::fs::FlockOperation::LockShared).unwrap();
-        log.set_lock_deadline(std::time::Duration::from_millis(300));
-        let t = std::time::Instant::now();
-        let err = log.append("x", "R", None, json!({})).unwrap_err();
-        assert!(matches!(err, AuditError::LockTimeout { .. }), "{err}");
-        assert!(t.elapsed() < std::time::Duration::from_secs(2));
-        assert!(err.to_string().contains("another process"), "{err}");
-        drop(other);
-        assert_eq!(log.append("x", "R", None, json!({})).unwrap().seq, 2);
     }
 
     /// `cargo test -- --ignored --nocapture append_latency`: median append latency.
@@ -623,6 +1134,7 @@ mod tests {
                 data,
             )
             .unwrap();
+            log.flush().unwrap();
             times.push(t.elapsed());
         }
         times.sort();

@@ -2,16 +2,24 @@
 //! call and who authorized it; verification; the session and activity journals.
 //!
 //! Owns: the record format ([`chain`], pure), the per-user key and the head anchors ([`keys`]),
-//! the append-only writer ([`log`]), the verifier ([`mod@verify`]) and the journals ([`journal`]).
+//! the append-only writer ([`log`]: one writer per log, group commit, fsync policy, rotation),
+//! the streaming line checks and segment names ([`scan`]), the verifier ([`mod@verify`]), the
+//! start-of-run recovery ([`recover`]) and the journals ([`journal`]).
 //! Must not touch: policy (whether a call is allowed is decided elsewhere; this module records the
 //! decision), stdout, and other modules of the crate.
 //!
 //! A log is a JSONL file. Every line is one record:
 //! `{"v":1,"seq":N,"time":…,"type":…,"run":…,"epoch":…|null,"prev":…,"data":{…},"hash":…,"mac":…}`.
-//! `seq` is global to the file (several runs and several supervisors may append to one file);
-//! `prev` links to the previous record's `hash`; `hash` covers a canonical encoding of the record
-//! (see [`chain`]); `mac` seals the hash with a key kept outside the log (see [`keys`]), and the
-//! newest head is anchored outside the log so that a truncated tail is detected.
+//! `seq` is global to the log (across its runs and its segments); `prev` links to the previous
+//! record's `hash`; `hash` covers a canonical encoding of the record (see [`chain`]); `mac` seals
+//! the hash with a key kept outside the log (see [`keys`]), and the newest head is anchored
+//! outside the log so that a truncated tail is detected.
+//!
+//! One process writes a log at a time (it holds the log's writer lock for its whole life; a
+//! second writer is refused with [`AuditError::WriterBusy`]); successive runs append to the same
+//! chain. A log grows into segments (`<stem>.00001.jsonl`, …, then the active `<stem>.jsonl`),
+//! chained by [`record_type::SEGMENT_STARTED`] records. See [`log`] for the writer's contract
+//! (append / flush / commit) and what each [`FsyncPolicy`] survives.
 
 pub mod chain;
 pub mod journal;
@@ -19,6 +27,7 @@ pub mod keys;
 pub mod log;
 pub mod records;
 pub mod recover;
+pub mod scan;
 pub mod verify;
 
 use std::path::PathBuf;
@@ -32,10 +41,13 @@ pub use journal::{
     SessionJournal,
 };
 pub use keys::{Anchor, HOME_ENV, KeyStore};
-pub use log::{AppendedRecord, AuditLog};
+pub use log::{
+    ANCHOR_LAG, AppendedRecord, AuditLog, AuditOptions, DEFAULT_MAX_SEGMENT_BYTES, FsyncPolicy,
+    ParseFsyncPolicyError, WRITER_LOCK_WAIT,
+};
 pub use record_type::*;
-pub use recover::{Recovery, open_for_run};
-pub use verify::{ChainBreak, VerifyFailure, VerifyReport, read_records, verify};
+pub use recover::{Recovery, open_for_run, open_for_run_with};
+pub use verify::{ChainBreak, SegmentReport, VerifyFailure, VerifyReport, read_records, verify};
 
 /// Record type names (the `type` field) and the `data` fields the journals read. `data` is free
 /// JSON chosen by the caller (integers only, see [`chain`]); fields not listed are kept and
@@ -80,6 +92,9 @@ pub mod record_type {
     /// `{reason, previousLog|null, previousAnchor|null, previousHead:{seq,hash}|null,
     ///   previousLastRecord:{seq,hash}|null}`
     pub const CHAIN_RESTARTED: &str = "chain_restarted";
+    /// The first record of every log file after the first (see [`super::scan`]): the previous
+    /// segment was closed. `{previousSegment: file name, previousSeq, previousHash}`
+    pub const SEGMENT_STARTED: &str = "segment_started";
 
     /// Every type above, in the order listed.
     pub const ALL: &[&str] = &[
@@ -99,6 +114,7 @@ pub mod record_type {
         GATING_DISABLED,
         CATALOG_PRESENTED,
         CHAIN_RESTARTED,
+        SEGMENT_STARTED,
     ];
 }
 
@@ -141,10 +157,18 @@ pub enum AuditError {
     #[error("invalid audit record: {0}")]
     InvalidRecord(String),
     #[error(
-        "audit log {} is locked by another process (waited {waited_ms} ms); the call was not forwarded",
-        path.display()
+        "audit log {} is in use by another cargo mcp-dev process{} (waited {waited_ms} ms): a log \
+         has one writer at a time. Stop the other supervisor, or give this one its own log with \
+         `--audit-log <path>` or its own label with `--label <name>`",
+        path.display(),
+        pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
     )]
-    LockTimeout { path: PathBuf, waited_ms: u64 },
+    WriterBusy {
+        path: PathBuf,
+        /// The other writer's pid, as it wrote it into the lock file.
+        pid: Option<u32>,
+        waited_ms: u64,
+    },
     #[error(transparent)]
     Chain(#[from] ChainError),
     #[error("audit log failed verification: {0}")]

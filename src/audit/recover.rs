@@ -1,13 +1,19 @@
 //! Opening a log for a new run, and recovering from a log that cannot be extended.
 //!
 //! Owns the decision "extend this chain, or set it aside and start a new one". A log is extended
-//! only if it verifies completely with this user's key and its anchor ([`super::verify()`]: every
-//! record's hash, MAC and link, not only the tail, so a tampered middle record is noticed before
-//! a run's first append). Otherwise (a torn last line after a crash or `SIGXFSZ`, a log written
-//! under another key, a log removed by `cargo clean` while its anchor survived, a tampered
-//! record) nothing is deleted:
+//! only if its tail checks with this user's key and its anchor (see [`super::log`]: the anchored
+//! record and every record after it, hash, MAC and link; the start reads only that tail, so it
+//! costs the same on a 1 GB log as on an empty one). Records before the anchored one are checked
+//! by `audit verify`, not here: a record changed in the middle of the log is reported by
+//! `audit verify`, and the next run keeps appending after it (issue 15 traded this issue-12
+//! check for a start that does not read the whole log; see `docs/SECURITY.md`). Otherwise (a
+//! torn last line after a crash or `SIGXFSZ`, a log written under another key, a log removed by
+//! `cargo clean` while its anchor survived, a tampered tail record, a log shorter than its
+//! anchor) nothing is deleted:
 //!
-//! - the old log is renamed `<name>.set-aside-<time>.jsonl` beside it (if there is one);
+//! - the old log is renamed `<name>.set-aside-<time>.jsonl` beside it (if there is one), and
+//!   its segments `<name>.<NNNNN>.jsonl` to `<name>.set-aside-<time>.<NNNNN>.jsonl` (so the
+//!   set-aside chain keeps its segments, and `audit verify` follows them);
 //! - its anchor is renamed `<H>.set-aside-<time>.json` in the anchors directory (outside the
 //!   target directory, so `cargo clean` does not take it);
 //! - a new chain starts whose first record, [`CHAIN_RESTARTED`], is sealed like every other and
@@ -19,9 +25,10 @@
 
 use super::chain::Record;
 use super::keys::{self, KeyStore};
-use super::log::AuditLog;
-use super::{AuditError, verify};
+use super::log::{AuditLog, AuditOptions};
+use super::{AuditError, scan};
 use serde_json::{Value, json};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 pub use super::record_type::CHAIN_RESTARTED;
@@ -70,34 +77,33 @@ fn recoverable(e: &AuditError) -> bool {
     )
 }
 
-/// Opens `path` for a new run: the whole log is verified first; a log that does not verify is
-/// set aside and a new chain starts (see the module doc). Errors that recovery cannot fix
-/// (I/O, a symlink, an insecure key or directory) are returned.
+/// [`open_for_run_with`] with the default options.
 pub fn open_for_run(
     path: &Path,
     keys: &KeyStore,
 ) -> Result<(AuditLog, Option<Recovery>), AuditError> {
-    let problem = match AuditLog::open(path, keys) {
-        Ok(log) => {
-            let non_empty = std::fs::metadata(path)
-                .map(|m| m.len() > 0)
-                .unwrap_or(false);
-            if !non_empty {
-                return Ok((log, None));
-            }
-            match verify::verify_quiet(path, keys)? {
-                Ok(()) => return Ok((log, None)),
-                Err(f) => {
-                    drop(log);
-                    f.to_string()
-                }
-            }
-        }
-        Err(e) if recoverable(&e) => e.to_string(),
-        Err(e) => return Err(e),
+    open_for_run_with(path, keys, &AuditOptions::default())
+}
+
+/// Opens `path` for a new run as its only writer: the tail is checked (see [`super::log`]); a
+/// log whose tail does not check is set aside and a new chain starts (see the module doc), its
+/// restart record committed before this returns. Errors that recovery cannot fix (I/O, a
+/// symlink, an insecure key or directory, another writer holding the log) are returned.
+pub fn open_for_run_with(
+    path: &Path,
+    keys: &KeyStore,
+    opts: &AuditOptions,
+) -> Result<(AuditLog, Option<Recovery>), AuditError> {
+    // The writer lock is held from the check through the set-aside to the new chain: no other
+    // writer can append to, or set aside, the same log in between.
+    let lock = AuditLog::lock(path, opts)?;
+    let (problem, lock) = match AuditLog::open_locked(path, keys, opts, lock) {
+        Ok(log) => return Ok((log, None)),
+        Err((e, Some(lock))) if recoverable(&e) => (e.to_string(), lock),
+        Err((e, _)) => return Err(e),
     };
     let recovery = set_aside(path, keys, &problem)?;
-    let mut log = AuditLog::open(path, keys)?;
+    let mut log = AuditLog::open_locked(path, keys, opts, lock).map_err(|(e, _)| e)?;
     let head = |h: &Option<(u64, String)>| match h {
         Some((seq, hash)) => json!({"seq": seq, "hash": hash}),
         None => Value::Null,
@@ -119,6 +125,7 @@ pub fn open_for_run(
             "previousLastRecord": head(&last),
         }),
     )?;
+    log.commit()?;
     Ok((log, Some(recovery)))
 }
 
@@ -143,7 +150,6 @@ fn stamp() -> String {
 /// Moves the log and its anchor aside (never deletes either).
 fn set_aside(path: &Path, keys: &KeyStore, problem: &str) -> Result<Recovery, AuditError> {
     let stamp = stamp();
-    verify::forget_checkpoint(keys, path);
     let anchor_path = keys.anchor_path(path).ok();
     let previous_head = anchor_path
         .as_deref()
@@ -156,9 +162,29 @@ fn set_aside(path: &Path, keys: &KeyStore, problem: &str) -> Result<Recovery, Au
     let non_empty = std::fs::symlink_metadata(path)
         .map(|m| m.len() > 0)
         .unwrap_or(false);
-    let set_aside_log = if non_empty {
-        let aside = move_aside(path, &format!("{file_name}.set-aside-{stamp}"), "jsonl")
+    let segments =
+        scan::list_segments(path).map_err(AuditError::io("list the segments of", path))?;
+    let set_aside_log = if non_empty || !segments.is_empty() {
+        // Always under a new name, even if only segments are left (the chain is then named
+        // by an empty active file).
+        if !non_empty {
+            let _ = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .custom_flags(keys::nofollow())
+                .open(path);
+        }
+        let ext = path
+            .extension()
+            .map(|e| e.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "jsonl".into());
+        let aside = move_aside(path, &format!("{file_name}.set-aside-{stamp}"), &ext)
             .map_err(AuditError::io("set aside audit log", path))?;
+        for (n, segment) in segments {
+            let to = scan::segment_path(&aside, n);
+            rename_new(&segment, &to)
+                .map_err(AuditError::io("set aside audit segment", &segment))?;
+        }
         Some(aside)
     } else {
         None
@@ -215,7 +241,14 @@ fn rename_new(from: &Path, to: &Path) -> std::io::Result<()> {
 
 /// The last record of a log that parses (best effort, for the restart record).
 fn last_record(path: &Path) -> Option<Record> {
-    let text = std::fs::read(path).ok()?;
+    use std::io::{Read, Seek, SeekFrom};
+    // The last 1 MiB at most: recovery must not read a whole large log either.
+    let mut file = keys::open_nofollow(path).ok()?;
+    let len = file.metadata().ok()?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(1 << 20)))
+        .ok()?;
+    let mut text = Vec::new();
+    file.read_to_end(&mut text).ok()?;
     text.split(|&b| b == b'\n')
         .rev()
         .filter_map(|l| std::str::from_utf8(l).ok())
@@ -272,7 +305,7 @@ mod tests {
         log.append("x", "R", None, json!({})).unwrap();
         drop(log);
         // The new chain verifies and names the break; later runs extend it without recovery.
-        let r = verify::verify(&path, &keys).unwrap();
+        let r = crate::audit::verify(&path, &keys).unwrap();
         let b = r.previous.as_deref().expect("a break is reported");
         assert_eq!(b.previous_head, Some((3, old_head.hash)));
         assert!(b.previous.is_err(), "the old log is gone: {:?}", b.previous);
@@ -302,7 +335,7 @@ mod tests {
             "evidence kept byte for byte"
         );
         assert_eq!(aside_files(path.parent().unwrap()), vec![aside.clone()]);
-        let r = verify::verify(&path, &keys).unwrap();
+        let r = crate::audit::verify(&path, &keys).unwrap();
         assert_eq!(r.records, 1);
         let b = r.previous.as_deref().unwrap();
         assert_eq!(b.previous_log.as_deref(), Some(aside.as_path()));
@@ -311,44 +344,60 @@ mod tests {
         assert_eq!(b.previous_head.as_ref().map(|h| h.0), Some(2));
     }
 
-    /// A log another process keeps locked is not judged, so it is never set aside: the run
-    /// fails with the lock error instead.
+    /// A log another writer holds is not judged, so it is never set aside (even a damaged
+    /// one): the run fails with the writer error instead.
     #[test]
-    fn a_locked_log_is_an_error_not_a_recovery() {
+    fn a_held_log_is_an_error_not_a_recovery() {
         let (_tmp, keys, path) = setup();
         write_some(&path, &keys, 2);
-        let holder = std::fs::File::open(&path).unwrap();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"{\"torn")
+            .unwrap();
+        let holder = std::fs::File::create(crate::audit::log::lock_path(&path)).unwrap();
         rustix::fs::flock(&holder, rustix::fs::FlockOperation::LockExclusive).unwrap();
-        let e = open_for_run(&path, &keys).unwrap_err();
-        assert!(matches!(e, AuditError::LockTimeout { .. }), "{e}");
-        drop(holder);
+        let opts = AuditOptions {
+            lock_wait: std::time::Duration::from_millis(100),
+            ..AuditOptions::default()
+        };
+        let e = open_for_run_with(&path, &keys, &opts).unwrap_err();
+        assert!(matches!(e, AuditError::WriterBusy { .. }), "{e}");
         assert!(aside_files(path.parent().unwrap()).is_empty());
-        assert!(open_for_run(&path, &keys).unwrap().1.is_none());
+        drop(holder);
+        assert!(
+            open_for_run(&path, &keys).unwrap().1.is_some(),
+            "judged once free"
+        );
     }
 
-    /// The checkpoint saves work but never hides a change made after it.
+    /// Issue 15 trade-off: start reads only the anchored tail, so a record changed before the
+    /// anchored one is not noticed by `run` (the chain is extended) but `audit verify` names it.
     #[test]
-    fn the_checkpoint_never_hides_a_change_to_the_verified_prefix() {
+    fn a_tampered_middle_record_is_left_to_audit_verify() {
         let (_tmp, keys, path) = setup();
         write_some(&path, &keys, 4);
-        let (log, rec) = open_for_run(&path, &keys).unwrap(); // writes the checkpoint
-        assert!(rec.is_none());
-        drop(log);
         let text = std::fs::read_to_string(&path).unwrap();
         let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
         let mut r = Record::from_line(&lines[1]).unwrap();
-        r.data = json!({"i": 42});
+        r.data = json!({"i": 7});
         r.hash = r.compute_hash().unwrap();
         lines[1] = String::from_utf8(r.to_line().unwrap()).unwrap();
         std::fs::write(&path, lines.join("\n") + "\n").unwrap();
-        let (_log, rec) = open_for_run(&path, &keys).unwrap();
-        assert!(rec.expect("caught").reason.contains("record 2"));
+        let (mut log, rec) = open_for_run(&path, &keys).unwrap();
+        assert!(rec.is_none(), "start does not read the middle");
+        assert_eq!(log.append("x", "R", None, json!({})).unwrap().seq, 5);
+        drop(log);
+        let f = crate::audit::verify(&path, &keys).unwrap_err();
+        assert_eq!((f.line, f.seq), (2, Some(2)), "{f}");
+        assert!(f.reason.contains("MAC invalid"), "{f}");
     }
 
-    /// Issue 12, high finding (a log written under another key) and low finding "a tampered
-    /// middle record is not noticed when appending": both are set aside, never extended.
+    /// Issue 12, high finding (a log written under another key) and the tail of the low finding
+    /// "a tampered record is not noticed when appending": both are set aside, never extended.
     #[test]
-    fn foreign_key_and_tampered_middle_record_are_never_extended() {
+    fn foreign_key_and_tampered_tail_record_are_never_extended() {
         let (tmp, keys, path) = setup();
         write_some(&path, &keys, 3);
         let other = KeyStore::at(tmp.path().join("other-state"));
@@ -357,20 +406,86 @@ mod tests {
 
         let path2 = tmp.path().join("b.jsonl");
         write_some(&path2, &keys, 3);
-        // Change record 2 and recompute its hash (no key: the MAC stays stale).
+        // Change the last (anchored) record and recompute its hash (no key: the MAC is stale).
         let text = std::fs::read_to_string(&path2).unwrap();
         let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
-        let mut r = Record::from_line(&lines[1]).unwrap();
+        let mut r = Record::from_line(&lines[2]).unwrap();
         r.data = json!({"i": 99});
         r.hash = r.compute_hash().unwrap();
-        lines[1] = String::from_utf8(r.to_line().unwrap()).unwrap();
+        lines[2] = String::from_utf8(r.to_line().unwrap()).unwrap();
         std::fs::write(&path2, lines.join("\n") + "\n").unwrap();
         let (mut log, rec) = open_for_run(&path2, &keys).unwrap();
-        let rec = rec.expect("a tampered middle record is noticed before the first append");
-        assert!(rec.reason.contains("record 2"), "{}", rec.reason);
+        let rec = rec.expect("a tampered tail record is noticed before the first append");
+        assert!(rec.reason.contains("record 3"), "{}", rec.reason);
         let first = log.head().unwrap().0;
         assert_eq!(first, 1, "a new chain");
         log.append("x", "R", None, json!({})).unwrap();
+    }
+
+    /// A segmented log that cannot be extended is set aside with its segments (renamed along,
+    /// so the set-aside chain keeps them and the new chain starts with none).
+    #[test]
+    fn segments_are_set_aside_with_their_log() {
+        let (_tmp, keys, path) = setup();
+        let opts = AuditOptions {
+            max_segment_bytes: 600,
+            ..AuditOptions::default()
+        };
+        {
+            let (mut log, _) = open_for_run_with(&path, &keys, &opts).unwrap();
+            for i in 0..12 {
+                log.append("x", "R", None, json!({"i": i, "pad": "p".repeat(60)}))
+                    .unwrap();
+            }
+        }
+        let segments = scan::list_segments(&path).unwrap();
+        assert!(segments.len() >= 2, "{segments:?}");
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"{\"v\":1,")
+            .unwrap();
+        let (log, rec) = open_for_run_with(&path, &keys, &opts).unwrap();
+        drop(log);
+        let aside = rec.expect("set aside").set_aside_log.unwrap();
+        assert!(scan::list_segments(&path).unwrap().is_empty());
+        let moved = scan::list_segments(&aside).unwrap();
+        assert_eq!(moved.len(), segments.len());
+        for ((n, _), (m, p)) in segments.iter().zip(&moved) {
+            assert_eq!(n, m);
+            assert!(p.exists());
+        }
+        let r = crate::audit::verify(&path, &keys).unwrap();
+        assert_eq!(r.segments.len(), 1);
+        let old = r.previous.unwrap().previous.unwrap_err();
+        assert!(old.reason.contains("incomplete last line"), "{old}");
+    }
+
+    /// An anchor written before issue 15 (no offset) costs one scan, then is upgraded.
+    #[test]
+    fn an_old_anchor_without_offset_is_upgraded() {
+        let (_tmp, keys, path) = setup();
+        write_some(&path, &keys, 3);
+        let anchor_path = keys.anchor_path(&path).unwrap();
+        let mut a = keys.read_anchor(&path).unwrap().unwrap();
+        assert_eq!(a.offset, Some(std::fs::metadata(&path).unwrap().len()));
+        a.offset = None;
+        std::fs::write(&anchor_path, serde_json::to_vec(&a).unwrap()).unwrap();
+        let (log, rec) = open_for_run(&path, &keys).unwrap();
+        assert!(rec.is_none());
+        drop(log);
+        let b = keys.read_anchor(&path).unwrap().unwrap();
+        assert_eq!(
+            (b.seq, b.offset),
+            (3, Some(std::fs::metadata(&path).unwrap().len()))
+        );
+        // A wrong offset (not MAC'd) only costs a scan too.
+        let mut c = b.clone();
+        c.offset = Some(5);
+        std::fs::write(&anchor_path, serde_json::to_vec(&c).unwrap()).unwrap();
+        assert!(open_for_run(&path, &keys).unwrap().1.is_none());
+        crate::audit::verify(&path, &keys).unwrap();
     }
 }
 
@@ -378,8 +493,8 @@ mod tests {
 mod timing {
     use super::*;
 
-    /// `cargo test --lib -- --ignored --nocapture open_for_run_cost`: what the full check before
-    /// a run's first append costs on a 20 000-record log.
+    /// `cargo test --lib -- --ignored --nocapture open_for_run_cost`: what the tail check before
+    /// a run's first append costs on a 20 000-record log (see `benches/audit.rs` for 1 GB).
     #[test]
     #[ignore]
     fn open_for_run_cost() {
@@ -408,7 +523,7 @@ mod timing {
         let (_log, r) = open_for_run(&path, &keys).unwrap();
         assert!(r.is_none());
         eprintln!(
-            "open_for_run on 20000 records ({} bytes): {first:?} full, {:?} from the checkpoint",
+            "open_for_run on 20000 records ({} bytes): {first:?}, then {:?}",
             std::fs::metadata(&path).unwrap().len(),
             t.elapsed()
         );

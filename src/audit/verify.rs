@@ -1,24 +1,32 @@
-//! Independent verification of a log: every line, the chain, the MACs and the anchor. Owns the
-//! checks and the "first bad record" report. Must not touch: the log or the anchor (read only;
-//! never creates a key), stdout.
+//! Independent verification of a log: every line of every segment, the chain, the MACs and the
+//! anchor. Owns the checks and the "first bad record" report. Must not touch: the log or the
+//! anchor (read only; never creates a key, never takes the writer lock), stdout.
 //!
-//! Checks, in order, for each line (1-based): UTF-8, a JSON record with exactly the known fields,
-//! `v == 1`, `seq` equal to the line number (consecutive from 1), `prev` equal to the previous
-//! record's `hash` (64 zeros for seq 1), `hash` well formed and equal to the recomputed hash,
-//! `mac` valid under the key, and the line byte-identical to the writer's rendering of the
-//! record. Then the anchor: it must exist for a non-empty log, carry a valid MAC, not name a
-//! seq past the last record (truncated tail), and name the hash of the record at its seq.
+//! Streams: one line in memory at a time (plus the set of distinct runs and epochs), so a log of
+//! any size verifies in constant memory.
+//!
+//! Files, in order: the segments `<stem>.00001.<ext>`, … (see [`super::scan`]), then the active
+//! file. Each line is checked as [`super::scan::check_line`] says, with `seq` consecutive from 1
+//! across files and `prev` linking across files. The first record of every file after the first
+//! must be a `segment_started` naming the previous file, its last seq and hash: a deleted,
+//! renamed or reordered segment is reported with its name. Then the anchor: it must exist for a
+//! non-empty log, carry a valid MAC, not name a seq past the last record (truncated tail), and
+//! name the hash of the record at its seq. A log longer than its anchor is valid (the anchor lags
+//! the log by design, see [`super::log`]).
+//!
+//! No lock: the anchor is read before the log, and the writer rewrites the anchor only after the
+//! records it names are written, so a concurrent writer can only make the log look longer than
+//! the anchor (valid). An anchor read racing its rewrite is re-read; a verification that fails
+//! while the set of files changed (a rotation happened meanwhile) is run once more.
 
 use super::AuditError;
-use super::chain::{
-    FORMAT_VERSION, GENESIS_PREV, Record, is_digest_hex, verify_anchor_mac, verify_record_mac,
-};
+use super::chain::{MacChecker, Record, verify_anchor_mac};
 use super::keys::{self, Anchor, KeyStore};
-use super::log::Lock;
+use super::scan::{self, Expect, short};
 use std::collections::BTreeSet;
 use std::fmt;
 use std::fs::File;
-use std::io::{ErrorKind, Read};
+use std::io::ErrorKind;
 use std::path::Path;
 use std::path::PathBuf;
 
@@ -32,9 +40,20 @@ pub struct VerifyReport {
     pub epochs: usize,
     pub head_seq: u64,
     pub head_hash: String,
+    /// Every file of the log, oldest first; the active file last.
+    pub segments: Vec<SegmentReport>,
     /// When the first record is a [`super::recover::CHAIN_RESTARTED`]: the break, and the
     /// verification of the chain that was set aside (with its own anchor).
     pub previous: Option<Box<ChainBreak>>,
+}
+
+/// One file of a verified log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentReport {
+    pub path: PathBuf,
+    pub records: u64,
+    /// `(first, last)` seq; `None` for an empty file.
+    pub seqs: Option<(u64, u64)>,
 }
 
 /// A break in a log's history: the chain before it was set aside (see [`super::recover`]).
@@ -55,8 +74,9 @@ pub struct ChainBreak {
 /// How many set-aside chains `verify` follows back.
 const MAX_BREAKS: usize = 16;
 
-/// The first problem found. `line` is 1-based; `0` means the problem is not at a line (missing
-/// or empty log, missing key, missing or invalid anchor). For a truncated tail, `line` and `seq`
+/// The first problem found. `line` is 1-based, in the file the reason names (the active file
+/// when it names none); `0` means the problem is not at a line (missing or empty log, missing
+/// key, missing or invalid anchor, a missing segment). For a truncated tail, `line` and `seq`
 /// name the first missing record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifyFailure {
@@ -85,124 +105,9 @@ fn fail(line: usize, seq: Option<u64>, reason: impl Into<String>) -> VerifyFailu
     }
 }
 
-fn short(hash: &str) -> &str {
-    hash.get(..12).unwrap_or(hash)
-}
-
-/// Verifies the log at `path` with the key and anchor in `keys`.
+/// Verifies the log at `path` (and its segments) with the key and anchor in `keys`.
 pub fn verify(path: &Path, keys: &KeyStore) -> Result<VerifyReport, VerifyFailure> {
-    verify_read(path, keys, None, true, MAX_BREAKS).map(|(report, _)| report)
-}
-
-/// Reads the log and its anchor, then checks them (I/O problems become line-0 failures).
-fn verify_read(
-    path: &Path,
-    keys: &KeyStore,
-    anchor_override: Option<Option<&Path>>,
-    collect: bool,
-    depth: usize,
-) -> Result<(VerifyReport, Vec<Record>), VerifyFailure> {
-    let data = read_log_and_anchor(path, keys, anchor_override)
-        .map_err(|e| fail(0, None, e.to_string()))?;
-    verify_inner(path, keys, data, anchor_override, collect, depth, false)
-}
-
-/// [`verify()`] without following breaks or keeping records (a writer checking a log before a
-/// run's first append).
-///
-/// Incremental: after a success, a checkpoint sealed with the key records the verified length,
-/// the SHA-256 of those bytes and the head there (`anchors/<H>.verified`). The next check hashes
-/// that prefix (fast: no parsing) and fully checks only the records after it; any mismatch
-/// (prefix changed, bad seal, anything unexpected) falls back to the full check, so the
-/// checkpoint can save time but never hide a change.
-///
-/// The outer error is an I/O problem (the log could not be read or locked in time, no key): the
-/// log's content was not judged, so the caller must not treat it as damaged.
-pub(crate) fn verify_quiet(
-    path: &Path,
-    keys: &KeyStore,
-) -> Result<Result<(), VerifyFailure>, AuditError> {
-    keys.load_key()?;
-    let data = read_log_and_anchor(path, keys, None)?;
-    if verify_inner(path, keys, data, None, false, 0, true).is_ok() {
-        return Ok(Ok(()));
-    }
-    // No usable checkpoint, or something after it failed: the full check decides (and names
-    // the first bad record).
-    let data = read_log_and_anchor(path, keys, None)?;
-    Ok(verify_inner(path, keys, data, None, false, 0, false).map(|_| ()))
-}
-
-/// A sealed "verified up to here" mark (see [`verify_quiet`]).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-struct Checkpoint {
-    len: usize,
-    prefix: String,
-    seq: u64,
-    hash: String,
-    mac: String,
-}
-
-impl Checkpoint {
-    fn path(keys: &KeyStore, log: &Path) -> Option<PathBuf> {
-        keys.anchor_path(log)
-            .ok()
-            .map(|a| a.with_extension("verified"))
-    }
-
-    fn seal(key: &super::AuditKey, len: usize, prefix: &str, seq: u64, hash: &str) -> String {
-        super::chain::keyed_digest(
-            key,
-            format!("cargo-mcp-dev/verified/v1\0{len}:{prefix}:{seq}:{hash}").as_bytes(),
-        )
-    }
-
-    fn load(keys: &KeyStore, log: &Path, key: &super::AuditKey, contents: &[u8]) -> Option<Self> {
-        let file = keys::open_nofollow(&Self::path(keys, log)?).ok()?;
-        let cp: Checkpoint = serde_json::from_reader(file).ok()?;
-        let valid = cp.len > 0
-            && cp.len <= contents.len()
-            && contents[cp.len - 1] == b'\n'
-            && Self::seal(key, cp.len, &cp.prefix, cp.seq, &cp.hash) == cp.mac
-            && crate::hashing::sha256_hex(&contents[..cp.len]) == cp.prefix;
-        valid.then_some(cp)
-    }
-
-    fn store(
-        keys: &KeyStore,
-        log: &Path,
-        key: &super::AuditKey,
-        contents: &[u8],
-        seq: u64,
-        hash: &str,
-    ) {
-        let Some(path) = Self::path(keys, log) else {
-            return;
-        };
-        let prefix = crate::hashing::sha256_hex(contents);
-        let cp = Checkpoint {
-            len: contents.len(),
-            mac: Self::seal(key, contents.len(), &prefix, seq, hash),
-            prefix,
-            seq,
-            hash: hash.to_string(),
-        };
-        if let Ok(text) = serde_json::to_vec(&cp) {
-            let _ = crate::fsutil::write_atomic(&path, &text);
-        }
-    }
-
-    /// Removes the checkpoint of a log (it describes a log that was set aside).
-    pub(crate) fn forget(keys: &KeyStore, log: &Path) {
-        if let Some(p) = Self::path(keys, log) {
-            let _ = std::fs::remove_file(p);
-        }
-    }
-}
-
-/// Forgets the verification checkpoint of `log` (see [`verify_quiet`]).
-pub(crate) fn forget_checkpoint(keys: &KeyStore, log: &Path) {
-    Checkpoint::forget(keys, log);
+    verify_retrying(path, keys, None)
 }
 
 /// [`verify()`], also returning the records it checked (one read of the log, so journals show
@@ -211,7 +116,34 @@ pub(crate) fn verify_and_collect(
     path: &Path,
     keys: &KeyStore,
 ) -> Result<(VerifyReport, Vec<Record>), VerifyFailure> {
-    verify_read(path, keys, None, true, MAX_BREAKS)
+    let mut records = Vec::new();
+    let report = verify_retrying(path, keys, Some(&mut records))?;
+    Ok((report, records))
+}
+
+/// Runs the check once more if it failed while the log's files changed (a rotation).
+fn verify_retrying(
+    path: &Path,
+    keys: &KeyStore,
+    mut collect: Option<&mut Vec<Record>>,
+) -> Result<VerifyReport, VerifyFailure> {
+    let files_before = scan::list_segments(path).ok();
+    let attempt = |collect: &mut Option<&mut Vec<Record>>| {
+        let mut each = |r: &Record| {
+            if let Some(c) = collect.as_deref_mut() {
+                c.push(r.clone());
+            }
+        };
+        verify_once(path, keys, None, &mut each, MAX_BREAKS)
+    };
+    let first = attempt(&mut collect);
+    if first.is_err() && scan::list_segments(path).ok() != files_before {
+        if let Some(c) = collect.as_deref_mut() {
+            c.clear();
+        }
+        return attempt(&mut collect);
+    }
+    first
 }
 
 fn chain_break(first: &Record, keys: &KeyStore, depth: usize) -> ChainBreak {
@@ -227,14 +159,13 @@ fn chain_break(first: &Record, keys: &KeyStore, depth: usize) -> ChainBreak {
             None,
             "no log was left to set aside (removed, e.g. by `cargo clean`); only its anchored head is known",
         )),
-        (Some(log), anchor) => verify_read(
+        (Some(log), anchor) => verify_once(
             log,
             keys,
             Some(anchor.as_deref()),
-            true,
+            &mut |_| {},
             depth.saturating_sub(1),
-        )
-        .map(|(r, _)| r),
+        ),
     };
     ChainBreak {
         reason: d["reason"].as_str().unwrap_or("?").to_string(),
@@ -246,168 +177,195 @@ fn chain_break(first: &Record, keys: &KeyStore, depth: usize) -> ChainBreak {
     }
 }
 
+fn open_log(path: &Path) -> Result<File, AuditError> {
+    keys::open_nofollow(path).map_err(|e| match e.kind() {
+        ErrorKind::NotFound => AuditError::Io {
+            action: "read audit log",
+            path: path.to_owned(),
+            source: e,
+        },
+        _ if keys::is_eloop(&e) => AuditError::Symlink {
+            path: path.to_owned(),
+        },
+        _ => AuditError::io("open audit log", path)(e),
+    })
+}
+
+/// The anchor, re-read (a few times, briefly) while it does not parse or seal: a read that
+/// raced the writer's in-place rewrite.
+fn read_anchor_settled(
+    anchor_path: &Path,
+    key: &super::AuditKey,
+) -> Result<Option<Anchor>, AuditError> {
+    let mut tries = 0;
+    loop {
+        let a = keys::read_anchor_at(anchor_path);
+        let settled = match &a {
+            Ok(Some(a)) => verify_anchor_mac(key, a.seq, &a.hash, &a.mac).unwrap_or(false),
+            Ok(None) => true,
+            Err(_) => false,
+        };
+        tries += 1;
+        if settled || tries >= 3 {
+            return a;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// `anchor_override`: `Some(Some(path))` checks against that anchor file (a set-aside chain),
 /// `Some(None)` against no anchor at all.
-fn verify_inner(
+fn verify_once(
     path: &Path,
     keys: &KeyStore,
-    data: LogAndAnchor,
     anchor_override: Option<Option<&Path>>,
-    collect: bool,
+    each: &mut dyn FnMut(&Record),
     depth: usize,
-    incremental: bool,
-) -> Result<(VerifyReport, Vec<Record>), VerifyFailure> {
-    let (contents, anchor_path, anchor) = data;
-    if contents.is_empty() {
+) -> Result<VerifyReport, VerifyFailure> {
+    let io = |e: AuditError| fail(0, None, e.to_string());
+    let active = open_log(path).map_err(io)?;
+    let segments = scan::list_segments(path).map_err(|e| {
+        fail(
+            0,
+            None,
+            format!("cannot list the segments of {}: {e}", path.display()),
+        )
+    })?;
+    let active_len = active
+        .metadata()
+        .map_err(|e| fail(0, None, format!("cannot inspect {}: {e}", path.display())))?
+        .len();
+    if active_len == 0 && segments.is_empty() {
         return Err(fail(
             0,
             None,
             format!("audit log {} is empty", path.display()),
         ));
     }
-    let key = keys.load_key().map_err(|e| fail(0, None, e.to_string()))?;
-    // Incremental mode: lines before the checkpoint are known good (their bytes hash to the
-    // sealed prefix digest); only the rest is parsed and checked.
-    let resume = if incremental {
-        Some(
-            Checkpoint::load(keys, path, &key, &contents)
-                .ok_or_else(|| fail(0, None, "no usable checkpoint"))?,
-        )
-    } else {
-        None
+    let key = keys.load_key().map_err(io)?;
+    let mac = MacChecker::new(&key);
+    // The anchor before the log: see the module doc.
+    let anchor_path = match anchor_override {
+        None => keys.anchor_path(path).map_err(io)?,
+        Some(Some(p)) => p.to_owned(),
+        Some(None) => PathBuf::from("(none)"),
     };
-    let skip_lines = resume.as_ref().map(|c| c.seq as usize).unwrap_or(0);
-    let full_contents = &contents[..];
-    let contents = match &resume {
-        Some(c) => &full_contents[c.len..],
-        None => full_contents,
+    let anchor = match anchor_override {
+        Some(None) => Ok(None),
+        _ => read_anchor_settled(&anchor_path, &key),
     };
-    let mut last: Option<(usize, u64, String)> =
-        resume.as_ref().map(|c| (skip_lines, c.seq, c.hash.clone()));
-    let mut hashes: Vec<String> = Vec::new();
-    let mut records: Vec<Record> = Vec::new();
+    let anchored_seq = anchor.as_ref().ok().and_then(|a| a.as_ref()).map(|a| a.seq);
+
     let mut runs = BTreeSet::new();
     let mut epochs = BTreeSet::new();
-
-    let ends_with_newline = contents.last() == Some(&b'\n');
-    let body = if ends_with_newline {
-        &contents[..contents.len() - 1]
-    } else {
-        contents
-    };
-    let total_lines = if contents.is_empty() {
-        0
-    } else {
-        body.split(|&b| b == b'\n').count()
-    };
-    for (i, raw) in body.split(|&b| b == b'\n').enumerate().take(total_lines) {
-        let line = skip_lines + i + 1;
-        let unterminated = !ends_with_newline && line == skip_lines + total_lines;
-        let text = std::str::from_utf8(raw).map_err(|_| fail(line, None, "not UTF-8"))?;
-        if text.is_empty() {
-            return Err(fail(line, None, "empty line"));
-        }
-        let record = Record::from_line(text).map_err(|e| {
-            let seq = serde_json::from_str::<serde_json::Value>(text)
-                .ok()
-                .and_then(|v| v["seq"].as_u64());
-            let what = if unterminated {
-                "incomplete last line (cut mid-write or truncated)"
+    let mut first_record: Option<Record> = None;
+    // `(line, hash)` of the record at the anchor's seq, wherever it is.
+    let mut at_anchor: Option<(usize, String)> = None;
+    let mut prev: Option<(u64, String, String)> = None; // (seq, hash, file name)
+    let mut reports = Vec::new();
+    let mut last_line = 0;
+    let files: Vec<(PathBuf, Option<File>)> = segments
+        .into_iter()
+        .map(|(_, p)| (p, None))
+        .chain(std::iter::once((path.to_owned(), Some(active))))
+        .collect();
+    for (index, (file_path, file)) in files.into_iter().enumerate() {
+        let is_active = file.is_some();
+        let name = scan::file_name(&file_path);
+        let in_file = |f: VerifyFailure| {
+            if is_active {
+                f
             } else {
-                "malformed"
-            };
-            fail(line, seq, format!("{what}: {e}"))
-        })?;
-        let seq = Some(record.seq);
-        if record.v != FORMAT_VERSION {
-            return Err(fail(
-                line,
-                seq,
-                format!("unsupported format version {}", record.v),
-            ));
-        }
-        let expected = line as u64;
-        if record.seq != expected {
-            return Err(fail(
-                line,
-                seq,
-                format!(
-                    "out of sequence: expected seq {expected} (a record was deleted, inserted or moved)"
-                ),
-            ));
-        }
-        let expected_prev = hashes
-            .last()
-            .map(String::as_str)
-            .or(resume.as_ref().map(|c| c.hash.as_str()))
-            .unwrap_or(GENESIS_PREV);
-        if record.prev != expected_prev {
-            return Err(fail(
-                line,
-                seq,
-                format!(
-                    "broken chain: prev is {}…, the previous record's hash is {}…",
-                    short(&record.prev),
-                    short(expected_prev)
-                ),
-            ));
-        }
-        if !is_digest_hex(&record.hash) {
-            return Err(fail(
-                line,
-                seq,
-                "hash mismatch: hash field is not 64 lowercase hex digits",
-            ));
-        }
-        let recomputed = record
-            .compute_hash()
-            .map_err(|e| fail(line, seq, e.to_string()))?;
-        if recomputed != record.hash {
-            return Err(fail(
-                line,
-                seq,
-                format!(
-                    "hash mismatch: stored {}…, recomputed {}… (content changed)",
-                    short(&record.hash),
-                    short(&recomputed)
-                ),
-            ));
-        }
-        match verify_record_mac(&key, &record.hash, &record.mac) {
-            Ok(true) => {}
-            Ok(false) => {
-                return Err(fail(
-                    line,
-                    seq,
-                    "MAC invalid: not sealed with this key (tampered or re-chained)",
+                VerifyFailure {
+                    reason: format!("in segment {name}: {}", f.reason),
+                    ..f
+                }
+            }
+        };
+        let file = match file {
+            Some(f) => f,
+            None => open_log(&file_path).map_err(io)?,
+        };
+        let expect = match &prev {
+            // Any seq here, so that a first file that continues a missing segment is named as
+            // such; `check_segment_start` requires seq 1 otherwise.
+            None => Expect::default(),
+            Some((seq, hash, _)) => Expect {
+                seq: Some(seq + 1),
+                prev: Some(hash.clone()),
+            },
+        };
+        let mut records = 0u64;
+        let mut first_seq = None;
+        let continues = prev.clone();
+        let last = scan::scan_file(&file, 0, 0, expect.clone(), &mac, |r, line, _| {
+            if records == 0 {
+                first_seq = Some(r.seq);
+                check_segment_start(r, index, continues.as_ref(), &name)
+                    .map_err(|reason| fail(line, Some(r.seq), reason))?;
+            }
+            records += 1;
+            if first_record.is_none() {
+                first_record = Some(r.clone());
+            }
+            if Some(r.seq) == anchored_seq {
+                at_anchor = Some((line, r.hash.clone()));
+            }
+            if !runs.contains(&r.run) {
+                runs.insert(r.run.clone());
+            }
+            if let Some(e) = &r.epoch
+                && !epochs.contains(e)
+            {
+                epochs.insert(e.clone());
+            }
+            each(r);
+            Ok(())
+        })
+        .map_err(|f| {
+            // A first line that does not continue the previous file: name the segments.
+            if f.line == 1
+                && let Some((seq, _, prev_name)) = &prev
+                && f.reason.starts_with("out of sequence")
+            {
+                return in_file(fail(
+                    1,
+                    f.seq,
+                    format!(
+                        "{} (the previous file, {prev_name}, ends at seq {seq}: a segment was deleted or reordered?)",
+                        f.reason
+                    ),
                 ));
             }
-            Err(e) => return Err(fail(line, seq, format!("MAC invalid: {e}"))),
-        }
-        let rendered = record
-            .to_line()
-            .map_err(|e| fail(line, seq, e.to_string()))?;
-        if rendered != raw {
-            return Err(fail(
-                line,
-                seq,
-                "not in canonical form (the line differs from the writer's rendering)",
-            ));
-        }
-        if unterminated {
-            return Err(fail(line, seq, "incomplete last line: no final newline"));
-        }
-        runs.insert(record.run.clone());
-        if let Some(e) = &record.epoch {
-            epochs.insert(e.clone());
-        }
-        hashes.push(record.hash.clone());
-        last = Some((line, record.seq, record.hash.clone()));
-        if collect || line == 1 {
-            records.push(record);
+            in_file(f)
+        })?;
+        match last {
+            Some(l) => {
+                if is_active {
+                    last_line = l.line;
+                }
+                reports.push(SegmentReport {
+                    path: file_path.clone(),
+                    records,
+                    seqs: first_seq.map(|f| (f, l.seq)),
+                });
+                prev = Some((l.seq, l.hash, name));
+            }
+            None if is_active => reports.push(SegmentReport {
+                path: file_path.clone(),
+                records: 0,
+                seqs: None,
+            }),
+            None => {
+                return Err(fail(
+                    0,
+                    None,
+                    format!("segment {} is empty", file_path.display()),
+                ));
+            }
         }
     }
-    let (last_line, head_seq, head_hash) = last.expect("a non-empty log has at least one line");
+    let (head_seq, head_hash, _) = prev.expect("a non-empty log has at least one record");
 
     let anchor: Anchor = match anchor {
         Ok(Some(a)) => a,
@@ -441,19 +399,11 @@ fn verify_inner(
             ),
         ));
     }
-    // seq == line number was checked above, so the record at seq N is hashes[N - 1 - skipped].
-    let anchored = match &resume {
-        Some(c) if anchor.seq == c.seq => Some(&c.hash),
-        _ => anchor
-            .seq
-            .checked_sub(1 + skip_lines as u64)
-            .and_then(|i| hashes.get(i as usize)),
-    };
-    match anchored {
-        Some(h) if *h == anchor.hash => {}
-        _ => {
+    match at_anchor {
+        Some((_, h)) if h == anchor.hash => {}
+        found => {
             return Err(fail(
-                anchor.seq as usize,
+                found.map(|(line, _)| line).unwrap_or(anchor.seq as usize),
                 Some(anchor.seq),
                 format!(
                     "does not match the anchor (anchor hash {}…)",
@@ -462,92 +412,96 @@ fn verify_inner(
             ));
         }
     }
-    let previous = match records.first() {
+    let previous = match &first_record {
         Some(first) if first.record_type == super::recover::CHAIN_RESTARTED && depth > 0 => {
             Some(Box::new(chain_break(first, keys, depth)))
         }
         _ => None,
     };
-    if !collect {
-        records.clear();
-    }
-    if incremental || anchor_override.is_none() && !collect {
-        Checkpoint::store(keys, path, &key, full_contents, head_seq, &head_hash);
-    }
-    let report = VerifyReport {
-        records: head_seq,
+    Ok(VerifyReport {
+        records: reports.iter().map(|s| s.records).sum(),
         runs: runs.len(),
         epochs: epochs.len(),
         head_seq,
         head_hash,
+        segments: reports,
         previous,
-    };
-    Ok((report, records))
-}
-
-fn open_log(path: &Path) -> Result<File, AuditError> {
-    keys::open_nofollow(path).map_err(|e| match e.kind() {
-        ErrorKind::NotFound => AuditError::Io {
-            action: "read audit log",
-            path: path.to_owned(),
-            source: e,
-        },
-        _ if keys::is_eloop(&e) => AuditError::Symlink {
-            path: path.to_owned(),
-        },
-        _ => AuditError::io("open audit log", path)(e),
     })
 }
 
-fn read_log(path: &Path) -> Result<Vec<u8>, AuditError> {
-    let mut contents = Vec::new();
-    open_log(path)?
-        .read_to_end(&mut contents)
-        .map_err(AuditError::io("read audit log", path))?;
-    Ok(contents)
+/// The first record of file `index` (0-based, segments then the active file): after the first
+/// file it must be a `segment_started` naming the previous file and its head.
+fn check_segment_start(
+    r: &Record,
+    index: usize,
+    prev: Option<&(u64, String, String)>,
+    name: &str,
+) -> Result<(), String> {
+    let is_start = r.record_type == super::record_type::SEGMENT_STARTED;
+    let named = r.data["previousSegment"].as_str().unwrap_or("?");
+    match prev {
+        None if is_start => Err(format!(
+            "the first file of the log ({name}) continues segment {named} (seq {}), which is missing",
+            r.data["previousSeq"]
+        )),
+        None if r.seq != 1 => {
+            Err("out of sequence: expected seq 1 (a record was deleted, inserted or moved)".into())
+        }
+        None => Ok(()),
+        Some((seq, hash, prev_name)) => {
+            if !is_start {
+                return Err(format!(
+                    "{name} does not start with a segment_started record continuing {prev_name}"
+                ));
+            }
+            // By number: a set-aside chain's segments keep their numbers under a new stem.
+            let same = named == prev_name
+                || scan::segment_number(named).is_some()
+                    && scan::segment_number(named) == scan::segment_number(prev_name);
+            if !same
+                || r.data["previousSeq"].as_u64() != Some(*seq)
+                || r.data["previousHash"].as_str() != Some(hash.as_str())
+            {
+                return Err(format!(
+                    "{name} continues segment {named}, but the previous file is {prev_name} (a segment was renamed, deleted or reordered)"
+                ));
+            }
+            let _ = index;
+            Ok(())
+        }
+    }
 }
 
-/// The log's bytes and its anchor, read under a shared lock so that no append happens between
-/// the two reads. The anchor result is kept as is: line problems are reported before anchor ones.
-type LogAndAnchor = (Vec<u8>, PathBuf, Result<Option<Anchor>, AuditError>);
-
-fn read_log_and_anchor(
-    path: &Path,
-    keys: &KeyStore,
-    anchor_override: Option<Option<&Path>>,
-) -> Result<LogAndAnchor, AuditError> {
-    let file = open_log(path)?;
-    let anchor_path = match anchor_override {
-        None => keys.anchor_path(path)?,
-        Some(Some(p)) => p.to_owned(),
-        Some(None) => PathBuf::from("(none)"),
-    };
-    let lock = Lock::shared(&file, path)?;
-    let mut contents = Vec::new();
-    (&file)
-        .read_to_end(&mut contents)
-        .map_err(AuditError::io("read audit log", path))?;
-    let anchor = match anchor_override {
-        Some(None) => Ok(None),
-        _ => keys::read_anchor_at(&anchor_path),
-    };
-    drop(lock);
-    Ok((contents, anchor_path, anchor))
-}
-
-/// Parses every record of a log without verifying anything beyond syntax (for `audit show` of a
-/// log that fails verification). Fails at the first line that is not a record.
+/// Parses every record of a log (segments first) without verifying anything beyond syntax (for
+/// `audit show` of a log that fails verification). Fails at the first line that is not a record.
 pub fn read_records(path: &Path) -> Result<Vec<Record>, AuditError> {
-    let contents = read_log(path)?;
-    let text = String::from_utf8(contents)
-        .map_err(|_| AuditError::InvalidRecord(format!("{} is not UTF-8", path.display())))?;
-    text.lines()
-        .enumerate()
-        .map(|(i, line)| {
-            Record::from_line(line)
-                .map_err(|e| AuditError::InvalidRecord(format!("line {}: {e}", i + 1)))
-        })
-        .collect()
+    use std::io::{BufRead, BufReader};
+    let mut files: Vec<PathBuf> = scan::list_segments(path)
+        .map_err(AuditError::io("list the segments of", path))?
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
+    files.push(path.to_owned());
+    let mut out = Vec::new();
+    for file_path in files {
+        let reader = BufReader::new(open_log(&file_path)?);
+        for (i, line) in reader.split(b'\n').enumerate() {
+            let line = line.map_err(AuditError::io("read audit log", &file_path))?;
+            let text = std::str::from_utf8(&line).map_err(|_| {
+                AuditError::InvalidRecord(format!("{} is not UTF-8", file_path.display()))
+            })?;
+            let record = Record::from_line(text).map_err(|e| {
+                let at = if file_path == path {
+                    String::new()
+                } else {
+                    format!("{}: ", scan::file_name(&file_path))
+                };
+                AuditError::InvalidRecord(format!("{at}line {}: {e}", i + 1))
+            })?;
+            out.push(record);
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

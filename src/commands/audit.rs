@@ -40,12 +40,17 @@ fn run_verify(a: &AuditPathArgs) -> CmdResult {
                 output::stdout_line(
                     &serde_json::json!({"ok": true, "path": path, "records": r.records, "runs": r.runs,
                         "epochs": r.epochs, "headSeq": r.head_seq, "headHash": r.head_hash,
-                        "breaks": breaks_json(&r)})
+                        "segments": segments_json(&r), "breaks": breaks_json(&r)})
                     .to_string(),
                 )?;
             }
+            let files = if r.segments.len() > 1 {
+                format!(" in {} files", r.segments.len())
+            } else {
+                String::new()
+            };
             status::line(&format!(
-                "audit log verified: {} ({} records, {} runs, {} epochs, head {} {})",
+                "audit log verified: {} ({} records{files}, {} runs, {} epochs, head {} {})",
                 path.display(),
                 r.records,
                 r.runs,
@@ -53,6 +58,18 @@ fn run_verify(a: &AuditPathArgs) -> CmdResult {
                 r.head_seq,
                 &r.head_hash[..r.head_hash.len().min(16)]
             ));
+            if r.segments.len() > 1 {
+                for s in &r.segments {
+                    status::detail(&format!(
+                        "{}: {} records{}",
+                        s.path.display(),
+                        s.records,
+                        s.seqs
+                            .map(|(a, b)| format!(", seq {a}..{b}"))
+                            .unwrap_or_default()
+                    ));
+                }
+            }
             if r.previous.is_none() {
                 return Ok(exit_codes::OK);
             }
@@ -102,6 +119,17 @@ fn run_verify(a: &AuditPathArgs) -> CmdResult {
             ))
         }
     }
+}
+
+/// Every file of the log, oldest first, as JSON.
+fn segments_json(r: &crate::audit::VerifyReport) -> serde_json::Value {
+    r.segments
+        .iter()
+        .map(|s| {
+            serde_json::json!({"path": s.path, "records": s.records,
+                "firstSeq": s.seqs.map(|x| x.0), "lastSeq": s.seqs.map(|x| x.1)})
+        })
+        .collect()
 }
 
 /// Every break, newest first, as JSON.

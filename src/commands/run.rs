@@ -361,9 +361,11 @@ impl Io for Shell {
         epoch: Option<&str>,
         data: serde_json::Value,
     ) -> Result<(), EffectError> {
+        // Interim (issue 15, audit half): flush per record keeps "written before forwarded"
+        // until the session flushes once per batch itself.
         self.audit
             .append(kind, agent_run, epoch, data)
-            .map(|_| ())
+            .and_then(|_| self.audit.flush())
             .map_err(EffectError::new)
     }
 

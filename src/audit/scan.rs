@@ -1,0 +1,322 @@
+//! Streaming checks of log files, shared by the verifier ([`super::verify()`]) and the writer's
+//! tail check ([`super::log`]); and the names of a log's segments.
+//!
+//! Owns: the per-line checks (in this order: UTF-8, a JSON record with exactly the known fields,
+//! `v == 1`, `seq` consecutive, `prev` equal to the previous record's `hash`, `hash` well formed
+//! and equal to the recomputed hash, `mac` valid under the key, the line byte-identical to the
+//! writer's rendering, a final newline), reading a file line by line in constant memory, and the
+//! segment file names. Must not touch: anchors, keys on disk, writing files, stdout.
+//!
+//! # Segments
+//!
+//! A log at `<dir>/<stem>.<ext>` (the active file) rotates into `<dir>/<stem>.<NNNNN>.<ext>`,
+//! numbered from 1 with at least five digits (older segments sort first numerically). The first
+//! record of every file after the first is a [`super::record_type::SEGMENT_STARTED`] naming the
+//! previous file, its last seq and its last hash (and, like every record, chained to it by
+//! `prev`).
+
+use super::chain::{FORMAT_VERSION, GENESIS_PREV, MacChecker, Record, is_digest_hex};
+use super::verify::VerifyFailure;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+/// Segment `n` of the log at `path`.
+pub fn segment_path(path: &Path, n: u64) -> PathBuf {
+    let (stem, ext) = stem_and_ext(path);
+    let name = match ext {
+        Some(ext) => format!("{stem}.{n:05}.{ext}"),
+        None => format!("{stem}.{n:05}"),
+    };
+    path.with_file_name(name)
+}
+
+fn stem_and_ext(path: &Path) -> (String, Option<String>) {
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let ext = path.extension().map(|e| e.to_string_lossy().into_owned());
+    (stem, ext)
+}
+
+/// The segments of the log at `path`, oldest first (`(number, path)`). A missing directory
+/// means no segments.
+pub fn list_segments(path: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let (stem, ext) = stem_and_ext(path);
+    let prefix = format!("{stem}.");
+    let suffix = ext.map(|e| format!(".{e}")).unwrap_or_default();
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(middle) = name
+            .strip_prefix(&prefix)
+            .and_then(|r| r.strip_suffix(&suffix))
+        else {
+            continue;
+        };
+        if middle.len() >= 5
+            && middle.bytes().all(|b| b.is_ascii_digit())
+            && let Ok(n) = middle.parse::<u64>()
+        {
+            out.push((n, dir.join(name)));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The segment number in a segment's file name (`srv.00003.jsonl` -> 3): a set-aside chain's
+/// segments keep their numbers under a new stem, so links are compared by number.
+pub(crate) fn segment_number(name: &str) -> Option<u64> {
+    let p = Path::new(name);
+    let stem = match p.extension() {
+        Some(_) => p.file_stem()?.to_str()?,
+        None => name,
+    };
+    let (_, digits) = stem.rsplit_once('.')?;
+    (digits.len() >= 5 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+/// The file name of `path`, for messages and `segment_started` records.
+pub(crate) fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// What the next line must continue.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Expect {
+    /// `None`: any seq (the writer's full scan of an active file that starts mid-chain).
+    pub seq: Option<u64>,
+    /// `None`: not checked, except that a record with seq 1 must have the genesis `prev`.
+    pub prev: Option<String>,
+}
+
+/// The last record a scan checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Last {
+    pub seq: u64,
+    pub hash: String,
+    /// 1-based line number in its file.
+    pub line: usize,
+    /// Byte offset just past its `\n`.
+    pub end: u64,
+}
+
+fn fail(line: usize, seq: Option<u64>, reason: impl Into<String>) -> VerifyFailure {
+    VerifyFailure {
+        line,
+        seq,
+        reason: reason.into(),
+    }
+}
+
+pub(crate) fn short(hash: &str) -> &str {
+    hash.get(..12).unwrap_or(hash)
+}
+
+/// Reusable buffers for [`check_line`].
+#[derive(Default)]
+pub(crate) struct Scratch {
+    data: Vec<u8>,
+}
+
+/// Checks one line (`raw`, without its `\n`; `terminated` says whether it had one) against
+/// `expect`, returning the parsed record. `line` is only for the failure.
+pub(crate) fn check_line(
+    mac: &MacChecker,
+    raw: &[u8],
+    terminated: bool,
+    line: usize,
+    expect: &Expect,
+    scratch: &mut Scratch,
+) -> Result<Record, VerifyFailure> {
+    let text = std::str::from_utf8(raw).map_err(|_| fail(line, None, "not UTF-8"))?;
+    if text.is_empty() {
+        return Err(fail(line, None, "empty line"));
+    }
+    let record = Record::from_line(text).map_err(|e| {
+        let seq = serde_json::from_str::<serde_json::Value>(text)
+            .ok()
+            .and_then(|v| v["seq"].as_u64());
+        let what = if terminated {
+            "malformed"
+        } else {
+            "incomplete last line (cut mid-write or truncated)"
+        };
+        fail(line, seq, format!("{what}: {e}"))
+    })?;
+    let seq = Some(record.seq);
+    if record.v != FORMAT_VERSION {
+        return Err(fail(
+            line,
+            seq,
+            format!("unsupported format version {}", record.v),
+        ));
+    }
+    let expected_seq = expect.seq.unwrap_or(record.seq.max(1));
+    if record.seq != expected_seq {
+        return Err(fail(
+            line,
+            seq,
+            format!(
+                "out of sequence: expected seq {expected_seq} (a record was deleted, inserted or moved)"
+            ),
+        ));
+    }
+    let expected_prev = match (&expect.prev, record.seq) {
+        (Some(p), _) => Some(p.as_str()),
+        (None, 1) => Some(GENESIS_PREV),
+        (None, _) => None,
+    };
+    if let Some(expected_prev) = expected_prev
+        && record.prev != expected_prev
+    {
+        return Err(fail(
+            line,
+            seq,
+            format!(
+                "broken chain: prev is {}…, the previous record's hash is {}…",
+                short(&record.prev),
+                short(expected_prev)
+            ),
+        ));
+    }
+    if !is_digest_hex(&record.hash) {
+        return Err(fail(
+            line,
+            seq,
+            "hash mismatch: hash field is not 64 lowercase hex digits",
+        ));
+    }
+    let recomputed = record
+        .recompute(&mut scratch.data)
+        .map_err(|e| fail(line, seq, e.to_string()))?;
+    if recomputed.hash != record.hash {
+        return Err(fail(
+            line,
+            seq,
+            format!(
+                "hash mismatch: stored {}…, recomputed {}… (content changed)",
+                short(&record.hash),
+                short(&recomputed.hash)
+            ),
+        ));
+    }
+    // `hash` equals the recomputed one (checked above), so its bytes are the recomputed digest.
+    match mac.verify_digest(&recomputed.digest, &record.mac) {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(fail(
+                line,
+                seq,
+                "MAC invalid: not sealed with this key (tampered or re-chained)",
+            ));
+        }
+        Err(e) => return Err(fail(line, seq, format!("MAC invalid: {e}"))),
+    }
+    if recomputed.line != raw {
+        return Err(fail(
+            line,
+            seq,
+            "not in canonical form (the line differs from the writer's rendering)",
+        ));
+    }
+    if !terminated {
+        return Err(fail(line, seq, "incomplete last line: no final newline"));
+    }
+    Ok(record)
+}
+
+/// Checks every line of `file` from byte `from` (the start of line `first_line`) to its end,
+/// in constant memory, calling `each` with every record, its line number and its end offset.
+/// Returns the last record checked (`None` if there was nothing after `from`).
+pub(crate) fn scan_file(
+    file: &File,
+    from: u64,
+    first_line: usize,
+    mut expect: Expect,
+    mac: &MacChecker,
+    mut each: impl FnMut(&Record, usize, u64) -> Result<(), VerifyFailure>,
+) -> Result<Option<Last>, VerifyFailure> {
+    let io = |e: std::io::Error| fail(0, None, format!("cannot read the log: {e}"));
+    let mut file = file;
+    file.seek(SeekFrom::Start(from)).map_err(io)?;
+    let mut reader = BufReader::with_capacity(1 << 18, file);
+    let mut buf = Vec::with_capacity(1024);
+    let mut scratch = Scratch::default();
+    let mut offset = from;
+    let mut line = first_line;
+    let mut last = None;
+    loop {
+        buf.clear();
+        let n = reader.read_until(b'\n', &mut buf).map_err(io)?;
+        if n == 0 {
+            return Ok(last);
+        }
+        offset += n as u64;
+        line += 1;
+        let terminated = buf.last() == Some(&b'\n');
+        let raw = if terminated {
+            &buf[..buf.len() - 1]
+        } else {
+            &buf[..]
+        };
+        let record = check_line(mac, raw, terminated, line, &expect, &mut scratch)?;
+        each(&record, line, offset)?;
+        expect = Expect {
+            seq: Some(record.seq + 1),
+            prev: Some(record.hash.clone()),
+        };
+        last = Some(Last {
+            seq: record.seq,
+            hash: record.hash,
+            line,
+            end: offset,
+        });
+    }
+}
+
+/// The complete line that ends just before byte `end` (which must follow a `\n`), without its
+/// `\n`. `Ok(None)` if byte `end - 1` is not a `\n` or the line is implausibly long.
+pub(crate) fn line_ending_at(file: &File, end: u64) -> std::io::Result<Option<Vec<u8>>> {
+    use std::os::unix::fs::FileExt;
+    if end == 0 {
+        return Ok(None);
+    }
+    let mut chunk = end.min(4096);
+    loop {
+        let start = end - chunk;
+        let mut buf = vec![0u8; chunk as usize];
+        file.read_exact_at(&mut buf, start)?;
+        if buf.last() != Some(&b'\n') {
+            return Ok(None);
+        }
+        let body = &buf[..buf.len() - 1];
+        if let Some(pos) = body.iter().rposition(|&b| b == b'\n') {
+            return Ok(Some(body[pos + 1..].to_vec()));
+        }
+        if start == 0 {
+            return Ok(Some(body.to_vec()));
+        }
+        if chunk >= 64 << 20 {
+            return Ok(None);
+        }
+        chunk = (chunk * 2).min(end);
+    }
+}

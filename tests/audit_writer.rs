@@ -1,0 +1,482 @@
+//! The audit writer across processes (issue 15): one writer per log, a crash (`kill -9`) in the
+//! middle of a burst loses nothing that was flushed, a failed write leaves no partial line, and
+//! segments rotate and are followed (and checked) by `audit verify`.
+//!
+//! The other process is this test binary run again with `AUDIT_WRITER_CHILD` set (see
+//! [`child`]): real files, real processes, a real `SIGKILL`.
+
+use cargo_mcp_dev::audit::{
+    self, AuditError, AuditLog, AuditOptions, FsyncPolicy, KeyStore, Record, open_for_run,
+    read_records, verify,
+};
+use serde_json::json;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const CHILD_ENV: &str = "AUDIT_WRITER_CHILD";
+
+/// The child's side. `hold <log> <state>`: open, append and flush one record, say `ready`,
+/// then keep the log until stdin closes. `burst <log> <state>`: append and flush batches of 8
+/// records forever, printing `flushed <seq>` after each flush (until killed).
+#[test]
+#[ignore = "run by the other tests as a child process"]
+fn child() {
+    let Ok(role) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let mut parts = role.split('\n');
+    let (what, log, state) = (
+        parts.next().unwrap(),
+        PathBuf::from(parts.next().unwrap()),
+        PathBuf::from(parts.next().unwrap()),
+    );
+    let keys = KeyStore::at(state);
+    let mut out = std::io::stdout();
+    match what {
+        "hold" => {
+            let mut log = AuditLog::open(&log, &keys).unwrap();
+            log.append(
+                audit::RUN_STARTED,
+                "CHILD",
+                None,
+                json!({"pid": std::process::id()}),
+            )
+            .unwrap();
+            log.flush().unwrap();
+            writeln!(out, "ready {}", std::process::id()).unwrap();
+            out.flush().unwrap();
+            let mut sink = String::new();
+            let _ = std::io::stdin().read_line(&mut sink);
+        }
+        "burst" => {
+            let (mut log, _) = open_for_run(&log, &keys).unwrap();
+            log.set_fsync(FsyncPolicy::Never);
+            for call in 0u64.. {
+                let mut last = 0;
+                for i in 0..8 {
+                    last = log
+                        .append(
+                            audit::TOOL_CALLED,
+                            "CHILD",
+                            Some("E1"),
+                            json!({"callId": call * 8 + i, "tool": "write"}),
+                        )
+                        .unwrap()
+                        .seq;
+                }
+                log.flush().unwrap();
+                writeln!(out, "flushed {last}").unwrap();
+                out.flush().unwrap();
+            }
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+fn spawn_child(
+    role: &str,
+    log: &Path,
+    keys_dir: &Path,
+) -> (Child, BufReader<std::process::ChildStdout>) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(
+            CHILD_ENV,
+            format!("{role}\n{}\n{}", log.display(), keys_dir.display()),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    (child, stdout)
+}
+
+/// The next line starting with `prefix` (the harness prints its own lines too).
+fn next_line(out: &mut BufReader<std::process::ChildStdout>, prefix: &str) -> Option<String> {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if out.read_line(&mut line).unwrap() == 0 {
+            return None;
+        }
+        if let Some(pos) = line.find(prefix) {
+            return Some(line[pos + prefix.len()..].trim().to_string());
+        }
+    }
+}
+
+fn setup() -> (tempfile::TempDir, PathBuf, KeyStore, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let log = tmp.path().join("audit/srv.jsonl");
+    (tmp, state.clone(), KeyStore::at(state), log)
+}
+
+/// "What it must show": a second writer on the same log is refused with a clear error naming
+/// the log, the other writer's pid and what to do; once the first has exited, it opens and
+/// continues the chain.
+#[test]
+fn a_second_writer_in_another_process_is_refused_then_admitted() {
+    let (_tmp, state, keys, log) = setup();
+    let (mut child, mut out) = spawn_child("hold", &log, &state);
+    let pid: u32 = next_line(&mut out, "ready ").unwrap().parse().unwrap();
+    assert_eq!(pid, child.id());
+
+    let opts = AuditOptions {
+        lock_wait: Duration::from_millis(300),
+        ..AuditOptions::default()
+    };
+    let t = Instant::now();
+    let err = AuditLog::open_with(&log, &keys, &opts).unwrap_err();
+    assert!(t.elapsed() >= Duration::from_millis(300), "it waited first");
+    assert!(
+        matches!(err, AuditError::WriterBusy { pid: Some(p), .. } if p == pid),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    for needle in [
+        log.display().to_string(),
+        format!("pid {pid}"),
+        "one writer".into(),
+        "--audit-log <path>".into(),
+        "--label <name>".into(),
+    ] {
+        assert!(text.contains(&needle), "{needle:?} not in {text}");
+    }
+    // open_for_run neither waits forever nor sets the held log aside.
+    let err = audit::open_for_run_with(&log, &keys, &opts).unwrap_err();
+    assert!(matches!(err, AuditError::WriterBusy { .. }), "{err}");
+    assert_eq!(read_records(&log).unwrap().len(), 1);
+
+    // The holder exits while we wait (a host's probe supervisor going away): admitted.
+    let closer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        drop(child.stdin.take());
+        child.wait().unwrap()
+    });
+    let (mut log_w, recovery) = open_for_run(&log, &keys).unwrap();
+    assert!(closer.join().unwrap().success());
+    assert!(recovery.is_none());
+    assert_eq!(
+        log_w
+            .append(audit::RUN_STARTED, "PARENT", None, json!({}))
+            .unwrap()
+            .seq,
+        2
+    );
+    drop(log_w);
+    assert_eq!(verify(&log, &keys).unwrap().records, 2);
+}
+
+/// "What it must show": kill -9 the writer in the middle of a burst; every record it had
+/// flushed is in the log, `audit verify` passes on what was written (the log may be longer than
+/// its anchor), and the next writer continues the chain without setting anything aside.
+#[test]
+fn kill_9_in_a_burst_loses_nothing_flushed_and_the_chain_continues() {
+    let (_tmp, state, keys, log) = setup();
+    let (mut child, mut out) = spawn_child("burst", &log, &state);
+    let mut flushed = 0u64;
+    for _ in 0..200 {
+        flushed = next_line(&mut out, "flushed ").unwrap().parse().unwrap();
+    }
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(child.id() as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert!(!status.success());
+    // Flushes it reported after the last one we read are on disk too; never fewer.
+    let report = verify(&log, &keys).unwrap();
+    assert!(
+        report.head_seq >= flushed,
+        "{} < {flushed}",
+        report.head_seq
+    );
+    assert_eq!(
+        report.head_seq % 8,
+        0,
+        "a batch is written whole or not at all"
+    );
+    let (mut w, recovery) = open_for_run(&log, &keys).unwrap();
+    assert!(recovery.is_none(), "{recovery:?}");
+    let next = w
+        .append(audit::RUN_STARTED, "NEXT", None, json!({}))
+        .unwrap();
+    assert_eq!(next.seq, report.head_seq + 1);
+    w.commit().unwrap();
+    drop(w);
+    let again = verify(&log, &keys).unwrap();
+    assert_eq!(again.head_seq, report.head_seq + 1);
+    let anchor = keys.read_anchor(&log).unwrap().unwrap();
+    assert_eq!(anchor.seq, again.head_seq, "commit anchors the head");
+}
+
+/// A write that fails part way (the file size limit) is cut back: no partial line stays, the
+/// batch's records are reported lost, and the chain continues from the last record on disk.
+#[test]
+fn a_failed_write_leaves_no_partial_line() {
+    let (_tmp, _state, keys, log) = setup();
+    let mut w = AuditLog::open(&log, &keys).unwrap();
+    for i in 0..3 {
+        w.append(audit::TOOL_CALLED, "R", None, json!({"i": i}))
+            .unwrap();
+    }
+    w.flush().unwrap();
+    let len = std::fs::metadata(&log).unwrap().len();
+    // A `SIGXFSZ` handler (instead of the default: terminate) makes the write fail with EFBIG
+    // or come back short. The limit is per process: run in a child so other tests are not hit.
+    if std::env::var_os("AUDIT_WRITER_FSIZE_CHILD").is_none() {
+        let status = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "a_failed_write_leaves_no_partial_line",
+                "--test-threads=1",
+            ])
+            .env("AUDIT_WRITER_FSIZE_CHILD", "1")
+            .status()
+            .unwrap();
+        assert!(status.success());
+        return;
+    }
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGXFSZ, flag).unwrap();
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Fsize);
+    rustix::process::setrlimit(
+        rustix::process::Resource::Fsize,
+        rustix::process::Rlimit {
+            current: Some(len + 100),
+            maximum: limit.maximum,
+        },
+    )
+    .unwrap();
+    for i in 3..8 {
+        w.append(audit::TOOL_CALLED, "R", None, json!({"i": i}))
+            .unwrap();
+    }
+    assert_eq!(w.head().unwrap().0, 8);
+    let err = w.flush().unwrap_err();
+    assert!(err.to_string().contains("append to audit log"), "{err}");
+    assert_eq!(std::fs::metadata(&log).unwrap().len(), len, "cut back");
+    assert_eq!(w.head().unwrap().0, 3, "the lost batch is not the head");
+    rustix::process::setrlimit(rustix::process::Resource::Fsize, limit).unwrap();
+    assert_eq!(
+        w.append(audit::TOOL_CALLED, "R", None, json!({"i": 3}))
+            .unwrap()
+            .seq,
+        4
+    );
+    w.commit().unwrap();
+    drop(w);
+    assert_eq!(verify(&log, &keys).unwrap().records, 4);
+}
+
+/// `boundaries` (default) and `every` and `never` parse and print; nothing else parses.
+#[test]
+fn fsync_policy_spellings() {
+    for (s, p) in [
+        ("never", FsyncPolicy::Never),
+        ("boundaries", FsyncPolicy::Boundaries),
+        ("every", FsyncPolicy::Every),
+    ] {
+        assert_eq!(s.parse::<FsyncPolicy>().unwrap(), p);
+        assert_eq!(p.to_string(), s);
+    }
+    assert_eq!(FsyncPolicy::default(), FsyncPolicy::Boundaries);
+    let err = "always".parse::<FsyncPolicy>().unwrap_err();
+    assert!(
+        err.to_string().contains("never, boundaries, every"),
+        "{err}"
+    );
+}
+
+fn write_segmented(log: &Path, keys: &KeyStore, records: u64) -> Vec<PathBuf> {
+    let opts = AuditOptions {
+        max_segment_bytes: 2_000,
+        fsync: FsyncPolicy::Every,
+        ..AuditOptions::default()
+    };
+    let mut w = AuditLog::open_with(log, keys, &opts).unwrap();
+    for i in 0..records {
+        w.append(
+            audit::TOOL_CALLED,
+            "R",
+            Some("E"),
+            json!({"callId": i, "pad": "x".repeat(100)}),
+        )
+        .unwrap();
+        if i % 3 == 0 {
+            w.flush().unwrap();
+        }
+    }
+    drop(w);
+    audit::scan::list_segments(log)
+        .unwrap()
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect()
+}
+
+/// Rotation by size: several segments, each starting with a `segment_started` that names the
+/// previous one; `verify` follows them (per-segment and total counts) and `show` reads them all;
+/// a reopened writer continues in the active file.
+#[test]
+fn segments_rotate_and_verify_follows_them() {
+    let (_tmp, state, keys, log) = setup();
+    let segments = write_segmented(&log, &keys, 60);
+    assert!(segments.len() >= 3, "{segments:?}");
+    for s in &segments {
+        assert!(
+            std::fs::metadata(s).unwrap().len() <= 2_000,
+            "{}",
+            s.display()
+        );
+    }
+    let report = verify(&log, &keys).unwrap();
+    assert_eq!(report.segments.len(), segments.len() + 1);
+    let starts = report.segments.len() as u64 - 1;
+    assert_eq!(report.records, 60 + starts);
+    assert_eq!(
+        report.segments.iter().map(|s| s.records).sum::<u64>(),
+        report.records
+    );
+    // Seqs run on across files.
+    let mut next = 1;
+    for s in &report.segments {
+        let (a, b) = s.seqs.unwrap();
+        assert_eq!(a, next, "{}", s.path.display());
+        next = b + 1;
+    }
+    let records = read_records(&log).unwrap();
+    assert_eq!(records.len() as u64, report.records);
+    let second_first: &Record = &records[report.segments[0].records as usize];
+    assert_eq!(second_first.record_type, audit::SEGMENT_STARTED);
+    assert_eq!(
+        second_first.data["previousSegment"],
+        json!(segments[0].file_name().unwrap().to_string_lossy())
+    );
+    let journals = audit::Journals::from_log(&log, &keys).unwrap();
+    assert!(!journals.render_human(audit::JournalView::Both).is_empty());
+    // The CLI reports every file, oldest first, and the total.
+    let out = Command::new(env!("CARGO_BIN_EXE_cargo-mcp-dev"))
+        .args(["mcp-dev", "audit", "verify", "--json"])
+        .arg(&log)
+        .env("CARGO_MCP_DEV_HOME", &state)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["records"], json!(report.records));
+    assert_eq!(v["segments"].as_array().unwrap().len(), segments.len() + 1);
+    assert_eq!(v["segments"][0]["firstSeq"], json!(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("in {} files", segments.len() + 1)),
+        "{stderr}"
+    );
+    // Start reads only the tail, and continues.
+    let (mut w, rec) = open_for_run(&log, &keys).unwrap();
+    assert!(rec.is_none());
+    assert_eq!(
+        w.append(audit::RUN_ENDED, "R", None, json!({}))
+            .unwrap()
+            .seq,
+        report.head_seq + 1
+    );
+}
+
+/// Tampering with a middle segment, deleting one, or reordering two are each reported with the
+/// segment's name.
+#[test]
+fn segment_tampering_deletion_and_reordering_are_detected() {
+    let (tmp, _state, keys, log) = setup();
+    let segments = write_segmented(&log, &keys, 60);
+    assert!(segments.len() >= 3);
+    let backup = tmp.path().join("backup");
+    std::fs::create_dir(&backup).unwrap();
+    let restore = || {
+        for s in &segments {
+            std::fs::copy(backup.join(s.file_name().unwrap()), s).unwrap();
+        }
+    };
+    for s in &segments {
+        std::fs::copy(s, backup.join(s.file_name().unwrap())).unwrap();
+    }
+    let middle = &segments[1];
+    let name = middle.file_name().unwrap().to_string_lossy().into_owned();
+
+    // A changed byte in a middle segment.
+    let text = std::fs::read_to_string(middle).unwrap();
+    std::fs::write(middle, text.replacen("\"callId\":", "\"callId\":1", 1)).unwrap();
+    let f = verify(&log, &keys).unwrap_err();
+    assert!(f.reason.contains(&format!("in segment {name}")), "{f}");
+    assert!(f.reason.contains("hash mismatch"), "{f}");
+    restore();
+    verify(&log, &keys).unwrap();
+
+    // A deleted middle segment.
+    std::fs::remove_file(middle).unwrap();
+    let f = verify(&log, &keys).unwrap_err();
+    assert!(
+        f.reason.contains("out of sequence") && f.reason.contains("deleted or reordered"),
+        "{f}"
+    );
+    restore();
+
+    // Two segments swapped (renamed into each other's place).
+    let tmpname = tmp.path().join("swap");
+    std::fs::rename(&segments[0], &tmpname).unwrap();
+    std::fs::rename(&segments[1], &segments[0]).unwrap();
+    std::fs::rename(&tmpname, &segments[1]).unwrap();
+    let f = verify(&log, &keys).unwrap_err();
+    assert!(
+        f.reason.contains("missing") || f.reason.contains("reordered"),
+        "{f}"
+    );
+    restore();
+
+    // The oldest segment deleted: the chain no longer starts at seq 1.
+    std::fs::remove_file(&segments[0]).unwrap();
+    let f = verify(&log, &keys).unwrap_err();
+    assert!(f.reason.contains("which is missing"), "{f}");
+    restore();
+    verify(&log, &keys).unwrap();
+}
+
+/// A crash between renaming the active file to a segment and writing the new file's first
+/// record: the next writer continues from that segment.
+#[test]
+fn a_crash_inside_a_rotation_is_continued() {
+    let (_tmp, _state, keys, log) = setup();
+    let segments = write_segmented(&log, &keys, 30);
+    let head = verify(&log, &keys).unwrap();
+    // Simulate: the newest file is "renamed" to the next segment, no new active file yet, and
+    // the anchor still names its last record (as it does right after the rename).
+    let next = audit::scan::segment_path(&log, segments.len() as u64 + 1);
+    std::fs::rename(&log, &next).unwrap();
+    let (mut w, rec) = open_for_run(&log, &keys).unwrap();
+    assert!(rec.is_none(), "{rec:?}");
+    assert_eq!(
+        w.append(audit::RUN_ENDED, "R", None, json!({}))
+            .unwrap()
+            .seq,
+        head.head_seq + 2,
+        "after the new segment_started"
+    );
+    drop(w);
+    verify(&log, &keys).unwrap();
+}
