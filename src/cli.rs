@@ -315,6 +315,12 @@ pub struct RunArgs {
     /// Audit log path (default: target/mcp-dev/audit/<label>.jsonl).
     #[arg(long, value_name = "PATH")]
     pub audit_log: Option<PathBuf>,
+    /// When the audit log is fsynced: `never`; `boundaries` (each new epoch and exit); `every`
+    /// (every write; survives a power loss at a cost per call). Every setting survives a crash
+    /// of the supervisor: records are written before a call is forwarded.
+    /// [config: audit-fsync] [default: boundaries]
+    #[arg(long, value_name = "WHEN", value_parser = ["never", "boundaries", "every"])]
+    pub audit_fsync: Option<String>,
     /// How long requests wait for the first server of the session (e.g. `25s`, `90s`); then
     /// `tools/list` gets the last catalog a real server of this package returned, or an error
     /// that says the server is still building. Keep it under your host's connect timeout

@@ -16,6 +16,8 @@
 //! restart = "supervise"               # supervise | disconnect | manual
 //! debounce-ms = 50
 //! audit-log = "target/audit.jsonl"    # default: <target>/mcp-dev/audit/<label>.jsonl
+//! audit-fsync = "boundaries"          # never | boundaries (default) | every
+//! audit-max-segment-bytes = 67108864  # rotate the log into chained segments (0: never)
 //! gate = "all"                        # "all" (default), "off", or a list of tool names
 //! exempt = ["list_items"]             # with gate = "all": tools that need no approval
 //! approval = "per-epoch"              # per-epoch (default) | per-call
@@ -51,6 +53,8 @@ pub const KNOWN_KEYS: &[&str] = &[
     "handshake-wait",
     "fallback",
     "audit-log",
+    "audit-fsync",
+    "audit-max-segment-bytes",
     "gate",
     "exempt",
     "approval",
@@ -83,6 +87,10 @@ pub struct McpDevConfig {
     /// `"none"` or `"last-good"`.
     pub fallback: Option<String>,
     pub audit_log: Option<String>,
+    /// `"never"`, `"boundaries"` (default) or `"every"`.
+    pub audit_fsync: Option<String>,
+    /// Size at which the log rotates into a new segment (0: never).
+    pub audit_max_segment_bytes: Option<u64>,
     pub gate: Option<GateSetting>,
     #[serde(default)]
     pub exempt: Vec<String>,
@@ -451,6 +459,9 @@ impl LoadedConfig {
         if let Some(f) = &c.fallback {
             check_value("fallback", f, FALLBACK_VALUES)?;
         }
+        if let Some(f) = &c.audit_fsync {
+            check_value("audit-fsync", f, crate::audit::FsyncPolicy::VALUES)?;
+        }
         if let Some(channels) = &c.approval_channels {
             let names = channels.names();
             if names.is_empty() {
@@ -656,6 +667,14 @@ mod tests {
             (
                 json!({"fallback": "last_good"}),
                 "unknown value fallback = \"last_good\" in [package.metadata.mcp-dev]: did you mean \"last-good\"? (expected \"none\" or \"last-good\")",
+            ),
+            (
+                json!({"audit-fsync": "always"}),
+                "unknown value audit-fsync = \"always\" in [package.metadata.mcp-dev]: expected \"never\", \"boundaries\" or \"every\"",
+            ),
+            (
+                json!({"audit-fsync": "boundary"}),
+                "unknown value audit-fsync = \"boundary\" in [package.metadata.mcp-dev]: did you mean \"boundaries\"? (expected \"never\", \"boundaries\" or \"every\")",
             ),
             (
                 json!({"approval-channels": ["terminal", "hosts"]}),

@@ -67,10 +67,12 @@ fn deliver(me: &Weak<Mutex<Session<Shell>>>, events: Vec<Event>) -> bool {
     for event in events {
         session.handle(event);
         if session.exit_code().is_some() {
+            session.io().flush_audit();
             let _ = session.io().done.try_send(());
             return false;
         }
     }
+    session.io().flush_audit();
     true
 }
 
@@ -117,6 +119,26 @@ struct Shell {
     started: Instant,
     /// Stop sequences still running (the exit waits for them, and only for them).
     stops: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Shell {
+    /// Writes the records the handled events appended (one `write`). The intent record of a
+    /// call never waits for this: it is written before the call is forwarded.
+    fn flush_audit(&mut self) {
+        if self.audit.pending_bytes() == 0 {
+            return;
+        }
+        if let Err(e) = self.audit.flush() {
+            self.sink.emit(&format!("warning: audit log: {e}"));
+        }
+    }
+
+    /// An epoch boundary or the end: the log is made durable as `audit-fsync` says.
+    fn commit_audit(&mut self) {
+        if let Err(e) = self.audit.commit() {
+            self.sink.emit(&format!("warning: audit log: {e}"));
+        }
+    }
 }
 
 impl Io for Shell {
@@ -197,6 +219,8 @@ impl Io for Shell {
     }
 
     fn spawn(&mut self, epoch: &str, record: &IdentityRecord) -> Result<u32, EffectError> {
+        // An epoch boundary: what the previous epoch recorded is made durable first.
+        self.commit_audit();
         // The wrapper runs from the project tree (it may rely on its location): make sure it is
         // still the script whose digest the identity recorded.
         if let (Some(w), Some(path)) = (&record.wrapper, record.launch.argv.first())
@@ -361,12 +385,16 @@ impl Io for Shell {
         epoch: Option<&str>,
         data: serde_json::Value,
     ) -> Result<(), EffectError> {
-        // Interim (issue 15, audit half): flush per record keeps "written before forwarded"
-        // until the session flushes once per batch itself.
+        // Records are batched in memory; the intent record of a call is written (one `write`
+        // with whatever else is pending) before the call can be forwarded, and everything else
+        // when the event that produced it is handled (`flush_audit`).
         self.audit
             .append(kind, agent_run, epoch, data)
-            .and_then(|_| self.audit.flush())
-            .map_err(EffectError::new)
+            .map_err(EffectError::new)?;
+        if kind == crate::audit::record_type::TOOL_CALLED {
+            self.audit.flush().map_err(EffectError::new)?;
+        }
+        Ok(())
     }
 
     fn publish_status(&mut self, snapshot: &serde_json::Value) {
@@ -568,18 +596,36 @@ fn build_once(
 fn open_audit(
     path: &std::path::Path,
     keys: &KeyStore,
+    options: &crate::audit::AuditOptions,
     sink: &StatusSink,
 ) -> Result<AuditLog, Failure> {
-    match crate::audit::open_for_run(path, keys) {
+    match crate::audit::open_for_run_with(path, keys, options) {
         Ok((log, recovery)) => {
             if let Some(r) = recovery {
                 sink.emit(&r.status_line(path));
             }
             Ok(log)
         }
-        Err(e) => Err(Failure::error(format!("audit log: {e}"))
+        Err(e) => Err(Failure::error(e.to_string())
             .with_note("tool calls are only forwarded when they can be audited")),
     }
+}
+
+/// The audit log's fsync policy and segment size: the flag, else the config, else defaults.
+fn audit_options(
+    flag: Option<&str>,
+    c: &crate::config::McpDevConfig,
+) -> Result<crate::audit::AuditOptions, Failure> {
+    let mut options = crate::audit::AuditOptions::default();
+    if let Some(text) = flag.or(c.audit_fsync.as_deref()) {
+        options.fsync = text
+            .parse::<crate::audit::FsyncPolicy>()
+            .map_err(|e| Failure::error(e.to_string()))?;
+    }
+    if let Some(bytes) = c.audit_max_segment_bytes {
+        options.max_segment_bytes = bytes;
+    }
+    Ok(options)
 }
 
 /// Removes symbolic links planted where the session writes its files (status, launch records,
@@ -687,7 +733,8 @@ pub fn execute(args: RunArgs) -> CmdResult {
         json: args.message_format == MessageFormat::Json,
         label: label.clone(),
     };
-    let audit = open_audit(&audit_path, &keys, &sink)?;
+    let audit_options = audit_options(args.audit_fsync.as_deref(), &t.config.config)?;
+    let audit = open_audit(&audit_path, &keys, &audit_options, &sink)?;
     let socket_path = control::socket_path(&t.resolved.target_dir, &label);
 
     let (events_tx, events_rx) = unbounded::<Event>();
@@ -856,6 +903,11 @@ pub fn execute(args: RunArgs) -> CmdResult {
     }
     spawn_host_reader(Arc::downgrade(&shared));
     let code = event_loop(&shared, &events_rx, &done_rx);
+    shared
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .io()
+        .commit_audit();
     // Let stop sequences in flight (bounded by their own grace) finish; with none (the host
     // left before a server was up) there is nothing to wait for.
     let deadline = Instant::now() + Duration::from_millis(1500);
@@ -903,6 +955,7 @@ fn event_loop(shared: &Shared, events: &Receiver<Event>, done: &Receiver<()>) ->
                 let Ok(event) = event else { return exit_codes::OK };
                 let mut session = shared.lock().unwrap_or_else(|e| e.into_inner());
                 session.handle(event);
+                session.io().flush_audit();
                 if let Some(code) = session.exit_code() {
                     return code;
                 }
@@ -1038,6 +1091,25 @@ mod tests {
 
     fn loaded(v: serde_json::Value) -> LoadedConfig {
         LoadedConfig::from_package_metadata(&json!({ "mcp-dev": v })).unwrap()
+    }
+
+    #[test]
+    fn audit_options_follow_the_flag_then_the_config() {
+        use crate::audit::FsyncPolicy;
+        let c = crate::config::McpDevConfig {
+            audit_fsync: Some("never".into()),
+            audit_max_segment_bytes: Some(1024),
+            ..Default::default()
+        };
+        let o = audit_options(None, &c).unwrap();
+        assert_eq!((o.fsync, o.max_segment_bytes), (FsyncPolicy::Never, 1024));
+        assert_eq!(
+            audit_options(Some("every"), &c).unwrap().fsync,
+            FsyncPolicy::Every
+        );
+        let d = audit_options(None, &Default::default()).unwrap();
+        assert_eq!(d.fsync, FsyncPolicy::Boundaries);
+        assert!(d.max_segment_bytes > 0, "rotation is on by default");
     }
 
     #[test]
