@@ -672,9 +672,17 @@ fn start_variants(
     let mut relay_cmd = with_env(Command::new(&o.relay));
     relay_cmd.arg(&srv.exe);
     let relay = Conn::spawn("relay", relay_cmd, None, &home);
+    let mut run_cmd = with_env(run_command(o, srv));
+    if tag != "latency" {
+        // Beside the latency phase's `run` of the same package: an audit log of its own (one
+        // writer per log).
+        run_cmd
+            .arg("--audit-log")
+            .arg(o.work.join(format!("audit-{tag}.jsonl")));
+    }
     let run = Conn::spawn(
         "run",
-        with_env(run_command(o, srv)),
+        run_cmd,
         Some(&o.work.join(format!("run-{tag}.stderr"))),
         &home,
     );
