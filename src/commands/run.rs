@@ -64,15 +64,16 @@ fn deliver(me: &Weak<Mutex<Session<Shell>>>, events: Vec<Event>) -> bool {
         return false;
     };
     let mut session = shared.lock().unwrap_or_else(|e| e.into_inner());
-    for event in events {
-        session.handle(event);
-        if session.exit_code().is_some() {
-            session.io().flush_audit();
-            let _ = session.io().done.try_send(());
-            return false;
-        }
+    if events.len() == 1 {
+        session.handle(events.into_iter().next().expect("one event"));
+    } else {
+        session.handle_batch(events);
     }
     session.io().flush_audit();
+    if session.exit_code().is_some() {
+        let _ = session.io().done.try_send(());
+        return false;
+    }
     true
 }
 
@@ -117,6 +118,12 @@ struct Shell {
     launch_dir: PathBuf,
     facts_file: PathBuf,
     started: Instant,
+    /// Inside a batch of events: server lines are held in `deferred` until the batch's audit
+    /// records are written (group commit).
+    batching: bool,
+    deferred: Vec<(String, Vec<u8>)>,
+    /// A failed write of held records during the batch (reported at its end).
+    batch_error: Option<EffectError>,
     /// Stop sequences still running (the exit waits for them, and only for them).
     stops: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -133,33 +140,8 @@ impl Shell {
         }
     }
 
-    /// An epoch boundary or the end: the log is made durable as `audit-fsync` says.
-    fn commit_audit(&mut self) {
-        if let Err(e) = self.audit.commit() {
-            self.sink.emit(&format!("warning: audit log: {e}"));
-        }
-    }
-}
-
-impl Io for Shell {
-    fn to_host(&mut self, line: Vec<u8>) {
-        // Bounded (issue 12): a host that stops reading while the server floods notifications
-        // costs at most the outlet's bound; dropped notifications are counted and reported.
-        let sent = if is_notification_line(&line) {
-            self.host_out.send_droppable(line)
-        } else {
-            self.host_out.send(line)
-        };
-        if let Err(full) = sent {
-            self.report_drop(
-                &full,
-                "the host is not reading its stdin",
-                self.host_out.limit(),
-            );
-        }
-    }
-
-    fn to_child(&mut self, epoch: &str, line: Vec<u8>) {
+    /// Writes a line to the server of `epoch` now (bounded: see `Outlet`).
+    fn send_child_now(&mut self, epoch: &str, line: Vec<u8>) {
         if let Some(method) = request_without_id(&line) {
             // Defence in depth (issue 12, `id: null` bypass): a request that lost its id would
             // run without an answer, a gate decision or an audit record. Never forward one.
@@ -189,6 +171,68 @@ impl Io for Shell {
                     line: answer,
                 });
             }
+        }
+    }
+
+    /// Writes the held audit records, then the held server lines in order. If the records
+    /// cannot be written, held `tools/call` lines are dropped (they must not run unrecorded)
+    /// and everything else is sent.
+    fn release_deferred(&mut self) -> Result<(), EffectError> {
+        let r = self.audit.flush().map_err(EffectError::new);
+        for (epoch, line) in std::mem::take(&mut self.deferred) {
+            if r.is_err() && is_call_request(&line) {
+                continue;
+            }
+            self.send_child_now(&epoch, line);
+        }
+        r
+    }
+
+    /// An epoch boundary or the end: the log is made durable as `audit-fsync` says.
+    fn commit_audit(&mut self) {
+        if let Err(e) = self.audit.commit() {
+            self.sink.emit(&format!("warning: audit log: {e}"));
+        }
+    }
+}
+
+impl Io for Shell {
+    fn to_host(&mut self, line: Vec<u8>) {
+        // Bounded (issue 12): a host that stops reading while the server floods notifications
+        // costs at most the outlet's bound; dropped notifications are counted and reported.
+        let sent = if is_notification_line(&line) {
+            self.host_out.send_droppable(line)
+        } else {
+            self.host_out.send(line)
+        };
+        if let Err(full) = sent {
+            self.report_drop(
+                &full,
+                "the host is not reading its stdin",
+                self.host_out.limit(),
+            );
+        }
+    }
+
+    fn to_child(&mut self, epoch: &str, line: Vec<u8>) {
+        if self.batching {
+            // Held until the batch's records are written (see `end_batch`).
+            self.deferred.push((epoch.to_string(), line));
+            return;
+        }
+        self.send_child_now(epoch, line);
+    }
+
+    fn begin_batch(&mut self) {
+        self.batching = true;
+    }
+
+    fn end_batch(&mut self) -> Result<(), EffectError> {
+        let r = self.release_deferred();
+        self.batching = false;
+        match self.batch_error.take() {
+            Some(e) => Err(e),
+            None => r,
         }
     }
 
@@ -325,6 +369,10 @@ impl Io for Shell {
     }
 
     fn stop(&mut self, epoch: &str, grace: Duration) {
+        // Lines held for this batch go out before the server's stdin closes.
+        if let Err(e) = self.release_deferred() {
+            self.batch_error.get_or_insert(e);
+        }
         let stdin = self.children.remove(epoch);
         let Some(worker) = self.workers.remove(epoch) else {
             return;
@@ -391,7 +439,7 @@ impl Io for Shell {
         self.audit
             .append(kind, agent_run, epoch, data)
             .map_err(EffectError::new)?;
-        if kind == crate::audit::record_type::TOOL_CALLED {
+        if kind == crate::audit::record_type::TOOL_CALLED && !self.batching {
             self.audit.flush().map_err(EffectError::new)?;
         }
         Ok(())
@@ -516,6 +564,13 @@ pub(crate) fn request_without_id(line: &[u8]) -> Option<String> {
 
 /// Whether a line we write is a notification (no id). Lines the session writes have sorted keys
 /// (`serde_json` without `preserve_order`), so a notification starts with `{"jsonrpc":…,"method"`.
+/// Whether a line for the server is a `tools/call` request (read at its top level only: the
+/// failure path is rare, and nested content must not count).
+fn is_call_request(line: &[u8]) -> bool {
+    crate::proxy::envelope::Message::parse(line)
+        .is_ok_and(|m| m.method() == Some("tools/call") && m.id().is_some())
+}
+
 fn is_notification_line(line: &[u8]) -> bool {
     line.starts_with(br#"{"jsonrpc":"2.0","method":"#)
 }
@@ -884,6 +939,9 @@ pub fn execute(args: RunArgs) -> CmdResult {
         facts_file: layout.facts_file(&label),
         started: Instant::now(),
         stops: stops.clone(),
+        batching: false,
+        deferred: Vec::new(),
+        batch_error: None,
     };
     sink.emit(&format!(
         "session started: {label} (restart mode {}, gating {}, audit {}, control {})",
@@ -1091,6 +1149,20 @@ mod tests {
 
     fn loaded(v: serde_json::Value) -> LoadedConfig {
         LoadedConfig::from_package_metadata(&json!({ "mcp-dev": v })).unwrap()
+    }
+
+    #[test]
+    fn only_top_level_tools_call_requests_count_as_calls() {
+        assert!(is_call_request(
+            br#"{"id":3,"jsonrpc":"2.0","method":"tools/call","params":{"name":"x"}}"#
+        ));
+        assert!(!is_call_request(
+            br#"{"jsonrpc":"2.0","method":"notifications/x","params":{"a":{"method":"tools/call"}}}"#
+        ));
+        assert!(!is_call_request(
+            br#"{"id":4,"jsonrpc":"2.0","method":"tools/list"}"#
+        ));
+        assert!(!is_call_request(b"not json"));
     }
 
     #[test]

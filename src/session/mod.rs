@@ -61,6 +61,7 @@ use crate::audit;
 use crate::catalog::CatalogHistory;
 use crate::epoch::LaunchRecord;
 use crate::fingerprint::IdentityRecord;
+use crate::proxy::envelope;
 use crate::supervisor::ExitInfo;
 use protocol::Era;
 use state::*;
@@ -208,6 +209,16 @@ pub trait Io {
     fn timestamp(&mut self) -> String;
     /// A new unique id (ULID): epochs, agent runs, grants.
     fn mint_id(&mut self) -> String;
+    /// Several events are about to be handled together ([`Session::handle_batch`]): audit
+    /// records and lines for servers may be held until [`Io::end_batch`], which writes the
+    /// records (one write) before any held line, so a call still never reaches a server before
+    /// its intent record. The default holds nothing.
+    fn begin_batch(&mut self) {}
+    /// Ends a batch. `Err`: the held records could not be written; the held `tools/call` lines
+    /// were dropped (everything else was sent) and the session answers those calls.
+    fn end_batch(&mut self) -> Result<(), EffectError> {
+        Ok(())
+    }
 }
 
 /// Restart mode (`--restart`): what a new build does to the running server.
@@ -331,6 +342,9 @@ pub struct Session<I: Io> {
     host: HostConnection,
     listens: Vec<Listen>,
     known_list: Option<KnownList>,
+    /// Inside [`Session::handle_batch`]: calls forwarded (our ids), still only held by the shell.
+    in_batch: bool,
+    batch_calls: Vec<u64>,
     /// The `tools` text of the supervisor's own one-page fetch, until its catalog is built.
     pending_list_text: Option<String>,
     crashes: VecDeque<u64>,
@@ -372,6 +386,8 @@ impl<I: Io> Session<I> {
             host: HostConnection::default(),
             listens: Vec::new(),
             known_list: None,
+            in_batch: false,
+            batch_calls: Vec::new(),
             pending_list_text: None,
             crashes: VecDeque::new(),
             restart_scheduled: false,
@@ -426,6 +442,48 @@ impl<I: Io> Session<I> {
         }
         self.request_build();
         self.publish();
+    }
+
+    /// Handles events that arrived together (host or server lines read at once): their audit
+    /// records go out in one write (group commit). Stops at the first event that ends the
+    /// session.
+    pub fn handle_batch(&mut self, events: Vec<Event>) {
+        self.io.begin_batch();
+        self.batch_calls.clear();
+        self.in_batch = true;
+        for event in events {
+            self.handle(event);
+            if self.exit_code.is_some() {
+                break;
+            }
+        }
+        self.in_batch = false;
+        if let Err(e) = self.io.end_batch() {
+            self.batch_audit_failed(&e);
+        }
+        self.batch_calls.clear();
+    }
+
+    /// The batch's records could not be written: its calls never reached a server (the shell
+    /// dropped them); each is answered as a call that could not be audited.
+    fn batch_audit_failed(&mut self, e: &EffectError) {
+        self.io
+            .status(&format!("calls refused: audit log unavailable: {e}"));
+        for id in std::mem::take(&mut self.batch_calls) {
+            if let Some(Pending::Host {
+                host_id,
+                call: Some(_),
+                ..
+            }) = self.pending.remove(&id)
+            {
+                let payload = json!({"error": "audit_failed", "reason": e.to_string(), "retry": "fix the audit log, then call again"});
+                let result = self.tool_error(
+                    &payload,
+                    "The call was not forwarded because it could not be written to the audit log.",
+                );
+                self.io.to_host(envelope::result_line(&host_id, &result));
+            }
+        }
     }
 
     pub fn handle(&mut self, event: Event) {

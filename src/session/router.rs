@@ -164,6 +164,9 @@ impl<I: Io> Session<I> {
                     }),
                 });
                 msg.set_id(envelope::numeric_id(id));
+                if self.in_batch {
+                    self.batch_calls.push(id);
+                }
                 self.io.to_child(&epoch, msg.to_line());
             }
         }

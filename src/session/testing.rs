@@ -45,6 +45,8 @@ pub struct FakeIo {
     pub calls_sent: Vec<(String, Vec<Intent>)>,
     /// Every `tools/call` sent to a child, as sent.
     pub call_messages: Vec<Value>,
+    /// `end_batch` reports that the batch's records could not be written.
+    pub batch_write_fails: bool,
 }
 
 impl Io for FakeIo {
@@ -132,6 +134,12 @@ impl Io for FakeIo {
     }
     fn timestamp(&mut self) -> String {
         format!("t+{}ms", self.now_ms)
+    }
+    fn end_batch(&mut self) -> Result<(), EffectError> {
+        if self.batch_write_fails {
+            return Err(EffectError("disk full".into()));
+        }
+        Ok(())
     }
     fn mint_id(&mut self) -> String {
         self.next_id += 1;

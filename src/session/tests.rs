@@ -1052,3 +1052,41 @@ fn a_server_that_never_answered_is_stopped_without_the_usual_grace() {
     assert_eq!(h.io().stop_graces, vec![STOP_GRACE_UNANSWERED]);
     assert!(STOP_GRACE_UNANSWERED <= Duration::from_millis(100));
 }
+
+#[test]
+fn a_batch_whose_records_cannot_be_written_answers_its_calls_as_unaudited() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    h.answer_calls = false;
+    let line = |id: u32| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+               "params": {"name": "write_item", "arguments": {}}})
+        .to_string()
+        .into_bytes()
+    };
+    // A batch that writes: both calls forwarded, nothing answered yet.
+    h.s.handle_batch(vec![Event::HostLine(line(100)), Event::HostLine(line(101))]);
+    h.serve();
+    assert_eq!(h.io().calls_sent.len(), 2);
+    assert!(h.answer(&json!(100)).is_none());
+    // A batch whose records are lost: its calls are answered, never left waiting.
+    h.io().batch_write_fails = true;
+    h.s.handle_batch(vec![Event::HostLine(line(200)), Event::HostLine(line(201))]);
+    for id in [200, 201] {
+        let a = h.answer(&json!(id)).expect("answered");
+        assert_eq!(
+            Harness::tool_error(&a).as_deref(),
+            Some("audit_failed"),
+            "{a}"
+        );
+    }
+    assert!(
+        h.io()
+            .status
+            .iter()
+            .any(|l| l.contains("audit log unavailable"))
+    );
+    // The calls of the earlier batch are still the server's to answer.
+    assert!(h.answer(&json!(100)).is_none());
+}
