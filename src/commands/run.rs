@@ -122,8 +122,12 @@ struct Shell {
     /// records are written (group commit).
     batching: bool,
     deferred: Vec<(String, Vec<u8>)>,
+    /// Lines for the host held the same way (what it is told is recorded first).
+    deferred_host: Vec<Vec<u8>>,
     /// A failed write of held records during the batch (reported at its end).
     batch_error: Option<EffectError>,
+    /// Off-thread fsyncs of the audit log (`audit-fsync = boundaries`).
+    syncer: Option<Syncer>,
     /// Stop sequences still running (the exit waits for them, and only for them).
     stops: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -137,6 +141,24 @@ impl Shell {
         }
         if let Err(e) = self.audit.flush() {
             self.sink.emit(&format!("warning: audit log: {e}"));
+        }
+    }
+
+    /// Writes a line to the host now. Bounded (issue 12): a host that stops reading while the
+    /// server floods notifications costs at most the outlet's bound; dropped notifications are
+    /// counted and reported.
+    fn send_host_now(&mut self, line: Vec<u8>) {
+        let sent = if is_notification_line(&line) {
+            self.host_out.send_droppable(line)
+        } else {
+            self.host_out.send(line)
+        };
+        if let Err(full) = sent {
+            self.report_drop(
+                &full,
+                "the host is not reading its stdin",
+                self.host_out.limit(),
+            );
         }
     }
 
@@ -185,6 +207,9 @@ impl Shell {
             }
             self.send_child_now(&epoch, line);
         }
+        for line in std::mem::take(&mut self.deferred_host) {
+            self.send_host_now(line);
+        }
         r
     }
 
@@ -193,25 +218,64 @@ impl Shell {
         if let Err(e) = self.audit.commit() {
             self.sink.emit(&format!("warning: audit log: {e}"));
         }
+        if let Some(s) = &self.syncer {
+            s.request();
+        }
+    }
+}
+
+/// fsyncs the audit log and its anchor on a thread of its own (`audit-fsync = boundaries`): a
+/// disk busy with a build can make one fsync take seconds, and that must stall neither the
+/// session (a new epoch starts under its lock) nor the exit. What was written is in the page
+/// cache already: only a power loss before the fsync ends could lose it.
+#[derive(Clone)]
+struct Syncer {
+    requests: crossbeam_channel::Sender<Option<crossbeam_channel::Sender<()>>>,
+}
+
+impl Syncer {
+    fn start(files: Vec<PathBuf>) -> Syncer {
+        let (requests, rx) = crossbeam_channel::bounded::<Option<crossbeam_channel::Sender<()>>>(2);
+        let _ = std::thread::Builder::new()
+            .name("audit-fsync".into())
+            .spawn(move || {
+                for done in rx {
+                    for f in &files {
+                        if let Ok(file) = std::fs::File::open(f) {
+                            let _ = file.sync_all();
+                        }
+                    }
+                    if let Some(done) = done {
+                        let _ = done.send(());
+                    }
+                }
+            });
+        Syncer { requests }
+    }
+
+    /// Asks for an fsync (requests already queued cover this one).
+    fn request(&self) {
+        let _ = self.requests.try_send(None);
+    }
+
+    /// Asks for an fsync and waits for it, at most `limit`.
+    fn wait(&self, limit: Duration) -> bool {
+        let (done, rx) = crossbeam_channel::bounded(1);
+        self.requests.send_timeout(Some(done), limit).is_ok() && rx.recv_timeout(limit).is_ok()
     }
 }
 
 impl Io for Shell {
     fn to_host(&mut self, line: Vec<u8>) {
-        // Bounded (issue 12): a host that stops reading while the server floods notifications
-        // costs at most the outlet's bound; dropped notifications are counted and reported.
-        let sent = if is_notification_line(&line) {
-            self.host_out.send_droppable(line)
-        } else {
-            self.host_out.send(line)
-        };
-        if let Err(full) = sent {
-            self.report_drop(
-                &full,
-                "the host is not reading its stdin",
-                self.host_out.limit(),
-            );
+        // What the host is told is already in the audit log (a result's `tool_result`, a
+        // denial's `authorization_denied`): in a batch the line waits for the batch's write,
+        // alone it writes what is pending first.
+        if self.batching {
+            self.deferred_host.push(line);
+            return;
         }
+        self.flush_audit();
+        self.send_host_now(line);
     }
 
     fn to_child(&mut self, epoch: &str, line: Vec<u8>) {
@@ -415,6 +479,10 @@ impl Io for Shell {
     }
 
     fn close_host(&mut self) {
+        // Whatever the host was to be told first goes out before its connection closes.
+        if let Err(e) = self.release_deferred() {
+            self.batch_error.get_or_insert(e);
+        }
         self.host_out.close();
     }
 
@@ -789,7 +857,14 @@ pub fn execute(args: RunArgs) -> CmdResult {
         label: label.clone(),
     };
     let audit_options = audit_options(args.audit_fsync.as_deref(), &t.config.config)?;
-    let audit = open_audit(&audit_path, &keys, &audit_options, &sink)?;
+    let mut audit = open_audit(&audit_path, &keys, &audit_options, &sink)?;
+    // `boundaries`: the fsyncs at each new epoch and at exit run off the session's thread.
+    let syncer = (audit_options.fsync == crate::audit::FsyncPolicy::Boundaries).then(|| {
+        audit.set_fsync(crate::audit::FsyncPolicy::Never);
+        let mut files = vec![audit_path.clone()];
+        files.extend(keys.anchor_path(&audit_path).ok());
+        Syncer::start(files)
+    });
     let socket_path = control::socket_path(&t.resolved.target_dir, &label);
 
     let (events_tx, events_rx) = unbounded::<Event>();
@@ -934,6 +1009,7 @@ pub fn execute(args: RunArgs) -> CmdResult {
         build_lock: layout.build_lock(),
         watcher,
         audit,
+        syncer: syncer.clone(),
         status_file: layout.status_file(&label),
         launch_dir: layout.launch_dir(&label),
         facts_file: layout.facts_file(&label),
@@ -941,6 +1017,7 @@ pub fn execute(args: RunArgs) -> CmdResult {
         stops: stops.clone(),
         batching: false,
         deferred: Vec::new(),
+        deferred_host: Vec::new(),
         batch_error: None,
     };
     sink.emit(&format!(
@@ -966,6 +1043,13 @@ pub fn execute(args: RunArgs) -> CmdResult {
         .unwrap_or_else(|e| e.into_inner())
         .io()
         .commit_audit();
+    if let Some(s) = &syncer
+        && !s.wait(Duration::from_millis(500))
+    {
+        status::verbose_line(
+            "the audit log's fsync did not finish within 500 ms; exiting anyway (the records are written)",
+        );
+    }
     // Let stop sequences in flight (bounded by their own grace) finish; with none (the host
     // left before a server was up) there is nothing to wait for.
     let deadline = Instant::now() + Duration::from_millis(1500);

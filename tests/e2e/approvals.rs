@@ -304,3 +304,9 @@ fn a10_late_answer_after_the_deadline_python2_modern() {
     assert!(s.side_effect_lines().is_empty());
     close_clean(&s, d);
 }
+
+/// The Python 2.x client in legacy mode: the `elicitation/create` flow, as with 1.x.
+#[test]
+fn a11_accept_once_then_decline_python2_legacy() {
+    accept_once_then_decline("a11", Client::Py2ElicitLegacy);
+}

@@ -218,6 +218,8 @@ pub enum Client {
     Py1Elicit,
     /// Python SDK mcp 2.3.0 with an elicitation callback (2026-07-28: `input_required`).
     Py2Elicit,
+    /// The same client in legacy mode (`initialize`; `elicitation/create` requests).
+    Py2ElicitLegacy,
 }
 
 impl Client {
@@ -256,6 +258,7 @@ impl Client {
             Client::Py1 => py("py-mcp1", &[]),
             Client::Py1Elicit => py("py-mcp1", &["--elicitation"]),
             Client::Py2Elicit => py("py-mcp2", &["--elicitation"]),
+            Client::Py2ElicitLegacy => py("py-mcp2", &["--legacy", "--elicitation"]),
             Client::TsV1Elicit => node("ts_v1_driver.mjs", &["--elicitation"]),
             Client::TsV1 => node("ts_v1_driver.mjs", &[]),
             Client::TsV1Auto => node("ts_v1_driver.mjs", &["--list-changed-auto"]),
