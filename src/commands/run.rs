@@ -65,6 +65,7 @@ fn deliver(me: &Weak<Mutex<Session<Shell>>>, events: Vec<Event>) -> bool {
     };
     let mut session = shared.lock().unwrap_or_else(|e| e.into_inner());
     if events.len() == 1 {
+        // Alone, nothing is held: the intent record is written before the call goes out.
         session.handle(events.into_iter().next().expect("one event"));
     } else {
         session.handle_batch(events);
@@ -82,7 +83,8 @@ const BATCH: usize = 32;
 
 /// The next frame, then every further line already in the reader's buffer (up to [`BATCH`]):
 /// lines that arrived together are handled under one lock instead of one lock each, and the
-/// reader never waits for more input while it holds some. `Ok(None)` ends the stream.
+/// reader never waits for more input while it holds some. The flag says the stream ended
+/// (after the returned events).
 fn next_batch<R: std::io::Read>(
     reader: &mut LineReader<BufReader<R>>,
     mut event: impl FnMut(Frame) -> Option<Event>,

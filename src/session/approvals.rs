@@ -230,9 +230,40 @@ impl<I: Io> Session<I> {
         Ok(())
     }
 
+    /// The form's text and a prompt for a call refused with `denial` (shared by both eras).
+    pub(super) fn new_prompt(
+        &mut self,
+        call: Message,
+        denial: &Denial,
+        epoch: EpochId,
+        (call_id, arguments_digest, arguments): (&str, &str, &str),
+        modern: bool,
+    ) -> (String, Prompt, String) {
+        let host_id = call.id().expect("request").to_owned();
+        let tool = denial.tool.clone();
+        let mut requested = self.gate.pending_requests().0;
+        requested.insert(tool.clone());
+        let prompt_id = format!("{PROMPT_ID_PREFIX}{}", self.io.mint_id());
+        let message = self.prompt_message(&tool, &epoch, &requested, arguments);
+        let deadline_ms = self.now() + self.cfg.approval_timeout.as_millis() as u64;
+        let prompt = Prompt {
+            call,
+            host_id,
+            call_id: call_id.to_string(),
+            tool,
+            arguments_digest: arguments_digest.to_string(),
+            epoch,
+            requested,
+            deadline_ms,
+            denial: denial.clone(),
+            modern,
+        };
+        (prompt_id, prompt, message)
+    }
+
     /// The form's text: what is being approved, in plain words. Server and agent text is
     /// passed through [`sanitize::review`] (a host shows it to the person deciding).
-    pub(super) fn prompt_message(
+    fn prompt_message(
         &self,
         tool: &str,
         epoch: &str,
@@ -410,13 +441,8 @@ impl<I: Io> Session<I> {
         }
     }
 
-    /// Same as [`Session::refuse_prompted`], for the modern room.
-    pub(super) fn refuse_prompt(&mut self, prompt: Prompt, outcome: &str) {
-        self.refuse_prompted(prompt, outcome);
-    }
-
     /// The call of a prompt that yielded no grant gets its denial, saying what happened.
-    fn refuse_prompted(&mut self, prompt: Prompt, outcome: &str) {
+    pub(super) fn refuse_prompted(&mut self, prompt: Prompt, outcome: &str) {
         let denial = &prompt.denial;
         let mut payload = denial.payload();
         payload["approval"] = json!({"channel": "host", "outcome": outcome});

@@ -17,7 +17,6 @@ use serde_json::{Value, json};
 
 use super::approvals::{PROMPT_ID_PREFIX, requested_schema};
 use super::*;
-use crate::approval::Denial;
 use crate::hashing;
 use crate::proxy::envelope::{self, Message};
 use crate::sanitize;
@@ -99,43 +98,12 @@ impl<I: Io> Session<I> {
         prompt.host_id = host_id;
         match answer {
             Some(a) => self.on_prompt_answer_value(prompt, &a),
-            None => self.refuse_prompt(
+            None => self.refuse_prompted(
                 prompt,
                 "invalid answer from the host (no response under the prompt's key)",
             ),
         }
         None
-    }
-
-    /// The form's text and a prompt for a call refused with `denial` (shared by both eras).
-    pub(super) fn new_prompt(
-        &mut self,
-        call: Message,
-        denial: &Denial,
-        epoch: EpochId,
-        (call_id, arguments_digest, arguments): (&str, &str, &str),
-        modern: bool,
-    ) -> (String, Prompt, String) {
-        let host_id = call.id().expect("request").to_owned();
-        let tool = denial.tool.clone();
-        let mut requested = self.gate.pending_requests().0;
-        requested.insert(tool.clone());
-        let prompt_id = format!("{PROMPT_ID_PREFIX}{}", self.io.mint_id());
-        let message = self.prompt_message(&tool, &epoch, &requested, arguments);
-        let deadline_ms = self.now() + self.cfg.approval_timeout.as_millis() as u64;
-        let prompt = Prompt {
-            call,
-            host_id,
-            call_id: call_id.to_string(),
-            tool,
-            arguments_digest: arguments_digest.to_string(),
-            epoch,
-            requested,
-            deadline_ms,
-            denial: denial.clone(),
-            modern,
-        };
-        (prompt_id, prompt, message)
     }
 }
 

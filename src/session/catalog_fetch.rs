@@ -179,12 +179,7 @@ impl<I: Io> Session<I> {
                 .as_deref()
                 .is_some_and(|t| Some(t) == result_text)
             {
-                let changed = self.host_was_shown(&known.catalog, "server", None);
-                self.known_list = Some(known);
-                if changed {
-                    self.publish();
-                }
-                return;
+                return self.show_known_list(known);
             }
             self.known_list = Some(known);
         }
@@ -211,16 +206,10 @@ impl<I: Io> Session<I> {
                     }
                 }
             };
-            let known = KnownList {
+            return self.show_known_list(KnownList {
                 result_text: result_text.map(str::to_string),
                 ..known
-            };
-            let changed = self.host_was_shown(&known.catalog, "server", None);
-            self.known_list = Some(known);
-            if changed {
-                self.publish();
-            }
-            return;
+            });
         }
         if let Ok(tools) = serde_json::from_str::<Vec<Value>>(tools_text) {
             self.host.list_pages.extend(tools);
@@ -232,6 +221,15 @@ impl<I: Io> Session<I> {
             {
                 self.publish();
             }
+        }
+    }
+
+    /// The host was shown a whole one-page list whose catalog is known; it stays known.
+    fn show_known_list(&mut self, known: KnownList) {
+        let changed = self.host_was_shown(&known.catalog, "server", None);
+        self.known_list = Some(known);
+        if changed {
+            self.publish();
         }
     }
 

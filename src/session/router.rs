@@ -132,7 +132,8 @@ impl<I: Io> Session<I> {
                     _ => return, // unreachable: the gate says identity_pending without a child
                 };
                 let shown_revision = self.gate.host_shown(&tool).and_then(|s| s.revision);
-                // Written and flushed before forwarding; a call that cannot be audited is refused.
+                // Written before the call reaches the server (at once, or with the batch's one
+                // write); a call that cannot be audited is refused.
                 let record = records::ToolCalled {
                     call_id: json!(call_id),
                     tool: tool.clone(),

@@ -11,22 +11,27 @@ use super::*;
 /// (cold, it falls back to `initialize` when the build outlasts the handshake wait).
 fn driver_for(s: &mut Scenario, client: Client) -> Driver {
     if client == Client::Py2Elicit {
-        let manifest = s.manifest().display().to_string();
-        let target = s.target.display().to_string();
-        let out = s.mcp_dev(&[
-            "build",
-            "--manifest-path",
-            &manifest,
-            "--target-dir",
-            &target,
-        ]);
-        assert!(
-            out.status.success(),
-            "prebuild: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        prebuild(s);
     }
     s.driver(client, &[], &[])
+}
+
+/// `cargo mcp-dev build` of the scenario's project: the next `run` starts warm.
+fn prebuild(s: &Scenario) {
+    let manifest = s.manifest().display().to_string();
+    let target = s.target.display().to_string();
+    let out = s.mcp_dev(&[
+        "build",
+        "--manifest-path",
+        &manifest,
+        "--target-dir",
+        &target,
+    ]);
+    assert!(
+        out.status.success(),
+        "prebuild: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Sets how the driver's "person" answers the next prompts.
@@ -270,20 +275,7 @@ fn a09_rebuild_voids_the_answer_python2_modern() {
 #[test]
 fn a10_late_answer_after_the_deadline_python2_modern() {
     let mut s = Scenario::new("a10", secs(150));
-    let manifest = s.manifest().display().to_string();
-    let target = s.target.display().to_string();
-    let out = s.mcp_dev(&[
-        "build",
-        "--manifest-path",
-        &manifest,
-        "--target-dir",
-        &target,
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    prebuild(&s);
     let mut d = s.driver(Client::Py2Elicit, &["--approval-timeout", "2s"], &[]);
     start(&s, &mut d);
     assert_eq!(s.status_file().expect("status")["era"], json!("modern"));
