@@ -8,7 +8,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use cargo_metadata::{Message, TargetKind};
@@ -110,17 +110,20 @@ pub fn cargo_build_args(req: &BuildRequest) -> Vec<String> {
 /// stays in our process group so Ctrl-C in a terminal reaches it as usual.
 static RUNNING_BUILD: AtomicU32 = AtomicU32::new(0);
 
-/// Terminates the cargo build in progress, if any.
+/// Set once this process stops building for good (shutdown, or the build was handed to the
+/// background): a build thread that was about to start cargo (it may still be reading metadata
+/// when the host leaves) must not start a second cargo behind our back.
+static NO_MORE_BUILDS: AtomicBool = AtomicBool::new(false);
+
+/// Terminates the cargo build in progress, if any, and keeps this process from starting another.
 pub fn cancel_running() {
+    // Flag first, then take the pid; `run_build` stores the pid, then reads the flag. With both
+    // sequentially consistent, at least one side sees the other, so no cargo is left running.
+    NO_MORE_BUILDS.store(true, Ordering::SeqCst);
     let pid = RUNNING_BUILD.swap(0, Ordering::SeqCst);
     if pid != 0 {
         crate::sys::unix::signal_process(pid, crate::sys::unix::Sig::Term);
     }
-}
-
-/// Whether a cargo build of ours is running now.
-pub fn is_running() -> bool {
-    RUNNING_BUILD.load(Ordering::SeqCst) != 0
 }
 
 /// Hands a build the host abandoned (it closed the connection during a cold build, as hosts
@@ -152,11 +155,21 @@ pub fn continue_in_background(req: &BuildRequest, log: &Path) -> std::io::Result
     Ok(child.id())
 }
 
+fn cancelled() -> Failure {
+    Failure::new(
+        exit_codes::ERROR,
+        "the build was cancelled: the supervisor is stopping",
+    )
+}
+
 /// How long an abandoned first build may go on in the background.
 pub const BACKGROUND_BUILD_TIMEOUT: Duration = Duration::from_secs(900);
 
 /// Runs cargo build and waits for it; compiler diagnostics appear on stderr as cargo renders them.
 pub fn run_build(req: &BuildRequest) -> Result<BuildOutcome, Failure> {
+    if NO_MORE_BUILDS.load(Ordering::SeqCst) {
+        return Err(cancelled());
+    }
     let started = Instant::now();
     let args = cargo_build_args(req);
     status::verbose_line(&format!(
@@ -178,6 +191,16 @@ pub fn run_build(req: &BuildRequest) -> Result<BuildOutcome, Failure> {
         })?;
 
     RUNNING_BUILD.store(child.id(), Ordering::SeqCst);
+    if NO_MORE_BUILDS.load(Ordering::SeqCst)
+        && RUNNING_BUILD
+            .compare_exchange(child.id(), 0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    {
+        // Shutdown began while cargo was being started, and `cancel_running` did not see it.
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(cancelled());
+    }
     let progress = Progress::new(req.expected_units);
     let stderr = child.stderr.take().expect("piped");
     let relay = req.relay_stderr;

@@ -140,3 +140,48 @@ fn a_first_build_the_host_abandons_finishes_in_the_background() {
         "{text}"
     );
 }
+
+/// The same, when the host leaves before our build thread has started cargo (here it waits
+/// for another supervisor's build lock; in CI it was simply not scheduled yet): the build is
+/// still wanted and goes on in the background; no cargo is started behind the exit.
+#[test]
+fn a_first_build_abandoned_before_cargo_started_still_goes_on() {
+    let s = Setup::new().arg("--no-gating");
+    let root = s.project.target_dir().join("mcp-dev");
+    std::fs::create_dir_all(&root).unwrap();
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(root.join("build.lock"))
+        .unwrap();
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    let log = root.join("background-build.log");
+    let _ = std::fs::remove_file(&log);
+    let mut s = s.start();
+    s.wait_stderr("waiting for another cargo mcp-dev build");
+    s.initialize();
+    s.close_stdin();
+    let status = s
+        .wait_exit(GRACE)
+        .expect("the supervisor exits at once, without waiting for the lock");
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    let line = s.wait_stderr_within(
+        "the host closed the connection during the first build",
+        Duration::from_secs(5),
+    );
+    assert!(line.contains("goes on in the background"), "{line}");
+    drop(lock);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("cargo mcp-dev: background build") || Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        text.contains("cargo mcp-dev: background build finished: exit status: 0"),
+        "{text}"
+    );
+}

@@ -1063,7 +1063,9 @@ pub fn execute(args: RunArgs) -> CmdResult {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .first_build_abandoned();
-    if abandoned && crate::build::is_running() {
+    // Not "is cargo running now": the host may leave before the build thread has started cargo
+    // (it answers the handshake first), and that build is just as wanted.
+    if abandoned {
         let log = layout.root().join("background-build.log");
         let req = prep.request(false);
         match crate::build::continue_in_background(&req, &log) {
