@@ -79,7 +79,8 @@
 
 use super::AuditError;
 use super::chain::{
-    AuditKey, FORMAT_VERSION, GENESIS_PREV, MacChecker, Record, anchor_mac, verify_anchor_mac,
+    AuditKey, FORMAT_VERSION, GENESIS_PREV, MacChecker, Record, RecordData, anchor_mac,
+    verify_anchor_mac,
 };
 use super::keys::{self, Anchor, AnchorFile, KeyStore};
 use super::scan::{self, Expect, Last};
@@ -204,6 +205,40 @@ pub struct AuditLog {
     /// Set when a failed write could not be cut back: the file may end in a partial line, so
     /// nothing more is written to it.
     poisoned: Option<String>,
+    clock: RecordClock,
+}
+
+/// The `time` of records: RFC 3339, UTC, milliseconds. The text up to the second is kept and
+/// reused within that second (formatting a date per record was a visible share of a call).
+#[derive(Debug, Default)]
+struct RecordClock {
+    second: u64,
+    /// `2025-06-01T12:00:00.` for `second`; empty before the first stamp.
+    prefix: String,
+}
+
+impl RecordClock {
+    fn now(&mut self) -> String {
+        self.stamp(SystemTime::now())
+    }
+
+    fn stamp(&mut self, t: SystemTime) -> String {
+        let since = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        if self.prefix.is_empty() || since.as_secs() != self.second {
+            let full = humantime::format_rfc3339_millis(t).to_string();
+            // `YYYY-MM-DDTHH:MM:SS.mmmZ`: keep through the `.`.
+            self.prefix = full[..full.len() - 4].to_string();
+            self.second = since.as_secs();
+        }
+        let ms = since.subsec_millis();
+        let mut out = String::with_capacity(self.prefix.len() + 4);
+        out.push_str(&self.prefix);
+        for d in [ms / 100, ms / 10 % 10, ms % 10] {
+            out.push(char::from(b'0' + d as u8));
+        }
+        out.push('Z');
+        out
+    }
 }
 
 impl AuditLog {
@@ -282,6 +317,7 @@ impl AuditLog {
                 .unwrap_or_else(Instant::now),
             rotatable: false,
             poisoned: None,
+            clock: RecordClock::default(),
         };
         match log.read_tail() {
             Ok(()) => Ok(log),
@@ -301,7 +337,7 @@ impl AuditLog {
         record_type: &str,
         run: &str,
         epoch: Option<&str>,
-        data: Value,
+        data: impl Into<RecordData>,
     ) -> Result<AppendedRecord, AuditError> {
         if record_type.is_empty() {
             return Err(AuditError::InvalidRecord("empty record type".into()));
@@ -310,20 +346,29 @@ impl AuditLog {
             return Err(AuditError::InvalidRecord("empty run id".into()));
         }
         self.check_poisoned()?;
+        let data = match data.into() {
+            RecordData::Tree(v) => {
+                let mut out = Vec::with_capacity(256);
+                crate::audit::canonical_json(&v, &mut out)?;
+                out
+            }
+            RecordData::Canonical(bytes) => bytes,
+        };
         let mut record = Record {
             v: FORMAT_VERSION,
             seq: 0,
-            time: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            time: self.clock.now(),
             record_type: record_type.to_owned(),
             run: run.to_owned(),
             epoch: epoch.map(str::to_owned),
             prev: String::new(),
-            data,
+            // Not read: the line is sealed from `data`'s encoding.
+            data: Value::Null,
             hash: String::new(),
             mac: String::new(),
         };
         loop {
-            let line = self.seal(&mut record)?;
+            let line = self.seal(&mut record, &data);
             if self.opts.max_segment_bytes > 0
                 && self.rotatable
                 && self.len + (self.batch.len() + line.len() + 1) as u64
@@ -342,14 +387,14 @@ impl AuditLog {
     }
 
     /// Sets seq and prev from the head, seals, renders.
-    fn seal(&self, record: &mut Record) -> Result<Vec<u8>, AuditError> {
+    fn seal(&self, record: &mut Record, data: &[u8]) -> Vec<u8> {
         let (seq, prev) = match &self.head {
             Some((seq, hash)) => (seq + 1, hash.clone()),
             None => (1, GENESIS_PREV.to_owned()),
         };
         record.seq = seq;
         record.prev = prev;
-        Ok(record.seal_to_line(&self.key)?)
+        record.seal_encoded_to_line(&self.key, data)
     }
 
     fn push(&mut self, line: Vec<u8>, seq: u64, hash: &str) {
@@ -539,7 +584,7 @@ impl AuditLog {
         let mut record = Record {
             v: FORMAT_VERSION,
             seq: 0,
-            time: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            time: self.clock.now(),
             record_type: super::record_type::SEGMENT_STARTED.to_owned(),
             run: super::recover::TOOL_RUN.to_owned(),
             epoch: None,
@@ -552,7 +597,9 @@ impl AuditLog {
             hash: String::new(),
             mac: String::new(),
         };
-        let line = self.seal(&mut record)?;
+        let mut data = Vec::new();
+        crate::audit::canonical_json(&record.data, &mut data)?;
+        let line = self.seal(&mut record, &data);
         self.push(line, record.seq, &record.hash);
         self.rotatable = false;
         self.commit()?;
@@ -878,6 +925,23 @@ mod tests {
             .lines()
             .map(str::to_owned)
             .collect()
+    }
+
+    #[test]
+    fn record_clock_writes_what_humantime_writes_across_seconds() {
+        let mut clock = RecordClock::default();
+        let base = std::time::UNIX_EPOCH + Duration::from_millis(1_764_000_000_000);
+        // Within a second, across a second, a minute and a day, and back in time.
+        for ms in [
+            0u64, 7, 999, 1000, 1001, 59_999, 60_000, 86_399_999, 86_400_000, 5, 123_456,
+        ] {
+            let t = base + Duration::from_millis(ms);
+            assert_eq!(
+                clock.stamp(t),
+                humantime::format_rfc3339_millis(t).to_string(),
+                "{ms}"
+            );
+        }
     }
 
     #[test]

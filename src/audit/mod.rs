@@ -33,8 +33,8 @@ pub mod verify;
 use std::path::PathBuf;
 
 pub use chain::{
-    AuditKey, ChainError, FORMAT_VERSION, GENESIS_PREV, Record, anchor_mac, canonical_json,
-    is_digest_hex, record_mac, verify_anchor_mac, verify_record_mac,
+    AuditKey, ChainError, FORMAT_VERSION, GENESIS_PREV, Record, RecordData, anchor_mac,
+    canonical_json, is_digest_hex, record_mac, verify_anchor_mac, verify_record_mac,
 };
 pub use journal::{
     CallEntry, CallOutcome, ClientInfo, EpochEntry, GrantEntry, JournalView, Journals, RunEntry,

@@ -6,6 +6,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::chain::{ChainError, RecordData, canonical_json};
+
 /// `server_exited`: a server process ended (by itself, replaced, or at session end).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -150,6 +152,71 @@ pub struct CallFailedEpochTransition {
     pub cause: Option<String>,
 }
 
+impl ToolCalled {
+    /// The record's data in the chain's canonical encoding, written from the fields (keys in
+    /// byte order; the same bytes as encoding [`data`] of it, which the tests check): no JSON
+    /// tree per call.
+    pub fn canonical(&self) -> Result<RecordData, ChainError> {
+        let mut out = Vec::with_capacity(320);
+        out.extend_from_slice(b"{\"argumentsDigest\":");
+        opt_str(self.arguments_digest.as_deref(), &mut out);
+        out.extend_from_slice(b",\"callId\":");
+        canonical_json(&self.call_id, &mut out)?;
+        out.extend_from_slice(b",\"credentialScopes\":[");
+        for (i, scope) in self.credential_scopes.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            crate::canonical::write_str(scope, &mut out);
+        }
+        out.extend_from_slice(b"],\"grant\":");
+        opt_str(self.grant.as_deref(), &mut out);
+        if let Some(kind) = &self.grant_kind {
+            out.extend_from_slice(b",\"grantKind\":");
+            crate::canonical::write_str(kind, &mut out);
+        }
+        out.extend_from_slice(b",\"shownRevision\":");
+        match self.shown_revision {
+            Some(n) => out.extend_from_slice(n.to_string().as_bytes()),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"tool\":");
+        crate::canonical::write_str(&self.tool, &mut out);
+        out.push(b'}');
+        Ok(RecordData::Canonical(out))
+    }
+}
+
+impl ToolResult {
+    /// As [`ToolCalled::canonical`].
+    pub fn canonical(&self) -> Result<RecordData, ChainError> {
+        let mut out = Vec::with_capacity(160);
+        out.extend_from_slice(b"{\"callId\":");
+        canonical_json(&self.call_id, &mut out)?;
+        out.extend_from_slice(b",\"durationMs\":");
+        match self.duration_ms {
+            Some(n) => out.extend_from_slice(n.to_string().as_bytes()),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(if self.is_error {
+            b",\"isError\":true"
+        } else {
+            b",\"isError\":false"
+        });
+        out.extend_from_slice(b",\"tool\":");
+        crate::canonical::write_str(&self.tool, &mut out);
+        out.push(b'}');
+        Ok(RecordData::Canonical(out))
+    }
+}
+
+fn opt_str(s: Option<&str>, out: &mut Vec<u8>) {
+    match s {
+        Some(s) => crate::canonical::write_str(s, out),
+        None => out.extend_from_slice(b"null"),
+    }
+}
+
 /// Serializes a record's data (the types above hold only strings, integers and booleans).
 pub fn data<T: Serialize>(record: &T) -> Value {
     serde_json::to_value(record).expect("audit record data serializes")
@@ -179,7 +246,72 @@ pub fn read<T: serde::de::DeserializeOwned + Default>(data: &Value) -> T {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::strategy::Strategy as _;
     use serde_json::json;
+
+    fn generic(v: &Value) -> Vec<u8> {
+        let mut out = Vec::new();
+        canonical_json(v, &mut out).unwrap();
+        out
+    }
+
+    fn encoded(d: RecordData) -> Vec<u8> {
+        match d {
+            RecordData::Canonical(b) => b,
+            RecordData::Tree(_) => panic!("typed records encode directly"),
+        }
+    }
+
+    proptest::proptest! {
+        /// The typed encoders write exactly what the generic encoder writes for the same data,
+        /// for every shape of field (the verifier re-renders with the generic one).
+        #[test]
+        fn typed_encodings_match_the_generic_encoder(
+            id in proptest::prop_oneof![
+                "[a-z0-9\"\\\\\u{0}-\u{1f}é]{0,12}".prop_map(Value::from),
+                proptest::num::i64::ANY.prop_map(Value::from),
+            ],
+            tool in "\\PC{0,16}",
+            grant in proptest::option::of("[a-z0-9-]{1,30}"),
+            grant_kind in proptest::option::of("epoch|call"),
+            scopes in proptest::collection::vec("\\PC{0,8}", 0..4),
+            digest in proptest::option::of("sha256:[0-9a-f]{64}"),
+            revision in proptest::option::of(proptest::num::u64::ANY),
+            is_error in proptest::bool::ANY,
+            duration in proptest::option::of(proptest::num::u64::ANY),
+        ) {
+            let called = ToolCalled {
+                call_id: id.clone(),
+                tool: tool.clone(),
+                grant,
+                grant_kind,
+                credential_scopes: scopes,
+                arguments_digest: digest,
+                shown_revision: revision,
+            };
+            proptest::prop_assert_eq!(
+                encoded(called.canonical().unwrap()),
+                generic(&data(&called))
+            );
+            let result = ToolResult { call_id: id, tool, is_error, duration_ms: duration };
+            proptest::prop_assert_eq!(
+                encoded(result.canonical().unwrap()),
+                generic(&data(&result))
+            );
+        }
+    }
+
+    #[test]
+    fn typed_encodings_refuse_what_the_generic_encoder_refuses() {
+        let r = ToolResult {
+            call_id: json!(1.5),
+            ..ToolResult::default()
+        };
+        assert!(matches!(
+            r.canonical(),
+            Err(ChainError::NonIntegerNumber(_))
+        ));
+    }
 
     #[test]
     fn server_exited_round_trips_and_reads_the_old_shape() {

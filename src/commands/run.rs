@@ -64,6 +64,9 @@ fn deliver(me: &Weak<Mutex<Session<Shell>>>, events: Vec<Event>) -> bool {
         return false;
     };
     let mut session = shared.lock().unwrap_or_else(|e| e.into_inner());
+    // Lines for the peers are queued under the lock and written after it is released: the
+    // write wakes the peer, and its answer must not find the session still locked by us.
+    session.io().pump_later = true;
     if events.len() == 1 {
         // Alone, nothing is held: the intent record is written before the call goes out.
         session.handle(events.into_iter().next().expect("one event"));
@@ -71,11 +74,18 @@ fn deliver(me: &Weak<Mutex<Session<Shell>>>, events: Vec<Event>) -> bool {
         session.handle_batch(events);
     }
     session.io().flush_audit();
-    if session.exit_code().is_some() {
+    let shell = session.io();
+    shell.pump_later = false;
+    let pumps = std::mem::take(&mut shell.pumps);
+    let ended = session.exit_code().is_some();
+    if ended {
         let _ = session.io().done.try_send(());
-        return false;
     }
-    true
+    drop(session);
+    for outlet in pumps {
+        outlet.pump();
+    }
+    !ended
 }
 
 /// Lines handed to the session under one lock at most (see [`next_batch`]).
@@ -132,6 +142,10 @@ struct Shell {
     syncer: Option<Syncer>,
     /// Stop sequences still running (the exit waits for them, and only for them).
     stops: Arc<std::sync::atomic::AtomicUsize>,
+    /// While a reader thread holds the session: lines are queued on their outlets and `pumps`
+    /// names the outlets to write once the lock is released (see `deliver`).
+    pump_later: bool,
+    pumps: Vec<Outlet>,
 }
 
 impl Shell {
@@ -150,7 +164,12 @@ impl Shell {
     /// server floods notifications costs at most the outlet's bound; dropped notifications are
     /// counted and reported.
     fn send_host_now(&mut self, line: Vec<u8>) {
-        let sent = if is_notification_line(&line) {
+        let notification = is_notification_line(&line);
+        let sent = if self.pump_later {
+            let out = self.host_out.clone();
+            self.pump_after_unlock(&out);
+            out.queue(line, notification)
+        } else if notification {
             self.host_out.send_droppable(line)
         } else {
             self.host_out.send(line)
@@ -164,7 +183,14 @@ impl Shell {
         }
     }
 
-    /// Writes a line to the server of `epoch` now (bounded: see `Outlet`).
+    fn pump_after_unlock(&mut self, out: &Outlet) {
+        if !self.pumps.iter().any(|o| o.same_as(out)) {
+            self.pumps.push(out.clone());
+        }
+    }
+
+    /// Writes a line to the server of `epoch` now, or right after the session's lock is
+    /// released (bounded: see `Outlet`).
     fn send_child_now(&mut self, epoch: &str, line: Vec<u8>) {
         if let Some(method) = request_without_id(&line) {
             // Defence in depth (issue 12, `id: null` bypass): a request that lost its id would
@@ -179,12 +205,19 @@ impl Shell {
             return;
         };
         let notification = is_notification_line(&line);
-        let sent = if notification {
+        let sent = if self.pump_later {
+            let out = out.clone();
+            self.pump_after_unlock(&out);
+            out.queue(line, notification)
+        } else if notification {
             out.send_droppable(line)
         } else {
             out.send(line)
         };
         if let Err(full) = sent {
+            let Some(out) = self.children.get(epoch) else {
+                return;
+            };
             let limit = out.limit();
             self.report_drop(&full, "the server is not reading its stdin", limit);
             // A request that cannot be queued is answered (as if by the server) with an error:
@@ -501,7 +534,7 @@ impl Io for Shell {
         kind: &str,
         agent_run: &str,
         epoch: Option<&str>,
-        data: serde_json::Value,
+        data: crate::audit::RecordData,
     ) -> Result<(), EffectError> {
         // Records are batched in memory; the intent record of a call is written (one `write`
         // with whatever else is pending) before the call can be forwarded, and everything else
@@ -1021,6 +1054,8 @@ pub fn execute(args: RunArgs) -> CmdResult {
         deferred: Vec::new(),
         deferred_host: Vec::new(),
         batch_error: None,
+        pump_later: false,
+        pumps: Vec::new(),
     };
     sink.emit(&format!(
         "session started: {label} (restart mode {}, gating {}, audit {}, control {})",

@@ -23,13 +23,6 @@ pub enum Kind {
     Response,
 }
 
-#[derive(Debug)]
-pub struct Message {
-    fields: BTreeMap<String, Box<RawValue>>,
-    method: Option<String>,
-    kind: Kind,
-}
-
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum EnvelopeError {
     #[error("not JSON: {0}")]
@@ -87,41 +80,154 @@ fn is_valid_id(raw: &str) -> bool {
     )
 }
 
+/// One JSON-RPC message: the line as received (forwarded byte for byte unless the supervisor
+/// edits a member), with where its members' values are.
+#[derive(Debug)]
+pub struct Message {
+    /// The message without its `\n`. Edits splice the new value in place.
+    text: String,
+    id: Option<Span>,
+    params: Option<Span>,
+    result: Option<Span>,
+    has_error: bool,
+    /// The id as its own raw value (callers keep it to answer with).
+    id_raw: Option<Box<RawValue>>,
+    method: Option<String>,
+    kind: Kind,
+}
+
+/// Byte range of a member's value in [`Message::text`].
+type Span = std::ops::Range<usize>;
+
+/// The raw JSON text of a member's value, borrowed from its message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Raw<'a>(&'a str);
+
+impl<'a> Raw<'a> {
+    pub fn get(&self) -> &'a str {
+        self.0
+    }
+}
+
+/// The top-level members the proxy reads; every other member is kept in the text, unread.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Member {
+    Jsonrpc,
+    Id,
+    Method,
+    Params,
+    Result,
+    Error,
+    Other,
+}
+
+impl<'de> serde::Deserialize<'de> for Member {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Member;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a member name")
+            }
+            fn visit_str<E>(self, k: &str) -> Result<Member, E> {
+                Ok(match k {
+                    "jsonrpc" => Member::Jsonrpc,
+                    "id" => Member::Id,
+                    "method" => Member::Method,
+                    "params" => Member::Params,
+                    "result" => Member::Result,
+                    "error" => Member::Error,
+                    _ => Member::Other,
+                })
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// The members of one message as borrowed raw values, in their order (no tree, no copies).
+struct Members<'a>(Vec<(Member, &'a RawValue)>);
+
+impl<'de> serde::Deserialize<'de> for Members<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Members<'de>, A::Error> {
+                let mut members = Vec::with_capacity(5);
+                while let Some(k) = map.next_key::<Member>()? {
+                    members.push((k, map.next_value::<&'de RawValue>()?));
+                }
+                Ok(Members(members))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
 impl Message {
     pub fn parse(line: &[u8]) -> Result<Message, EnvelopeError> {
-        let fields: BTreeMap<String, Box<RawValue>> = match serde_json::from_slice(line) {
-            Ok(f) => f,
-            Err(e) => {
-                // Valid JSON that is not an object (a batch, a number) is a different failure.
-                return Err(
-                    if serde_json::from_slice::<serde::de::IgnoredAny>(line).is_ok() {
-                        EnvelopeError::NotJsonRpc(
-                            "expected a JSON object (batches are not supported)".into(),
-                        )
-                    } else {
-                        EnvelopeError::NotJson(e.to_string())
-                    },
-                );
-            }
+        let text = std::str::from_utf8(line)
+            .map_err(|e| EnvelopeError::NotJson(format!("not UTF-8 ({e})")))?;
+        let members: Members<'_> = match serde_json::from_str(text) {
+            Ok(m) => m,
+            Err(_) => return Err(Self::not_an_object(line)),
         };
-        match fields.get("jsonrpc").map(|v| v.get()) {
-            Some("\"2.0\"") => {}
+        let offset = |raw: &RawValue| {
+            let start = raw.get().as_ptr() as usize - text.as_ptr() as usize;
+            start..start + raw.get().len()
+        };
+        let (mut jsonrpc, mut id, mut method, mut params, mut result) =
+            (None, None, None, None, None);
+        let mut has_error = false;
+        for (member, value) in &members.0 {
+            let slot = match member {
+                Member::Jsonrpc => &mut jsonrpc,
+                Member::Id => &mut id,
+                Member::Method => &mut method,
+                Member::Params => &mut params,
+                Member::Result => &mut result,
+                Member::Error => {
+                    if has_error {
+                        return Self::parse_normalized(line);
+                    }
+                    has_error = true;
+                    continue;
+                }
+                Member::Other => continue,
+            };
+            if slot.is_some() {
+                // A member named twice: peers' parsers disagree on which one counts, so the
+                // message is rebuilt with the last one (the one judged here) before it goes on.
+                return Self::parse_normalized(line);
+            }
+            *slot = Some(offset(value));
+        }
+        drop(members);
+        match &jsonrpc {
+            Some(r) if &text[r.clone()] == "\"2.0\"" => {}
             _ => {
                 return Err(EnvelopeError::NotJsonRpc(
                     "missing \"jsonrpc\": \"2.0\"".into(),
                 ));
             }
         }
-        let method = match fields.get("method") {
+        let method = match &method {
             Some(m) => Some(
-                serde_json::from_str::<String>(m.get())
+                serde_json::from_str::<String>(&text[m.clone()])
                     .map_err(|_| EnvelopeError::NotJsonRpc("method is not a string".into()))?,
             ),
             None => None,
         };
-        let id = fields.get("id").map(|v| v.get());
-        let answer = fields.contains_key("result") || fields.contains_key("error");
-        let kind = match (&method, id) {
+        let id_text = id.as_ref().map(|r| &text[r.clone()]);
+        let answer = result.is_some() || has_error;
+        let kind = match (&method, id_text) {
             (Some(_), _) if answer => {
                 return Err(EnvelopeError::NotJsonRpc(
                     "both a method and a result or error".into(),
@@ -140,7 +246,7 @@ impl Message {
             }
             (None, _) if answer => {
                 // A response's id may be null (an error answering an unreadable request).
-                if let Some(raw) = id
+                if let Some(raw) = id_text
                     && raw != "null"
                     && !is_valid_id(raw)
                 {
@@ -156,11 +262,36 @@ impl Message {
                 ));
             }
         };
+        let id_raw = id_text.map(|t| RawValue::from_string(t.to_owned()).expect("parsed as JSON"));
         Ok(Message {
-            fields,
+            text: text.to_owned(),
+            id,
+            params,
+            result,
+            has_error,
+            id_raw,
             method,
             kind,
         })
+    }
+
+    /// Why a line that is not a JSON object was refused.
+    fn not_an_object(line: &[u8]) -> EnvelopeError {
+        match serde_json::from_slice::<serde::de::IgnoredAny>(line) {
+            // Valid JSON that is not an object (a batch, a number) is a different failure.
+            Ok(_) => EnvelopeError::NotJsonRpc(
+                "expected a JSON object (batches are not supported)".into(),
+            ),
+            Err(e) => EnvelopeError::NotJson(e.to_string()),
+        }
+    }
+
+    /// A message with a member named twice, rebuilt with each member once (the last one).
+    fn parse_normalized(line: &[u8]) -> Result<Message, EnvelopeError> {
+        let fields: BTreeMap<String, Box<RawValue>> =
+            serde_json::from_slice(line).map_err(|e| EnvelopeError::NotJson(e.to_string()))?;
+        let text = serde_json::to_vec(&fields).expect("raw fields serialize");
+        Message::parse(&text)
     }
 
     pub fn kind(&self) -> &Kind {
@@ -170,16 +301,16 @@ impl Message {
         self.method.as_deref()
     }
     pub fn id(&self) -> Option<&RawValue> {
-        self.fields.get("id").map(|b| &**b)
+        self.id_raw.as_deref()
     }
-    pub fn params(&self) -> Option<&RawValue> {
-        self.fields.get("params").map(|b| &**b)
+    pub fn params(&self) -> Option<Raw<'_>> {
+        self.params.clone().map(|r| Raw(&self.text[r]))
     }
-    pub fn result(&self) -> Option<&RawValue> {
-        self.fields.get("result").map(|b| &**b)
+    pub fn result(&self) -> Option<Raw<'_>> {
+        self.result.clone().map(|r| Raw(&self.text[r]))
     }
     pub fn is_error(&self) -> bool {
-        self.fields.contains_key("error")
+        self.has_error
     }
     /// Parsed params (or Null).
     pub fn params_value(&self) -> Value {
@@ -195,18 +326,64 @@ impl Message {
     }
 
     pub fn set_id(&mut self, id: RawId) {
-        self.fields.insert("id".into(), id);
+        let at = self.splice(Member::Id, id.get());
+        self.id = Some(at);
+        self.id_raw = Some(id);
     }
     pub fn set_params(&mut self, params: &Value) {
-        self.fields.insert("params".into(), raw(params));
+        let at = self.splice(Member::Params, &params.to_string());
+        self.params = Some(at);
     }
     pub fn set_result(&mut self, result: &Value) {
-        self.fields.insert("result".into(), raw(result));
+        let at = self.splice(Member::Result, &result.to_string());
+        self.result = Some(at);
+    }
+
+    /// Puts `value` in place of `member`'s value (or adds the member at the end of the object)
+    /// and moves the other spans; returns the new value's span.
+    fn splice(&mut self, member: Member, value: &str) -> Span {
+        let current = match member {
+            Member::Id => self.id.clone(),
+            Member::Params => self.params.clone(),
+            Member::Result => self.result.clone(),
+            _ => unreachable!("only id, params and result are edited"),
+        };
+        let (range, prefix) = match current {
+            Some(r) => (r, ""),
+            None => {
+                // The object's closing brace: the last byte that is not whitespace.
+                let end = self.text.trim_end().len() - 1;
+                let name = match member {
+                    Member::Id => ",\"id\":",
+                    Member::Params => ",\"params\":",
+                    _ => ",\"result\":",
+                };
+                (end..end, name)
+            }
+        };
+        let start = range.start + prefix.len();
+        let inserted = prefix.len() + value.len();
+        self.text
+            .replace_range(range.clone(), &format!("{prefix}{value}"));
+        let removed = range.end - range.start;
+        let shift = |r: &mut Option<Span>| {
+            if let Some(r) = r
+                && r.start >= range.end
+                && !(r.start == range.start && range.is_empty())
+            {
+                *r = r.start + inserted - removed..r.end + inserted - removed;
+            }
+        };
+        shift(&mut self.id);
+        shift(&mut self.params);
+        shift(&mut self.result);
+        start..start + value.len()
     }
 
     /// One line, terminated by `\n`.
     pub fn to_line(&self) -> Vec<u8> {
-        let mut out = serde_json::to_vec(&self.fields).expect("raw fields serialize");
+        let mut out = Vec::with_capacity(self.text.len() + 1);
+        out.extend_from_slice(self.text.as_bytes());
         out.push(b'\n');
         out
     }
@@ -214,7 +391,7 @@ impl Message {
 
 /// The tool name and the raw arguments of a `tools/call`, read without building a JSON tree
 /// (this runs for every call).
-pub fn call_target(params: Option<&RawValue>) -> (String, Option<&RawValue>) {
+pub fn call_target(params: Option<Raw<'_>>) -> (String, Option<&RawValue>) {
     #[derive(serde::Deserialize)]
     struct CallParams<'a> {
         #[serde(default)]
@@ -229,7 +406,7 @@ pub fn call_target(params: Option<&RawValue>) -> (String, Option<&RawValue>) {
 }
 
 /// The `_meta` object of a message's params, parsed alone (the rest is skipped, not built).
-pub fn params_meta(params: Option<&RawValue>) -> Option<Value> {
+pub fn params_meta(params: Option<Raw<'_>>) -> Option<Value> {
     #[derive(serde::Deserialize)]
     struct WithMeta {
         #[serde(rename = "_meta", default)]
@@ -241,7 +418,7 @@ pub fn params_meta(params: Option<&RawValue>) -> Option<Value> {
 }
 
 /// Whether a `tools/call` result says `isError: true` (other fields are skipped, not built).
-pub fn result_is_error(result: Option<&RawValue>) -> bool {
+pub fn result_is_error(result: Option<Raw<'_>>) -> bool {
     #[derive(serde::Deserialize)]
     struct Outcome {
         #[serde(rename = "isError", default)]
@@ -255,7 +432,7 @@ pub fn result_is_error(result: Option<&RawValue>) -> bool {
 
 /// The `tools` array of a `tools/list` result as raw text, and its `nextCursor` (the tools
 /// themselves are validated, not built).
-pub fn list_result_parts(result: Option<&RawValue>) -> Option<(&str, Option<String>)> {
+pub fn list_result_parts(result: Option<Raw<'_>>) -> Option<(&str, Option<String>)> {
     #[derive(serde::Deserialize)]
     struct ListResult<'a> {
         #[serde(borrow)]
@@ -341,6 +518,7 @@ pub fn notification_line(method: &str, params: Option<&Value>) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::strategy::Strategy as _;
 
     #[test]
     fn classifies_and_keeps_raw_ids() {
@@ -618,6 +796,140 @@ mod tests {
             fn jsonish_text_never_panics(line in "[{}\\[\\]\",:a-z0-9 .\\\\-]{0,64}") {
                 let with_keys = line.replace("a", "\"jsonrpc\":\"2.0\"").replace("b", "\"id\"");
                 check(with_keys.as_bytes());
+            }
+        }
+    }
+
+    #[test]
+    fn an_unedited_message_travels_byte_for_byte() {
+        let line = br#"{ "params" : {"name":"x", "arguments":{"b":1,"a":2}}, "method":"tools/call","id":"a b" ,"jsonrpc":"2.0","x-extra":[1,2]}"#;
+        let m = Message::parse(line).unwrap();
+        assert_eq!(&m.to_line()[..line.len()], &line[..]);
+        assert_eq!(m.id().unwrap().get(), "\"a b\"");
+        assert_eq!(m.method(), Some("tools/call"));
+        assert_eq!(
+            m.params().unwrap().get(),
+            r#"{"name":"x", "arguments":{"b":1,"a":2}}"#
+        );
+    }
+
+    #[test]
+    fn edits_splice_in_place_and_keep_the_other_members() {
+        let line = br#"{"jsonrpc":"2.0","id":"long-host-id-123","method":"tools/call","params":{"name":"x"},"z":true}"#;
+        let mut m = Message::parse(line).unwrap();
+        m.set_id(numeric_id(7));
+        assert_eq!(m.params().unwrap().get(), r#"{"name":"x"}"#);
+        m.set_params(&json!({"name": "y", "arguments": {}}));
+        m.set_id(numeric_id(123456789));
+        let out = m.to_line();
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            "{\"jsonrpc\":\"2.0\",\"id\":123456789,\"method\":\"tools/call\",\"params\":{\"arguments\":{},\"name\":\"y\"},\"z\":true}\n"
+        );
+        // A member that was not there is added at the end.
+        let mut n = Message::parse(br#"{"jsonrpc":"2.0","method":"notifications/x"} "#).unwrap();
+        n.set_params(&json!({"a": 1}));
+        assert_eq!(
+            n.to_line(),
+            b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/x\",\"params\":{\"a\":1}} \n"
+                .to_vec()
+        );
+        assert_eq!(n.params().unwrap().get(), r#"{"a":1}"#);
+    }
+
+    /// A member named twice would let the supervisor judge one value and the server act on the
+    /// other (parsers disagree on which one counts): such a message leaves rebuilt, with only
+    /// the value that was judged.
+    #[test]
+    fn a_member_named_twice_is_rebuilt_with_the_judged_value() {
+        for line in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"safe"},"params":{"name":"evil"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"safe"},"\u0070arams":{"name":"evil"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping","method":"tools/call","params":{"name":"evil"}}"#,
+        ] {
+            let m = Message::parse(line.as_bytes()).unwrap();
+            let (tool, _) = call_target(m.params());
+            let out = m.to_line();
+            let text = std::str::from_utf8(&out).unwrap();
+            assert_eq!(m.method(), Some("tools/call"), "{line}");
+            assert_eq!(tool, "evil", "{line}");
+            assert_eq!(text.matches("params").count(), 1, "{text}");
+            assert_eq!(text.matches("method").count(), 1, "{text}");
+            assert!(!text.contains("safe"), "{text}");
+        }
+    }
+
+    #[test]
+    fn not_utf8_is_not_json() {
+        let e = Message::parse(b"{\"jsonrpc\":\"2.0\",\"method\":\"a\xff\"}").unwrap_err();
+        assert_eq!(e.code(), -32700, "{e}");
+    }
+
+    proptest::proptest! {
+        /// Any sequence of edits on any member order and spacing gives the line a tree edit
+        /// would give, and the accessors read what the line says.
+        #[test]
+        fn edits_agree_with_a_tree_edit(
+            order in proptest::sample::subsequence(vec![0usize, 1, 2, 3, 4], 5)
+                .prop_shuffle(),
+            spaces in proptest::collection::vec(proptest::sample::select(vec!["", " ", "\t"]), 12),
+            edits in proptest::collection::vec((0u8..2, 0u64..100_000), 0..5),
+        ) {
+            let members = [
+                r#""jsonrpc":"2.0""#.to_string(),
+                r#""id":"h-1""#.to_string(),
+                r#""method":"tools/call""#.to_string(),
+                r#""params":{"name":"t","arguments":{"k":[1,{"z":null}]}}"#.to_string(),
+                r#""other":"v""#.to_string(),
+            ];
+            let mut chosen: Vec<usize> = order.clone();
+            for must in [0usize, 2] {
+                if !chosen.contains(&must) {
+                    chosen.push(must);
+                }
+            }
+            let mut line = String::from("{");
+            for (i, m) in chosen.iter().enumerate() {
+                if i > 0 {
+                    line.push(',');
+                }
+                line.push_str(spaces[i % spaces.len()]);
+                line.push_str(&members[*m]);
+                line.push_str(spaces[(i + 5) % spaces.len()]);
+            }
+            line.push('}');
+            let Ok(mut m) = Message::parse(line.as_bytes()) else {
+                // Only a request without id would be refused? No: without an id it is a
+                // notification; every shape here parses.
+                proptest::prop_assert!(false, "refused {}", line);
+                unreachable!()
+            };
+            let mut tree: Value = serde_json::from_str(&line).unwrap();
+            for (what, n) in edits {
+                if what == 0 {
+                    m.set_id(numeric_id(n));
+                    tree["id"] = json!(n);
+                } else {
+                    let p = json!({"name": format!("t{n}"), "arguments": {"n": n}});
+                    m.set_params(&p);
+                    tree["params"] = p;
+                }
+                let out = m.to_line();
+                let got: Value = serde_json::from_slice(&out).unwrap();
+                proptest::prop_assert_eq!(&got, &tree);
+                let again = Message::parse(&out[..out.len() - 1]).unwrap();
+                proptest::prop_assert_eq!(
+                    again.id().map(|i| i.get().to_string()),
+                    m.id().map(|i| i.get().to_string())
+                );
+                proptest::prop_assert_eq!(
+                    again.params().map(|p| p.get().to_string()),
+                    m.params().map(|p| p.get().to_string())
+                );
+                proptest::prop_assert_eq!(
+                    m.params().map(|p| serde_json::from_str::<Value>(p.get()).unwrap()),
+                    tree.get("params").cloned()
+                );
             }
         }
     }

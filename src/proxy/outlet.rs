@@ -143,6 +143,78 @@ impl Outlet {
         self.inner.state.lock().map(|s| s.queued_bytes).unwrap_or(0)
     }
 
+    /// As [`Outlet::send`] (or [`Outlet::send_droppable`]) but without writing: the line is
+    /// queued, in order, for the next [`Outlet::pump`]. A session queues under its lock and
+    /// pumps after releasing it, so the write (which wakes the peer, who may answer at once)
+    /// never happens while the peer's answer would wait for that lock.
+    pub fn queue(&self, bytes: Vec<u8>, droppable: bool) -> Result<(), Full> {
+        let bound = if droppable {
+            self.inner.limit
+        } else {
+            self.inner.limit.saturating_mul(4)
+        };
+        let mut st = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.broken || st.close {
+            return Ok(());
+        }
+        if !st.queue.is_empty() && st.queued_bytes.saturating_add(bytes.len()) > bound {
+            st.dropped += 1;
+            return Err(Full {
+                dropped: st.dropped,
+                line: bytes,
+            });
+        }
+        st.queued_bytes += bytes.len();
+        st.queue.push_back(bytes);
+        Ok(())
+    }
+
+    /// Writes what is queued from the calling thread, as far as the pipe takes it without
+    /// blocking; the rest goes to the writer thread.
+    pub fn pump(&self) {
+        let mut st = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.queue.is_empty() {
+            return;
+        }
+        if self.inner.nonblocking
+            && !st.busy
+            && !st.broken
+            && let Some(fd) = st.fd.clone()
+        {
+            while let Some(front) = st.queue.front() {
+                let offset = st.offset;
+                match write_some(&fd, &front[offset..]) {
+                    Ok(n) if offset + n == front.len() => {
+                        let len = front.len();
+                        st.queue.pop_front();
+                        st.offset = 0;
+                        st.queued_bytes = st.queued_bytes.saturating_sub(len);
+                    }
+                    Ok(n) => {
+                        st.offset = offset + n;
+                        break;
+                    }
+                    Err(Errno::AGAIN) => break,
+                    Err(_) => {
+                        st.broken = true;
+                        st.queue.clear();
+                        st.queued_bytes = 0;
+                        st.offset = 0;
+                        break;
+                    }
+                }
+            }
+        }
+        if !st.queue.is_empty() || st.broken {
+            self.inner.cond.notify_one();
+        }
+    }
+
+    /// Whether `other` is this outlet (clones share one).
+    pub fn same_as(&self, other: &Outlet) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     fn offer(&self, bytes: Vec<u8>, bound: usize) -> Result<(), Full> {
         let mut st = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
         if st.broken || st.close {
@@ -292,6 +364,38 @@ mod tests {
         assert_eq!(got, lines.concat());
         rx.recv_timeout(std::time::Duration::from_secs(5))
             .expect("on_closed ran");
+    }
+
+    /// Queued lines wait for `pump`, keep their order with lines sent directly, and what a full
+    /// pipe does not take goes on through the writer thread.
+    #[test]
+    fn queued_lines_wait_for_pump_and_keep_their_order() {
+        let (mut reader, writer) = std::io::pipe().unwrap();
+        let out = Outlet::new("pump", OwnedFd::from(writer), || {});
+        out.queue(b"1\n".to_vec(), false).unwrap();
+        out.queue(b"2\n".to_vec(), true).unwrap();
+        assert_eq!(out.backlog(), 2, "nothing is written before the pump");
+        out.send(b"3\n".to_vec()).unwrap();
+        out.pump();
+        let mut got = [0u8; 6];
+        reader.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"1\n2\n3\n");
+        // Far more than the pipe holds, queued then pumped while nobody reads: the pump does
+        // not block, and every line still arrives, in order.
+        let lines: Vec<Vec<u8>> = (0..2000)
+            .map(|i| format!("{i:06}:{}\n", "y".repeat(200)).into_bytes())
+            .collect();
+        for (i, l) in lines.iter().enumerate() {
+            out.queue(l.clone(), false).unwrap();
+            if i % 100 == 0 {
+                out.pump();
+            }
+        }
+        out.pump();
+        out.close();
+        let mut rest = Vec::new();
+        reader.read_to_end(&mut rest).unwrap();
+        assert_eq!(rest, lines.concat());
     }
 
     #[test]

@@ -178,6 +178,8 @@ impl<I: Io> Session<I> {
 
     /// Opens a prompt for a call refused for lack of a grant, if the host channel is on and
     /// fewer than the bounded number of prompts are open. Gives the call back otherwise.
+    // The call is handed back by move (no copy); boxing it would cost every prompt.
+    #[allow(clippy::result_large_err)]
     pub(super) fn try_prompt(
         &mut self,
         call: Message,

@@ -73,7 +73,7 @@ impl<I: Io> Session<I> {
             self.audit_record(
                 audit::TOOL_RESULT,
                 self.current_epoch().map(str::to_string).as_deref(),
-                records::data(&records::ToolResult {
+                tool_result(records::ToolResult {
                     call_id: json!(call.call_id),
                     tool: call.tool,
                     is_error: true,
@@ -215,7 +215,7 @@ impl<I: Io> Session<I> {
                     self.audit_record(
                         audit::TOOL_RESULT,
                         Some(epoch),
-                        records::data(&records::ToolResult {
+                        tool_result(records::ToolResult {
                             call_id: json!(call.call_id),
                             tool: call.tool,
                             is_error,
@@ -430,4 +430,12 @@ impl<I: Io> Session<I> {
             );
         }
     }
+}
+
+/// A `tool_result` record's data: encoded directly; a call id the chain cannot encode (never
+/// produced here: ids are kept as their JSON text) falls back to the tree, whose append then
+/// reports it.
+fn tool_result(r: records::ToolResult) -> RecordData {
+    r.canonical()
+        .unwrap_or_else(|_| RecordData::Tree(records::data(&r)))
 }

@@ -57,7 +57,7 @@ use crossbeam_channel::Sender;
 use serde_json::{Value, json};
 
 use crate::approval::{self, Gate};
-use crate::audit;
+use crate::audit::{self, RecordData};
 use crate::catalog::CatalogHistory;
 use crate::epoch::LaunchRecord;
 use crate::fingerprint::IdentityRecord;
@@ -193,7 +193,7 @@ pub trait Io {
         kind: &str,
         agent_run: &str,
         epoch: Option<&str>,
-        data: Value,
+        data: RecordData,
     ) -> Result<(), EffectError>;
     /// Publish the status document (`status`, the status file).
     fn publish_status(&mut self, snapshot: &Value);
@@ -544,7 +544,7 @@ impl<I: Io> Session<I> {
         self.io.publish_status(&snapshot);
     }
 
-    fn audit_record(&mut self, kind: &str, epoch: Option<&str>, data: Value) {
+    fn audit_record(&mut self, kind: &str, epoch: Option<&str>, data: impl Into<RecordData>) {
         if let Err(e) = self.audit_required(kind, epoch, data) {
             self.io.status(&format!("warning: audit log: {e}"));
         }
@@ -554,11 +554,11 @@ impl<I: Io> Session<I> {
         &mut self,
         kind: &str,
         epoch: Option<&str>,
-        data: Value,
+        data: impl Into<RecordData>,
     ) -> Result<(), EffectError> {
         // Disjoint borrows: no copy of the run id per record (two records per call).
         let Session { io, agent_run, .. } = self;
-        io.audit(kind, agent_run, epoch, data)
+        io.audit(kind, agent_run, epoch, data.into())
     }
 
     /// A tool execution error the model can read: the payload as text and in `_meta`.

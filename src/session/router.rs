@@ -143,8 +143,9 @@ impl<I: Io> Session<I> {
                     arguments_digest: Some(args_digest),
                     shown_revision,
                 };
-                if let Err(e) =
-                    self.audit_required(audit::TOOL_CALLED, Some(&epoch), records::data(&record))
+                let encoded = record.canonical().map_err(|e| EffectError(e.to_string()));
+                if let Err(e) = encoded
+                    .and_then(|data| self.audit_required(audit::TOOL_CALLED, Some(&epoch), data))
                 {
                     self.io
                         .status(&format!("call refused: audit log unavailable: {e}"));

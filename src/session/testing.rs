@@ -108,13 +108,16 @@ impl Io for FakeIo {
         kind: &str,
         _agent_run: &str,
         epoch: Option<&str>,
-        data: Value,
+        data: crate::audit::RecordData,
     ) -> Result<(), EffectError> {
         if self.audit_fails {
             return Err(EffectError("disk full".into()));
         }
-        self.audit
-            .push((kind.to_string(), epoch.map(str::to_string), data));
+        self.audit.push((
+            kind.to_string(),
+            epoch.map(str::to_string),
+            data.into_value(),
+        ));
         Ok(())
     }
     fn publish_status(&mut self, _snapshot: &Value) {
