@@ -1,8 +1,10 @@
 //! JSON-RPC envelopes: id, method and the raw bytes of everything else.
 //!
-//! A message is parsed only at its top level; `params` and `result` stay raw JSON text, so
-//! forwarding costs a shallow parse and re-serialisation and never changes what the peers wrote
-//! inside them. Ids are kept as raw JSON text: `0`, `"0"` and `1.0` stay distinct and are
+//! A message is parsed only at its top level, without building a tree or copying members; a
+//! forwarded message is the line as received, with only the members the supervisor rewrites (its
+//! id, sometimes its params or result) spliced in place. A message that names a top-level member
+//! twice is rebuilt with the last value (the one the supervisor judged), so a peer whose parser
+//! keeps the first cannot act on a value nobody checked. Ids are kept as raw JSON text: `0`, `"0"` and `1.0` stay distinct and are
 //! returned to their sender exactly as sent.
 
 use std::collections::BTreeMap;

@@ -610,6 +610,7 @@ const DIRECT: usize = 0;
 const RELAY: usize = 1;
 const RUN: usize = 2;
 const HOPS: usize = 3;
+const AUDIT_RELAY: usize = 4;
 
 /// The fake-server copy every proxied phase runs: its workspace, target dir and release binary.
 struct Server {
@@ -691,6 +692,12 @@ fn start_variants(
         let mut hops_cmd = with_env(Command::new(&o.hops));
         hops_cmd.arg(&srv.exe);
         conns.push(Conn::spawn("hops-relay", hops_cmd, None, &home));
+        // The relay in its logging mode (see `src/bin/relay.rs`).
+        let mut audit_cmd = with_env(Command::new(&o.relay));
+        audit_cmd
+            .arg(&srv.exe)
+            .env("AUDIT_RELAY_LOG", o.work.join(format!("audit-relay-{tag}.log")));
+        conns.push(Conn::spawn("audit-relay", audit_cmd, None, &home));
     }
     let mut v = Variants { conns };
     for c in &mut v.conns {
@@ -805,6 +812,15 @@ fn latency_phase(o: &Opts, v: &mut Variants, out: &mut String) {
         run_extra - hop,
         run_extra - hops_extra
     ));
+    if s.len() > AUDIT_RELAY {
+        let floor = s[AUDIT_RELAY].p50;
+        out.push_str(&format!(
+            "The floor of a proxy that writes every message to a file before passing it on (audit-relay): p50 {floor:.1} µs, {:.3}x the relay; run is {:.3}x that floor (run − audit-relay: {:.1} µs of the proxy's own work).\n\n",
+            floor / s[RELAY].p50,
+            s[RUN].p50 / floor,
+            s[RUN].p50 - floor
+        ));
+    }
     let rr = s[RUN].p50 / s[RELAY].p50;
     let run_cpu = (cpu_after[RUN].0 - cpu_before[RUN].0) as f64 / 1000.0 / o.calls as f64;
     out.push_str(&format!(

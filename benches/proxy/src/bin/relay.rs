@@ -1,9 +1,17 @@
 //! relay: the floor of one proxy hop. Spawns `argv[1..]` and copies bytes stdin -> child stdin and
 //! child stdout -> stdout on two threads, with no parsing and no buffering beyond one read. Child
 //! stderr is inherited. Exits when the child's stdout closes (after closing its stdin on our EOF).
+//!
+//! With `AUDIT_RELAY_LOG=<file>` it is the "audit-relay" variant: the floor of a proxy that writes
+//! every message to a log before passing it on (what `cargo mcp-dev run` must do at least: a
+//! call's intent record is on file before the call is forwarded). Lines are framed, and each is
+//! appended to the file with one `write` before it is forwarded; no parsing, hashing or sealing,
+//! so `run` minus this variant is the proxy's own work, not the log write.
 
-use std::io::{Read, Write};
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 
 fn pump(mut from: impl Read, mut to: impl Write) {
     let mut buf = vec![0u8; 64 * 1024];
@@ -19,9 +27,36 @@ fn pump(mut from: impl Read, mut to: impl Write) {
     }
 }
 
+fn pump_logged(from: impl Read, mut to: impl Write, log: Arc<File>) {
+    let mut reader = BufReader::with_capacity(64 * 1024, from);
+    let mut line = Vec::with_capacity(64 * 1024);
+    loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        if (&*log).write_all(&line).is_err() {
+            return;
+        }
+        if to.write_all(&line).and_then(|()| to.flush()).is_err() {
+            return;
+        }
+    }
+}
+
 fn main() {
     let mut args = std::env::args_os().skip(1);
     let program = args.next().expect("usage: relay PROGRAM [ARGS...]");
+    let log = std::env::var_os("AUDIT_RELAY_LOG").map(|path| {
+        Arc::new(
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .expect("open AUDIT_RELAY_LOG"),
+        )
+    });
     let mut child = Command::new(program)
         .args(args)
         .stdin(Stdio::piped())
@@ -32,8 +67,17 @@ fn main() {
     let child_in = child.stdin.take().expect("piped");
     let child_out = child.stdout.take().expect("piped");
     // Dropping child_in when our stdin reaches EOF closes the child's stdin.
-    std::thread::spawn(move || pump(std::io::stdin().lock(), child_in));
-    pump(child_out, std::io::stdout().lock());
+    match log {
+        Some(log) => {
+            let to_child = log.clone();
+            std::thread::spawn(move || pump_logged(std::io::stdin().lock(), child_in, to_child));
+            pump_logged(child_out, std::io::stdout().lock(), log);
+        }
+        None => {
+            std::thread::spawn(move || pump(std::io::stdin().lock(), child_in));
+            pump(child_out, std::io::stdout().lock());
+        }
+    }
     let code = child.wait().map(|s| s.code().unwrap_or(1)).unwrap_or(1);
     std::process::exit(code);
 }
