@@ -296,8 +296,10 @@ pub struct RunArgs {
     /// What to do when a new build changes the identity.
     #[arg(long, value_enum, value_name = "MODE")]
     pub restart: Option<RestartMode>,
-    /// Quiet period after the last file change before rebuilding, in milliseconds [default: 50].
-    /// A change during a build queues exactly one more build.
+    /// Quiet period after the last file change, in milliseconds [default: 50]: a new build is
+    /// served only once the sources were quiet this long. The build itself starts at the first
+    /// change (a save is built while the quiet period runs) and is set aside if a change came
+    /// after it began. A change during a build queues exactly one more build.
     #[arg(long, value_name = "MS")]
     pub debounce: Option<u64>,
     /// Do not watch sources (build once, restart only on `cargo mcp-dev restart`).

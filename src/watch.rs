@@ -1,8 +1,10 @@
 //! Source watching: notify (inotify/FSEvents, never polling) over what the server is built from,
 //! a noise filter, and a debounce window that turns bursts of events into one batch.
 //!
-//! Owns which paths are watched and which events count. It does not decide to rebuild; it hands
-//! batches to a callback.
+//! Owns which paths are watched and which events count. It does not decide to rebuild; it tells a
+//! callback when a burst begins ([`Signal::Changing`], so a build can start at once) and when it
+//! has settled ([`Signal::Settled`]: the paths, and whether anything changed after the leading
+//! edge, so the session can tell whether a build it started early saw the final files).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -132,16 +134,38 @@ pub fn is_editor_temp(name: &str) -> bool {
         || name.contains(".rs.bk")
 }
 
+/// What the watcher tells its callback.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Signal {
+    /// A burst began and its first writes are done ([`LEAD_IN`] without a change): a build
+    /// started now reads what was saved so far.
+    Changing,
+    /// No relevant change for the debounce window: the burst's paths, and whether any change
+    /// was seen after [`Signal::Changing`] was given (a build started then may have read a file
+    /// mid-save).
+    Settled {
+        paths: Vec<PathBuf>,
+        changed_after_leading_edge: bool,
+    },
+}
+
+/// Quiet time after a burst's first change before [`Signal::Changing`]: one save is several
+/// events within microseconds (truncate, write, close, rename), an editor's "save all" a few
+/// files within milliseconds, and a build started between them would be set aside (it cannot
+/// be stopped safely: cargo's rustc processes would outlive it).
+pub const LEAD_IN: Duration = Duration::from_millis(10);
+
 /// A live watcher; dropping it stops watching.
 pub struct SourceWatcher {
     _watcher: RecommendedWatcher,
 }
 
-/// Starts watching; `on_batch` gets the relevant paths of each burst, `debounce` after the last one.
+/// Starts watching; `on_signal` hears of each burst when it begins and, `debounce` after its last
+/// change, its paths.
 pub fn start(
     plan: WatchPlan,
     debounce: Duration,
-    on_batch: impl Fn(Vec<PathBuf>) + Send + 'static,
+    on_signal: impl Fn(Signal) + Send + 'static,
 ) -> notify::Result<SourceWatcher> {
     let (tx, rx) = unbounded::<PathBuf>();
     let filter = plan.clone();
@@ -172,27 +196,58 @@ pub fn start(
             // Blocks on the channel: no timer runs while nothing changes (idle CPU ~0).
             while let Ok(first) = rx.recv() {
                 let mut batch = vec![first];
-                let mut deadline = Instant::now() + debounce;
+                let add = |batch: &mut Vec<PathBuf>, p: PathBuf| {
+                    if !batch.contains(&p) {
+                        batch.push(p);
+                    }
+                };
+                // The lead-in: the save's own events, then the leading edge.
+                let lead_in = LEAD_IN.min(debounce);
+                let mut last = Instant::now();
                 loop {
-                    match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                    match rx.recv_timeout(lead_in.saturating_sub(last.elapsed())) {
                         Ok(p) => {
-                            if !batch.contains(&p) {
-                                batch.push(p);
-                            }
-                            deadline = Instant::now() + debounce;
+                            add(&mut batch, p);
+                            last = Instant::now();
                         }
                         Err(RecvTimeoutError::Timeout) => break,
                         Err(RecvTimeoutError::Disconnected) => return,
                     }
                 }
-                on_batch(batch);
+                on_signal(Signal::Changing);
+                let mut late = false;
+                let mut deadline = last + debounce;
+                loop {
+                    match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                        Ok(p) => {
+                            add(&mut batch, p);
+                            late = true;
+                            deadline = Instant::now() + debounce;
+                        }
+                        Err(RecvTimeoutError::Timeout) => break,
+                        Err(RecvTimeoutError::Disconnected) => {
+                            // This watcher was replaced mid-burst: end the burst (as changed,
+                            // so a build started early is not trusted) rather than leave it
+                            // open for ever.
+                            on_signal(Signal::Settled {
+                                paths: batch,
+                                changed_after_leading_edge: true,
+                            });
+                            return;
+                        }
+                    }
+                }
+                on_signal(Signal::Settled {
+                    paths: batch,
+                    changed_after_leading_edge: late,
+                });
             }
         })
         .map_err(|e| notify::Error::generic(&e.to_string()))?;
     Ok(SourceWatcher { _watcher: watcher })
 }
 
-type BatchHandler = std::sync::Arc<dyn Fn(Vec<PathBuf>) + Send + Sync>;
+type SignalHandler = std::sync::Arc<dyn Fn(Signal) + Send + Sync>;
 
 /// The roots a live watcher covers, and the watcher.
 type Watching = (Vec<(PathBuf, bool)>, SourceWatcher);
@@ -201,7 +256,7 @@ type Watching = (Vec<(PathBuf, bool)>, SourceWatcher);
 /// dependency, a new top-level source directory) and the watcher replaced when it moved.
 pub struct Rewatcher {
     debounce: Duration,
-    on_batch: BatchHandler,
+    on_signal: SignalHandler,
     current: std::sync::Mutex<Option<Watching>>,
 }
 
@@ -217,11 +272,11 @@ pub enum WatchError {
 impl Rewatcher {
     pub fn new(
         debounce: Duration,
-        on_batch: impl Fn(Vec<PathBuf>) + Send + Sync + 'static,
+        on_signal: impl Fn(Signal) + Send + Sync + 'static,
     ) -> Rewatcher {
         Rewatcher {
             debounce,
-            on_batch: std::sync::Arc::new(on_batch),
+            on_signal: std::sync::Arc::new(on_signal),
             current: std::sync::Mutex::new(None),
         }
     }
@@ -237,8 +292,8 @@ impl Rewatcher {
             return Ok(false);
         }
         let roots = plan.roots.clone();
-        let handler = self.on_batch.clone();
-        let watcher = start(plan, self.debounce, move |batch| handler(batch))?;
+        let handler = self.on_signal.clone();
+        let watcher = start(plan, self.debounce, move |signal| handler(signal))?;
         *current = Some((roots, watcher));
         Ok(true)
     }
@@ -292,24 +347,71 @@ mod tests {
             package_root: root.clone(),
         };
         let (tx, rx) = unbounded();
-        let _w = start(p, Duration::from_millis(150), move |b| {
-            let _ = tx.send(b);
+        let _w = start(p, Duration::from_millis(150), move |s| {
+            let _ = tx.send((s, Instant::now()));
         })
         .unwrap();
+        let first = Instant::now();
         for i in 0..5 {
             std::fs::write(root.join(format!("f{i}.rs")), "x").unwrap();
             std::thread::sleep(Duration::from_millis(20));
         }
-        let batch = rx.recv_timeout(Duration::from_secs(5)).expect("one batch");
-        assert!(batch.len() >= 5, "{batch:?}");
+        let (leading, at) = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("a leading edge");
+        assert_eq!(leading, Signal::Changing);
+        assert!(
+            at.duration_since(first) < Duration::from_millis(100),
+            "the leading edge comes at once, not after the window: {:?}",
+            at.duration_since(first)
+        );
+        let (settled, _) = rx.recv_timeout(Duration::from_secs(5)).expect("one batch");
+        let Signal::Settled {
+            paths,
+            changed_after_leading_edge,
+        } = settled
+        else {
+            panic!("{settled:?}")
+        };
+        assert!(paths.len() >= 5, "{paths:?}");
+        assert!(
+            changed_after_leading_edge,
+            "writes 20 ms apart come after the leading edge"
+        );
         assert!(
             rx.recv_timeout(Duration::from_millis(400)).is_err(),
             "exactly one batch for one burst"
         );
-        std::fs::write(root.join("again.rs"), "y").unwrap();
-        assert!(
-            rx.recv_timeout(Duration::from_secs(5)).is_ok(),
-            "a later change makes a new batch"
-        );
+        // One save (a single write): its events fall in the lead-in, nothing comes after. (A
+        // loaded machine can deschedule the watcher's own thread between two events of one
+        // save; that costs an early build, not correctness. A few tries keep this test honest
+        // without making it flaky.)
+        let mut clean = false;
+        for i in 0..5 {
+            std::fs::write(root.join(format!("again{i}.rs")), "y").unwrap();
+            assert!(
+                matches!(
+                    rx.recv_timeout(Duration::from_secs(5)),
+                    Ok((Signal::Changing, _))
+                ),
+                "a later change makes a new burst"
+            );
+            match rx.recv_timeout(Duration::from_secs(5)) {
+                Ok((
+                    Signal::Settled {
+                        changed_after_leading_edge,
+                        ..
+                    },
+                    _,
+                )) => {
+                    if !changed_after_leading_edge {
+                        clean = true;
+                        break;
+                    }
+                }
+                other => panic!("expected a batch, got {other:?}"),
+            }
+        }
+        assert!(clean, "a single save has no change after its leading edge");
     }
 }

@@ -554,3 +554,78 @@ fn a_path_dependency_added_while_running_is_watched_from_then_on() {
     assert!(last.contains("dependency tree"), "{last}");
     s.finish();
 }
+
+/// Issue 15, reload: a save is built at once (the build does not wait for the quiet period),
+/// but the new code is served only once the sources were quiet for the whole debounce window.
+#[test]
+fn a_save_is_built_at_once_but_served_only_after_the_quiet_period() {
+    let mut s = Setup::new()
+        .args(&["--no-gating", "--debounce", "3000"])
+        .timeout(Duration::from_secs(90))
+        .start();
+    s.ready_legacy();
+    let saved = Instant::now();
+    s.set_revision("early");
+    s.wait_stderr_matching("cargo compiling the edit", |l| {
+        l.trim_start().starts_with("Compiling fake-server ")
+    });
+    let compiling = saved.elapsed();
+    assert!(
+        compiling < Duration::from_millis(2500),
+        "the build started {compiling:?} after the save, not at once"
+    );
+    let (_, epoch, _) = s.server_replaced();
+    let replaced = saved.elapsed();
+    assert!(
+        replaced >= Duration::from_secs(3),
+        "served {replaced:?} after the save, inside the 3 s quiet period"
+    );
+    wait_ready(&mut s, &epoch);
+    let m = s.call("1", "echo", json!({}));
+    assert_eq!(m.result()["structuredContent"]["revision"], json!("early"));
+    s.finish();
+}
+
+/// A second save after the first one's build began: that build may have read a half-saved file,
+/// so it is set aside (never served), the settled files are built, and the new build is
+/// compared with the build in use (its line says what changed, not "unchanged").
+#[test]
+fn a_build_that_a_later_save_overtook_is_set_aside() {
+    let mut s = Setup::new()
+        .args(&["--no-gating", "-v", "--debounce", "1000"])
+        .timeout(Duration::from_secs(90))
+        .start();
+    let (_, first_epoch) = s.ready_legacy();
+    let in_use = new_short_digest(
+        &s.stderr_lines()[..]
+            .iter()
+            .find(|l| l.starts_with("build complete: "))
+            .cloned()
+            .expect("the first build's line"),
+    );
+    s.set_revision("overtaken");
+    std::thread::sleep(Duration::from_millis(300));
+    s.set_revision("settled");
+    s.wait_stderr("a build started before the sources settled saw a later change");
+    let line = s.wait_stderr("build complete: ");
+    // Compared with the build in use, not with the one set aside.
+    assert!(
+        line.contains(&format!(" changed ({in_use} -> ")),
+        "{line} (in use: {in_use})"
+    );
+    let (_, epoch, _) = s.server_replaced();
+    assert_ne!(epoch, first_epoch);
+    wait_ready(&mut s, &epoch);
+    let m = s.call("1", "echo", json!({}));
+    assert_eq!(
+        m.result()["structuredContent"]["revision"],
+        json!("settled")
+    );
+    assert_eq!(
+        s.count_stderr("server replaced: "),
+        1,
+        "the overtaken build never ran: {:#?}",
+        s.stderr_lines()
+    );
+    s.finish();
+}

@@ -146,6 +146,9 @@ struct Shell {
     /// names the outlets to write once the lock is released (see `deliver`).
     pump_later: bool,
     pumps: Vec<Outlet>,
+    /// The identity file as it was when the running build started (`None`: no build yet;
+    /// `Some(None)`: there was no file).
+    identity_before: Option<Option<Vec<u8>>>,
 }
 
 impl Shell {
@@ -322,6 +325,17 @@ impl Io for Shell {
         self.send_child_now(epoch, line);
     }
 
+    fn set_aside_build(&mut self) {
+        let identity_file = self.prep.lock().expect("prep").identity_file();
+        match self.identity_before.take() {
+            Some(Some(bytes)) => write_atomic(&identity_file, &bytes),
+            Some(None) => {
+                let _ = std::fs::remove_file(&identity_file);
+            }
+            None => {}
+        }
+    }
+
     fn begin_batch(&mut self) {
         self.batching = true;
     }
@@ -336,6 +350,9 @@ impl Io for Shell {
     }
 
     fn start_build(&mut self) {
+        // What the build will overwrite, should it be set aside (`set_aside_build`).
+        let identity_file = self.prep.lock().expect("prep").identity_file();
+        self.identity_before = Some(std::fs::read(&identity_file).ok());
         let events = self.events.clone();
         let prep = self.prep.clone();
         let args = self.server_args.clone();
@@ -936,9 +953,18 @@ pub fn execute(args: RunArgs) -> CmdResult {
     } else {
         let tx = events_tx.clone();
         let shown = t.clone();
-        let w = Arc::new(watch::Rewatcher::new(debounce, move |batch| {
-            let paths = batch.iter().map(|p| shown.display_path(p)).collect();
-            let _ = tx.send(Event::SourcesChanged(paths));
+        let w = Arc::new(watch::Rewatcher::new(debounce, move |signal| {
+            let event = match signal {
+                watch::Signal::Changing => Event::SourcesChanging,
+                watch::Signal::Settled {
+                    paths,
+                    changed_after_leading_edge,
+                } => Event::SourcesChanged {
+                    paths: paths.iter().map(|p| shown.display_path(p)).collect(),
+                    changed_after_leading_edge,
+                },
+            };
+            let _ = tx.send(event);
         }));
         if let Err(e) = w.follow(t) {
             sink.emit(&format!(
@@ -1056,6 +1082,7 @@ pub fn execute(args: RunArgs) -> CmdResult {
         batch_error: None,
         pump_later: false,
         pumps: Vec::new(),
+        identity_before: None,
     };
     sink.emit(&format!(
         "session started: {label} (restart mode {}, gating {}, audit {}, control {})",

@@ -14,7 +14,20 @@ use crate::epoch::LaunchRecord;
 use crate::hashing::short;
 
 impl<I: Io> Session<I> {
-    pub(super) fn on_sources_changed(&mut self, paths: Vec<String>) {
+    /// A burst of changes began: with no build running, build at once (see [`EarlyBuild`]).
+    pub(super) fn on_sources_changing(&mut self) {
+        if self.lifecycle == Lifecycle::Stopping || self.builds != Builds::Idle {
+            return;
+        }
+        self.early_build = Some(EarlyBuild {
+            stale: false,
+            held: None,
+        });
+        self.builds = Builds::Running;
+        self.io.start_build();
+    }
+
+    pub(super) fn on_sources_changed(&mut self, paths: Vec<String>, changed_after_edge: bool) {
         if self.lifecycle == Lifecycle::Stopping {
             return;
         }
@@ -24,7 +37,31 @@ impl<I: Io> Session<I> {
         if self.lifecycle == Lifecycle::CrashLoop {
             self.lifecycle = Lifecycle::Serving;
         }
+        let Some(mut early) = self.early_build.take() else {
+            return self.request_build();
+        };
+        // A change seen after the leading edge may have reached the build half-way.
+        early.stale |= changed_after_edge;
+        match (early.stale, early.held.take()) {
+            // Still running, and it saw the final files: from now on an ordinary build.
+            (false, None) => {}
+            (false, Some(result)) => self.on_build_finished(*result),
+            // Still running on files that changed under it: set aside when it ends.
+            (true, None) => self.early_build = Some(early),
+            (true, Some(_)) => self.set_aside_early_build(),
+        }
+    }
+
+    /// An early build that may have read a file mid-save is not used: build the settled files.
+    fn set_aside_early_build(&mut self) {
+        self.early_build = None;
+        self.builds = Builds::Idle;
+        self.io.set_aside_build();
+        self.io.verbose(
+            "a build started before the sources settled saw a later change; building again",
+        );
         self.request_build();
+        self.publish();
     }
 
     pub(super) fn request_build(&mut self) {
@@ -41,6 +78,19 @@ impl<I: Io> Session<I> {
     }
 
     pub(super) fn on_build_finished(&mut self, result: BuildResult) {
+        if let Some(early) = self.early_build.as_mut() {
+            if self.lifecycle == Lifecycle::Stopping {
+                self.early_build = None;
+                self.builds = Builds::Idle;
+                return;
+            }
+            if early.stale {
+                return self.set_aside_early_build();
+            }
+            // Done before its burst settled: the quiet period still decides whether it is used.
+            early.held = Some(Box::new(result));
+            return;
+        }
         let follow_up = self.builds == Builds::RunningWithFollowUp;
         self.builds = Builds::Idle;
         if self.lifecycle == Lifecycle::Stopping {

@@ -48,6 +48,8 @@ mod tests_approvals;
 #[cfg(test)]
 mod tests_approvals_modern;
 #[cfg(test)]
+mod tests_early_build;
+#[cfg(test)]
 mod tests_listen;
 
 use std::collections::{HashMap, VecDeque};
@@ -143,8 +145,14 @@ pub enum Event {
         epoch: String,
     },
     BuildFinished(Box<BuildResult>),
-    /// Source paths that changed, as shown to humans (relative to the workspace).
-    SourcesChanged(Vec<String>),
+    /// A burst of changes began (the watcher's leading edge): a build may start at once.
+    SourcesChanging,
+    /// A burst settled (no change for the debounce window): its paths, as shown to humans
+    /// (relative to the workspace), and whether a change came after its leading edge.
+    SourcesChanged {
+        paths: Vec<String>,
+        changed_after_leading_edge: bool,
+    },
     Timer(Timer),
     Control {
         request: Value,
@@ -173,6 +181,9 @@ pub trait Io {
     fn to_child(&mut self, epoch: &str, line: Vec<u8>);
     /// Start a build (never two at once; the session guarantees it); `BuildFinished` follows.
     fn start_build(&mut self);
+    /// The last build is not used (it may have read a file mid-save): undo what it recorded, so
+    /// the next build is compared with the build in use, not with it.
+    fn set_aside_build(&mut self);
     /// Start the server for `record` under `epoch`: its pid, or why it could not start.
     fn spawn(&mut self, epoch: &str, record: &IdentityRecord) -> Result<u32, EffectError>;
     /// Run the stop sequence of the child of `epoch` in the background; `ChildStopped` follows.
@@ -325,6 +336,8 @@ pub struct Session<I: Io> {
     catalog: CatalogHistory,
     lifecycle: Lifecycle,
     builds: Builds,
+    /// The running (or finished, unused) build started at a burst's first change.
+    early_build: Option<EarlyBuild>,
     child: Option<ChildState>,
     /// Identity to apply when (re)starting: the newest successful build.
     latest: Option<IdentityRecord>,
@@ -374,6 +387,7 @@ impl<I: Io> Session<I> {
             catalog: CatalogHistory::new(),
             lifecycle: Lifecycle::FirstStart,
             builds: Builds::Idle,
+            early_build: None,
             child: None,
             latest: None,
             pending_apply: false,
@@ -498,7 +512,11 @@ impl<I: Io> Session<I> {
             Event::ChildExited { epoch, exit } => self.on_child_exited(&epoch, exit),
             Event::ChildStopped { epoch } => self.on_child_stopped(&epoch),
             Event::BuildFinished(result) => self.on_build_finished(*result),
-            Event::SourcesChanged(paths) => self.on_sources_changed(paths),
+            Event::SourcesChanging => self.on_sources_changing(),
+            Event::SourcesChanged {
+                paths,
+                changed_after_leading_edge,
+            } => self.on_sources_changed(paths, changed_after_leading_edge),
             Event::Timer(Timer::HeldDeadline) => self.expire_held(),
             Event::Timer(Timer::HandshakeWait) => self.handshake_wait_over(),
             Event::Timer(Timer::Restart) => self.restart_due(),

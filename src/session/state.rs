@@ -10,6 +10,7 @@ pub use crate::epoch::{AgentRunId, EpochId};
 use crate::fingerprint::IdentityRecord;
 use crate::proxy::envelope::Message;
 pub use crate::proxy::envelope::RawId;
+use crate::session::BuildResult;
 
 use super::protocol::Era;
 
@@ -39,6 +40,18 @@ pub enum Builds {
     Idle,
     Running,
     RunningWithFollowUp,
+}
+
+/// A build started at a burst's leading edge, before the burst settled: it saves the quiet period
+/// from every reload, and its result is used only if the burst settled with no change after its
+/// leading edge (so it read the final files, as a build started after the quiet period would
+/// have). Otherwise it is set aside and the sources are built again.
+#[derive(Debug)]
+pub struct EarlyBuild {
+    /// A change came after its leading edge: it may have read a file mid-save.
+    pub stale: bool,
+    /// Its result, when it finished before the burst settled.
+    pub held: Option<Box<BuildResult>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

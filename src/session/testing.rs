@@ -23,6 +23,7 @@ pub struct FakeIo {
     pub to_host: Vec<Value>,
     pub to_child: VecDeque<(String, Value)>,
     pub builds_started: usize,
+    pub builds_set_aside: usize,
     pub spawned: Vec<(String, u32)>,
     pub stopped: Vec<String>,
     /// The grace each stop was given (same order as `stopped`).
@@ -75,6 +76,9 @@ impl Io for FakeIo {
     }
     fn start_build(&mut self) {
         self.builds_started += 1;
+    }
+    fn set_aside_build(&mut self) {
+        self.builds_set_aside += 1;
     }
     fn spawn(&mut self, epoch: &str, _record: &IdentityRecord) -> Result<u32, EffectError> {
         if let Some(e) = &self.spawn_error {

@@ -883,9 +883,13 @@ fn every_event(h: &mut Harness) -> Vec<(&'static str, Event)> {
         ("child stopped", Event::ChildStopped { epoch }),
         ("build ok", Event::BuildFinished(Box::new(complete("z")))),
         ("build failed", Event::BuildFinished(Box::new(failed(None)))),
+        ("sources changing", Event::SourcesChanging),
         (
             "sources changed",
-            Event::SourcesChanged(vec!["src/main.rs".into()]),
+            Event::SourcesChanged {
+                paths: vec!["src/main.rs".into()],
+                changed_after_leading_edge: false,
+            },
         ),
         ("held deadline", Event::Timer(Timer::HeldDeadline)),
         ("restart timer", Event::Timer(Timer::Restart)),
