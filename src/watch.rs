@@ -202,7 +202,7 @@ pub fn start(
                     }
                 };
                 // The lead-in: the save's own events, then the leading edge.
-                let lead_in = LEAD_IN.min(debounce);
+                let lead_in = LEAD_IN;
                 let mut last = Instant::now();
                 loop {
                     match rx.recv_timeout(lead_in.saturating_sub(last.elapsed())) {
