@@ -1198,8 +1198,37 @@ fn spawn_host_reader(me: Weak<Mutex<Session<Shell>>>) {
                 if !deliver(&me, batch) || ended {
                     break;
                 }
+                wait_for_the_server_to_catch_up(&me);
             }
         });
+}
+
+/// Bytes of host lines queued for the server beyond what its pipe holds before the host reader
+/// waits for them to drain, as a byte relay would (the host's own pipe holds the rest).
+const READ_AHEAD: usize = 256 << 10;
+
+/// Backpressure from the server to the host: a host that sends faster than the server reads
+/// (20,000 pipelined calls) fills the host's pipe, not our memory. Bounded: a server that stops
+/// reading altogether costs each batch at most 100 ms of waiting (the host's next message, or its
+/// end, is still read), and the outlet's own bound then answers what does not fit.
+fn wait_for_the_server_to_catch_up(me: &Weak<Mutex<Session<Shell>>>) {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(100) {
+        let Some(shared) = me.upgrade() else { return };
+        let backlog: usize = {
+            let mut session = shared.lock().unwrap_or_else(|e| e.into_inner());
+            session
+                .io()
+                .children
+                .values()
+                .map(Outlet::queued_bytes)
+                .sum()
+        };
+        if backlog <= READ_AHEAD {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 fn spawn_signal_watch(events: Sender<Event>) -> Result<(), Failure> {
