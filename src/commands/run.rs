@@ -60,12 +60,15 @@ type Shared = Arc<Mutex<Session<Shell>>>;
 /// Hands an event to the session on the current thread; wakes the main thread when the session
 /// decided to end.
 fn deliver(me: &Weak<Mutex<Session<Shell>>>, events: Vec<Event>) -> bool {
-    let Some(shared) = me.upgrade() else {
-        return false;
-    };
+    deliver_and_pump(me, events).is_some()
+}
+
+/// [`deliver`], returning the server outlets it wrote to (`None`: the session ended).
+fn deliver_and_pump(me: &Weak<Mutex<Session<Shell>>>, events: Vec<Event>) -> Option<Vec<Outlet>> {
+    let shared = me.upgrade()?;
     let mut session = shared.lock().unwrap_or_else(|e| e.into_inner());
-    // Lines for the peers are queued under the lock and written after it is released: the
-    // write wakes the peer, and its answer must not find the session still locked by us.
+    // Lines for the server are queued under the lock and written after it is released: the
+    // write wakes the server, and its answer must not find the session still locked by us.
     session.io().pump_later = true;
     if events.len() == 1 {
         // Alone, nothing is held: the intent record is written before the call goes out.
@@ -82,10 +85,10 @@ fn deliver(me: &Weak<Mutex<Session<Shell>>>, events: Vec<Event>) -> bool {
         let _ = session.io().done.try_send(());
     }
     drop(session);
-    for outlet in pumps {
+    for outlet in &pumps {
         outlet.pump();
     }
-    !ended
+    (!ended).then_some(pumps)
 }
 
 /// Lines handed to the session under one lock at most (see [`next_batch`]).
@@ -142,8 +145,8 @@ struct Shell {
     syncer: Option<Syncer>,
     /// Stop sequences still running (the exit waits for them, and only for them).
     stops: Arc<std::sync::atomic::AtomicUsize>,
-    /// While a reader thread holds the session: lines are queued on their outlets and `pumps`
-    /// names the outlets to write once the lock is released (see `deliver`).
+    /// While a reader thread holds the session: lines for servers are queued on their outlets
+    /// and `pumps` names the outlets to write once the lock is released (see `deliver`).
     pump_later: bool,
     pumps: Vec<Outlet>,
     /// The identity file as it was when the running build started (`None`: no build yet;
@@ -167,12 +170,10 @@ impl Shell {
     /// server floods notifications costs at most the outlet's bound; dropped notifications are
     /// counted and reported.
     fn send_host_now(&mut self, line: Vec<u8>) {
-        let notification = is_notification_line(&line);
-        let sent = if self.pump_later {
-            let out = self.host_out.clone();
-            self.pump_after_unlock(&out);
-            out.queue(line, notification)
-        } else if notification {
+        // Written at once, even under the lock: the answer goes out before whatever the session
+        // still does after it (a tool list's catalog bookkeeping), and only the next host line
+        // could wait for that lock, which is the host's own pace.
+        let sent = if is_notification_line(&line) {
             self.host_out.send_droppable(line)
         } else {
             self.host_out.send(line)
@@ -1195,10 +1196,13 @@ fn spawn_host_reader(me: Weak<Mutex<Session<Shell>>>) {
                 if ended {
                     batch.push(Event::HostEof);
                 }
-                if !deliver(&me, batch) || ended {
+                let Some(written) = deliver_and_pump(&me, batch) else {
+                    break;
+                };
+                if ended {
                     break;
                 }
-                wait_for_the_server_to_catch_up(&me);
+                wait_for_the_server_to_catch_up(&written);
             }
         });
 }
@@ -1211,22 +1215,13 @@ const READ_AHEAD: usize = 256 << 10;
 /// (20,000 pipelined calls) fills the host's pipe, not our memory. Bounded: a server that stops
 /// reading altogether costs each batch at most 100 ms of waiting (the host's next message, or its
 /// end, is still read), and the outlet's own bound then answers what does not fit.
-fn wait_for_the_server_to_catch_up(me: &Weak<Mutex<Session<Shell>>>) {
+fn wait_for_the_server_to_catch_up(written: &[Outlet]) {
+    // The outlets' own counters: the session is not locked again (its other reader may be
+    // handling the server's answer right now).
     let started = Instant::now();
-    while started.elapsed() < Duration::from_millis(100) {
-        let Some(shared) = me.upgrade() else { return };
-        let backlog: usize = {
-            let mut session = shared.lock().unwrap_or_else(|e| e.into_inner());
-            session
-                .io()
-                .children
-                .values()
-                .map(Outlet::queued_bytes)
-                .sum()
-        };
-        if backlog <= READ_AHEAD {
-            return;
-        }
+    while written.iter().map(Outlet::queued_bytes).sum::<usize>() > READ_AHEAD
+        && started.elapsed() < Duration::from_millis(100)
+    {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
