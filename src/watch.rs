@@ -211,7 +211,15 @@ pub fn start(
                             last = Instant::now();
                         }
                         Err(RecvTimeoutError::Timeout) => break,
-                        Err(RecvTimeoutError::Disconnected) => return,
+                        Err(RecvTimeoutError::Disconnected) => {
+                            // Replaced during the lead-in (its successor started after this
+                            // change and will not see it): the change is still reported.
+                            on_signal(Signal::Settled {
+                                paths: batch,
+                                changed_after_leading_edge: true,
+                            });
+                            return;
+                        }
                     }
                 }
                 on_signal(Signal::Changing);
@@ -334,6 +342,45 @@ mod tests {
         ] {
             assert!(!p.is_relevant(Path::new(noisy)), "{noisy}");
         }
+    }
+
+    /// Review of issue 15: `Rewatcher::follow` replaces the watcher after a build (a new path dependency,
+    /// a new source directory), starting the new one before the old is dropped. A change the
+    /// old watcher already received, still in its 10 ms lead-in, is dropped with it (the
+    /// lead-in returns on `Disconnected` without a signal), and the new watcher started after
+    /// the change never sees it: no build for that save.
+    #[test]
+    fn a_change_in_the_lead_in_survives_the_watcher_being_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let mut lost = 0;
+        for i in 0..5 {
+            let p = WatchPlan {
+                roots: vec![(root.clone(), true)],
+                ignore_dirs: vec![],
+                ignore: GlobSetBuilder::new().build().unwrap(),
+                package_root: root.clone(),
+            };
+            let (tx, rx) = unbounded();
+            let w = start(p, Duration::from_millis(150), move |s| {
+                let _ = tx.send(s);
+            })
+            .unwrap();
+            std::fs::write(root.join(format!("lead{i}.rs")), "x").unwrap();
+            // The write's events reach the watcher thread within a millisecond or two; its
+            // lead-in (10 ms) is not over.
+            std::thread::sleep(Duration::from_millis(3));
+            drop(w); // replaced by `follow`
+            let got: Vec<Signal> =
+                std::iter::from_fn(|| rx.recv_timeout(Duration::from_millis(500)).ok()).collect();
+            if !got.iter().any(|s| matches!(s, Signal::Settled { .. })) {
+                lost += 1;
+            }
+        }
+        assert_eq!(
+            lost, 0,
+            "changes received by a replaced watcher were never reported ({lost}/5)"
+        );
     }
 
     #[test]

@@ -755,3 +755,76 @@ fn no_host_line_shape_gets_a_call_past_the_gate() {
     );
     s.finish();
 }
+
+/// Review of issue 15: the same stall, with the host's members in the order `jsonrpc, method, params, id`
+/// (valid JSON-RPC; forwarded byte for byte). The shell takes such a request for a notification
+/// (`is_notification_line` reads the prefix of the session's own sorted serialisation): it is
+/// refused at the 16 MiB bound instead of 64 and then never answered, although its
+/// `tool_called` record is written. Every request must still get exactly one answer.
+#[test]
+fn requests_in_any_member_order_while_the_server_stalls_are_answered() {
+    let mut h = raw_host::Host::start(&["stall", "echo"], &[("FAKE_STALL_MS", "120000")]);
+    h.ready();
+    h.send(r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"stall","arguments":{}}}"#);
+    std::thread::sleep(Duration::from_millis(300));
+    let big = "b".repeat(1 << 20);
+    let n = 100;
+    let mut stdin = h.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        for i in 0..n {
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","method":"tools/call","params":{{"name":"echo","arguments":{{"pad":"{big}"}}}},"id":{}}}"#,
+                100 + i
+            );
+            stdin.write_all(line.as_bytes()).unwrap();
+            stdin.write_all(b"\n").unwrap();
+        }
+        stdin
+    });
+    let stdin = writer.join().unwrap();
+    h.stdin = Some(stdin);
+    h.wait_stderr(
+        "the server is not reading its stdin",
+        Duration::from_secs(60),
+    );
+    // Read the answers on a thread: with the bug, none ever comes.
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let mut stdout = std::mem::replace(&mut h.stdout, std::io::BufReader::new(spent_stdout()));
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        loop {
+            let mut line = String::new();
+            if stdout.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut refused = 0;
+    while refused == 0 && std::time::Instant::now() < deadline {
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
+            let v: serde_json::Value = serde_json::from_str(line.trim_end()).unwrap();
+            if v["error"]["data"]["error"] == json!("server_not_reading") {
+                refused += 1;
+            }
+        }
+    }
+    let _ = h.child.kill();
+    assert!(
+        refused > 0,
+        "{n} x 1 MiB requests to a stalled server: none answered (refused as notifications, never answered)"
+    );
+}
+
+/// A ChildStdout to put in place of the one moved to the reader thread.
+fn spent_stdout() -> std::process::ChildStdout {
+    let mut c = std::process::Command::new("true")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = c.stdout.take().unwrap();
+    let _ = c.wait();
+    out
+}

@@ -136,9 +136,11 @@ struct Shell {
     /// Inside a batch of events: server lines are held in `deferred` until the batch's audit
     /// records are written (group commit).
     batching: bool,
-    deferred: Vec<(String, Vec<u8>)>,
+    /// (epoch, line, droppable)
+    deferred: Vec<(String, Vec<u8>, bool)>,
     /// Lines for the host held the same way (what it is told is recorded first).
-    deferred_host: Vec<Vec<u8>>,
+    /// (line, droppable)
+    deferred_host: Vec<(Vec<u8>, bool)>,
     /// A failed write of held records during the batch (reported at its end).
     batch_error: Option<EffectError>,
     /// Off-thread fsyncs of the audit log (`audit-fsync = boundaries`).
@@ -169,11 +171,11 @@ impl Shell {
     /// Writes a line to the host now. Bounded (issue 12): a host that stops reading while the
     /// server floods notifications costs at most the outlet's bound; dropped notifications are
     /// counted and reported.
-    fn send_host_now(&mut self, line: Vec<u8>) {
+    fn send_host_now(&mut self, line: Vec<u8>, droppable: bool) {
         // Written at once, even under the lock: the answer goes out before whatever the session
         // still does after it (a tool list's catalog bookkeeping), and only the next host line
         // could wait for that lock, which is the host's own pace.
-        let sent = if is_notification_line(&line) {
+        let sent = if droppable {
             self.host_out.send_droppable(line)
         } else {
             self.host_out.send(line)
@@ -195,7 +197,7 @@ impl Shell {
 
     /// Writes a line to the server of `epoch` now, or right after the session's lock is
     /// released (bounded: see `Outlet`).
-    fn send_child_now(&mut self, epoch: &str, line: Vec<u8>) {
+    fn send_child_now(&mut self, epoch: &str, line: Vec<u8>, droppable: bool) {
         if let Some(method) = request_without_id(&line) {
             // Defence in depth (issue 12, `id: null` bypass): a request that lost its id would
             // run without an answer, a gate decision or an audit record. Never forward one.
@@ -208,7 +210,7 @@ impl Shell {
         let Some(out) = self.children.get(epoch) else {
             return;
         };
-        let notification = is_notification_line(&line);
+        let notification = droppable;
         let sent = if self.pump_later {
             let out = out.clone();
             self.pump_after_unlock(&out);
@@ -235,19 +237,40 @@ impl Shell {
         }
     }
 
+    fn host_line(&mut self, line: Vec<u8>, droppable: bool) {
+        // What the host is told is already in the audit log (a result's `tool_result`, a
+        // denial's `authorization_denied`): in a batch the line waits for the batch's write,
+        // alone it writes what is pending first.
+        if self.batching {
+            self.deferred_host.push((line, droppable));
+            return;
+        }
+        self.flush_audit();
+        self.send_host_now(line, droppable);
+    }
+
+    fn child_line(&mut self, epoch: &str, line: Vec<u8>, droppable: bool) {
+        if self.batching {
+            // Held until the batch's records are written (see `end_batch`).
+            self.deferred.push((epoch.to_string(), line, droppable));
+            return;
+        }
+        self.send_child_now(epoch, line, droppable);
+    }
+
     /// Writes the held audit records, then the held server lines in order. If the records
     /// cannot be written, held `tools/call` lines are dropped (they must not run unrecorded)
     /// and everything else is sent.
     fn release_deferred(&mut self) -> Result<(), EffectError> {
         let r = self.audit.flush().map_err(EffectError::new);
-        for (epoch, line) in std::mem::take(&mut self.deferred) {
+        for (epoch, line, droppable) in std::mem::take(&mut self.deferred) {
             if r.is_err() && is_call_request(&line) {
                 continue;
             }
-            self.send_child_now(&epoch, line);
+            self.send_child_now(&epoch, line, droppable);
         }
-        for line in std::mem::take(&mut self.deferred_host) {
-            self.send_host_now(line);
+        for (line, droppable) in std::mem::take(&mut self.deferred_host) {
+            self.send_host_now(line, droppable);
         }
         r
     }
@@ -306,24 +329,19 @@ impl Syncer {
 
 impl Io for Shell {
     fn to_host(&mut self, line: Vec<u8>) {
-        // What the host is told is already in the audit log (a result's `tool_result`, a
-        // denial's `authorization_denied`): in a batch the line waits for the batch's write,
-        // alone it writes what is pending first.
-        if self.batching {
-            self.deferred_host.push(line);
-            return;
-        }
-        self.flush_audit();
-        self.send_host_now(line);
+        self.host_line(line, false);
+    }
+
+    fn notify_host(&mut self, line: Vec<u8>) {
+        self.host_line(line, true);
     }
 
     fn to_child(&mut self, epoch: &str, line: Vec<u8>) {
-        if self.batching {
-            // Held until the batch's records are written (see `end_batch`).
-            self.deferred.push((epoch.to_string(), line));
-            return;
-        }
-        self.send_child_now(epoch, line);
+        self.child_line(epoch, line, false);
+    }
+
+    fn notify_child(&mut self, epoch: &str, line: Vec<u8>) {
+        self.child_line(epoch, line, true);
     }
 
     fn set_aside_build(&mut self) {
@@ -667,8 +685,12 @@ fn build_result(prep: &Prepared, outcome: Result<cycle::CycleOutcome, String>) -
 /// `{"id"` and are passed without parsing; only the rest (notifications) is parsed.
 pub(crate) fn request_without_id(line: &[u8]) -> Option<String> {
     use crate::proxy::envelope::{Kind, Message, is_notification_method};
-    if (line.starts_with(br#"{"id":"#) && !line.starts_with(br#"{"id":null"#))
-        || line.starts_with(br#"{"error":"#)
+    // The session's own lines (sorted keys) start with a valid id or are responses: no parse.
+    // Anything else (a forwarded line keeps its sender's order and spacing) is read.
+    if line.starts_with(br#"{"error":"#)
+        || line
+            .strip_prefix(br#"{"id":"#)
+            .is_some_and(|rest| matches!(rest.first(), Some(b'"' | b'-' | b'0'..=b'9')))
     {
         return None;
     }
@@ -683,17 +705,11 @@ pub(crate) fn request_without_id(line: &[u8]) -> Option<String> {
     }
 }
 
-/// Whether a line we write is a notification (no id). Lines the session writes have sorted keys
-/// (`serde_json` without `preserve_order`), so a notification starts with `{"jsonrpc":…,"method"`.
 /// Whether a line for the server is a `tools/call` request (read at its top level only: the
 /// failure path is rare, and nested content must not count).
 fn is_call_request(line: &[u8]) -> bool {
     crate::proxy::envelope::Message::parse(line)
         .is_ok_and(|m| m.method() == Some("tools/call") && m.id().is_some())
-}
-
-fn is_notification_line(line: &[u8]) -> bool {
-    line.starts_with(br#"{"jsonrpc":"2.0","method":"#)
 }
 
 /// The error response to a request (our numeric id) that the stalled server's queue refused.
@@ -1295,30 +1311,34 @@ mod tests {
         );
     }
 
-    /// Issue 12, medium finding "unbounded memory": what the shell may drop (notifications) and
-    /// how it answers a request a stalled server cannot take.
+    /// Issue 12, medium finding "unbounded memory": how the shell answers a request a stalled
+    /// server cannot take (which lines may be dropped is the session's to say: `notify_*`).
     #[test]
-    fn droppable_lines_and_stalled_answers() {
-        use crate::proxy::envelope;
-        assert!(is_notification_line(&envelope::notification_line(
-            "notifications/message",
-            Some(&json!({"level": "info"}))
-        )));
-        assert!(!is_notification_line(&envelope::request_line(
-            7,
-            "tools/call",
-            &json!({})
-        )));
-        assert!(!is_notification_line(&envelope::result_line(
-            &envelope::numeric_id(7),
-            &json!({})
-        )));
+    fn stalled_answers() {
+        use crate::proxy::envelope::{self, Message};
         let answer = stalled_answer(&envelope::request_line(7, "tools/call", &json!({}))).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
         assert_eq!(v["id"], json!(7));
         assert_eq!(v["error"]["data"]["error"], json!("server_not_reading"));
         assert_eq!(v["error"]["data"]["source"], json!("cargo-mcp-dev"));
         assert!(stalled_answer(&envelope::notification_line("notifications/x", None)).is_none());
+        // A forwarded request keeps its sender's member order: still answered.
+        let host = br#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"w","arguments":{}},"id":"h-1"}"#;
+        let mut m = Message::parse(host).unwrap();
+        m.set_id(envelope::numeric_id(17));
+        assert!(stalled_answer(&m.to_line()).is_some());
+    }
+
+    /// Review of issue 15 (defence in depth): the fast path of `request_without_id` trusted any
+    /// line starting with `{"id":` unless it was `{"id":null`; byte-for-byte lines may put
+    /// whitespace after the colon.
+    #[test]
+    fn request_without_id_fast_path_is_not_fooled_by_whitespace() {
+        let drop = |l: &str| request_without_id(format!("{l}\n").as_bytes());
+        assert_eq!(
+            drop("{\"id\": null,\"jsonrpc\":\"2.0\",\"method\":\"tools/call\"}").as_deref(),
+            Some("tools/call")
+        );
     }
 
     fn loaded(v: serde_json::Value) -> LoadedConfig {

@@ -177,6 +177,17 @@ impl Message {
     pub fn parse(line: &[u8]) -> Result<Message, EnvelopeError> {
         let text = std::str::from_utf8(line)
             .map_err(|e| EnvelopeError::NotJson(format!("not UTF-8 ({e})")))?;
+        // A raw `\r` can only be whitespace between tokens (inside strings it must be escaped),
+        // but a peer reading with universal newlines (Python's stdio transport, Node's
+        // `readline`) ends a line at it: a message forwarded byte for byte could carry a second
+        // one nobody judged. It becomes a space (same length: no span moves).
+        let spaced;
+        let text = if text.contains('\r') {
+            spaced = text.replace('\r', " ");
+            spaced.as_str()
+        } else {
+            text
+        };
         let members: Members<'_> = match serde_json::from_str(text) {
             Ok(m) => m,
             Err(_) => return Err(Self::not_an_object(line)),
@@ -837,6 +848,43 @@ mod tests {
                 .to_vec()
         );
         assert_eq!(n.params().unwrap().get(), r#"{"a":1}"#);
+    }
+
+    /// Review of issue 15: a bare `\r` is JSON whitespace between tokens, and travels byte for
+    /// byte. A server that reads lines with universal newlines (the Python MCP SDK's stdio transport
+    /// wraps stdin in a `TextIOWrapper`, newline=None; Node's `readline`) splits on it, and a
+    /// middle fragment can be a complete `tools/call` of another tool under another id, which
+    /// was never judged nor recorded.
+    #[test]
+    fn bare_cr_cannot_smuggle_a_second_message_to_a_universal_newline_reader() {
+        let line = "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":\"list_items\",\"arguments\":{}},\"x\":\r{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"tools/call\",\"params\":{\"name\":\"write_item\",\"arguments\":{\"all\":true}}}\r}";
+        let inner = "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":\"list_items\",\"arguments\":{\"a\":\r{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"tools/call\",\"params\":{\"name\":\"write_item\",\"arguments\":{}}}\r}}}";
+        for line in [line, inner] {
+            let mut m = Message::parse(line.as_bytes()).unwrap();
+            assert_eq!(m.method(), Some("tools/call"));
+            assert_eq!(
+                call_target(m.params()).0,
+                "list_items",
+                "what the gate judges"
+            );
+            m.set_id(numeric_id(17)); // as the router forwards it
+            let out = m.to_line();
+            // Python: `for line in TextIOWrapper(stdin)` (universal newlines).
+            let text = std::str::from_utf8(&out).unwrap();
+            let fragments: Vec<&str> = text
+                .split(['\r', '\n'])
+                .filter(|f| !f.trim().is_empty())
+                .collect();
+            for f in fragments {
+                if let Ok(v) = serde_json::from_str::<Value>(f) {
+                    assert_eq!(
+                        v["params"]["name"],
+                        json!("list_items"),
+                        "the server reads a message nobody judged: {f}"
+                    );
+                }
+            }
+        }
     }
 
     /// A member named twice would let the supervisor judge one value and the server act on the

@@ -508,7 +508,7 @@ impl<I: Io> Session<I> {
     /// Tells the host a prompt is no longer wanted (`notifications/cancelled`), so its form
     /// closes; an answer that still comes finds no open prompt.
     fn withdraw_prompt(&mut self, id: &str, reason: &str) {
-        self.io.to_host(envelope::notification_line(
+        self.io.notify_host(envelope::notification_line(
             "notifications/cancelled",
             Some(&json!({"requestId": id, "reason": reason})),
         ));

@@ -30,7 +30,7 @@ impl<I: Io> Session<I> {
                     .insert(host_id, (EpochId::from(epoch), child_id));
                 let mut msg = msg;
                 msg.set_id(envelope::numeric_id(host_id));
-                self.io.to_host(msg.to_line());
+                self.send_host(&msg);
             }
             Kind::Notification => self.on_child_notification(msg),
         }
@@ -127,7 +127,7 @@ impl<I: Io> Session<I> {
                     params["notifications"]["toolsListChanged"] = json!(true);
                 }
                 msg.set_params(&params);
-                self.io.to_host(msg.to_line());
+                self.send_host(&msg);
                 self.after_listen_acknowledged(&host_sid, wants_tools);
                 return;
             }
@@ -149,7 +149,7 @@ impl<I: Io> Session<I> {
                 let mut params = params.clone();
                 params["requestId"] = json!(host_facing);
                 msg.set_params(&params);
-                self.io.to_host(msg.to_line());
+                self.send_host(&msg);
                 return;
             }
             // The server ends one of the host's requests, which it knows under our id.
@@ -166,7 +166,7 @@ impl<I: Io> Session<I> {
                             serde_json::from_str(&host_id_text).unwrap_or(Value::Null);
                         self.listens.retain(|l| l.host_id.get() != host_id_text);
                         msg.set_params(&params);
-                        self.io.to_host(msg.to_line());
+                        self.send_host(&msg);
                     }
                     Some(Pending::Host { .. }) => {
                         // Every host request gets exactly one answer: this one, an error.
@@ -181,7 +181,7 @@ impl<I: Io> Session<I> {
             }
             return;
         }
-        self.io.to_host(msg.to_line());
+        self.send_host(&msg);
     }
 
     fn on_child_response(&mut self, epoch: &str, mut msg: Message) {
@@ -243,7 +243,7 @@ impl<I: Io> Session<I> {
                     msg.set_result(&result);
                 }
                 msg.set_id(host_id);
-                self.io.to_host(msg.to_line());
+                self.send_host(&msg);
                 if method == "tools/list" {
                     // Forwarded first: what the host was shown is worked out after.
                     self.observe_host_list(&msg);
@@ -273,7 +273,7 @@ impl<I: Io> Session<I> {
             if let Some(h) = answer {
                 let mut m = msg;
                 m.set_id(h);
-                self.io.to_host(m.to_line());
+                self.send_host(&m);
             }
             return;
         }
@@ -341,7 +341,7 @@ impl<I: Io> Session<I> {
             self.reopen_listens(epoch);
             self.fetch_catalog(None);
         } else if self.host.initialized {
-            self.io.to_child(
+            self.io.notify_child(
                 epoch,
                 envelope::notification_line("notifications/initialized", None),
             );
@@ -438,4 +438,25 @@ impl<I: Io> Session<I> {
 fn tool_result(r: records::ToolResult) -> RecordData {
     r.canonical()
         .unwrap_or_else(|_| RecordData::Tree(records::data(&r)))
+}
+
+impl<I: Io> Session<I> {
+    /// A peer's message on to the host (a notification may be dropped under backlog; requests
+    /// and responses never are).
+    pub(super) fn send_host(&mut self, msg: &Message) {
+        if msg.kind() == &Kind::Notification {
+            self.io.notify_host(msg.to_line());
+        } else {
+            self.io.to_host(msg.to_line());
+        }
+    }
+
+    /// A host message on to the server of `epoch` (as [`Session::send_host`]).
+    pub(super) fn send_child(&mut self, epoch: &str, msg: &Message) {
+        if msg.kind() == &Kind::Notification {
+            self.io.notify_child(epoch, msg.to_line());
+        } else {
+            self.io.to_child(epoch, msg.to_line());
+        }
+    }
 }

@@ -145,7 +145,7 @@ impl<I: Io> Session<I> {
             }
         }
         msg.set_id(envelope::numeric_id(id));
-        self.io.to_child(&epoch, msg.to_line());
+        self.send_child(&epoch, &msg);
     }
 
     fn on_host_notification(&mut self, msg: Message) {
@@ -157,7 +157,7 @@ impl<I: Io> Session<I> {
                     && c.phase == ChildPhase::AwaitingInitialized
                 {
                     let epoch = c.epoch.clone();
-                    self.io.to_child(&epoch, msg.to_line());
+                    self.send_child(&epoch, &msg);
                     self.fetch_catalog(None);
                 }
             }
@@ -168,7 +168,7 @@ impl<I: Io> Session<I> {
                     && c.phase != ChildPhase::Started
                 {
                     let epoch = c.epoch.clone();
-                    self.io.to_child(&epoch, msg.to_line());
+                    self.send_child(&epoch, &msg);
                 }
             }
             // A request without an id (`tools/call` among them) is not a notification the server
@@ -209,7 +209,7 @@ impl<I: Io> Session<I> {
                 let line = format!("host cancelled {} ({})", call.tool, call.call_id);
                 self.io.verbose(&line);
             }
-            self.io.to_child(
+            self.io.notify_child(
                 &epoch,
                 envelope::notification_line("notifications/cancelled", Some(&params)),
             );
@@ -243,7 +243,7 @@ impl<I: Io> Session<I> {
             return;
         }
         msg.set_id(child_id);
-        self.io.to_child(&epoch, msg.to_line());
+        self.send_child(&epoch, &msg);
     }
 
     pub(super) fn set_phase(&mut self, phase: ChildPhase) {
@@ -333,7 +333,7 @@ impl<I: Io> Session<I> {
         l.acknowledged = true;
         let sid: Value = serde_json::from_str(host_id_text).unwrap_or(Value::Null);
         let params = protocol::listen_ack_params(&sid, json!({"toolsListChanged": true}));
-        self.io.to_host(envelope::notification_line(
+        self.io.notify_host(envelope::notification_line(
             "notifications/subscriptions/acknowledged",
             Some(&params),
         ));
@@ -345,7 +345,7 @@ impl<I: Io> Session<I> {
     pub(super) fn after_listen_acknowledged(&mut self, sid: &Value, wants_tools: bool) {
         if wants_tools && self.host_list_outdated() {
             let params = json!({"_meta": {protocol::SUBSCRIPTION_ID: sid}});
-            self.io.to_host(envelope::notification_line(
+            self.io.notify_host(envelope::notification_line(
                 "notifications/tools/list_changed",
                 Some(&params),
             ));
@@ -365,13 +365,13 @@ impl<I: Io> Session<I> {
                     .collect();
                 for sid in targets {
                     let params = json!({"_meta": {protocol::SUBSCRIPTION_ID: sid}});
-                    self.io.to_host(envelope::notification_line(
+                    self.io.notify_host(envelope::notification_line(
                         "notifications/tools/list_changed",
                         Some(&params),
                     ));
                 }
             }
-            _ => self.io.to_host(envelope::notification_line(
+            _ => self.io.notify_host(envelope::notification_line(
                 "notifications/tools/list_changed",
                 None,
             )),

@@ -16,21 +16,18 @@ use crate::hashing::short;
 impl<I: Io> Session<I> {
     /// A burst of changes began: with no build running, build at once (see [`EarlyBuild`]).
     pub(super) fn on_sources_changing(&mut self) {
+        self.burst_open = true;
         if self.lifecycle == Lifecycle::Stopping || self.builds != Builds::Idle {
             return;
         }
-        self.early_build = Some(EarlyBuild {
-            stale: false,
-            held: None,
-        });
-        self.builds = Builds::Running;
-        self.io.start_build();
+        self.request_build();
     }
 
     pub(super) fn on_sources_changed(&mut self, paths: Vec<String>, changed_after_edge: bool) {
         if self.lifecycle == Lifecycle::Stopping {
             return;
         }
+        self.burst_open = false;
         let shown: Vec<&str> = paths.iter().take(3).map(String::as_str).collect();
         self.io
             .verbose(&format!("change detected: {}", shown.join(", ")));
@@ -71,6 +68,14 @@ impl<I: Io> Session<I> {
                 self.builds = Builds::RunningWithFollowUp
             }
             Builds::Idle => {
+                // Any build that starts while a burst is open (at its leading edge, or a
+                // rebuild after one was set aside) waits for the burst to settle.
+                if self.burst_open {
+                    self.early_build = Some(EarlyBuild {
+                        stale: false,
+                        held: None,
+                    });
+                }
                 self.builds = Builds::Running;
                 self.io.start_build();
             }

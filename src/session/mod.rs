@@ -179,6 +179,15 @@ pub trait Io {
     fn to_host(&mut self, line: Vec<u8>);
     /// Queue one line for the child of `epoch` (dropped if it is gone).
     fn to_child(&mut self, epoch: &str, line: Vec<u8>);
+    /// A notification for the host: like `to_host`, but it may be dropped (and counted) when
+    /// the host stops reading and the queue is at its bound.
+    fn notify_host(&mut self, line: Vec<u8>) {
+        self.to_host(line)
+    }
+    /// A notification for the child of `epoch` (droppable, as `notify_host`).
+    fn notify_child(&mut self, epoch: &str, line: Vec<u8>) {
+        self.to_child(epoch, line)
+    }
     /// Start a build (never two at once; the session guarantees it); `BuildFinished` follows.
     fn start_build(&mut self);
     /// The last build is not used (it may have read a file mid-save): undo what it recorded, so
@@ -338,6 +347,8 @@ pub struct Session<I: Io> {
     builds: Builds,
     /// The running (or finished, unused) build started at a burst's first change.
     early_build: Option<EarlyBuild>,
+    /// A burst of source changes began and has not settled yet.
+    burst_open: bool,
     child: Option<ChildState>,
     /// Identity to apply when (re)starting: the newest successful build.
     latest: Option<IdentityRecord>,
@@ -388,6 +399,7 @@ impl<I: Io> Session<I> {
             lifecycle: Lifecycle::FirstStart,
             builds: Builds::Idle,
             early_build: None,
+            burst_open: false,
             child: None,
             latest: None,
             pending_apply: false,
@@ -577,21 +589,5 @@ impl<I: Io> Session<I> {
         // Disjoint borrows: no copy of the run id per record (two records per call).
         let Session { io, agent_run, .. } = self;
         io.audit(kind, agent_run, epoch, data.into())
-    }
-
-    /// A tool execution error the model can read: the payload as text and in `_meta`.
-    fn tool_error(&self, payload: &Value, hint: &str) -> Value {
-        let mut r = json!({
-            "content": [
-                {"type": "text", "text": payload.to_string()},
-                {"type": "text", "text": hint},
-            ],
-            "isError": true,
-            "_meta": {"dev.cargo-mcp-dev/error": payload},
-        });
-        if self.era() == Some(Era::Modern) {
-            r["resultType"] = json!("complete");
-        }
-        r
     }
 }

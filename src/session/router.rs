@@ -169,7 +169,7 @@ impl<I: Io> Session<I> {
                 if self.in_batch {
                     self.batch_calls.push(id);
                 }
-                self.io.to_child(&epoch, msg.to_line());
+                self.send_child(&epoch, &msg);
             }
         }
     }
@@ -295,5 +295,23 @@ impl<I: Io> Session<I> {
         self.io.status(&format!(
             "the host has not refetched tools/list {told}(catalog revision {revision}); stale calls are refused with the new definition. In Claude Code, `/mcp` reconnects the server"
         ));
+    }
+}
+
+impl<I: Io> Session<I> {
+    /// A tool execution error the model can read: the payload as text and in `_meta`.
+    pub(super) fn tool_error(&self, payload: &Value, hint: &str) -> Value {
+        let mut r = json!({
+            "content": [
+                {"type": "text", "text": payload.to_string()},
+                {"type": "text", "text": hint},
+            ],
+            "isError": true,
+            "_meta": {"dev.cargo-mcp-dev/error": payload},
+        });
+        if self.era() == Some(Era::Modern) {
+            r["resultType"] = json!("complete");
+        }
+        r
     }
 }

@@ -24,6 +24,8 @@ pub struct FakeIo {
     pub to_child: VecDeque<(String, Value)>,
     pub builds_started: usize,
     pub builds_set_aside: usize,
+    /// Lines sent as droppable (`notify_*`), as JSON: host-bound and server-bound.
+    pub droppable: Vec<Value>,
     pub spawned: Vec<(String, u32)>,
     pub stopped: Vec<String>,
     /// The grace each stop was given (same order as `stopped`).
@@ -59,6 +61,16 @@ impl Io for FakeIo {
         );
         self.to_host
             .push(serde_json::from_slice(&line).expect("the session writes JSON to the host"));
+    }
+    fn notify_host(&mut self, line: Vec<u8>) {
+        self.droppable
+            .push(serde_json::from_slice(&line).expect("JSON"));
+        self.to_host(line);
+    }
+    fn notify_child(&mut self, epoch: &str, line: Vec<u8>) {
+        self.droppable
+            .push(serde_json::from_slice(&line).expect("JSON"));
+        self.to_child(epoch, line);
     }
     fn to_child(&mut self, epoch: &str, line: Vec<u8>) {
         let v: Value = serde_json::from_slice(&line).expect("the session writes JSON to the child");

@@ -204,3 +204,57 @@ proptest! {
         }
     }
 }
+
+/// Review of issue 15: an early build set aside while a *second* burst is open (its leading edge came
+/// while the early build ran, so nothing started then) is rebuilt at once, mid-burst, as an
+/// ordinary build; if that rebuild ends before the burst settles it is served at once, though
+/// it may have read a file of the open burst mid-save (the very case early builds set aside).
+#[test]
+fn a_set_aside_rebuild_during_an_open_burst_is_not_served_before_it_settles() {
+    let mut h = serving();
+    changing(&mut h); // burst 1: early build E starts
+    settle(&mut h, true); // a change came after its edge: E will be set aside
+    changing(&mut h); // burst 2 begins while E runs (nothing starts)
+    let started = h.io().builds_started;
+    h.build(complete("e")); // E ends: set aside, rebuilt now, while burst 2 is open
+    assert_eq!(h.io().builds_set_aside, 1);
+    assert_eq!(h.io().builds_started, started + 1);
+    h.build(complete("mid-burst-2")); // the rebuild ends before burst 2 settles
+    assert_eq!(
+        latest_exe(&h).as_deref(),
+        Some("sha256:a"),
+        "a build started inside an open burst is served before the burst settled"
+    );
+}
+
+/// Review of issue 15: a forwarded line keeps its sender's member order, so whether it may be
+/// dropped under backlog is said by the session (the message's kind), never read from the
+/// line's first bytes: a request written `jsonrpc, method, params, id` is never droppable, a
+/// notification in any order is.
+#[test]
+fn only_notifications_are_droppable_whatever_their_member_order() {
+    let mut h = serving();
+    h.initialize("2025-06-18");
+    h.initialized();
+    h.io().droppable.clear();
+    h.host(serde_json::json!({"jsonrpc": "2.0", "method": "tools/list", "params": {}, "id": 41}));
+    h.s.handle(Event::HostLine(
+        br#"{"jsonrpc":"2.0","method":"tools/list","params":{},"id":42}"#.to_vec(),
+    ));
+    h.serve();
+    h.s.handle(Event::HostLine(
+        br#"{"method":"notifications/roots/list_changed","jsonrpc":"2.0"}"#.to_vec(),
+    ));
+    h.serve();
+    let dropped: Vec<_> = h.io().droppable.clone();
+    assert!(
+        dropped.iter().all(|m| m.get("id").is_none()),
+        "a request or response was sent as droppable: {dropped:?}"
+    );
+    assert!(
+        dropped
+            .iter()
+            .any(|m| m["method"] == "notifications/roots/list_changed"),
+        "the host's notification is droppable: {dropped:?}"
+    );
+}
