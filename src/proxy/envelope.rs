@@ -347,6 +347,55 @@ impl Message {
         let at = self.splice(Member::Params, &params.to_string());
         self.params = Some(at);
     }
+    /// Drops members of `params` (an object), keeping every other member's value byte for byte
+    /// (no tree: numbers, spacing and order stay as the sender wrote them). No change when
+    /// params is not an object.
+    pub fn remove_params_members(&mut self, names: &[&str]) {
+        struct Members<'a>(Vec<(String, &'a RawValue)>);
+        impl<'de> serde::Deserialize<'de> for Members<'de> {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl<'de> serde::de::Visitor<'de> for V {
+                    type Value = Members<'de>;
+                    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                        f.write_str("an object")
+                    }
+                    fn visit_map<A: serde::de::MapAccess<'de>>(
+                        self,
+                        mut map: A,
+                    ) -> Result<Members<'de>, A::Error> {
+                        let mut m = Vec::new();
+                        while let Some(k) = map.next_key::<String>()? {
+                            m.push((k, map.next_value::<&'de RawValue>()?));
+                        }
+                        Ok(Members(m))
+                    }
+                }
+                d.deserialize_map(V)
+            }
+        }
+        let Some(raw) = self.params() else { return };
+        let Ok(members) = serde_json::from_str::<Members<'_>>(raw.get()) else {
+            return;
+        };
+        let mut out = String::with_capacity(raw.get().len());
+        out.push('{');
+        for (k, v) in members
+            .0
+            .iter()
+            .filter(|(k, _)| !names.contains(&k.as_str()))
+        {
+            if out.len() > 1 {
+                out.push(',');
+            }
+            out.push_str(&serde_json::to_string(k).expect("a string serializes"));
+            out.push(':');
+            out.push_str(v.get());
+        }
+        out.push('}');
+        let at = self.splice(Member::Params, &out);
+        self.params = Some(at);
+    }
     pub fn set_result(&mut self, result: &Value) {
         let at = self.splice(Member::Result, &result.to_string());
         self.result = Some(at);
@@ -907,6 +956,27 @@ mod tests {
             assert_eq!(text.matches("method").count(), 1, "{text}");
             assert!(!text.contains("safe"), "{text}");
         }
+    }
+
+    /// Review of issue 15: the modern approval retry loses its round-trip members on the way to
+    /// the server, and nothing else: the arguments stay the bytes whose digest was approved.
+    #[test]
+    fn removing_params_members_keeps_the_others_byte_for_byte() {
+        let line = br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"w", "arguments":{"n":123456789012345678901234567890,"f":1.50},"requestState":"p1","inputResponses":{"x":{}},"requestState":"again"}}"#;
+        let mut m = Message::parse(line).unwrap();
+        m.remove_params_members(&["requestState", "inputResponses"]);
+        assert_eq!(
+            m.params().unwrap().get(),
+            r#"{"name":"w","arguments":{"n":123456789012345678901234567890,"f":1.50}}"#
+        );
+        assert_eq!(call_target(m.params()).0, "w");
+        let out = m.to_line();
+        assert!(std::str::from_utf8(&out).unwrap().ends_with("1.50}}}\n"));
+        // Not an object: unchanged.
+        let mut n =
+            Message::parse(br#"{"jsonrpc":"2.0","id":4,"method":"x","params":[1]}"#).unwrap();
+        n.remove_params_members(&["requestState"]);
+        assert_eq!(n.params().unwrap().get(), "[1]");
     }
 
     #[test]

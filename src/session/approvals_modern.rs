@@ -82,7 +82,7 @@ impl<I: Io> Session<I> {
                 sanitize::review(&prompt_id.chars().take(80).collect::<String>())
             ));
             // Judged as a plain call (it cannot prompt again): without a grant, refused.
-            let stripped = without_round_trip(msg, &params);
+            let stripped = without_round_trip(msg);
             self.judge_call(stripped, false);
             return None;
         }
@@ -94,7 +94,7 @@ impl<I: Io> Session<I> {
             .and_then(|r| r.get(&prompt_id))
             .cloned();
         // The retry (a new JSON-RPC id) is the call that runs or is refused from here on.
-        prompt.call = without_round_trip(msg, &params);
+        prompt.call = without_round_trip(msg);
         prompt.host_id = host_id;
         match answer {
             Some(a) => self.on_prompt_answer_value(prompt, &a),
@@ -107,13 +107,10 @@ impl<I: Io> Session<I> {
     }
 }
 
-/// The call as the server must see it: the supervisor's round trip is not the server's.
-fn without_round_trip(mut msg: Message, params: &Value) -> Message {
-    let mut p = params.clone();
-    if let Some(o) = p.as_object_mut() {
-        o.remove(REQUEST_STATE);
-        o.remove(INPUT_RESPONSES);
-    }
-    msg.set_params(&p);
+/// The call as the server must see it: the supervisor's round trip is not the server's. The
+/// arguments stay the bytes whose digest was judged and shown (no tree: a large integer or
+/// the sender's spacing would otherwise change on the way).
+fn without_round_trip(mut msg: Message) -> Message {
+    msg.remove_params_members(&[REQUEST_STATE, INPUT_RESPONSES]);
     msg
 }

@@ -209,6 +209,21 @@ impl<I: Io> Session<I> {
                 if method == "subscriptions/listen" {
                     self.listens.retain(|l| l.host_id.get() != host_id.get());
                 }
+                if method == "tools/list"
+                    && !msg.is_error()
+                    && envelope::list_result_parts(msg.result()).is_none()
+                {
+                    // A list we cannot read (not an object, `tools` named twice…) would reach
+                    // the host unrecorded, its parser picking one of the lists: not forwarded.
+                    self.io.status("server answered tools/list with a list that cannot be read; the host gets an error");
+                    self.io.to_host(envelope::error_line(
+                        Some(&host_id),
+                        codes::UNKNOWN_RESPONSE,
+                        "the server's tools/list answer is not a readable tool list",
+                        json!({"error": "invalid_response"}),
+                    ));
+                    return;
+                }
                 if let Some(call) = call {
                     let is_error = msg.is_error() || envelope::result_is_error(msg.result());
                     let now = self.now();

@@ -50,6 +50,8 @@ mod tests_approvals_modern;
 #[cfg(test)]
 mod tests_early_build;
 #[cfg(test)]
+mod tests_forwarding;
+#[cfg(test)]
 mod tests_listen;
 
 use std::collections::{HashMap, VecDeque};

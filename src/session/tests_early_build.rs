@@ -226,35 +226,3 @@ fn a_set_aside_rebuild_during_an_open_burst_is_not_served_before_it_settles() {
         "a build started inside an open burst is served before the burst settled"
     );
 }
-
-/// Review of issue 15: a forwarded line keeps its sender's member order, so whether it may be
-/// dropped under backlog is said by the session (the message's kind), never read from the
-/// line's first bytes: a request written `jsonrpc, method, params, id` is never droppable, a
-/// notification in any order is.
-#[test]
-fn only_notifications_are_droppable_whatever_their_member_order() {
-    let mut h = serving();
-    h.initialize("2025-06-18");
-    h.initialized();
-    h.io().droppable.clear();
-    h.host(serde_json::json!({"jsonrpc": "2.0", "method": "tools/list", "params": {}, "id": 41}));
-    h.s.handle(Event::HostLine(
-        br#"{"jsonrpc":"2.0","method":"tools/list","params":{},"id":42}"#.to_vec(),
-    ));
-    h.serve();
-    h.s.handle(Event::HostLine(
-        br#"{"method":"notifications/roots/list_changed","jsonrpc":"2.0"}"#.to_vec(),
-    ));
-    h.serve();
-    let dropped: Vec<_> = h.io().droppable.clone();
-    assert!(
-        dropped.iter().all(|m| m.get("id").is_none()),
-        "a request or response was sent as droppable: {dropped:?}"
-    );
-    assert!(
-        dropped
-            .iter()
-            .any(|m| m["method"] == "notifications/roots/list_changed"),
-        "the host's notification is droppable: {dropped:?}"
-    );
-}

@@ -1,0 +1,77 @@
+//! What the supervisor forwards, and how: droppable lines are the session's word, and a tool list
+//! it cannot read never reaches the host.
+
+use serde_json::Value;
+
+use super::testing::*;
+use super::*;
+
+/// A session serving the build `a` (warm, no host needed).
+fn serving() -> Harness {
+    let mut h = Harness::ungated(|c| c.warm = true);
+    h.build(complete("a"));
+    h
+}
+
+/// Review of issue 15: a forwarded line keeps its sender's member order, so whether it may be
+/// dropped under backlog is said by the session (the message's kind), never read from the
+/// line's first bytes: a request written `jsonrpc, method, params, id` is never droppable, a
+/// notification in any order is.
+#[test]
+fn only_notifications_are_droppable_whatever_their_member_order() {
+    let mut h = serving();
+    h.initialize("2025-06-18");
+    h.initialized();
+    h.io().droppable.clear();
+    h.host(serde_json::json!({"jsonrpc": "2.0", "method": "tools/list", "params": {}, "id": 41}));
+    h.s.handle(Event::HostLine(
+        br#"{"jsonrpc":"2.0","method":"tools/list","params":{},"id":42}"#.to_vec(),
+    ));
+    h.serve();
+    h.s.handle(Event::HostLine(
+        br#"{"method":"notifications/roots/list_changed","jsonrpc":"2.0"}"#.to_vec(),
+    ));
+    h.serve();
+    let dropped: Vec<_> = h.io().droppable.clone();
+    assert!(
+        dropped.iter().all(|m| m.get("id").is_none()),
+        "a request or response was sent as droppable: {dropped:?}"
+    );
+    assert!(
+        dropped
+            .iter()
+            .any(|m| m["method"] == "notifications/roots/list_changed"),
+        "the host's notification is droppable: {dropped:?}"
+    );
+}
+
+/// Review of issue 15: a server's tools/list answer the supervisor cannot read (here `tools`
+/// named twice: the host's parser would pick one list, the supervisor none) never reaches the
+/// host unrecorded; the host gets an error instead.
+#[test]
+fn an_unreadable_tool_list_is_not_forwarded() {
+    let mut h = serving();
+    h.initialize("2025-06-18");
+    h.initialized();
+    let epoch = h.current_epoch().unwrap();
+    h.io().to_child.clear();
+    h.s.handle(Event::HostLine(
+        br#"{"jsonrpc":"2.0","id":"list-1","method":"tools/list","params":{}}"#.to_vec(),
+    ));
+    let (_, forwarded) = h.io().to_child.pop_back().expect("forwarded to the server");
+    assert_eq!(forwarded["method"], "tools/list");
+    let ours = forwarded["id"].clone();
+    let line = format!(
+        r#"{{"jsonrpc":"2.0","id":{ours},"result":{{"tools":[],"tools":[{{"name":"evil","inputSchema":{{"type":"object"}}}}]}}}}"#
+    );
+    let before = h.io().to_host.len();
+    h.s.handle(Event::ChildLine {
+        epoch,
+        line: line.into_bytes(),
+    });
+    let answers: Vec<Value> = h.io().to_host[before..].to_vec();
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(answers[0]["id"], "list-1");
+    assert_eq!(answers[0]["error"]["data"]["error"], "invalid_response");
+    assert!(!answers[0].to_string().contains("evil"));
+}
