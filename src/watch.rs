@@ -196,63 +196,52 @@ pub fn start(
             // Blocks on the channel: no timer runs while nothing changes (idle CPU ~0).
             while let Ok(first) = rx.recv() {
                 let mut batch = vec![first];
-                let add = |batch: &mut Vec<PathBuf>, p: PathBuf| {
-                    if !batch.contains(&p) {
-                        batch.push(p);
-                    }
-                };
-                // The lead-in: the save's own events, then the leading edge.
-                let lead_in = LEAD_IN;
-                let mut last = Instant::now();
-                loop {
-                    match rx.recv_timeout(lead_in.saturating_sub(last.elapsed())) {
-                        Ok(p) => {
-                            add(&mut batch, p);
-                            last = Instant::now();
-                        }
-                        Err(RecvTimeoutError::Timeout) => break,
-                        Err(RecvTimeoutError::Disconnected) => {
-                            // Replaced during the lead-in (its successor started after this
-                            // change and will not see it): the change is still reported.
-                            on_signal(Signal::Settled {
-                                paths: batch,
-                                changed_after_leading_edge: true,
-                            });
-                            return;
-                        }
-                    }
-                }
-                on_signal(Signal::Changing);
-                let mut late = false;
-                let mut deadline = last + debounce;
-                loop {
-                    match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                        Ok(p) => {
-                            add(&mut batch, p);
-                            late = true;
-                            deadline = Instant::now() + debounce;
-                        }
-                        Err(RecvTimeoutError::Timeout) => break,
-                        Err(RecvTimeoutError::Disconnected) => {
-                            // This watcher was replaced mid-burst: end the burst (as changed,
-                            // so a build started early is not trusted) rather than leave it
-                            // open for ever.
-                            on_signal(Signal::Settled {
-                                paths: batch,
-                                changed_after_leading_edge: true,
-                            });
-                            return;
-                        }
-                    }
-                }
+                // The lead-in takes the save's own events; then the leading edge; then the
+                // quiet period, noting whether anything came after the edge.
+                let late =
+                    until_quiet(&rx, &mut batch, Instant::now(), LEAD_IN).and_then(|(last, _)| {
+                        on_signal(Signal::Changing);
+                        until_quiet(&rx, &mut batch, last, debounce).map(|(_, any)| any)
+                    });
+                let replaced = late.is_none();
                 on_signal(Signal::Settled {
                     paths: batch,
-                    changed_after_leading_edge: late,
+                    // Replaced mid-burst (its successor started after these changes and will
+                    // not see them): still reported, as changed, so an early build is not
+                    // trusted and no burst stays open.
+                    changed_after_leading_edge: late.unwrap_or(true),
                 });
+                if replaced {
+                    return;
+                }
             }
         })
         .map_err(|e| notify::Error::generic(&e.to_string()))?;
     Ok(SourceWatcher { _watcher: watcher })
+}
+
+/// Adds changes to `batch` until none came for `quiet` after `last` (the latest change).
+/// Returns when the latest came and whether any came, or `None` once the watcher is gone.
+fn until_quiet(
+    rx: &crossbeam_channel::Receiver<PathBuf>,
+    batch: &mut Vec<PathBuf>,
+    mut last: Instant,
+    quiet: Duration,
+) -> Option<(Instant, bool)> {
+    let mut any = false;
+    loop {
+        match rx.recv_timeout((last + quiet).saturating_duration_since(Instant::now())) {
+            Ok(p) => {
+                if !batch.contains(&p) {
+                    batch.push(p);
+                }
+                last = Instant::now();
+                any = true;
+            }
+            Err(RecvTimeoutError::Timeout) => return Some((last, any)),
+            Err(RecvTimeoutError::Disconnected) => return None,
+        }
+    }
 }
 
 type SignalHandler = std::sync::Arc<dyn Fn(Signal) + Send + Sync>;

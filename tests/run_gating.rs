@@ -262,3 +262,25 @@ fn control_commands_without_a_supervisor_exit_106() {
         out.stderr
     );
 }
+
+/// `approve` without `--yes` asks the human at the terminal; with no terminal it refuses
+/// clearly (usage error) and grants nothing, for a tool and for one call alike.
+#[test]
+fn approve_without_a_terminal_asks_for_yes_and_grants_nothing() {
+    let mut s = Setup::new().start();
+    s.ready_legacy();
+    let out = s.cli(&["approve", "--tool", "write"]);
+    out.expect_code(2);
+    assert!(
+        out.stderr.contains("stdin is not a terminal: pass --yes"),
+        "{}",
+        out.stderr
+    );
+    let m = s.call(r#""w1""#, "write", json!({"marker": "x"}));
+    assert_eq!(
+        m.tool_error_payload()["error"],
+        json!("authorization_required"),
+        "nothing was granted"
+    );
+    s.finish();
+}

@@ -116,20 +116,8 @@ pub fn execute(args: ApproveArgs) -> CmdResult {
                 .join(", ")
         ));
     }
-    if !args.yes {
-        if !std::io::stdin().is_terminal() {
-            return Err(Failure::new(
-                exit_codes::USAGE,
-                "stdin is not a terminal: pass --yes to approve without asking",
-            ));
-        }
-        eprint_flush("Approve? [y/N] ");
-        let mut answer = String::new();
-        std::io::stdin().lock().read_line(&mut answer)?;
-        if !matches!(answer.trim(), "y" | "Y" | "yes") {
-            status::line("approval cancelled: nothing was granted");
-            return Ok(exit_codes::ERROR);
-        }
+    if !args.yes && !confirmed("Approve? [y/N] ")? {
+        return Ok(exit_codes::ERROR);
     }
     // Per-call tools get their own grant so the others stay per-epoch.
     let (per_call, per_epoch): (Vec<String>, Vec<String>) = tools
@@ -196,20 +184,8 @@ fn approve_call(args: &ApproveArgs, call_id: &str) -> CmdResult {
     let mut text = review(&st, &epoch, &tools, &scopes);
     text.push_str(&call_review(&call));
     status::raw(&text);
-    if !args.yes {
-        if !std::io::stdin().is_terminal() {
-            return Err(Failure::new(
-                exit_codes::USAGE,
-                "stdin is not a terminal: pass --yes to approve without asking",
-            ));
-        }
-        eprint_flush("Approve this one call? [y/N] ");
-        let mut answer = String::new();
-        std::io::stdin().lock().read_line(&mut answer)?;
-        if !matches!(answer.trim(), "y" | "Y" | "yes") {
-            status::line("approval cancelled: nothing was granted");
-            return Ok(exit_codes::ERROR);
-        }
+    if !args.yes && !confirmed("Approve this one call? [y/N] ")? {
+        return Ok(exit_codes::ERROR);
     }
     let r = control_client::call(
         &args.control,
@@ -350,6 +326,24 @@ pub(super) fn review(
         }
     }
     out
+}
+
+/// Asks the human at the terminal; `false` (and a status line) unless they answer yes.
+fn confirmed(question: &str) -> Result<bool, Failure> {
+    if !std::io::stdin().is_terminal() {
+        return Err(Failure::new(
+            exit_codes::USAGE,
+            "stdin is not a terminal: pass --yes to approve without asking",
+        ));
+    }
+    eprint_flush(question);
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    if matches!(answer.trim(), "y" | "Y" | "yes") {
+        return Ok(true);
+    }
+    status::line("approval cancelled: nothing was granted");
+    Ok(false)
 }
 
 #[cfg(test)]

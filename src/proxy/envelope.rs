@@ -147,29 +147,30 @@ impl<'de> serde::Deserialize<'de> for Member {
     }
 }
 
-/// The members of one message as borrowed raw values, in their order (no tree, no copies).
-struct Members<'a>(Vec<(Member, &'a RawValue)>);
+/// The members of a JSON object as borrowed raw values, in their order (no tree, no copies),
+/// with keys read as `K` (a [`Member`] for a message's top level, a `String` elsewhere).
+struct Members<'a, K>(Vec<(K, &'a RawValue)>);
 
-impl<'de> serde::Deserialize<'de> for Members<'de> {
+impl<'de, K: serde::Deserialize<'de>> serde::Deserialize<'de> for Members<'de, K> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Members<'de>;
+        struct V<K>(std::marker::PhantomData<K>);
+        impl<'de, K: serde::Deserialize<'de>> serde::de::Visitor<'de> for V<K> {
+            type Value = Members<'de, K>;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("a JSON object")
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(
                 self,
                 mut map: A,
-            ) -> Result<Members<'de>, A::Error> {
+            ) -> Result<Members<'de, K>, A::Error> {
                 let mut members = Vec::with_capacity(5);
-                while let Some(k) = map.next_key::<Member>()? {
+                while let Some(k) = map.next_key::<K>()? {
                     members.push((k, map.next_value::<&'de RawValue>()?));
                 }
                 Ok(Members(members))
             }
         }
-        d.deserialize_map(V)
+        d.deserialize_map(V(std::marker::PhantomData))
     }
 }
 
@@ -188,7 +189,7 @@ impl Message {
         } else {
             text
         };
-        let members: Members<'_> = match serde_json::from_str(text) {
+        let members: Members<'_, Member> = match serde_json::from_str(text) {
             Ok(m) => m,
             Err(_) => return Err(Self::not_an_object(line)),
         };
@@ -351,31 +352,8 @@ impl Message {
     /// (no tree: numbers, spacing and order stay as the sender wrote them). No change when
     /// params is not an object.
     pub fn remove_params_members(&mut self, names: &[&str]) {
-        struct Members<'a>(Vec<(String, &'a RawValue)>);
-        impl<'de> serde::Deserialize<'de> for Members<'de> {
-            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                struct V;
-                impl<'de> serde::de::Visitor<'de> for V {
-                    type Value = Members<'de>;
-                    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                        f.write_str("an object")
-                    }
-                    fn visit_map<A: serde::de::MapAccess<'de>>(
-                        self,
-                        mut map: A,
-                    ) -> Result<Members<'de>, A::Error> {
-                        let mut m = Vec::new();
-                        while let Some(k) = map.next_key::<String>()? {
-                            m.push((k, map.next_value::<&'de RawValue>()?));
-                        }
-                        Ok(Members(m))
-                    }
-                }
-                d.deserialize_map(V)
-            }
-        }
         let Some(raw) = self.params() else { return };
-        let Ok(members) = serde_json::from_str::<Members<'_>>(raw.get()) else {
+        let Ok(members) = serde_json::from_str::<Members<'_, String>>(raw.get()) else {
             return;
         };
         let mut out = String::with_capacity(raw.get().len());
