@@ -58,7 +58,7 @@ pub fn execute(args: &ApproveArgs) -> CmdResult {
         label: Some(label),
         ..args.control.clone()
     };
-    let _restore = TermiosGuard::save();
+    let _restore = crate::sys::unix::TerminalModes::save();
     let keys = key_reader();
     let st = control_client::call(&control, &json!({"op": "status"}))?;
     status::raw(&format!(
@@ -203,28 +203,6 @@ fn key_reader() -> crossbeam_channel::Receiver<Key> {
         }
     });
     rx
-}
-
-/// The terminal's settings as found, put back when the inbox ends (the key reader may be in
-/// raw mode at that moment).
-struct TermiosGuard(Option<rustix::termios::Termios>);
-
-impl TermiosGuard {
-    fn save() -> TermiosGuard {
-        TermiosGuard(rustix::termios::tcgetattr(std::io::stdin()).ok())
-    }
-}
-
-impl Drop for TermiosGuard {
-    fn drop(&mut self) {
-        if let Some(t) = &self.0 {
-            let _ = rustix::termios::tcsetattr(
-                std::io::stdin(),
-                rustix::termios::OptionalActions::Now,
-                t,
-            );
-        }
-    }
 }
 
 fn wait_key(keys: &crossbeam_channel::Receiver<Key>, within: Duration) -> Option<Key> {

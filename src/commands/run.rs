@@ -189,6 +189,18 @@ impl Shell {
         }
     }
 
+    /// [`Shell::send_host_now`] without the write: the caller pumps `host_out` after the lines
+    /// it queues.
+    fn queue_host(&mut self, line: Vec<u8>, droppable: bool) {
+        if let Err(full) = self.host_out.queue(line, droppable) {
+            self.report_drop(
+                &full,
+                "the host is not reading its stdin",
+                self.host_out.limit(),
+            );
+        }
+    }
+
     fn pump_after_unlock(&mut self, out: &Outlet) {
         if !self.pumps.iter().any(|o| o.same_as(out)) {
             self.pumps.push(out.clone());
@@ -238,9 +250,11 @@ impl Shell {
     }
 
     fn host_line(&mut self, line: Vec<u8>, droppable: bool) {
-        // What the host is told is already in the audit log (a result's `tool_result`, a
-        // denial's `authorization_denied`): in a batch the line waits for the batch's write,
-        // alone it writes what is pending first.
+        // What the session recorded before telling the host (a denial's
+        // `authorization_denied`) is in the audit log first: in a batch the line waits for the
+        // batch's write, alone it writes what is pending first. A call's `tool_result` is
+        // recorded just after its answer goes out (`on_child_response`), and written before
+        // the session's lock is released.
         if self.batching {
             self.deferred_host.push((line, droppable));
             return;
@@ -269,8 +283,18 @@ impl Shell {
             }
             self.send_child_now(&epoch, line, droppable);
         }
-        for (line, droppable) in std::mem::take(&mut self.deferred_host) {
-            self.send_host_now(line, droppable);
+        // The batch's host lines go out together: queued in order, then one `writev`.
+        let host_lines = std::mem::take(&mut self.deferred_host);
+        let several = host_lines.len() > 1;
+        for (line, droppable) in host_lines {
+            if several {
+                self.queue_host(line, droppable);
+            } else {
+                self.send_host_now(line, droppable);
+            }
+        }
+        if several {
+            self.host_out.pump();
         }
         r
     }
@@ -687,10 +711,14 @@ pub(crate) fn request_without_id(line: &[u8]) -> Option<String> {
     use crate::proxy::envelope::{Kind, Message, is_notification_method};
     // The session's own lines (sorted keys) start with a valid id or are responses: no parse.
     // Anything else (a forwarded line keeps its sender's order and spacing) is read.
-    if line.starts_with(br#"{"error":"#)
-        || line
-            .strip_prefix(br#"{"id":"#)
+    // Hosts that put `jsonrpc` first (the Python SDK, rmcp) keep their id second.
+    let valid_id_after = |prefix: &[u8]| {
+        line.strip_prefix(prefix)
             .is_some_and(|rest| matches!(rest.first(), Some(b'"' | b'-' | b'0'..=b'9')))
+    };
+    if line.starts_with(br#"{"error":"#)
+        || valid_id_after(br#"{"id":"#)
+        || valid_id_after(br#"{"jsonrpc":"2.0","id":"#)
     {
         return None;
     }
@@ -1338,6 +1366,23 @@ mod tests {
         assert_eq!(
             drop("{\"id\": null,\"jsonrpc\":\"2.0\",\"method\":\"tools/call\"}").as_deref(),
             Some("tools/call")
+        );
+        // The `jsonrpc`-first prefix passes only a real id; a null one is read and dropped.
+        assert_eq!(
+            drop(r#"{"jsonrpc":"2.0","id":null,"method":"tools/call"}"#).as_deref(),
+            Some("tools/call")
+        );
+        assert_eq!(
+            drop(r#"{"jsonrpc":"2.0","id":[1],"method":"tools/call"}"#).as_deref(),
+            Some("tools/call")
+        );
+        assert_eq!(
+            drop(r#"{"jsonrpc":"2.0","method":"tools/call","params":{"id":1}}"#).as_deref(),
+            Some("tools/call")
+        );
+        assert_eq!(
+            drop(r#"{"jsonrpc":"2.0","id":7,"method":"tools/call"}"#),
+            None
         );
     }
 

@@ -453,8 +453,20 @@ pub fn params_meta(params: Option<Raw<'_>>) -> Option<Value> {
         meta: Option<Value>,
     }
     params
+        .filter(|p| may_name(p, "_meta"))
         .and_then(|p| serde_json::from_str::<WithMeta>(p.get()).ok())
         .and_then(|w| w.meta)
+}
+
+/// Whether an object's text can have a member named `key` (ASCII, nothing to escape): the name
+/// appears in quotes, or some string uses a `\u` escape (which could spell it). `false` is
+/// certain, so the parse that would find nothing is skipped (most requests carry no `_meta`,
+/// most results no `isError`).
+fn may_name(object: &Raw<'_>, key: &str) -> bool {
+    let text = object.get().as_bytes();
+    memchr::memmem::find(text, b"\\u").is_some()
+        || memchr::memmem::find_iter(text, key.as_bytes())
+            .any(|at| at > 0 && text[at - 1] == b'"' && text.get(at + key.len()) == Some(&b'"'))
 }
 
 /// Whether a `tools/call` result says `isError: true` (other fields are skipped, not built).
@@ -465,6 +477,7 @@ pub fn result_is_error(result: Option<Raw<'_>>) -> bool {
         is_error: Option<bool>,
     }
     result
+        .filter(|r| may_name(r, "isError"))
         .and_then(|r| serde_json::from_str::<Outcome>(r.get()).ok())
         .and_then(|o| o.is_error)
         .unwrap_or(false)
@@ -559,6 +572,36 @@ pub fn notification_line(method: &str, params: Option<&Value>) -> Vec<u8> {
 mod tests {
     use super::*;
     use proptest::strategy::Strategy as _;
+
+    /// The skip before `_meta` and `isError` is never wrong: a key spelled with `\u` escapes
+    /// is still read, a name that is only a value (or part of a longer key) is not a member.
+    #[test]
+    fn meta_and_is_error_are_found_however_they_are_spelled() {
+        let raw = |t: &'static str| Some(Raw(t));
+        assert_eq!(
+            params_meta(raw(r#"{"name":"x","_meta":{"k":1}}"#)),
+            Some(json!({"k": 1}))
+        );
+        assert_eq!(
+            params_meta(raw(r#"{"name":"x","\u005fmeta":{"k":2}}"#)),
+            Some(json!({"k": 2}))
+        );
+        assert_eq!(
+            params_meta(raw(r#"{"name":"_meta","x_meta":{"k":3}}"#)),
+            None
+        );
+        assert_eq!(params_meta(raw(r#"{"name":"x"}"#)), None);
+        assert_eq!(params_meta(None), None);
+        assert!(result_is_error(raw(r#"{"content":[],"isError":true}"#)));
+        assert!(result_is_error(raw(
+            r#"{"content":[],"\u0069sError":true}"#
+        )));
+        assert!(!result_is_error(raw(
+            r#"{"content":[{"type":"text","text":"isError"}]}"#
+        )));
+        assert!(!result_is_error(raw(r#"{"content":[],"isError":false}"#)));
+        assert!(!result_is_error(raw(r#"{"content":[]}"#)));
+    }
 
     #[test]
     fn classifies_and_keeps_raw_ids() {

@@ -224,20 +224,19 @@ impl<I: Io> Session<I> {
                     ));
                     return;
                 }
-                if let Some(call) = call {
+                // A call's result goes out first and is recorded right after (the same lock
+                // hold; the intent record is what must precede, and did): the host is not kept
+                // waiting for a seal and a file write on the way back.
+                let result_record = call.map(|call| {
                     let is_error = msg.is_error() || envelope::result_is_error(msg.result());
                     let now = self.now();
-                    self.audit_record(
-                        audit::TOOL_RESULT,
-                        Some(epoch),
-                        tool_result(records::ToolResult {
-                            call_id: json!(call.call_id),
-                            tool: call.tool,
-                            is_error,
-                            duration_ms: Some(now.saturating_sub(call.started_ms)),
-                        }),
-                    );
-                }
+                    tool_result(records::ToolResult {
+                        call_id: json!(call.call_id),
+                        tool: call.tool,
+                        is_error,
+                        duration_ms: Some(now.saturating_sub(call.started_ms)),
+                    })
+                });
                 if method == "server/discover" && !msg.is_error() {
                     let mut result = msg.result_value();
                     protocol::advertise_list_changed(&mut result);
@@ -259,6 +258,9 @@ impl<I: Io> Session<I> {
                 }
                 msg.set_id(host_id);
                 self.send_host(&msg);
+                if let Some(record) = result_record {
+                    self.audit_record(audit::TOOL_RESULT, Some(epoch), record);
+                }
                 if method == "tools/list" {
                     // Forwarded first: what the host was shown is worked out after.
                     self.observe_host_list(&msg);

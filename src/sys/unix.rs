@@ -1,8 +1,9 @@
 //! The platform seam for processes (Linux first; macOS uses the same POSIX calls).
 //!
-//! Process groups, group signals, exit decoding and the parent-death check. Nothing here knows
-//! what the processes are for.
+//! Process groups, group signals, exit decoding, the parent-death check and a terminal's modes.
+//! Nothing here knows what the processes are for.
 
+use std::os::fd::AsFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, ExitStatus};
 
@@ -164,4 +165,77 @@ pub fn peer_pid(stream: &std::os::unix::net::UnixStream) -> Option<u32> {
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
 pub fn peer_pid(_stream: &std::os::unix::net::UnixStream) -> Option<u32> {
     None
+}
+
+/// A terminal's modes (termios) as found, put back when dropped: a key reader that switches to
+/// raw mode may still be in it when its owner ends. Not a terminal: does nothing.
+pub struct TerminalModes(Option<(std::os::fd::OwnedFd, rustix::termios::Termios)>);
+
+impl TerminalModes {
+    /// Stdin's modes.
+    pub fn save() -> TerminalModes {
+        match std::io::stdin().as_fd().try_clone_to_owned() {
+            Ok(fd) => TerminalModes::of(fd),
+            Err(_) => TerminalModes(None),
+        }
+    }
+
+    /// The modes of the terminal `fd` refers to.
+    pub fn of(fd: std::os::fd::OwnedFd) -> TerminalModes {
+        TerminalModes(
+            rustix::termios::tcgetattr(&fd)
+                .ok()
+                .map(|modes| (fd, modes)),
+        )
+    }
+}
+
+impl Drop for TerminalModes {
+    fn drop(&mut self) {
+        if let Some((fd, modes)) = &self.0 {
+            let _ = rustix::termios::tcsetattr(fd, rustix::termios::OptionalActions::Now, modes);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustix::termios::{LocalModes, OptionalActions, tcgetattr, tcsetattr};
+
+    /// A pseudo-terminal whose echo is turned off behind the guard's back gets it back when
+    /// the guard is dropped (`approve --follow` leaving the user's shell without echo).
+    #[test]
+    fn terminal_modes_are_put_back() {
+        use rustix::fs::{Mode, OFlags, open};
+        use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
+        let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY).expect("a pty");
+        grantpt(&master).unwrap();
+        unlockpt(&master).unwrap();
+        let name = ptsname(&master, Vec::new()).unwrap();
+        let tty = open(
+            name.as_c_str(),
+            OFlags::RDWR | OFlags::NOCTTY,
+            Mode::empty(),
+        )
+        .unwrap();
+        let echo = |fd: &std::os::fd::OwnedFd| {
+            tcgetattr(fd)
+                .unwrap()
+                .local_modes
+                .contains(LocalModes::ECHO)
+        };
+        assert!(echo(&tty), "a fresh pty echoes");
+        let guard = TerminalModes::of(tty.try_clone().unwrap());
+        let mut raw = tcgetattr(&tty).unwrap();
+        raw.local_modes
+            .remove(LocalModes::ECHO | LocalModes::ICANON);
+        tcsetattr(&tty, OptionalActions::Now, &raw).unwrap();
+        assert!(!echo(&tty));
+        drop(guard);
+        assert!(echo(&tty), "echo is back");
+        // Not a terminal: nothing saved, nothing done.
+        let (r, _w) = std::io::pipe().unwrap();
+        drop(TerminalModes::of(r.into()));
+    }
 }

@@ -694,9 +694,10 @@ fn start_variants(
         conns.push(Conn::spawn("hops-relay", hops_cmd, None, &home));
         // The relay in its logging mode (see `src/bin/relay.rs`).
         let mut audit_cmd = with_env(Command::new(&o.relay));
-        audit_cmd
-            .arg(&srv.exe)
-            .env("AUDIT_RELAY_LOG", o.work.join(format!("audit-relay-{tag}.log")));
+        audit_cmd.arg(&srv.exe).env(
+            "AUDIT_RELAY_LOG",
+            o.work.join(format!("audit-relay-{tag}.log")),
+        );
         conns.push(Conn::spawn("audit-relay", audit_cmd, None, &home));
     }
     let mut v = Variants { conns };
@@ -1218,8 +1219,14 @@ fn main() {
     // anchor lives in the home dir, so both go together.
     let _ = fs::remove_dir_all(o.work.join("home"));
     for entry in fs::read_dir(&o.work).unwrap().flatten() {
-        if entry.file_name().to_string_lossy().starts_with("target-") {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("target-") {
             let _ = fs::remove_dir_all(entry.path().join("mcp-dev"));
+        }
+        // Logs given with `--audit-log` (and what an earlier run set aside): their key went
+        // with the home dir, so a kept one would only be set aside again at the next start.
+        if name.starts_with("audit-") && (name.ends_with(".jsonl") || name.ends_with(".lock")) {
+            let _ = fs::remove_file(entry.path());
         }
     }
     let mut out = String::new();
