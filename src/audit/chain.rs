@@ -150,13 +150,13 @@ impl Record {
         out.extend_from_slice(b",\"run\":");
         crate::canonical::write_str(&self.run, &mut out);
         out.extend_from_slice(b",\"seq\":");
-        out.extend_from_slice(self.seq.to_string().as_bytes());
+        write_u64(self.seq, &mut out);
         out.extend_from_slice(b",\"time\":");
         crate::canonical::write_str(&self.time, &mut out);
         out.extend_from_slice(b",\"type\":");
         crate::canonical::write_str(&self.record_type, &mut out);
         out.extend_from_slice(b",\"v\":");
-        out.extend_from_slice(self.v.to_string().as_bytes());
+        write_u64(self.v, &mut out);
         out.push(b'}');
         out
     }
@@ -201,9 +201,9 @@ impl Record {
     fn line_with_data(&self, data: &[u8]) -> Vec<u8> {
         let mut out = Vec::with_capacity(data.len() + 400);
         out.extend_from_slice(b"{\"v\":");
-        out.extend_from_slice(self.v.to_string().as_bytes());
+        write_u64(self.v, &mut out);
         out.extend_from_slice(b",\"seq\":");
-        out.extend_from_slice(self.seq.to_string().as_bytes());
+        write_u64(self.seq, &mut out);
         out.extend_from_slice(b",\"time\":");
         crate::canonical::write_str(&self.time, &mut out);
         out.extend_from_slice(b",\"type\":");
@@ -226,6 +226,12 @@ impl Record {
         out.push(b'}');
         out
     }
+}
+
+/// Decimal digits of `n`, appended (no `String` per number: two per record).
+fn write_u64(n: u64, out: &mut Vec<u8>) {
+    use std::io::Write as _;
+    let _ = write!(out, "{n}");
 }
 
 /// What a verifier needs from one parsed line: the recomputed hash and the writer's rendering,

@@ -464,9 +464,14 @@ pub fn params_meta(params: Option<Raw<'_>>) -> Option<Value> {
 /// most results no `isError`).
 fn may_name(object: &Raw<'_>, key: &str) -> bool {
     let text = object.get().as_bytes();
-    memchr::memmem::find(text, b"\\u").is_some()
-        || memchr::memmem::find_iter(text, key.as_bytes())
-            .any(|at| at > 0 && text[at - 1] == b'"' && text.get(at + key.len()) == Some(&b'"'))
+    let key = key.as_bytes();
+    // Plain scans: these texts are short, and a `memmem` searcher costs more to build than
+    // the search saves.
+    memchr::memchr_iter(b'\\', text).any(|at| text.get(at + 1) == Some(&b'u'))
+        || memchr::memchr_iter(b'"', text).any(|at| {
+            text.get(at + 1..at + 1 + key.len()) == Some(key)
+                && text.get(at + 1 + key.len()) == Some(&b'"')
+        })
 }
 
 /// Whether a `tools/call` result says `isError: true` (other fields are skipped, not built).

@@ -211,6 +211,7 @@ impl<I: Io> Session<I> {
                 }
                 if method == "tools/list"
                     && !msg.is_error()
+                    && !self.is_known_list_result(msg.result())
                     && envelope::list_result_parts(msg.result()).is_none()
                 {
                     // A list we cannot read (not an object, `tools` named twice…) would reach

@@ -75,3 +75,40 @@ fn an_unreadable_tool_list_is_not_forwarded() {
     assert_eq!(answers[0]["error"]["data"]["error"], "invalid_response");
     assert!(!answers[0].to_string().contains("evil"));
 }
+
+/// A list answer byte-identical to the last one read is forwarded without being read again
+/// (issue 15, 1,000-tool lists); that shortcut never lets a different, unreadable answer by.
+#[test]
+fn a_known_list_is_passed_on_and_an_unreadable_one_after_it_is_still_refused() {
+    let mut h = serving();
+    h.initialize("2025-06-18");
+    h.initialized();
+    let epoch = h.current_epoch().unwrap();
+    let good = r#"{"tools":[{"name":"echo","inputSchema":{"type":"object"}}]}"#;
+    let bad = r#"{"tools":[],"tools":[{"name":"evil","inputSchema":{"type":"object"}}]}"#;
+    let mut answer_with = |h: &mut Harness, n: u32, result: &str| -> Value {
+        h.io().to_child.clear();
+        h.s.handle(Event::HostLine(
+            format!(r#"{{"jsonrpc":"2.0","id":"list-{n}","method":"tools/list"}}"#).into_bytes(),
+        ));
+        let (_, forwarded) = h.io().to_child.pop_back().expect("forwarded to the server");
+        let ours = forwarded["id"].clone();
+        let before = h.io().to_host.len();
+        h.s.handle(Event::ChildLine {
+            epoch: epoch.clone(),
+            line: format!(r#"{{"jsonrpc":"2.0","id":{ours},"result":{result}}}"#).into_bytes(),
+        });
+        let answers: Vec<Value> = h.io().to_host[before..].to_vec();
+        assert_eq!(answers.len(), 1, "{answers:?}");
+        assert_eq!(answers[0]["id"], format!("list-{n}"));
+        answers[0].clone()
+    };
+    for n in 1..=3 {
+        let a = answer_with(&mut h, n, good);
+        assert_eq!(a["result"]["tools"][0]["name"], "echo", "{a}");
+    }
+    let a = answer_with(&mut h, 4, bad);
+    assert_eq!(a["error"]["data"]["error"], "invalid_response", "{a}");
+    let a = answer_with(&mut h, 5, good);
+    assert_eq!(a["result"]["tools"][0]["name"], "echo", "{a}");
+}
