@@ -86,7 +86,7 @@ fn a_known_list_is_passed_on_and_an_unreadable_one_after_it_is_still_refused() {
     let epoch = h.current_epoch().unwrap();
     let good = r#"{"tools":[{"name":"echo","inputSchema":{"type":"object"}}]}"#;
     let bad = r#"{"tools":[],"tools":[{"name":"evil","inputSchema":{"type":"object"}}]}"#;
-    let mut answer_with = |h: &mut Harness, n: u32, result: &str| -> Value {
+    let answer_with = |h: &mut Harness, n: u32, result: &str| -> Value {
         h.io().to_child.clear();
         h.s.handle(Event::HostLine(
             format!(r#"{{"jsonrpc":"2.0","id":"list-{n}","method":"tools/list"}}"#).into_bytes(),
