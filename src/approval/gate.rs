@@ -361,39 +361,31 @@ impl Gate {
     ) -> CallDecision {
         let scopes = self.policy.scopes_for(tool);
         let gated = self.policy.is_gated(tool);
-        let mut denial = Denial {
-            reason: DenialReason::IdentityPending,
-            tool: tool.to_owned(),
-            approved_epoch: None,
-            current_epoch: self.current.as_ref().map(|c| c.epoch.clone()),
-            host_catalog: self.host_catalog.clone(),
-            current_catalog: None,
-            credential_scopes: scopes.iter().cloned().collect(),
-            authorization: None,
-        };
-        let Some((revision, catalog)) = self.current.as_ref().and_then(|c| c.catalog.as_ref())
-        else {
+        let Some((_, catalog)) = self.current.as_ref().and_then(|c| c.catalog.as_ref()) else {
+            let denial = self.denial(tool, &scopes, DenialReason::IdentityPending);
             return self.deny(denial, gated, now);
         };
-        denial.current_catalog = Some(revision.clone());
         let in_catalog = catalog.contains_key(tool);
         let live = self
             .live
             .iter()
             .position(|g| g.covers_call(tool, &scopes, arguments_digest));
-        let stale = self
-            .stale
-            .iter()
-            .rev()
-            .find(|g| g.tool_scope.contains(tool))
-            .map(|g| g.execution_epoch.clone());
+        // The epoch of the newest retired grant for this tool (read only for a refusal).
+        let stale = |gate: &Gate| {
+            gate.stale
+                .iter()
+                .rev()
+                .find(|g| g.tool_scope.contains(tool))
+                .map(|g| g.execution_epoch.clone())
+        };
 
         // A call is stale when this tool's definition as the host was shown it differs from the
         // current one (or the tool is gone). A host that was never shown the tool (e.g. a
         // one-shot CLI call) is judged against the current catalog; approval rules still apply.
         if self.is_stale(tool, catalog) {
-            denial.reason = DenialReason::CatalogStale;
+            let mut denial = self.denial(tool, &scopes, DenialReason::CatalogStale);
             if gated && in_catalog && live.is_none() {
+                let stale = stale(self);
                 denial.authorization = Some(if stale.is_some() {
                     PendingAuthorization::Stale
                 } else {
@@ -405,7 +397,7 @@ impl Gate {
             return self.deny(denial, record, now);
         }
         if !in_catalog {
-            denial.reason = DenialReason::UnknownTool;
+            let denial = self.denial(tool, &scopes, DenialReason::UnknownTool);
             return self.deny(denial, false, now);
         }
         if !gated {
@@ -440,14 +432,28 @@ impl Gate {
                 credential_scopes: scopes.into_iter().collect(),
             };
         }
-        match stale {
-            Some(approved) => {
-                denial.reason = DenialReason::AuthorizationStale;
-                denial.approved_epoch = Some(approved);
-            }
-            None => denial.reason = DenialReason::AuthorizationRequired,
+        let mut denial = self.denial(tool, &scopes, DenialReason::AuthorizationRequired);
+        if let Some(approved) = stale(self) {
+            denial.reason = DenialReason::AuthorizationStale;
+            denial.approved_epoch = Some(approved);
         }
         self.deny(denial, true, now)
+    }
+
+    /// A refusal of `tool` as things stand (built only when a call is refused: a forwarded
+    /// call allocates none of it).
+    fn denial(&self, tool: &str, scopes: &BTreeSet<String>, reason: DenialReason) -> Denial {
+        let catalog = self.current.as_ref().and_then(|c| c.catalog.as_ref());
+        Denial {
+            reason,
+            tool: tool.to_owned(),
+            approved_epoch: None,
+            current_epoch: self.current.as_ref().map(|c| c.epoch.clone()),
+            host_catalog: self.host_catalog.clone(),
+            current_catalog: catalog.map(|(revision, _)| revision.clone()),
+            credential_scopes: scopes.iter().cloned().collect(),
+            authorization: None,
+        }
     }
 
     fn deny(&mut self, denial: Denial, record_request: bool, now: u64) -> CallDecision {
