@@ -313,6 +313,16 @@ mod tests {
         }
     }
 
+    /// Everything under `root`, nothing ignored (the tests that run a real watcher).
+    fn watching(root: &Path) -> WatchPlan {
+        WatchPlan {
+            roots: vec![(root.to_path_buf(), true)],
+            ignore_dirs: vec![],
+            ignore: GlobSetBuilder::new().build().unwrap(),
+            package_root: root.to_path_buf(),
+        }
+    }
+
     #[test]
     fn noise_is_filtered() {
         let p = plan(&["*.log", "fixtures/**"]);
@@ -344,12 +354,7 @@ mod tests {
         let root = dir.path().canonicalize().unwrap();
         let mut lost = 0;
         for i in 0..5 {
-            let p = WatchPlan {
-                roots: vec![(root.clone(), true)],
-                ignore_dirs: vec![],
-                ignore: GlobSetBuilder::new().build().unwrap(),
-                package_root: root.clone(),
-            };
+            let p = watching(&root);
             let (tx, rx) = unbounded();
             let w = start(p, Duration::from_millis(150), move |s| {
                 let _ = tx.send(s);
@@ -376,12 +381,7 @@ mod tests {
     fn debounces_a_burst_into_one_batch() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().canonicalize().unwrap();
-        let p = WatchPlan {
-            roots: vec![(root.clone(), true)],
-            ignore_dirs: vec![],
-            ignore: GlobSetBuilder::new().build().unwrap(),
-            package_root: root.clone(),
-        };
+        let p = watching(&root);
         let (tx, rx) = unbounded();
         let _w = start(p, Duration::from_millis(150), move |s| {
             let _ = tx.send((s, Instant::now()));

@@ -180,19 +180,18 @@ impl Shell {
         } else {
             self.host_out.send(line)
         };
-        if let Err(full) = sent {
-            self.report_drop(
-                &full,
-                "the host is not reading its stdin",
-                self.host_out.limit(),
-            );
-        }
+        self.report_host_refusal(sent);
     }
 
     /// [`Shell::send_host_now`] without the write: the caller pumps `host_out` after the lines
     /// it queues.
     fn queue_host(&mut self, line: Vec<u8>, droppable: bool) {
-        if let Err(full) = self.host_out.queue(line, droppable) {
+        let queued = self.host_out.queue(line, droppable);
+        self.report_host_refusal(queued);
+    }
+
+    fn report_host_refusal(&self, sent: Result<(), outlet::Full>) {
+        if let Err(full) = sent {
             self.report_drop(
                 &full,
                 "the host is not reading its stdin",
@@ -285,15 +284,10 @@ impl Shell {
         }
         // The batch's host lines go out together: queued in order, then one `writev`.
         let host_lines = std::mem::take(&mut self.deferred_host);
-        let several = host_lines.len() > 1;
-        for (line, droppable) in host_lines {
-            if several {
+        if !host_lines.is_empty() {
+            for (line, droppable) in host_lines {
                 self.queue_host(line, droppable);
-            } else {
-                self.send_host_now(line, droppable);
             }
-        }
-        if several {
             self.host_out.pump();
         }
         r

@@ -45,6 +45,28 @@ fn only_notifications_are_droppable_whatever_their_member_order() {
     );
 }
 
+/// The host lists tools (id `host_id`), the server answers with `result` (raw JSON text):
+/// what the host is told, exactly one message.
+fn list_answered_with(h: &mut Harness, epoch: &str, host_id: &str, result: &str) -> Value {
+    h.io().to_child.clear();
+    h.s.handle(Event::HostLine(
+        format!(r#"{{"jsonrpc":"2.0","id":"{host_id}","method":"tools/list","params":{{}}}}"#)
+            .into_bytes(),
+    ));
+    let (_, forwarded) = h.io().to_child.pop_back().expect("forwarded to the server");
+    assert_eq!(forwarded["method"], "tools/list");
+    let ours = forwarded["id"].clone();
+    let before = h.io().to_host.len();
+    h.s.handle(Event::ChildLine {
+        epoch: epoch.to_string(),
+        line: format!(r#"{{"jsonrpc":"2.0","id":{ours},"result":{result}}}"#).into_bytes(),
+    });
+    let answers: Vec<Value> = h.io().to_host[before..].to_vec();
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(answers[0]["id"], host_id);
+    answers[0].clone()
+}
+
 /// Review of issue 15: a server's tools/list answer the supervisor cannot read (here `tools`
 /// named twice: the host's parser would pick one list, the supervisor none) never reaches the
 /// host unrecorded; the host gets an error instead.
@@ -54,26 +76,10 @@ fn an_unreadable_tool_list_is_not_forwarded() {
     h.initialize("2025-06-18");
     h.initialized();
     let epoch = h.current_epoch().unwrap();
-    h.io().to_child.clear();
-    h.s.handle(Event::HostLine(
-        br#"{"jsonrpc":"2.0","id":"list-1","method":"tools/list","params":{}}"#.to_vec(),
-    ));
-    let (_, forwarded) = h.io().to_child.pop_back().expect("forwarded to the server");
-    assert_eq!(forwarded["method"], "tools/list");
-    let ours = forwarded["id"].clone();
-    let line = format!(
-        r#"{{"jsonrpc":"2.0","id":{ours},"result":{{"tools":[],"tools":[{{"name":"evil","inputSchema":{{"type":"object"}}}}]}}}}"#
-    );
-    let before = h.io().to_host.len();
-    h.s.handle(Event::ChildLine {
-        epoch,
-        line: line.into_bytes(),
-    });
-    let answers: Vec<Value> = h.io().to_host[before..].to_vec();
-    assert_eq!(answers.len(), 1, "{answers:?}");
-    assert_eq!(answers[0]["id"], "list-1");
-    assert_eq!(answers[0]["error"]["data"]["error"], "invalid_response");
-    assert!(!answers[0].to_string().contains("evil"));
+    let bad = r#"{"tools":[],"tools":[{"name":"evil","inputSchema":{"type":"object"}}]}"#;
+    let answer = list_answered_with(&mut h, &epoch, "list-1", bad);
+    assert_eq!(answer["error"]["data"]["error"], "invalid_response");
+    assert!(!answer.to_string().contains("evil"));
 }
 
 /// A list answer byte-identical to the last one read is forwarded without being read again
@@ -86,29 +92,12 @@ fn a_known_list_is_passed_on_and_an_unreadable_one_after_it_is_still_refused() {
     let epoch = h.current_epoch().unwrap();
     let good = r#"{"tools":[{"name":"echo","inputSchema":{"type":"object"}}]}"#;
     let bad = r#"{"tools":[],"tools":[{"name":"evil","inputSchema":{"type":"object"}}]}"#;
-    let answer_with = |h: &mut Harness, n: u32, result: &str| -> Value {
-        h.io().to_child.clear();
-        h.s.handle(Event::HostLine(
-            format!(r#"{{"jsonrpc":"2.0","id":"list-{n}","method":"tools/list"}}"#).into_bytes(),
-        ));
-        let (_, forwarded) = h.io().to_child.pop_back().expect("forwarded to the server");
-        let ours = forwarded["id"].clone();
-        let before = h.io().to_host.len();
-        h.s.handle(Event::ChildLine {
-            epoch: epoch.clone(),
-            line: format!(r#"{{"jsonrpc":"2.0","id":{ours},"result":{result}}}"#).into_bytes(),
-        });
-        let answers: Vec<Value> = h.io().to_host[before..].to_vec();
-        assert_eq!(answers.len(), 1, "{answers:?}");
-        assert_eq!(answers[0]["id"], format!("list-{n}"));
-        answers[0].clone()
-    };
     for n in 1..=3 {
-        let a = answer_with(&mut h, n, good);
+        let a = list_answered_with(&mut h, &epoch, &format!("list-{n}"), good);
         assert_eq!(a["result"]["tools"][0]["name"], "echo", "{a}");
     }
-    let a = answer_with(&mut h, 4, bad);
+    let a = list_answered_with(&mut h, &epoch, "list-4", bad);
     assert_eq!(a["error"]["data"]["error"], "invalid_response", "{a}");
-    let a = answer_with(&mut h, 5, good);
+    let a = list_answered_with(&mut h, &epoch, "list-5", good);
     assert_eq!(a["result"]["tools"][0]["name"], "echo", "{a}");
 }
