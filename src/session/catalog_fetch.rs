@@ -183,16 +183,10 @@ impl<I: Io> Session<I> {
         // The same answer as last time, byte for byte: not even parsed again.
         let result_text = msg.result().map(|r| r.get());
         if self.host.list_pages.is_empty()
+            && self.is_known_list_result(msg.result())
             && let Some(known) = self.known_list.take()
         {
-            if known
-                .result_text
-                .as_deref()
-                .is_some_and(|t| Some(t) == result_text)
-            {
-                return self.show_known_list(known);
-            }
-            self.known_list = Some(known);
+            return self.show_known_list(known);
         }
         let Some((tools_text, next)) = envelope::list_result_parts(msg.result()) else {
             return;
