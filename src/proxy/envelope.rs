@@ -84,7 +84,7 @@ fn is_valid_id(raw: &str) -> bool {
 
 /// One JSON-RPC message: the line as received (forwarded byte for byte unless the supervisor
 /// edits a member), with where its members' values are.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Message {
     /// The message without its `\n`. Edits splice the new value in place.
     text: String,
@@ -339,6 +339,59 @@ impl Message {
             .unwrap_or(Value::Null)
     }
 
+    /// `line` read as this message with another numeric id in its place, without parsing it
+    /// (or copying it) again; the line back unless `line` is this message's text byte for byte but for a plain
+    /// non-negative integer where the id's value is.
+    ///
+    /// Exactly what [`Message::parse`] would return for `line`: this text was read as one JSON
+    /// object with each member once, and one value swapped for another valid value changes
+    /// neither that nor where any member is. A repeated `tools/list` answer of a large catalog
+    /// (hundreds of KB, the same but for the id) is then one comparison instead of a JSON walk.
+    pub fn with_other_id(&self, line: Vec<u8>) -> Result<Message, Vec<u8>> {
+        let Some(id) = self.id.clone() else {
+            return Err(line);
+        };
+        let text = self.text.as_bytes();
+        let (head, tail) = (&text[..id.start], &text[id.end..]);
+        let Some(digits) = line
+            .len()
+            .checked_sub(head.len() + tail.len())
+            .map(|n| &line[head.len()..head.len() + n])
+        else {
+            return Err(line);
+        };
+        let plain_integer = matches!(digits, [b'0'])
+            || (matches!(digits.first(), Some(b'1'..=b'9'))
+                && digits.len() <= 20
+                && digits.iter().all(u8::is_ascii_digit));
+        if !plain_integer || !line.starts_with(head) || !line.ends_with(tail) {
+            return Err(line);
+        }
+        let new_id = id.start..id.start + digits.len();
+        let text = String::from_utf8(line).map_err(|e| e.into_bytes())?;
+        let moved = |span: &Option<Span>| {
+            span.clone().map(|r| {
+                if r.start >= id.end {
+                    r.start + new_id.end - id.end..r.end + new_id.end - id.end
+                } else {
+                    r
+                }
+            })
+        };
+        let id_raw = RawValue::from_string(text[new_id.clone()].to_owned())
+            .expect("a plain integer is valid JSON");
+        Ok(Message {
+            id_raw: Some(id_raw),
+            params: moved(&self.params),
+            result: moved(&self.result),
+            id: Some(new_id),
+            text,
+            has_error: self.has_error,
+            method: self.method.clone(),
+            kind: self.kind.clone(),
+        })
+    }
+
     pub fn set_id(&mut self, id: RawId) {
         let at = self.splice(Member::Id, id.get());
         self.id = Some(at);
@@ -418,6 +471,24 @@ impl Message {
         shift(&mut self.params);
         shift(&mut self.result);
         start..start + value.len()
+    }
+
+    /// [`Message::to_line`] with `id` in place of the id: one copy of the text, where
+    /// [`Message::set_id`] then `to_line` moves everything after the id and copies it again
+    /// (a large answer on its way back to the host).
+    pub fn to_line_with_id(&self, id: &RawValue) -> Vec<u8> {
+        let Some(at) = self.id.clone() else {
+            let mut with = self.clone();
+            with.set_id(id.to_owned());
+            return with.to_line();
+        };
+        let text = self.text.as_bytes();
+        let mut out = Vec::with_capacity(text.len() - at.len() + id.get().len() + 1);
+        out.extend_from_slice(&text[..at.start]);
+        out.extend_from_slice(id.get().as_bytes());
+        out.extend_from_slice(&text[at.end..]);
+        out.push(b'\n');
+        out
     }
 
     /// One line, terminated by `\n`.
@@ -761,6 +832,19 @@ mod tests {
 
         /// A JSON object line built from optional members, in a random order, sometimes with a
         /// duplicated key, `\r`, or trailing garbage.
+        /// Two readings of a message agree on everything the session can ask of it.
+        fn same_reading(a: &Message, b: &Message) -> Result<(), TestCaseError> {
+            prop_assert_eq!(a.to_line(), b.to_line());
+            prop_assert_eq!(a.kind(), b.kind());
+            prop_assert_eq!(a.method(), b.method());
+            prop_assert_eq!(a.id().map(|i| i.get()), b.id().map(|i| i.get()));
+            prop_assert_eq!(a.params(), b.params());
+            prop_assert_eq!(a.result(), b.result());
+            prop_assert_eq!(a.is_error(), b.is_error());
+            prop_assert_eq!(&a.id, &b.id);
+            Ok(())
+        }
+
         fn shaped_line() -> impl Strategy<Value = Vec<u8>> {
             (
                 prop_oneof![
@@ -877,6 +961,54 @@ mod tests {
             #[test]
             fn arbitrary_bytes_never_panic(line in proptest::collection::vec(any::<u8>(), 0..256)) {
                 check(&line);
+            }
+
+            /// A line recognised as a known message with another id is read exactly as a full
+            /// parse reads it, and a line changed anywhere but in the id, or given an id that is
+            /// not a plain integer, is left to the full parse.
+            #[test]
+            fn a_known_shape_reads_as_a_parse_would(
+                line in shaped_line(),
+                host_id in prop_oneof![Just(None), any::<u32>().prop_map(|n| Some(n.to_string())), Just(Some(r#""h-1""#.to_string()))],
+                new_id in prop_oneof![any::<u64>().prop_map(|n| n.to_string()), Just("0".to_string()), Just("007".to_string()), Just("-1".to_string()), Just("1.5".to_string()), Just(r#""7""#.to_string()), Just(String::new())],
+                edit in any::<prop::sample::Index>(),
+                edit_byte in any::<u8>(),
+            ) {
+                let Ok(mut template) = Message::parse(&line) else { return Ok(()) };
+                if template.id().is_none() {
+                    return Ok(());
+                }
+                if let Some(h) = host_id {
+                    // The session keeps the answer as it went to the host, with the host's id.
+                    template.set_id(RawValue::from_string(h).unwrap());
+                }
+                // The line for the host with its id put in: as an edit then a copy would be.
+                let host = RawValue::from_string(r#""h-2""#.to_string()).unwrap();
+                let mut edited = template.clone();
+                edited.set_id(host.clone());
+                prop_assert_eq!(template.to_line_with_id(&host), edited.to_line());
+                let span = template.id.clone().unwrap();
+                let mut other = template.text.as_bytes()[..span.start].to_vec();
+                other.extend_from_slice(new_id.as_bytes());
+                other.extend_from_slice(&template.text.as_bytes()[span.end..]);
+                let plain = new_id == "0" || (!new_id.starts_with('0') && !new_id.is_empty() && new_id.bytes().all(|b| b.is_ascii_digit()));
+                let seen = template.with_other_id(other.clone());
+                prop_assert_eq!(seen.is_ok(), plain, "{}", String::from_utf8_lossy(&other));
+                if let Ok(seen) = seen {
+                    same_reading(&seen, &Message::parse(&other).unwrap())?;
+                }
+                // Any other change of one byte: refused, or (a change inside the id's digits) still
+                // exactly a parse's reading.
+                let mut edited = other.clone();
+                let at = edit.index(edited.len());
+                if edited[at] == edit_byte {
+                    return Ok(());
+                }
+                edited[at] = edit_byte;
+                match template.with_other_id(edited.clone()) {
+                    Ok(seen) => same_reading(&seen, &Message::parse(&edited).unwrap())?,
+                    Err(back) => prop_assert_eq!(back, edited),
+                }
             }
 
             /// Arbitrary text around JSON-RPC keys never panics.

@@ -26,11 +26,19 @@ pub enum Frame {
 pub struct LineReader<R> {
     inner: R,
     max: usize,
+    /// Length of the last line that did not fit in the reader's buffer: the next such line
+    /// starts with that much room instead of being copied at every doubling (a large
+    /// `tools/list` answer, hundreds of KB, usually comes again at the same size).
+    last_long: usize,
 }
 
 impl<R: BufRead> LineReader<R> {
     pub fn new(inner: R, max: usize) -> Self {
-        LineReader { inner, max }
+        LineReader {
+            inner,
+            max,
+            last_long: 0,
+        }
     }
 
     /// The next non-blank frame.
@@ -40,6 +48,7 @@ impl<R: BufRead> LineReader<R> {
             let mut len = 0usize;
             let mut oversize = false;
             let mut saw_any = false;
+            let mut long = false;
             loop {
                 let buf = match self.inner.fill_buf() {
                     Ok(b) => b,
@@ -57,6 +66,10 @@ impl<R: BufRead> LineReader<R> {
                     Some(i) => (&buf[..i], Some(i + 1)),
                     None => (buf, None),
                 };
+                if done.is_none() && line.is_empty() && !oversize {
+                    long = true;
+                    line.reserve(self.last_long.max(2 * chunk.len()).min(self.max));
+                }
                 len += chunk.len();
                 if !oversize && line.len() + chunk.len() > self.max {
                     oversize = true;
@@ -76,6 +89,9 @@ impl<R: BufRead> LineReader<R> {
             }
             if oversize {
                 return Ok(Frame::Oversize { prefix: line, len });
+            }
+            if long {
+                self.last_long = line.len();
             }
             if line.last() == Some(&b'\r') {
                 line.pop();

@@ -163,8 +163,6 @@ impl<I: Io> Session<I> {
         }
     }
 
-    /// A `tools/list` answer of the server reached the host: merge its pages, and when the last
-    /// one passed, that is what this host connection now holds.
     /// Whether a `tools/list` result is, byte for byte, the last one-page list read: readable,
     /// without reading its tools again (a 1,000-tool answer takes ~0.4 ms to read, and a host
     /// lists the same catalog again and again).
@@ -176,14 +174,17 @@ impl<I: Io> Session<I> {
         matches!((known, result), (Some(k), Some(r)) if k == r.get())
     }
 
-    pub(super) fn observe_host_list(&mut self, msg: &Message) {
+    /// A `tools/list` answer of the server reached the host: merge its pages, and when the last
+    /// one passed, that is what this host connection now holds. `known`: the answer's result
+    /// is [`Session::is_known_list_result`] (the caller compared it before forwarding).
+    pub(super) fn observe_host_list(&mut self, msg: &Message, known: bool) {
         if msg.is_error() {
             return;
         }
         // The same answer as last time, byte for byte: not even parsed again.
         let result_text = msg.result().map(|r| r.get());
         if self.host.list_pages.is_empty()
-            && self.is_known_list_result(msg.result())
+            && known
             && let Some(known) = self.known_list.take()
         {
             return self.show_known_list(known);

@@ -12,13 +12,21 @@ use crate::audit::records;
 use crate::proxy::envelope::{self, Kind, Message};
 
 impl<I: Io> Session<I> {
-    pub(super) fn on_child_line(&mut self, epoch: &str, line: &[u8]) {
+    pub(super) fn on_child_line(&mut self, epoch: &str, line: Vec<u8>) {
         if self.current_epoch() != Some(epoch) {
             return; // late output of a replaced child
         }
-        let msg = match Message::parse(line) {
+        // The last list answer again, but for its id: not read a second time (large catalogs).
+        let known = match &self.list_answer {
+            Some(last) => last.with_other_id(line),
+            None => Err(line),
+        };
+        let msg = match known {
             Ok(m) => m,
-            Err(_) => return self.on_child_garbage(epoch, line),
+            Err(line) => match Message::parse(&line) {
+                Ok(m) => m,
+                Err(_) => return self.on_child_garbage(epoch, &line),
+            },
         };
         match msg.kind() {
             Kind::Response => self.on_child_response(epoch, msg),
@@ -209,9 +217,13 @@ impl<I: Io> Session<I> {
                 if method == "subscriptions/listen" {
                     self.listens.retain(|l| l.host_id.get() != host_id.get());
                 }
+                // Compared once: the answer is the list the host was last shown, byte for byte.
+                let known_list = method == "tools/list"
+                    && !msg.is_error()
+                    && self.is_known_list_result(msg.result());
                 if method == "tools/list"
                     && !msg.is_error()
-                    && !self.is_known_list_result(msg.result())
+                    && !known_list
                     && envelope::list_result_parts(msg.result()).is_none()
                 {
                     // A list we cannot read (not an object, `tools` named twice…) would reach
@@ -257,14 +269,17 @@ impl<I: Io> Session<I> {
                     });
                     msg.set_result(&result);
                 }
-                msg.set_id(host_id);
-                self.send_host(&msg);
+                // Sent with the host's id; `msg` keeps the server's (one copy of a large answer).
+                self.io.to_host(msg.to_line_with_id(&host_id));
                 if let Some(record) = result_record {
                     self.audit_record(audit::TOOL_RESULT, Some(epoch), record);
                 }
                 if method == "tools/list" {
                     // Forwarded first: what the host was shown is worked out after.
-                    self.observe_host_list(&msg);
+                    self.observe_host_list(&msg, known_list);
+                    if !msg.is_error() {
+                        self.list_answer = Some(msg);
+                    }
                 }
             }
             Pending::Handshake { answer, modern, .. } => {

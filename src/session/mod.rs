@@ -368,6 +368,9 @@ pub struct Session<I: Io> {
     host: HostConnection,
     listens: Vec<Listen>,
     known_list: Option<KnownList>,
+    /// The last `tools/list` answer the host was sent, as sent: the same answer again with
+    /// another id is recognised by comparison instead of a parse ([`Message::with_other_id`]).
+    list_answer: Option<crate::proxy::envelope::Message>,
     /// Inside [`Session::handle_batch`]: calls forwarded (our ids), still only held by the shell.
     in_batch: bool,
     batch_calls: Vec<u64>,
@@ -414,6 +417,7 @@ impl<I: Io> Session<I> {
             host: HostConnection::default(),
             listens: Vec::new(),
             known_list: None,
+            list_answer: None,
             in_batch: false,
             batch_calls: Vec::new(),
             pending_list_text: None,
@@ -519,7 +523,7 @@ impl<I: Io> Session<I> {
             Event::HostLine(line) => self.on_host_line(&line),
             Event::HostOversize { prefix, len } => self.on_host_oversize(&prefix, len),
             Event::HostEof => self.shutdown("the host closed stdin"),
-            Event::ChildLine { epoch, line } => self.on_child_line(&epoch, &line),
+            Event::ChildLine { epoch, line } => self.on_child_line(&epoch, line),
             Event::ChildOversize { epoch, prefix, len } => {
                 self.on_child_oversize(&epoch, &prefix, len)
             }
