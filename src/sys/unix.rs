@@ -154,6 +154,19 @@ pub fn peer_uid(_stream: &std::os::unix::net::UnixStream) -> Option<u32> {
     Some(current_uid())
 }
 
+/// Room for a whole large message in a pipe (1 MiB, the default unprivileged maximum), so a
+/// 400 KB `tools/list` answer crosses in one write and one wake-up instead of six 64 KiB
+/// rounds. Best effort: nothing changes for a descriptor that is not a pipe, where the user's
+/// pipe quota is spent, or on a platform that cannot resize pipes. The kernel takes pages for
+/// the room only as data fills it.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub fn widen_pipe(fd: impl std::os::fd::AsFd) {
+    let _ = rustix::pipe::fcntl_setpipe_size(fd, 1 << 20);
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+pub fn widen_pipe(_fd: impl std::os::fd::AsFd) {}
+
 /// The pid of the process at the other end of a local socket, where the platform says.
 #[cfg(any(target_os = "linux", target_os = "android"))]
 pub fn peer_pid(stream: &std::os::unix::net::UnixStream) -> Option<u32> {
@@ -237,5 +250,30 @@ mod tests {
         // Not a terminal: nothing saved, nothing done.
         let (r, _w) = std::io::pipe().unwrap();
         drop(TerminalModes::of(r.into()));
+    }
+
+    /// A pipe is widened so a 400 KB message fits whole, and the data in it is kept; a file
+    /// is left as it is, without an error.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    #[test]
+    fn pipes_are_widened_and_other_descriptors_left_alone() {
+        use std::io::{Read, Write};
+        let (mut r, mut w) = std::io::pipe().unwrap();
+        let before = rustix::pipe::fcntl_getpipe_size(&w).unwrap();
+        w.write_all(b"kept").unwrap();
+        widen_pipe(&w);
+        let after = rustix::pipe::fcntl_getpipe_size(&r).unwrap();
+        assert!(
+            after >= 1 << 20,
+            "{before} -> {after} (is the user's pipe quota, fs.pipe-user-pages-soft, spent?)"
+        );
+        // A whole large answer fits without a reader.
+        w.write_all(&vec![b'x'; 400_000]).unwrap();
+        drop(w);
+        let mut got = Vec::new();
+        r.read_to_end(&mut got).unwrap();
+        assert!(got.starts_with(b"kept"));
+        let file = tempfile::tempfile().unwrap();
+        widen_pipe(&file);
     }
 }
