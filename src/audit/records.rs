@@ -210,6 +210,47 @@ impl ToolResult {
     }
 }
 
+impl CatalogPresented {
+    /// As [`ToolCalled::canonical`]: a host lists the same catalog again and again, and each
+    /// presentation is recorded.
+    pub fn canonical(&self) -> RecordData {
+        let mut out = Vec::with_capacity(256);
+        out.extend_from_slice(b"{\"connection\":");
+        crate::canonical::write_str(&self.connection, &mut out);
+        out.extend_from_slice(b",\"digest\":");
+        opt_str(self.digest.as_deref(), &mut out);
+        let mut optional = |name: &[u8], value: Option<&str>| {
+            if let Some(v) = value {
+                out.extend_from_slice(name);
+                crate::canonical::write_str(v, &mut out);
+            }
+        };
+        optional(b",\"recordedEpoch\":", self.recorded_epoch.as_deref());
+        optional(b",\"recordedIdentity\":", self.recorded_identity.as_deref());
+        out.extend_from_slice(b",\"revision\":");
+        opt_u64(self.revision, &mut out);
+        out.extend_from_slice(b",\"source\":");
+        crate::canonical::write_str(&self.source, &mut out);
+        if let Some(tool) = &self.tool {
+            out.extend_from_slice(b",\"tool\":");
+            crate::canonical::write_str(tool, &mut out);
+        }
+        if let Some(n) = self.tools {
+            out.extend_from_slice(b",\"tools\":");
+            opt_u64(Some(n), &mut out);
+        }
+        out.push(b'}');
+        RecordData::Canonical(out)
+    }
+}
+
+fn opt_u64(n: Option<u64>, out: &mut Vec<u8>) {
+    match n {
+        Some(n) => out.extend_from_slice(n.to_string().as_bytes()),
+        None => out.extend_from_slice(b"null"),
+    }
+}
+
 fn opt_str(s: Option<&str>, out: &mut Vec<u8>) {
     match s {
         Some(s) => crate::canonical::write_str(s, out),
@@ -283,21 +324,34 @@ mod tests {
             let called = ToolCalled {
                 call_id: id.clone(),
                 tool: tool.clone(),
-                grant,
-                grant_kind,
+                grant: grant.clone(),
+                grant_kind: grant_kind.clone(),
                 credential_scopes: scopes,
-                arguments_digest: digest,
+                arguments_digest: digest.clone(),
                 shown_revision: revision,
             };
             proptest::prop_assert_eq!(
                 encoded(called.canonical().unwrap()),
                 generic(&data(&called))
             );
-            let result = ToolResult { call_id: id, tool, is_error, duration_ms: duration };
+            let result = ToolResult { call_id: id, tool: tool.clone(), is_error, duration_ms: duration };
             proptest::prop_assert_eq!(
                 encoded(result.canonical().unwrap()),
                 generic(&data(&result))
             );
+            // Whole catalogs (tools counted) and single definitions (one tool named), with or
+            // without the recorded catalog's provenance.
+            let presented = CatalogPresented {
+                connection: tool.clone(),
+                source: grant.clone().unwrap_or_default(),
+                digest: digest.clone(),
+                revision,
+                tools: duration,
+                tool: is_error.then(|| tool.clone()),
+                recorded_epoch: grant_kind.clone(),
+                recorded_identity: digest.clone().filter(|_| is_error),
+            };
+            proptest::prop_assert_eq!(encoded(presented.canonical()), generic(&data(&presented)));
         }
     }
 

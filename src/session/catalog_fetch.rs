@@ -265,13 +265,17 @@ impl<I: Io> Session<I> {
             self.host.shown_whole = Some(view);
         }
         let epoch = self.current_epoch().map(str::to_string);
-        let mut data = json!({"connection": self.agent_run, "source": source, "digest": shown.digest(),
-                               "revision": revision, "tools": shown.len()});
-        if let Some((from_epoch, identity)) = provenance {
-            data["recordedEpoch"] = json!(from_epoch);
-            data["recordedIdentity"] = json!(identity);
-        }
-        self.audit_record(audit::CATALOG_PRESENTED, epoch.as_deref(), data);
+        let data = crate::audit::records::CatalogPresented {
+            connection: self.agent_run.to_string(),
+            source: source.to_string(),
+            digest: Some(shown.digest().to_string()),
+            revision,
+            tools: Some(shown.len() as u64),
+            tool: None,
+            recorded_epoch: provenance.map(|(e, _)| e.to_string()),
+            recorded_identity: provenance.map(|(_, i)| i.to_string()),
+        };
+        self.audit_record(audit::CATALOG_PRESENTED, epoch.as_deref(), data.canonical());
         changed
     }
 }
