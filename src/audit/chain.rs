@@ -138,27 +138,21 @@ impl Record {
 
     fn body_with_data(&self, data: &[u8]) -> Vec<u8> {
         let mut out = Vec::with_capacity(data.len() + 256);
-        out.extend_from_slice(b"{\"data\":");
-        out.extend_from_slice(data);
-        out.extend_from_slice(b",\"epoch\":");
-        match &self.epoch {
-            Some(epoch) => crate::canonical::write_str(epoch, &mut out),
-            None => out.extend_from_slice(b"null"),
-        }
-        out.extend_from_slice(b",\"prev\":");
-        crate::canonical::write_str(&self.prev, &mut out);
-        out.extend_from_slice(b",\"run\":");
-        crate::canonical::write_str(&self.run, &mut out);
-        out.extend_from_slice(b",\"seq\":");
-        write_u64(self.seq, &mut out);
-        out.extend_from_slice(b",\"time\":");
-        crate::canonical::write_str(&self.time, &mut out);
-        out.extend_from_slice(b",\"type\":");
-        crate::canonical::write_str(&self.record_type, &mut out);
-        out.extend_from_slice(b",\"v\":");
-        write_u64(self.v, &mut out);
-        out.push(b'}');
+        self.header().body_into(data, &mut out);
         out
+    }
+
+    /// The fields around `data` and the seal, borrowed: what [`Header`] renders.
+    fn header(&self) -> Header<'_> {
+        Header {
+            v: self.v,
+            seq: self.seq,
+            time: &self.time,
+            record_type: &self.record_type,
+            run: &self.run,
+            epoch: self.epoch.as_deref(),
+            prev: &self.prev,
+        }
     }
 
     /// The hash this record should carry: hex SHA-256 of [`Record::canonical_body`].
@@ -183,12 +177,16 @@ impl Record {
     /// As [`Record::seal_to_line`] with `data` given as its canonical encoding (`self.data` is
     /// not read): the per-call records are encoded straight from their typed fields.
     pub(crate) fn seal_encoded_to_line(&mut self, key: &AuditKey, data: &[u8]) -> Vec<u8> {
-        let digest = Sha256::digest(self.body_with_data(data));
-        self.hash = crate::hashing::hex_lower(digest);
-        let mut mac = key.hmac();
-        mac.update(&digest);
-        self.mac = crate::hashing::hex_lower(mac.finalize().into_bytes());
-        self.line_with_data(data)
+        let mut line = Vec::with_capacity(data.len() + 400);
+        let (hash, mac) = self.header().seal_into(
+            key,
+            data,
+            &mut Vec::with_capacity(data.len() + 256),
+            &mut line,
+        );
+        self.hash = hash.as_str().to_string();
+        self.mac = mac.as_str().to_string();
+        line
     }
 
     /// The record's line, without the trailing `\n` (see the module doc for the field order).
@@ -200,31 +198,116 @@ impl Record {
 
     fn line_with_data(&self, data: &[u8]) -> Vec<u8> {
         let mut out = Vec::with_capacity(data.len() + 400);
-        out.extend_from_slice(b"{\"v\":");
-        write_u64(self.v, &mut out);
-        out.extend_from_slice(b",\"seq\":");
-        write_u64(self.seq, &mut out);
-        out.extend_from_slice(b",\"time\":");
-        crate::canonical::write_str(&self.time, &mut out);
-        out.extend_from_slice(b",\"type\":");
-        crate::canonical::write_str(&self.record_type, &mut out);
-        out.extend_from_slice(b",\"run\":");
-        crate::canonical::write_str(&self.run, &mut out);
+        self.header()
+            .line_into(data, &self.hash, &self.mac, &mut out);
+        out
+    }
+}
+
+/// A record's fields other than `data`, `hash` and `mac`, borrowed: the one renderer of both
+/// the hashed body and the line, for [`Record`] and for the writer, which seals from the log's
+/// own buffers without a [`Record`] (no string per field per record, two records per call).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Header<'a> {
+    pub v: u64,
+    pub seq: u64,
+    pub time: &'a str,
+    pub record_type: &'a str,
+    pub run: &'a str,
+    pub epoch: Option<&'a str>,
+    pub prev: &'a str,
+}
+
+/// A record hash or MAC in lowercase hex, on the stack.
+pub(crate) struct Hex64([u8; 64]);
+
+impl Hex64 {
+    fn of(bytes: &[u8]) -> Hex64 {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 64];
+        for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
+            pair[0] = DIGITS[(b >> 4) as usize];
+            pair[1] = DIGITS[(b & 0x0f) as usize];
+        }
+        Hex64(out)
+    }
+
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("hex digits are ASCII")
+    }
+}
+
+impl Header<'_> {
+    /// Appends the canonical encoding that `hash` covers (see the module doc).
+    fn body_into(&self, data: &[u8], out: &mut Vec<u8>) {
+        out.extend_from_slice(b"{\"data\":");
+        out.extend_from_slice(data);
         out.extend_from_slice(b",\"epoch\":");
-        match &self.epoch {
-            Some(epoch) => crate::canonical::write_str(epoch, &mut out),
+        match self.epoch {
+            Some(epoch) => crate::canonical::write_str(epoch, out),
             None => out.extend_from_slice(b"null"),
         }
         out.extend_from_slice(b",\"prev\":");
-        crate::canonical::write_str(&self.prev, &mut out);
+        crate::canonical::write_str(self.prev, out);
+        out.extend_from_slice(b",\"run\":");
+        crate::canonical::write_str(self.run, out);
+        out.extend_from_slice(b",\"seq\":");
+        write_u64(self.seq, out);
+        out.extend_from_slice(b",\"time\":");
+        crate::canonical::write_str(self.time, out);
+        out.extend_from_slice(b",\"type\":");
+        crate::canonical::write_str(self.record_type, out);
+        out.extend_from_slice(b",\"v\":");
+        write_u64(self.v, out);
+        out.push(b'}');
+    }
+
+    /// Appends the record's line, without its `\n` (see the module doc for the field order).
+    fn line_into(&self, data: &[u8], hash: &str, mac: &str, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"{\"v\":");
+        write_u64(self.v, out);
+        out.extend_from_slice(b",\"seq\":");
+        write_u64(self.seq, out);
+        out.extend_from_slice(b",\"time\":");
+        crate::canonical::write_str(self.time, out);
+        out.extend_from_slice(b",\"type\":");
+        crate::canonical::write_str(self.record_type, out);
+        out.extend_from_slice(b",\"run\":");
+        crate::canonical::write_str(self.run, out);
+        out.extend_from_slice(b",\"epoch\":");
+        match self.epoch {
+            Some(epoch) => crate::canonical::write_str(epoch, out),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"prev\":");
+        crate::canonical::write_str(self.prev, out);
         out.extend_from_slice(b",\"data\":");
         out.extend_from_slice(data);
         out.extend_from_slice(b",\"hash\":");
-        crate::canonical::write_str(&self.hash, &mut out);
+        crate::canonical::write_str(hash, out);
         out.extend_from_slice(b",\"mac\":");
-        crate::canonical::write_str(&self.mac, &mut out);
+        crate::canonical::write_str(mac, out);
         out.push(b'}');
-        out
+    }
+
+    /// Seals the record and appends its line to `line` (`body` is scratch space, cleared
+    /// first); returns the record's hash and MAC.
+    pub(crate) fn seal_into(
+        &self,
+        key: &AuditKey,
+        data: &[u8],
+        body: &mut Vec<u8>,
+        line: &mut Vec<u8>,
+    ) -> (Hex64, Hex64) {
+        body.clear();
+        self.body_into(data, body);
+        let digest = Sha256::digest(&body[..]);
+        let mut mac = key.hmac();
+        mac.update(&digest);
+        let hash = Hex64::of(&digest);
+        let mac = Hex64::of(&mac.finalize().into_bytes());
+        self.line_into(data, hash.as_str(), mac.as_str(), line);
+        (hash, mac)
     }
 }
 

@@ -79,12 +79,12 @@
 
 use super::AuditError;
 use super::chain::{
-    AuditKey, FORMAT_VERSION, GENESIS_PREV, MacChecker, Record, RecordData, anchor_mac,
-    verify_anchor_mac,
+    AuditKey, FORMAT_VERSION, GENESIS_PREV, Header, Hex64, MacChecker, Record, RecordData,
+    anchor_mac, verify_anchor_mac,
 };
 use super::keys::{self, Anchor, AnchorFile, KeyStore};
 use super::scan::{self, Expect, Last};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
@@ -206,6 +206,8 @@ pub struct AuditLog {
     /// nothing more is written to it.
     poisoned: Option<String>,
     clock: RecordClock,
+    /// Scratch space for the hashed body of the record being sealed.
+    body: Vec<u8>,
 }
 
 /// The `time` of records: RFC 3339, UTC, milliseconds. The text up to the second is kept and
@@ -215,14 +217,16 @@ struct RecordClock {
     second: u64,
     /// `2025-06-01T12:00:00.` for `second`; empty before the first stamp.
     prefix: String,
+    /// The last stamp (reused: no string per record).
+    stamp: String,
 }
 
 impl RecordClock {
-    fn now(&mut self) -> String {
+    fn now(&mut self) -> &str {
         self.stamp(SystemTime::now())
     }
 
-    fn stamp(&mut self, t: SystemTime) -> String {
+    fn stamp(&mut self, t: SystemTime) -> &str {
         let since = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         if self.prefix.is_empty() || since.as_secs() != self.second {
             let full = humantime::format_rfc3339_millis(t).to_string();
@@ -231,13 +235,13 @@ impl RecordClock {
             self.second = since.as_secs();
         }
         let ms = since.subsec_millis();
-        let mut out = String::with_capacity(self.prefix.len() + 4);
-        out.push_str(&self.prefix);
+        self.stamp.clear();
+        self.stamp.push_str(&self.prefix);
         for d in [ms / 100, ms / 10 % 10, ms % 10] {
-            out.push(char::from(b'0' + d as u8));
+            self.stamp.push(char::from(b'0' + d as u8));
         }
-        out.push('Z');
-        out
+        self.stamp.push('Z');
+        &self.stamp
     }
 }
 
@@ -318,6 +322,7 @@ impl AuditLog {
             rotatable: false,
             poisoned: None,
             clock: RecordClock::default(),
+            body: Vec::with_capacity(1 << 10),
         };
         match log.read_tail() {
             Ok(()) => Ok(log),
@@ -354,53 +359,72 @@ impl AuditLog {
             }
             RecordData::Canonical(bytes) => bytes,
         };
-        let mut record = Record {
-            v: FORMAT_VERSION,
-            seq: 0,
-            time: self.clock.now(),
-            record_type: record_type.to_owned(),
-            run: run.to_owned(),
-            epoch: epoch.map(str::to_owned),
-            prev: String::new(),
-            // Not read: the line is sealed from `data`'s encoding.
-            data: Value::Null,
-            hash: String::new(),
-            mac: String::new(),
-        };
         loop {
-            let line = self.seal(&mut record, &data);
+            let at = self.batch.len();
+            let (seq, hash) = self.seal(record_type, run, epoch, &data);
             if self.opts.max_segment_bytes > 0
                 && self.rotatable
-                && self.len + (self.batch.len() + line.len() + 1) as u64
-                    > self.opts.max_segment_bytes
+                && self.len + self.batch.len() as u64 > self.opts.max_segment_bytes
             {
+                // Sealed onto the head the new segment will not continue: sealed again there.
+                self.batch.truncate(at);
                 self.rotate()?;
                 continue;
             }
-            self.push(line, record.seq, &record.hash);
+            self.set_head(seq, hash.as_str());
             self.rotatable = true;
             return Ok(AppendedRecord {
-                seq: record.seq,
-                hash: record.hash,
+                seq,
+                hash: hash.as_str().to_string(),
             });
         }
     }
 
-    /// Sets seq and prev from the head, seals, renders.
-    fn seal(&self, record: &mut Record, data: &[u8]) -> Vec<u8> {
-        let (seq, prev) = match &self.head {
-            Some((seq, hash)) => (seq + 1, hash.clone()),
-            None => (1, GENESIS_PREV.to_owned()),
+    /// Seals a record onto the head and appends its line (with its `\n`) to the batch, from
+    /// the log's own buffers (no `Record`, no string per field); the head is not moved
+    /// ([`AuditLog::set_head`]).
+    fn seal(
+        &mut self,
+        record_type: &str,
+        run: &str,
+        epoch: Option<&str>,
+        data: &[u8],
+    ) -> (u64, Hex64) {
+        let AuditLog {
+            head,
+            batch,
+            body,
+            key,
+            clock,
+            ..
+        } = self;
+        let (seq, prev) = match head {
+            Some((seq, hash)) => (*seq + 1, hash.as_str()),
+            None => (1, GENESIS_PREV),
         };
-        record.seq = seq;
-        record.prev = prev;
-        record.seal_encoded_to_line(&self.key, data)
+        let header = Header {
+            v: FORMAT_VERSION,
+            seq,
+            time: clock.now(),
+            record_type,
+            run,
+            epoch,
+            prev,
+        };
+        let (hash, _mac) = header.seal_into(key, data, body, batch);
+        batch.push(b'\n');
+        (seq, hash)
     }
 
-    fn push(&mut self, line: Vec<u8>, seq: u64, hash: &str) {
-        self.batch.extend_from_slice(&line);
-        self.batch.push(b'\n');
-        self.head = Some((seq, hash.to_owned()));
+    fn set_head(&mut self, seq: u64, hash: &str) {
+        match &mut self.head {
+            Some((s, h)) => {
+                *s = seq;
+                h.clear();
+                h.push_str(hash);
+            }
+            None => self.head = Some((seq, hash.to_owned())),
+        }
     }
 
     /// Writes the batch with one `write` (see the module doc), fsyncs it under
@@ -581,26 +605,22 @@ impl AuditLog {
             .written
             .clone()
             .expect("a segment is only started after records");
-        let mut record = Record {
-            v: FORMAT_VERSION,
-            seq: 0,
-            time: self.clock.now(),
-            record_type: super::record_type::SEGMENT_STARTED.to_owned(),
-            run: super::recover::TOOL_RUN.to_owned(),
-            epoch: None,
-            prev: String::new(),
-            data: json!({
+        let mut data = Vec::new();
+        crate::audit::canonical_json(
+            &json!({
                 "previousSegment": scan::file_name(previous),
                 "previousSeq": seq,
                 "previousHash": hash,
             }),
-            hash: String::new(),
-            mac: String::new(),
-        };
-        let mut data = Vec::new();
-        crate::audit::canonical_json(&record.data, &mut data)?;
-        let line = self.seal(&mut record, &data);
-        self.push(line, record.seq, &record.hash);
+            &mut data,
+        )?;
+        let (seq, hash) = self.seal(
+            super::record_type::SEGMENT_STARTED,
+            super::recover::TOOL_RUN,
+            None,
+            &data,
+        );
+        self.set_head(seq, hash.as_str());
         self.rotatable = false;
         self.commit()?;
         if self.opts.fsync != FsyncPolicy::Never
