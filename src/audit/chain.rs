@@ -219,7 +219,20 @@ pub(crate) struct Header<'a> {
 }
 
 /// A record hash or MAC in lowercase hex, on the stack.
-pub(crate) struct Hex64([u8; 64]);
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Hex64([u8; 64]);
+
+impl fmt::Debug for Hex64 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Display for Hex64 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 impl Hex64 {
     fn of(bytes: &[u8]) -> Hex64 {

@@ -96,7 +96,7 @@ use std::time::{Duration, Instant, SystemTime};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AppendedRecord {
     pub seq: u64,
-    pub hash: String,
+    pub hash: Hex64,
 }
 
 /// When the writer asks the kernel to put the log on stable storage (see the module doc for
@@ -373,10 +373,7 @@ impl AuditLog {
             }
             self.set_head(seq, hash.as_str());
             self.rotatable = true;
-            return Ok(AppendedRecord {
-                seq,
-                hash: hash.as_str().to_string(),
-            });
+            return Ok(AppendedRecord { seq, hash });
         }
     }
 
@@ -522,7 +519,14 @@ impl AuditLog {
             Ok(n) if n == self.batch.len() => {
                 self.len += n as u64;
                 self.batch.clear();
-                self.written = self.head.clone();
+                // In place: no new string per write.
+                match (&mut self.written, &self.head) {
+                    (Some(w), Some(h)) => {
+                        w.0 = h.0;
+                        w.1.clone_from(&h.1);
+                    }
+                    (w, h) => *w = h.clone(),
+                }
                 return Ok(());
             }
             Ok(n) => std::io::Error::new(
@@ -985,8 +989,8 @@ mod tests {
         let r1 = Record::from_line(&l[0]).unwrap();
         let r2 = Record::from_line(&l[1]).unwrap();
         assert_eq!(r1.prev, GENESIS_PREV);
-        assert_eq!(r2.prev, a.hash);
-        assert_eq!(r2.hash, b.hash);
+        assert_eq!(r2.prev, a.hash.as_str());
+        assert_eq!(r2.hash, b.hash.as_str());
         assert_eq!(r2.epoch.as_deref(), Some("E1"));
         assert!(
             humantime::parse_rfc3339(&r2.time).is_ok() && r2.time.len() == 24,
@@ -996,7 +1000,7 @@ mod tests {
         let anchor = keys.read_anchor(&path).unwrap().unwrap();
         assert_eq!((anchor.seq, anchor.hash.as_str()), (2, b.hash.as_str()));
         let key = keys.load_key().unwrap();
-        assert!(verify_anchor_mac(&key, 2, &b.hash, &anchor.mac).unwrap());
+        assert!(verify_anchor_mac(&key, 2, b.hash.as_str(), &anchor.mac).unwrap());
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&path), 0o600);
         assert_eq!(mode(path.parent().unwrap()), 0o700);

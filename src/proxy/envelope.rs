@@ -174,6 +174,58 @@ impl<'de, K: serde::Deserialize<'de>> serde::Deserialize<'de> for Members<'de, K
     }
 }
 
+/// A message's top level as read: the members the proxy reads (borrowed raw values), whether
+/// one of them was named twice, and whether it has an `error`. No list of every member: the
+/// others are skipped as they are read.
+#[derive(Default)]
+struct TopLevel<'a> {
+    jsonrpc: Option<&'a RawValue>,
+    id: Option<&'a RawValue>,
+    method: Option<&'a RawValue>,
+    params: Option<&'a RawValue>,
+    result: Option<&'a RawValue>,
+    has_error: bool,
+    named_twice: bool,
+}
+
+impl<'de> serde::Deserialize<'de> for TopLevel<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = TopLevel<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<TopLevel<'de>, A::Error> {
+                let mut top = TopLevel::default();
+                while let Some(member) = map.next_key::<Member>()? {
+                    let value = map.next_value::<&'de RawValue>()?;
+                    let slot = match member {
+                        Member::Jsonrpc => &mut top.jsonrpc,
+                        Member::Id => &mut top.id,
+                        Member::Method => &mut top.method,
+                        Member::Params => &mut top.params,
+                        Member::Result => &mut top.result,
+                        Member::Error => {
+                            top.named_twice |= top.has_error;
+                            top.has_error = true;
+                            continue;
+                        }
+                        Member::Other => continue,
+                    };
+                    top.named_twice |= slot.is_some();
+                    *slot = Some(value);
+                }
+                Ok(top)
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
 impl Message {
     pub fn parse(line: &[u8]) -> Result<Message, EnvelopeError> {
         let text = std::str::from_utf8(line)
@@ -189,41 +241,29 @@ impl Message {
         } else {
             text
         };
-        let members: Members<'_, Member> = match serde_json::from_str(text) {
-            Ok(m) => m,
+        let top: TopLevel<'_> = match serde_json::from_str(text) {
+            Ok(t) => t,
             Err(_) => return Err(Self::not_an_object(line)),
         };
-        let offset = |raw: &RawValue| {
-            let start = raw.get().as_ptr() as usize - text.as_ptr() as usize;
-            start..start + raw.get().len()
-        };
-        let (mut jsonrpc, mut id, mut method, mut params, mut result) =
-            (None, None, None, None, None);
-        let mut has_error = false;
-        for (member, value) in &members.0 {
-            let slot = match member {
-                Member::Jsonrpc => &mut jsonrpc,
-                Member::Id => &mut id,
-                Member::Method => &mut method,
-                Member::Params => &mut params,
-                Member::Result => &mut result,
-                Member::Error => {
-                    if has_error {
-                        return Self::parse_normalized(line);
-                    }
-                    has_error = true;
-                    continue;
-                }
-                Member::Other => continue,
-            };
-            if slot.is_some() {
-                // A member named twice: peers' parsers disagree on which one counts, so the
-                // message is rebuilt with the last one (the one judged here) before it goes on.
-                return Self::parse_normalized(line);
-            }
-            *slot = Some(offset(value));
+        if top.named_twice {
+            // A member named twice: peers' parsers disagree on which one counts, so the
+            // message is rebuilt with the last one (the one judged here) before it goes on.
+            return Self::parse_normalized(line);
         }
-        drop(members);
+        let offset = |raw: Option<&RawValue>| {
+            raw.map(|raw| {
+                let start = raw.get().as_ptr() as usize - text.as_ptr() as usize;
+                start..start + raw.get().len()
+            })
+        };
+        let (jsonrpc, id, method, params, result) = (
+            offset(top.jsonrpc),
+            offset(top.id),
+            offset(top.method),
+            offset(top.params),
+            offset(top.result),
+        );
+        let has_error = top.has_error;
         match &jsonrpc {
             Some(r) if &text[r.clone()] == "\"2.0\"" => {}
             _ => {
@@ -456,8 +496,12 @@ impl Message {
         };
         let start = range.start + prefix.len();
         let inserted = prefix.len() + value.len();
-        self.text
-            .replace_range(range.clone(), &format!("{prefix}{value}"));
+        if prefix.is_empty() {
+            self.text.replace_range(range.clone(), value);
+        } else {
+            self.text
+                .replace_range(range.clone(), &format!("{prefix}{value}"));
+        }
         let removed = range.end - range.start;
         let shift = |r: &mut Option<Span>| {
             if let Some(r) = r
