@@ -466,14 +466,19 @@ impl Io for Shell {
         let me = self.me.clone();
         let e = epoch.to_string();
         let stdout = spawned.stdout;
-        // The server writes a large answer in one go; it is read whole before it goes on.
-        unix::widen_pipe(&stdout);
         let _ = std::thread::Builder::new()
             .name(format!("child-out-{}", epoch::short(epoch)))
             .spawn(move || {
                 let mut reader =
                     LineReader::new(BufReader::with_capacity(1 << 16, stdout), DEFAULT_MAX_LINE);
+                let mut widened = false;
                 loop {
+                    if !widened && reader.saw_long_line() {
+                        // A server that writes large answers writes each in one go from now
+                        // on (it is read whole before it goes on anyway).
+                        unix::widen_pipe(reader.get_ref().get_ref());
+                        widened = true;
+                    }
                     let (batch, ended) = next_batch(&mut reader, |frame| match frame {
                         Frame::Line(line) => Some(Event::ChildLine {
                             epoch: e.clone(),
@@ -962,10 +967,7 @@ pub fn execute(args: RunArgs) -> CmdResult {
 
     let (events_tx, events_rx) = unbounded::<Event>();
     let (host_closed_tx, host_closed_rx) = crossbeam_channel::bounded::<()>(1);
-    let host_fd = outlet::stdout_fd()?;
-    // A large answer (a 1,000-tool list) reaches the host in one write, not 64 KiB rounds.
-    unix::widen_pipe(&host_fd);
-    let host_out = Outlet::new("host", host_fd, move || {
+    let host_out = Outlet::new("host", outlet::stdout_fd()?, move || {
         // Our copy of fd 1 is closed; fd 1 itself must go too for the host to see EOF.
         if let Ok(null) = std::fs::File::open("/dev/null") {
             let _ = rustix::stdio::dup2_stdout(&null);

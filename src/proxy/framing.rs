@@ -11,6 +11,11 @@ pub const DEFAULT_MAX_LINE: usize = 64 * 1024 * 1024;
 /// How much of an oversize line is kept (enough to find its id).
 const PREFIX_KEEP: usize = 4096;
 
+/// A line at least this long is "long": the next line that does not fit the reader's buffer
+/// starts with room for as much, and the pipe it came through is worth widening (a pipe's
+/// default capacity).
+pub const LONG_LINE: usize = 64 << 10;
+
 #[derive(Debug, PartialEq, Eq)]
 pub enum Frame {
     /// One line without its terminator (`\n` or `\r\n`). Blank lines are skipped.
@@ -90,8 +95,11 @@ impl<R: BufRead> LineReader<R> {
             if oversize {
                 return Ok(Frame::Oversize { prefix: line, len });
             }
-            if long {
+            if long && line.len() >= LONG_LINE {
                 self.last_long = line.len();
+            } else if line.capacity() > 2 * line.len().max(PREFIX_KEEP) {
+                // Room reserved for a long line that turned out short: not kept with it.
+                line.shrink_to_fit();
             }
             if line.last() == Some(&b'\r') {
                 line.pop();
@@ -101,6 +109,18 @@ impl<R: BufRead> LineReader<R> {
             }
             return Ok(Frame::Line(line));
         }
+    }
+}
+
+impl<R> LineReader<R> {
+    /// The reader underneath (its descriptor, for the caller's own settings).
+    pub fn get_ref(&self) -> &R {
+        &self.inner
+    }
+
+    /// Whether a line of at least [`LONG_LINE`] bytes was read.
+    pub fn saw_long_line(&self) -> bool {
+        self.last_long >= LONG_LINE
     }
 }
 
@@ -176,6 +196,35 @@ mod tests {
         let mut blanks = LineReader::new(io::BufReader::with_capacity(64, &b"{}\n \n\n"[..]), 100);
         blanks.next_frame().unwrap();
         assert!(!blanks.line_buffered(), "only blank lines follow");
+    }
+
+    /// A long line leaves a hint (the next long line starts with that much room) and says the
+    /// pipe is worth widening; a short line that crossed the buffer's end afterwards is not
+    /// kept with the long line's room.
+    #[test]
+    fn long_lines_leave_room_for_the_next_and_short_ones_do_not_keep_it() {
+        // 200,699 bytes and its `\n`: the short line starts 4 bytes before the end of the
+        // reader's 1,024-byte buffer, so its first chunk has no newline.
+        let mut input = vec![b'a'; 200_699];
+        input.extend_from_slice(b"\n{\"short\":1}\n");
+        input.extend_from_slice(&[b'c'; 199_999]);
+        input.push(b'\n');
+        let mut r = LineReader::new(io::BufReader::with_capacity(1024, &input[..]), 1 << 20);
+        assert!(!r.saw_long_line());
+        let Frame::Line(first) = r.next_frame().unwrap() else {
+            panic!()
+        };
+        assert_eq!(first.len(), 200_699);
+        assert!(r.saw_long_line());
+        let Frame::Line(short) = r.next_frame().unwrap() else {
+            panic!()
+        };
+        assert_eq!(short, b"{\"short\":1}");
+        assert!(short.capacity() < 1 << 16, "capacity {}", short.capacity());
+        let Frame::Line(next) = r.next_frame().unwrap() else {
+            panic!()
+        };
+        assert_eq!(next.len(), 199_999);
     }
 
     #[test]

@@ -34,9 +34,24 @@ struct State {
     queued_bytes: usize,
     /// Lines refused because the queue was full.
     dropped: u64,
+    /// The pipe was widened for a long line.
+    widened: bool,
 }
 
 impl State {
+    /// A line longer than a pipe holds by default: the pipe is widened, once, so this line
+    /// and the ones like it (a large `tools/list` answer, listed again and again) go out in
+    /// one write. Only outlets that carried such a line take the larger share of the user's
+    /// pipe quota.
+    fn widen_for(&mut self, len: usize) {
+        if len >= crate::proxy::framing::LONG_LINE && !self.widened {
+            self.widened = true;
+            if let Some(fd) = &self.fd {
+                crate::sys::unix::widen_pipe(&**fd);
+            }
+        }
+    }
+
     /// Drops the first `n` bytes of the queue (written): whole lines, then a partial front.
     fn consume(&mut self, mut n: usize) {
         while n > 0 {
@@ -127,6 +142,7 @@ impl Outlet {
                 broken: false,
                 queued_bytes: 0,
                 dropped: 0,
+                widened: false,
             }),
             cond: Condvar::new(),
         });
@@ -188,6 +204,7 @@ impl Outlet {
                 line: bytes,
             });
         }
+        st.widen_for(bytes.len());
         st.queued_bytes += bytes.len();
         st.queue.push_back(bytes);
         Ok(())
@@ -267,6 +284,7 @@ impl Outlet {
                 line: bytes,
             });
         }
+        st.widen_for(bytes.len());
         if self.inner.nonblocking
             && st.queue.is_empty()
             && !st.busy
@@ -437,6 +455,29 @@ mod tests {
         assert_eq!(rest, lines.concat());
     }
 
+    /// A pipe is widened by the first line that is longer than it holds by default, not
+    /// before: only outlets that carry large lines take the larger share of the pipe quota.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    #[test]
+    fn a_long_line_widens_the_pipe_and_short_ones_do_not() {
+        let (mut r, w) = std::io::pipe().unwrap();
+        let probe = w.try_clone().unwrap();
+        let out = Outlet::new("t", w.into(), || {});
+        let size = || rustix::pipe::fcntl_getpipe_size(&probe).unwrap();
+        let default = size();
+        out.send(vec![b'a'; 1000]).unwrap();
+        assert_eq!(size(), default, "a short line leaves the pipe as it is");
+        let mut long = vec![b'b'; 300_000];
+        long.push(b'\n');
+        out.send(long).unwrap();
+        assert!(size() >= 1 << 20, "{default} -> {}", size());
+        drop(probe);
+        out.close();
+        let mut got = Vec::new();
+        std::io::Read::read_to_end(&mut r, &mut got).unwrap();
+        assert_eq!(got.len(), 1000 + 300_001, "every byte arrives");
+    }
+
     /// What one `writev` wrote is taken off the queue: whole lines, then the front's offset.
     #[test]
     fn consume_takes_whole_lines_then_a_partial_front() {
@@ -449,6 +490,7 @@ mod tests {
             broken: false,
             queued_bytes: 13,
             dropped: 0,
+            widened: false,
         };
         st.consume(3); // the rest of "abc\n"
         assert_eq!((st.queue.len(), st.offset, st.queued_bytes), (2, 0, 9));

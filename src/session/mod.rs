@@ -368,8 +368,9 @@ pub struct Session<I: Io> {
     host: HostConnection,
     listens: Vec<Listen>,
     known_list: Option<KnownList>,
-    /// The last `tools/list` answer the host was sent, as sent: the same answer again with
-    /// another id is recognised by comparison instead of a parse ([`Message::with_other_id`]).
+    /// The last `tools/list` answer the host was sent, as the server wrote it (the server's
+    /// id): the same answer again with another id is recognised by comparison instead of a
+    /// parse ([`Message::with_other_id`]).
     list_answer: Option<crate::proxy::envelope::Message>,
     /// Inside [`Session::handle_batch`]: calls forwarded (our ids), still only held by the shell.
     in_batch: bool,

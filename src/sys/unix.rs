@@ -156,12 +156,16 @@ pub fn peer_uid(_stream: &std::os::unix::net::UnixStream) -> Option<u32> {
 
 /// Room for a whole large message in a pipe (1 MiB, the default unprivileged maximum), so a
 /// 400 KB `tools/list` answer crosses in one write and one wake-up instead of six 64 KiB
-/// rounds. Best effort: nothing changes for a descriptor that is not a pipe, where the user's
-/// pipe quota is spent, or on a platform that cannot resize pipes. The kernel takes pages for
-/// the room only as data fills it.
+/// rounds. Callers widen only pipes that carried such a message: the room counts against the
+/// user's pipe quota (`fs.pipe-user-pages-soft`, 64 MiB by default). Best effort, and never a
+/// shrink: nothing changes for a descriptor that is not a pipe, a pipe already as wide, where
+/// the quota is spent, or on a platform that cannot resize pipes.
 #[cfg(any(target_os = "linux", target_os = "android"))]
 pub fn widen_pipe(fd: impl std::os::fd::AsFd) {
-    let _ = rustix::pipe::fcntl_setpipe_size(fd, 1 << 20);
+    const WIDE: usize = 1 << 20;
+    if rustix::pipe::fcntl_getpipe_size(&fd).is_ok_and(|size| size < WIDE) {
+        let _ = rustix::pipe::fcntl_setpipe_size(&fd, WIDE);
+    }
 }
 
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
