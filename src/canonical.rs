@@ -77,6 +77,28 @@ pub fn to_string(value: &Value) -> String {
     String::from_utf8(bytes).expect("JSON text is UTF-8")
 }
 
+/// A JSON string literal, or `null`.
+pub fn write_opt_str(s: Option<&str>, out: &mut Vec<u8>) {
+    match s {
+        Some(s) => write_str(s, out),
+        None => out.extend_from_slice(b"null"),
+    }
+}
+
+/// A non-negative integer in decimal (no `String` per number), or `null`.
+pub fn write_opt_u64(n: Option<u64>, out: &mut Vec<u8>) {
+    match n {
+        Some(n) => write_u64(n, out),
+        None => out.extend_from_slice(b"null"),
+    }
+}
+
+/// A non-negative integer in decimal, appended.
+pub fn write_u64(n: u64, out: &mut Vec<u8>) {
+    use std::io::Write as _;
+    let _ = write!(out, "{n}");
+}
+
 /// A JSON string literal.
 pub fn write_str(s: &str, out: &mut Vec<u8>) {
     // Fast path (most strings: names, ids, hex digests): nothing to escape, so the literal is the

@@ -256,31 +256,28 @@ impl Header<'_> {
         out.extend_from_slice(b"{\"data\":");
         out.extend_from_slice(data);
         out.extend_from_slice(b",\"epoch\":");
-        match self.epoch {
-            Some(epoch) => crate::canonical::write_str(epoch, out),
-            None => out.extend_from_slice(b"null"),
-        }
+        crate::canonical::write_opt_str(self.epoch, out);
         out.extend_from_slice(b",\"prev\":");
         crate::canonical::write_str(self.prev, out);
         out.extend_from_slice(b",\"run\":");
         crate::canonical::write_str(self.run, out);
         out.extend_from_slice(b",\"seq\":");
-        write_u64(self.seq, out);
+        crate::canonical::write_u64(self.seq, out);
         out.extend_from_slice(b",\"time\":");
         crate::canonical::write_str(self.time, out);
         out.extend_from_slice(b",\"type\":");
         crate::canonical::write_str(self.record_type, out);
         out.extend_from_slice(b",\"v\":");
-        write_u64(self.v, out);
+        crate::canonical::write_u64(self.v, out);
         out.push(b'}');
     }
 
     /// Appends the record's line, without its `\n` (see the module doc for the field order).
     fn line_into(&self, data: &[u8], hash: &str, mac: &str, out: &mut Vec<u8>) {
         out.extend_from_slice(b"{\"v\":");
-        write_u64(self.v, out);
+        crate::canonical::write_u64(self.v, out);
         out.extend_from_slice(b",\"seq\":");
-        write_u64(self.seq, out);
+        crate::canonical::write_u64(self.seq, out);
         out.extend_from_slice(b",\"time\":");
         crate::canonical::write_str(self.time, out);
         out.extend_from_slice(b",\"type\":");
@@ -288,10 +285,7 @@ impl Header<'_> {
         out.extend_from_slice(b",\"run\":");
         crate::canonical::write_str(self.run, out);
         out.extend_from_slice(b",\"epoch\":");
-        match self.epoch {
-            Some(epoch) => crate::canonical::write_str(epoch, out),
-            None => out.extend_from_slice(b"null"),
-        }
+        crate::canonical::write_opt_str(self.epoch, out);
         out.extend_from_slice(b",\"prev\":");
         crate::canonical::write_str(self.prev, out);
         out.extend_from_slice(b",\"data\":");
@@ -322,12 +316,6 @@ impl Header<'_> {
         self.line_into(data, hash.as_str(), mac.as_str(), line);
         (hash, mac)
     }
-}
-
-/// Decimal digits of `n`, appended (no `String` per number: two per record).
-fn write_u64(n: u64, out: &mut Vec<u8>) {
-    use std::io::Write as _;
-    let _ = write!(out, "{n}");
 }
 
 /// What a verifier needs from one parsed line: the recomputed hash and the writer's rendering,

@@ -159,7 +159,7 @@ impl ToolCalled {
     pub fn canonical(&self) -> Result<RecordData, ChainError> {
         let mut out = Vec::with_capacity(320);
         out.extend_from_slice(b"{\"argumentsDigest\":");
-        opt_str(self.arguments_digest.as_deref(), &mut out);
+        crate::canonical::write_opt_str(self.arguments_digest.as_deref(), &mut out);
         out.extend_from_slice(b",\"callId\":");
         canonical_json(&self.call_id, &mut out)?;
         out.extend_from_slice(b",\"credentialScopes\":[");
@@ -170,16 +170,13 @@ impl ToolCalled {
             crate::canonical::write_str(scope, &mut out);
         }
         out.extend_from_slice(b"],\"grant\":");
-        opt_str(self.grant.as_deref(), &mut out);
+        crate::canonical::write_opt_str(self.grant.as_deref(), &mut out);
         if let Some(kind) = &self.grant_kind {
             out.extend_from_slice(b",\"grantKind\":");
             crate::canonical::write_str(kind, &mut out);
         }
         out.extend_from_slice(b",\"shownRevision\":");
-        match self.shown_revision {
-            Some(n) => out.extend_from_slice(n.to_string().as_bytes()),
-            None => out.extend_from_slice(b"null"),
-        }
+        crate::canonical::write_opt_u64(self.shown_revision, &mut out);
         out.extend_from_slice(b",\"tool\":");
         crate::canonical::write_str(&self.tool, &mut out);
         out.push(b'}');
@@ -194,10 +191,7 @@ impl ToolResult {
         out.extend_from_slice(b"{\"callId\":");
         canonical_json(&self.call_id, &mut out)?;
         out.extend_from_slice(b",\"durationMs\":");
-        match self.duration_ms {
-            Some(n) => out.extend_from_slice(n.to_string().as_bytes()),
-            None => out.extend_from_slice(b"null"),
-        }
+        crate::canonical::write_opt_u64(self.duration_ms, &mut out);
         out.extend_from_slice(if self.is_error {
             b",\"isError\":true"
         } else {
@@ -218,7 +212,7 @@ impl CatalogPresented {
         out.extend_from_slice(b"{\"connection\":");
         crate::canonical::write_str(&self.connection, &mut out);
         out.extend_from_slice(b",\"digest\":");
-        opt_str(self.digest.as_deref(), &mut out);
+        crate::canonical::write_opt_str(self.digest.as_deref(), &mut out);
         let mut optional = |name: &[u8], value: Option<&str>| {
             if let Some(v) = value {
                 out.extend_from_slice(name);
@@ -228,7 +222,7 @@ impl CatalogPresented {
         optional(b",\"recordedEpoch\":", self.recorded_epoch.as_deref());
         optional(b",\"recordedIdentity\":", self.recorded_identity.as_deref());
         out.extend_from_slice(b",\"revision\":");
-        opt_u64(self.revision, &mut out);
+        crate::canonical::write_opt_u64(self.revision, &mut out);
         out.extend_from_slice(b",\"source\":");
         crate::canonical::write_str(&self.source, &mut out);
         if let Some(tool) = &self.tool {
@@ -237,24 +231,10 @@ impl CatalogPresented {
         }
         if let Some(n) = self.tools {
             out.extend_from_slice(b",\"tools\":");
-            opt_u64(Some(n), &mut out);
+            crate::canonical::write_u64(n, &mut out);
         }
         out.push(b'}');
         RecordData::Canonical(out)
-    }
-}
-
-fn opt_u64(n: Option<u64>, out: &mut Vec<u8>) {
-    match n {
-        Some(n) => out.extend_from_slice(n.to_string().as_bytes()),
-        None => out.extend_from_slice(b"null"),
-    }
-}
-
-fn opt_str(s: Option<&str>, out: &mut Vec<u8>) {
-    match s {
-        Some(s) => crate::canonical::write_str(s, out),
-        None => out.extend_from_slice(b"null"),
     }
 }
 

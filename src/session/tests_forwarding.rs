@@ -45,6 +45,15 @@ fn only_notifications_are_droppable_whatever_their_member_order() {
     );
 }
 
+/// A session serving the build `a`, with a host connected (2025-06-18): its current epoch.
+fn serving_a_host() -> (Harness, String) {
+    let mut h = serving();
+    h.initialize("2025-06-18");
+    h.initialized();
+    let epoch = h.current_epoch().unwrap();
+    (h, epoch)
+}
+
 /// The host lists tools (id `host_id`), the server answers with `result` (raw JSON text):
 /// what the host is told, exactly one message.
 fn list_answered_with(h: &mut Harness, epoch: &str, host_id: &str, result: &str) -> Value {
@@ -72,10 +81,7 @@ fn list_answered_with(h: &mut Harness, epoch: &str, host_id: &str, result: &str)
 /// host unrecorded; the host gets an error instead.
 #[test]
 fn an_unreadable_tool_list_is_not_forwarded() {
-    let mut h = serving();
-    h.initialize("2025-06-18");
-    h.initialized();
-    let epoch = h.current_epoch().unwrap();
+    let (mut h, epoch) = serving_a_host();
     let bad = r#"{"tools":[],"tools":[{"name":"evil","inputSchema":{"type":"object"}}]}"#;
     let answer = list_answered_with(&mut h, &epoch, "list-1", bad);
     assert_eq!(answer["error"]["data"]["error"], "invalid_response");
@@ -86,10 +92,7 @@ fn an_unreadable_tool_list_is_not_forwarded() {
 /// (issue 15, 1,000-tool lists); that shortcut never lets a different, unreadable answer by.
 #[test]
 fn a_known_list_is_passed_on_and_an_unreadable_one_after_it_is_still_refused() {
-    let mut h = serving();
-    h.initialize("2025-06-18");
-    h.initialized();
-    let epoch = h.current_epoch().unwrap();
+    let (mut h, epoch) = serving_a_host();
     let good = r#"{"tools":[{"name":"echo","inputSchema":{"type":"object"}}]}"#;
     let bad = r#"{"tools":[],"tools":[{"name":"evil","inputSchema":{"type":"object"}}]}"#;
     for n in 1..=3 {
