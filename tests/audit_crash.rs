@@ -3,6 +3,9 @@
 //! reached the server without its intent record (`tool_called`) on disk, and each next `run`
 //! continues the same chain. This holds with the default fsync setting: a process crash loses
 //! nothing that was written (power loss is another matter, see the README's audit section).
+//! A kill can cut the batch being written at a page boundary: the log then ends in an
+//! incomplete line after its last whole record, which `audit verify` names without failing and
+//! the next `run` moves aside (a `torn_tail_set_aside` record) before continuing the chain.
 
 mod common;
 
@@ -19,12 +22,16 @@ const SUITE: &str = "audit_crash";
 /// Calls per chunk; the supervisor reads a chunk at once and records it in one write.
 const CHUNK: usize = 30;
 
-fn audit_records(path: &std::path::Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
+/// The whole records (lines with their `\n`), and whether the file ends in an incomplete one.
+fn audit_records(path: &std::path::Path) -> (Vec<Value>, bool) {
+    let text = std::fs::read(path).unwrap_or_default();
+    let torn = !text.is_empty() && !text.ends_with(b"\n");
+    let records = text
+        .split_inclusive(|&b| b == b'\n')
+        .filter(|l| l.ends_with(b"\n"))
+        .map(|l| serde_json::from_slice(l).expect("every whole line is a record"))
+        .collect();
+    (records, torn)
 }
 
 fn audit_log(project: &Project) -> std::path::PathBuf {
@@ -152,6 +159,7 @@ fn sigkill_mid_burst_leaves_a_verifiable_log_and_no_unrecorded_call() {
     let project = Project::built_fake_server(SUITE);
     let mut last_hash: Option<Value> = None;
     let mut records_before = 0;
+    let mut torn_before = false;
     // Kills at several moments: while a chunk is read, recorded, forwarded, or after.
     for (round, micros) in [200u64, 700, 1500, 3000, 6000].into_iter().enumerate() {
         let received = burst_and_kill(&project, round, Duration::from_micros(micros));
@@ -162,7 +170,13 @@ fn sigkill_mid_burst_leaves_a_verifiable_log_and_no_unrecorded_call() {
             "round {round}: audit verify after SIGKILL: {}",
             verify.stderr
         );
-        let records = audit_records(&log);
+        let (records, torn) = audit_records(&log);
+        assert_eq!(
+            torn,
+            verify.stderr.contains("incomplete line"),
+            "round {round}: verify names a torn tail exactly when there is one: {}",
+            verify.stderr
+        );
         // Each run continued the chain of the one killed before it.
         assert!(
             records.iter().all(|r| r["type"] != "chain_restarted"),
@@ -172,6 +186,11 @@ fn sigkill_mid_burst_leaves_a_verifiable_log_and_no_unrecorded_call() {
             assert_eq!(
                 &records[records_before]["prev"], prev,
                 "round {round}: the next run chains onto the last record written before the crash"
+            );
+            assert_eq!(
+                records[records_before]["type"] == "torn_tail_set_aside",
+                torn_before,
+                "round {round}: a torn tail left by the previous round is moved aside first"
             );
         }
         let intents: BTreeSet<String> = records
@@ -196,6 +215,7 @@ fn sigkill_mid_burst_leaves_a_verifiable_log_and_no_unrecorded_call() {
         );
         last_hash = records.last().map(|r| r["hash"].clone());
         records_before = records.len();
+        torn_before = torn;
     }
     // A clean session after the crashes: still the same chain, and it verifies.
     let fake_log = project.scratch().join("fake-final.log");
@@ -213,7 +233,8 @@ fn sigkill_mid_burst_leaves_a_verifiable_log_and_no_unrecorded_call() {
     drop(run.child.stdin.take());
     let status = run.child.wait().unwrap();
     assert!(status.success(), "{status:?}");
-    let records = audit_records(&audit_log(&project));
+    let (records, torn) = audit_records(&audit_log(&project));
+    assert!(!torn, "a clean exit leaves whole records");
     assert_eq!(
         &records[records_before]["prev"],
         last_hash.as_ref().unwrap()

@@ -67,13 +67,13 @@ fn escape_sequences_never_reach_the_terminal() {
     s.finish();
 }
 
-/// High finding "a set-aside audit log bricks `run`": a torn last line (a crash mid-append)
-/// used to make every later `run` exit 1. Now the log and its anchor are kept aside, a new chain
-/// starts (one status line), and `audit verify` reports the break with both chains (exit 109).
+/// High finding "a set-aside audit log bricks `run`": a damaged log (here: its last, anchored
+/// record cut short after it was written) used to make every later `run` exit 1. Now the log
+/// and its anchor are kept aside, a new chain starts (one status line), and `audit verify`
+/// reports the break with both chains (exit 109).
 #[test]
-fn torn_audit_log_is_set_aside_and_run_starts() {
+fn damaged_audit_log_is_set_aside_and_run_starts() {
     use cargo_mcp_dev::audit::{AuditLog, KeyStore};
-    use std::io::Write;
     let setup = Setup::new();
     let log_path = setup
         .project
@@ -85,15 +85,16 @@ fn torn_audit_log_is_set_aside_and_run_starts() {
         log.append("run_started", "R0", None, json!({"agentRun": "R0"}))
             .unwrap();
     }
+    let len = std::fs::metadata(&log_path).unwrap().len();
     std::fs::OpenOptions::new()
-        .append(true)
+        .write(true)
         .open(&log_path)
         .unwrap()
-        .write_all(b"{\"v\":1,\"seq\":2,\"ti")
+        .set_len(len - 20)
         .unwrap();
     let mut s = setup.start();
     let line = s.wait_stderr("audit log set aside: ");
-    assert!(line.contains("incomplete"), "{line}");
+    assert!(line.contains("truncated"), "{line}");
     s.ready_legacy();
     let project_run = s.cli(&["audit", "verify"]);
     s.finish();
@@ -110,6 +111,66 @@ fn torn_audit_log_is_set_aside_and_run_starts() {
         "{}",
         project_run.stderr
     );
+}
+
+/// Issue 15 (kill -9 in a burst): a write a crash cut short leaves an incomplete last line
+/// after the anchored head. `audit verify` passes and names it; `run` keeps the bytes beside
+/// the log, says so in one status line, and continues the same chain (no break).
+#[test]
+fn torn_last_write_is_kept_aside_and_the_chain_continues() {
+    use cargo_mcp_dev::audit::{AuditLog, KeyStore};
+    use std::io::Write;
+    let setup = Setup::new();
+    let log_path = setup
+        .project
+        .target_dir()
+        .join("mcp-dev/audit/fake-server.jsonl");
+    let keys = KeyStore::at(&setup.project.home);
+    {
+        let mut log = AuditLog::open(&log_path, &keys).unwrap();
+        log.append("run_started", "R0", None, json!({"agentRun": "R0"}))
+            .unwrap();
+    }
+    let torn = b"{\"v\":1,\"seq\":2,\"ti";
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&log_path)
+        .unwrap()
+        .write_all(torn)
+        .unwrap();
+    // Before the next run: what was written verifies, and the torn bytes are named.
+    let before = setup.project.run(["audit", "verify", "--json"]);
+    assert_eq!(before.code, 0, "{}", before.stderr);
+    assert!(
+        before
+            .stderr
+            .contains("are an incomplete line: a write cut short by a crash"),
+        "{}",
+        before.stderr
+    );
+    let report: serde_json::Value = serde_json::from_str(before.stdout.trim()).unwrap();
+    assert_eq!(report["records"], json!(1), "{report}");
+    assert_eq!(report["tornTail"]["bytes"], json!(torn.len()), "{report}");
+    let mut s = setup.start();
+    let line = s.wait_stderr("audit tail kept aside: an incomplete last write");
+    assert!(line.contains("18 bytes after record 1"), "{line}");
+    let kept = line
+        .split(" was moved to ")
+        .nth(1)
+        .and_then(|r| r.split("; the chain continues").next())
+        .expect("the status line names the kept copy");
+    assert_eq!(std::fs::read(kept).unwrap(), torn);
+    s.ready_legacy();
+    let verified = s.cli(&["audit", "verify", "--json"]);
+    let records = cargo_mcp_dev::audit::read_records(&log_path).unwrap();
+    s.finish();
+    verified.expect_code(0);
+    let report: serde_json::Value = serde_json::from_str(verified.stdout.trim()).unwrap();
+    assert_eq!(report["breaks"], json!([]), "{report}");
+    assert_eq!(report["tornTail"], json!(null), "{report}");
+    assert_eq!(records[0].record_type, "run_started");
+    assert_eq!(records[1].record_type, "torn_tail_set_aside");
+    assert_eq!(records[1].prev, records[0].hash);
 }
 
 /// Medium finding "the stored executable is run without checking it still has the hashed

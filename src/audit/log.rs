@@ -45,7 +45,9 @@
 //! | `never` | everything flushed | nothing guaranteed |
 //!
 //! A process crash loses nothing that was flushed: once `write` returns the bytes are in the page
-//! cache. The anchor may lag the log by up to [`ANCHOR_LAG`] (or until the next flush or
+//! cache. A crash *during* a `write` can leave part of the batch: the kernel stops copying a
+//! write to a file at a page boundary when the process is killed, so the file can end in an
+//! incomplete line. That batch was not flushed (nothing it records was forwarded); see below. The anchor may lag the log by up to [`ANCHOR_LAG`] (or until the next flush or
 //! commit); a log longer than its anchor is valid (the unanchored tail is checked record by
 //! record at the next start), one shorter than its anchor is reported as truncated. After a
 //! power loss the anchor (rewritten without fsync between commits) can be on disk ahead of the
@@ -64,10 +66,14 @@
 //! offset (written before issue 15), or an offset that does not point at the anchored record,
 //! makes `open` scan the active file once and rewrite the anchor with the offset.
 //!
-//! Fail closed: `open` refuses to extend a log whose tail does not check (torn or incomplete
-//! last line, a hash or MAC that does not match, another key), which is shorter than its anchor
-//! says, or whose anchor is missing or invalid: writing onto a broken chain would bury the
-//! damage. [`super::recover::open_for_run`] sets such a log aside.
+//! Fail closed: `open` refuses to extend a log whose tail does not check (a hash or MAC that
+//! does not match, another key, an incomplete line at or before the anchored record), which is
+//! shorter than its anchor says, or whose anchor is missing or invalid: writing onto a broken
+//! chain would bury the damage. [`super::recover::open_for_run`] sets such a log aside. An
+//! incomplete last line *after* the anchored head and the whole records that follow it is what a
+//! crash mid-`write` leaves (the anchor is rewritten only after its record's whole line is
+//! written): `open` reports it as [`AuditError::TornTail`], and `open_for_run` moves those bytes
+//! aside and continues the chain from the last whole record.
 //!
 //! # Segments
 //!
@@ -717,7 +723,7 @@ impl AuditLog {
                 )));
             }
             if self.anchored_record_at(off, &a, &mac) {
-                let last = scan::scan_file(
+                let scanned = scan::scan_file(
                     &self.file,
                     off,
                     0,
@@ -729,10 +735,12 @@ impl AuditLog {
                     |_, _, _| Ok(()),
                 )
                 .map_err(|f| self.corrupt(format!("after the anchored record: {f}")))?;
-                let (seq, hash) = match last {
+                let (seq, hash) = match scanned.last {
                     Some(l) => (l.seq, l.hash),
                     None => (a.seq, a.hash.clone()),
                 };
+                // After the anchored record: a crash's leftover, not damage.
+                self.refuse_torn(scanned.torn.as_ref(), seq)?;
                 self.finish_open(len, seq, hash, Some(a.seq));
                 return Ok(());
             }
@@ -740,7 +748,7 @@ impl AuditLog {
         // No usable offset: scan the active file once.
         let mut first: Option<Record> = None;
         let mut anchored: Option<Result<u64, String>> = None;
-        let last = scan::scan_file(&self.file, 0, 0, Expect::default(), &mac, |r, _, end| {
+        let scanned = scan::scan_file(&self.file, 0, 0, Expect::default(), &mac, |r, _, end| {
             if first.is_none() {
                 first = Some(r.clone());
             }
@@ -757,11 +765,22 @@ impl AuditLog {
             Ok(())
         })
         .map_err(|f| self.corrupt(f.to_string()))?;
-        let Last { seq, hash, .. } = last.expect("a non-empty file that scanned has a record");
+        let Some(Last { seq, hash, .. }) = scanned.last else {
+            // Nothing but an incomplete line: the anchor names a record this file lacks.
+            let reason = match &scanned.torn {
+                Some(t) => t.failure.to_string(),
+                None => "the log has no complete record".into(),
+            };
+            return Err(self.corrupt(reason));
+        };
         match anchored {
             Some(Ok(_)) => {}
             Some(Err(reason)) => return Err(self.corrupt(reason)),
             None if a.seq > seq => {
+                // An incomplete line where the anchored record should be: the log was cut.
+                if let Some(t) = &scanned.torn {
+                    return Err(self.corrupt(t.failure.to_string()));
+                }
                 return Err(self.corrupt(format!(
                     "truncated: its anchor records head seq {} but the last record is seq {seq}",
                     a.seq
@@ -783,9 +802,24 @@ impl AuditLog {
                 }
             }
         }
+        self.refuse_torn(scanned.torn.as_ref(), seq)?;
         self.finish_open(len, seq, hash, None);
         // Upgrade the anchor (offset) now, so the next start reads only the tail.
         self.write_anchor()
+    }
+
+    /// A torn tail after the anchored head is reported as [`AuditError::TornTail`], for
+    /// [`super::recover`] to move aside before anything is appended after it.
+    fn refuse_torn(&self, torn: Option<&scan::TornTail>, after_seq: u64) -> Result<(), AuditError> {
+        match torn {
+            None => Ok(()),
+            Some(t) => Err(AuditError::TornTail {
+                path: self.path.clone(),
+                after_seq,
+                offset: t.offset,
+                len: t.len,
+            }),
+        }
     }
 
     fn finish_open(&mut self, len: u64, seq: u64, hash: String, anchored: Option<u64>) {
@@ -1105,12 +1139,16 @@ mod tests {
         assert_eq!(lines(&path).len(), 2, "nothing was appended");
     }
 
+    /// An incomplete line is never appended after. After the anchored head it is a crash's
+    /// leftover, reported as such (recovery moves it aside); where the anchored record should
+    /// be, the log was cut: damage.
     #[test]
     fn incomplete_last_line_stops_appends() {
         let (_tmp, keys, path) = setup();
         let mut log = AuditLog::open(&path, &keys).unwrap();
         log.append("x", "R", None, json!({})).unwrap();
         drop(log);
+        let whole = std::fs::metadata(&path).unwrap().len();
         std::fs::OpenOptions::new()
             .append(true)
             .open(&path)
@@ -1118,7 +1156,28 @@ mod tests {
             .write_all(b"{\"v\":1,\"se")
             .unwrap();
         let err = AuditLog::open(&path, &keys).unwrap_err();
-        assert!(err.to_string().contains("incomplete last line"), "{err}");
+        match &err {
+            AuditError::TornTail {
+                after_seq,
+                offset,
+                len,
+                ..
+            } => assert_eq!((*after_seq, *offset, *len), (1, whole, 10)),
+            other => panic!("expected a torn tail, got {other:?}"),
+        }
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), whole + 10);
+
+        // The anchored record itself cut short.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(whole - 5)
+            .unwrap();
+        let err = AuditLog::open(&path, &keys).unwrap_err();
+        assert!(matches!(err, AuditError::CorruptTail { .. }), "{err:?}");
+        assert!(err.to_string().contains("truncated"), "{err}");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), whole - 5);
     }
 
     #[test]

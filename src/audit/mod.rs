@@ -47,7 +47,9 @@ pub use log::{
 };
 pub use record_type::*;
 pub use recover::{Recovery, open_for_run, open_for_run_with};
-pub use verify::{ChainBreak, SegmentReport, VerifyFailure, VerifyReport, read_records, verify};
+pub use verify::{
+    ChainBreak, SegmentReport, TornTailReport, VerifyFailure, VerifyReport, read_records, verify,
+};
 
 /// Record type names (the `type` field) and the `data` fields the journals read. `data` is free
 /// JSON chosen by the caller (integers only, see [`chain`]); fields not listed are kept and
@@ -95,6 +97,10 @@ pub mod record_type {
     /// The first record of every log file after the first (see [`super::scan`]): the previous
     /// segment was closed. `{previousSegment: file name, previousSeq, previousHash}`
     pub const SEGMENT_STARTED: &str = "segment_started";
+    /// The first record after a crash cut a write short: the incomplete last line after the
+    /// anchored head was moved out of the log, and the chain continues from the last whole
+    /// record. `{afterSeq, offset, bytes, sha256, keptAs: path}`
+    pub const TORN_TAIL_SET_ASIDE: &str = "torn_tail_set_aside";
 
     /// Every type above, in the order listed.
     pub const ALL: &[&str] = &[
@@ -115,6 +121,7 @@ pub mod record_type {
         CATALOG_PRESENTED,
         CHAIN_RESTARTED,
         SEGMENT_STARTED,
+        TORN_TAIL_SET_ASIDE,
     ];
 }
 
@@ -154,6 +161,18 @@ pub enum AuditError {
     CorruptTail { path: PathBuf, reason: String },
     #[error("anchor {} is unusable: {reason}", path.display())]
     BadAnchor { path: PathBuf, reason: String },
+    /// The log checks up to its anchored head and beyond, then ends in an incomplete line (a
+    /// write a crash cut short). [`recover`] moves those bytes aside and continues the chain.
+    #[error(
+        "audit log {} ends in an incomplete line after record {after_seq} ({len} bytes at byte {offset}): a write cut short by a crash",
+        path.display()
+    )]
+    TornTail {
+        path: PathBuf,
+        after_seq: u64,
+        offset: u64,
+        len: u64,
+    },
     #[error("invalid audit record: {0}")]
     InvalidRecord(String),
     #[error(

@@ -21,7 +21,14 @@
 //!   last readable record's), so `audit verify` can report the break and check the old chain
 //!   with its own anchor.
 //!
-//! Must not touch: record content beyond the restart record, policy, stdout.
+//! One damage is not a reason to start over: an incomplete last line *after* the anchored head
+//! and every whole record after it (what a crash in the middle of a `write` leaves, see
+//! [`super::log`]). Those bytes were never a record, and nothing they record was forwarded. They
+//! are copied to `<name>.torn-<time>.partial` beside the log (synced), cut off the log, and the
+//! chain continues from the last whole record with a sealed [`TORN_TAIL_SET_ASIDE`] record
+//! naming their length, SHA-256 and where they were kept.
+//!
+//! Must not touch: record content beyond the restart and torn-tail records, policy, stdout.
 
 use super::chain::Record;
 use super::keys::{self, KeyStore};
@@ -31,14 +38,47 @@ use serde_json::{Value, json};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-pub use super::record_type::CHAIN_RESTARTED;
+pub use super::record_type::{CHAIN_RESTARTED, TORN_TAIL_SET_ASIDE};
 
 /// The `run` of records written by cargo mcp-dev itself outside any agent run.
 pub const TOOL_RUN: &str = "cargo-mcp-dev";
 
 /// What a recovery did (for the one status line `run` prints).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Recovery {
+pub enum Recovery {
+    /// The chain could not be extended: it was set aside and a new one started.
+    SetAside(SetAside),
+    /// A crash's incomplete last write was moved out of the log; the chain continues.
+    TornTailKept(TornTailKept),
+}
+
+impl Recovery {
+    /// One status line.
+    pub fn status_line(&self, log: &Path) -> String {
+        match self {
+            Recovery::SetAside(s) => s.status_line(log),
+            Recovery::TornTailKept(t) => format!(
+                "audit tail kept aside: an incomplete last write in {} ({} bytes after record {}, cut short by a crash) was moved to {}; the chain continues",
+                log.display(),
+                t.bytes,
+                t.after_seq,
+                t.kept_as.display()
+            ),
+        }
+    }
+
+    /// The set-aside, if that is what happened.
+    pub fn into_set_aside(self) -> Option<SetAside> {
+        match self {
+            Recovery::SetAside(s) => Some(s),
+            Recovery::TornTailKept(_) => None,
+        }
+    }
+}
+
+/// A chain set aside (see the module doc).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetAside {
     pub reason: String,
     pub set_aside_log: Option<PathBuf>,
     pub set_aside_anchor: Option<PathBuf>,
@@ -46,7 +86,18 @@ pub struct Recovery {
     pub previous_head: Option<(u64, String)>,
 }
 
-impl Recovery {
+/// A torn tail moved out of the log (see the module doc).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TornTailKept {
+    /// The last whole record, which the chain continues.
+    pub after_seq: u64,
+    pub offset: u64,
+    pub bytes: u64,
+    pub sha256: String,
+    pub kept_as: PathBuf,
+}
+
+impl SetAside {
     /// One status line.
     pub fn status_line(&self, log: &Path) -> String {
         let head = match &self.previous_head {
@@ -99,6 +150,32 @@ pub fn open_for_run_with(
     let lock = AuditLog::lock(path, opts)?;
     let (problem, lock) = match AuditLog::open_locked(path, keys, opts, lock) {
         Ok(log) => return Ok((log, None)),
+        Err((
+            AuditError::TornTail {
+                after_seq,
+                offset,
+                len,
+                ..
+            },
+            Some(lock),
+        )) => {
+            let kept = keep_torn_tail(path, after_seq, offset, len)?;
+            let mut log = AuditLog::open_locked(path, keys, opts, lock).map_err(|(e, _)| e)?;
+            log.append(
+                TORN_TAIL_SET_ASIDE,
+                TOOL_RUN,
+                None,
+                json!({
+                    "afterSeq": kept.after_seq,
+                    "offset": kept.offset,
+                    "bytes": kept.bytes,
+                    "sha256": kept.sha256,
+                    "keptAs": kept.kept_as.to_string_lossy(),
+                }),
+            )?;
+            log.commit()?;
+            return Ok((log, Some(Recovery::TornTailKept(kept))));
+        }
         Err((e, Some(lock))) if recoverable(&e) => (e.to_string(), lock),
         Err((e, _)) => return Err(e),
     };
@@ -126,7 +203,75 @@ pub fn open_for_run_with(
         }),
     )?;
     log.commit()?;
-    Ok((log, Some(recovery)))
+    Ok((log, Some(Recovery::SetAside(recovery))))
+}
+
+/// Copies bytes `offset..offset + len` of the log (its torn tail) to a new file beside it,
+/// syncs that copy, then cuts them off the log. The caller holds the writer lock, so the log
+/// is as `open` judged it; a length that changed anyway is refused.
+fn keep_torn_tail(
+    path: &Path,
+    after_seq: u64,
+    offset: u64,
+    len: u64,
+) -> Result<TornTailKept, AuditError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let log = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(keys::nofollow())
+        .open(path)
+        .map_err(AuditError::io("open audit log", path))?;
+    let now = log
+        .metadata()
+        .map_err(AuditError::io("inspect audit log", path))?
+        .len();
+    if now != offset + len {
+        return Err(AuditError::CorruptTail {
+            path: path.to_owned(),
+            reason: format!(
+                "its length changed while it was opened ({} bytes, then {now})",
+                offset + len
+            ),
+        });
+    }
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "audit".into());
+    let (kept_as, mut copy) =
+        beside_unique(path, &format!("{stem}.torn-{}", stamp()), "partial", |to| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(keys::nofollow())
+                .open(to)
+        })
+        .map_err(AuditError::io("keep the torn tail of", path))?;
+    let mut tail = &log;
+    tail.seek(SeekFrom::Start(offset))
+        .map_err(AuditError::io("read the torn tail of", path))?;
+    let (sha256, copied) = crate::hashing::sha256_copy(tail.take(len), &mut copy)
+        .map_err(AuditError::io("keep the torn tail of", path))?;
+    if copied != len {
+        return Err(AuditError::CorruptTail {
+            path: path.to_owned(),
+            reason: format!("its torn tail could not be read whole ({copied} of {len} bytes)"),
+        });
+    }
+    // The copy is on disk before the bytes leave the log.
+    copy.sync_all().map_err(AuditError::io("sync", &kept_as))?;
+    log.set_len(offset)
+        .and_then(|()| log.sync_data())
+        .map_err(AuditError::io("cut the torn tail off", path))?;
+    Ok(TornTailKept {
+        after_seq,
+        offset,
+        bytes: len,
+        sha256,
+        kept_as,
+    })
 }
 
 /// A short reason from a long error text: the part that says what is wrong.
@@ -148,7 +293,7 @@ fn stamp() -> String {
 }
 
 /// Moves the log and its anchor aside (never deletes either).
-fn set_aside(path: &Path, keys: &KeyStore, problem: &str) -> Result<Recovery, AuditError> {
+fn set_aside(path: &Path, keys: &KeyStore, problem: &str) -> Result<SetAside, AuditError> {
     let stamp = stamp();
     let anchor_path = keys.anchor_path(path).ok();
     let previous_head = anchor_path
@@ -205,7 +350,7 @@ fn set_aside(path: &Path, keys: &KeyStore, problem: &str) -> Result<Recovery, Au
     if !non_empty && previous_head.is_some() {
         reason = format!("{reason}; the log is missing or empty (removed, e.g. by `cargo clean`?)");
     }
-    Ok(Recovery {
+    Ok(SetAside {
         reason,
         set_aside_log,
         set_aside_anchor,
@@ -216,6 +361,17 @@ fn set_aside(path: &Path, keys: &KeyStore, problem: &str) -> Result<Recovery, Au
 /// Moves `from` to `<base>.<ext>` beside it, or `<base>-2.<ext>`… when that name is taken (two
 /// recoveries in the same second): evidence is never overwritten.
 fn move_aside(from: &Path, base: &str, ext: &str) -> std::io::Result<PathBuf> {
+    beside_unique(from, base, ext, |to| rename_new(from, to)).map(|(to, ())| to)
+}
+
+/// Runs `place` on `<base>.<ext>` beside `from`, or `<base>-2.<ext>`… while it reports the name
+/// taken: evidence is never overwritten.
+fn beside_unique<T>(
+    from: &Path,
+    base: &str,
+    ext: &str,
+    mut place: impl FnMut(&Path) -> std::io::Result<T>,
+) -> std::io::Result<(PathBuf, T)> {
     let mut n = 1;
     loop {
         let name = if n == 1 {
@@ -224,8 +380,8 @@ fn move_aside(from: &Path, base: &str, ext: &str) -> std::io::Result<PathBuf> {
             format!("{base}-{n}.{ext}")
         };
         let to = from.with_file_name(name);
-        match rename_new(from, &to) {
-            Ok(()) => return Ok(to),
+        match place(&to) {
+            Ok(t) => return Ok((to, t)),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => n += 1,
             Err(e) => return Err(e),
         }
@@ -295,7 +451,7 @@ mod tests {
         let old_head = keys.read_anchor(&path).unwrap().unwrap();
         std::fs::remove_dir_all(path.parent().unwrap().parent().unwrap()).unwrap();
         let (mut log, rec) = open_for_run(&path, &keys).unwrap();
-        let rec = rec.expect("recovered");
+        let rec = rec.expect("recovered").into_set_aside().expect("set aside");
         assert_eq!(rec.previous_head, Some((3, old_head.hash.clone())));
         assert!(rec.set_aside_log.is_none());
         let anchor_aside = rec.set_aside_anchor.clone().expect("anchor kept");
@@ -313,21 +469,75 @@ mod tests {
         assert_eq!(again, None);
     }
 
-    /// Issue 12, high finding (torn last line): kept aside with its anchor, both chains reported.
+    /// Issue 15 (kill -9 in a burst): a write the kernel cut short at a page boundary leaves an
+    /// incomplete last line after the anchored head. It is kept beside the log, cut off, and
+    /// the chain continues from the last whole record; `audit verify` passes before and after.
     #[test]
-    fn torn_last_line_is_set_aside_and_both_chains_are_reported() {
+    fn torn_write_after_the_anchor_is_kept_and_the_chain_continues() {
         let (_tmp, keys, path) = setup();
         write_some(&path, &keys, 2);
+        let whole = std::fs::read(&path).unwrap();
+        let torn_bytes = b"{\"v\":1,\"seq\":3,\"time\":\"20";
         std::fs::OpenOptions::new()
             .append(true)
             .open(&path)
             .unwrap()
-            .write_all(b"{\"v\":1,\"seq\":3,")
+            .write_all(torn_bytes)
             .unwrap();
+        // Before the next run: what was written verifies; the torn bytes are named, not counted.
+        let r = crate::audit::verify(&path, &keys).unwrap();
+        assert_eq!((r.records, r.head_seq), (2, 2));
+        let t = r.torn_tail.expect("the torn tail is reported");
+        assert_eq!((t.line, t.offset, t.bytes), (3, whole.len() as u64, 25));
+        let head = r.head_hash;
+
+        let (mut log, rec) = open_for_run(&path, &keys).unwrap();
+        let Some(Recovery::TornTailKept(kept)) = rec.clone() else {
+            panic!("expected the torn tail kept, got {rec:?}");
+        };
+        assert_eq!((kept.after_seq, kept.bytes), (2, torn_bytes.len() as u64));
+        assert_eq!(std::fs::read(&kept.kept_as).unwrap(), torn_bytes);
+        assert_eq!(kept.sha256, crate::hashing::sha256_bytes(torn_bytes));
+        assert!(
+            rec.unwrap()
+                .status_line(&path)
+                .contains("(25 bytes after record 2, cut short by a crash)"),
+        );
+        assert_eq!(log.append("x", "R", None, json!({})).unwrap().seq, 4);
+        drop(log);
+        let text = std::fs::read(&path).unwrap();
+        assert!(text.starts_with(&whole), "whole records kept byte for byte");
+        let r = crate::audit::verify(&path, &keys).unwrap();
+        assert_eq!((r.records, r.torn_tail, r.previous), (4, None, None));
+        let records = crate::audit::read_records(&path).unwrap();
+        let note = &records[2];
+        assert_eq!(note.record_type, TORN_TAIL_SET_ASIDE);
+        assert_eq!(note.prev, head, "continues the last whole record");
+        assert_eq!(note.data["sha256"], json!(kept.sha256));
+        assert_eq!(note.data["afterSeq"], json!(2));
+        assert!(
+            aside_files(path.parent().unwrap()).is_empty(),
+            "no set-aside"
+        );
+    }
+
+    /// Issue 12, high finding (torn last line), where the torn line is the anchored record: the
+    /// log was cut after the writer finished it, so it is kept aside with its anchor and both
+    /// chains are reported.
+    #[test]
+    fn a_cut_anchored_record_is_set_aside_and_both_chains_are_reported() {
+        let (_tmp, keys, path) = setup();
+        write_some(&path, &keys, 3);
+        let text = std::fs::read(&path).unwrap();
+        let cut = text.len() - 40;
+        std::fs::write(&path, &text[..cut]).unwrap();
         let torn = std::fs::read(&path).unwrap();
+        let f = crate::audit::verify(&path, &keys).unwrap_err();
+        assert_eq!(f.line, 3, "{f}");
+        assert!(f.reason.starts_with("incomplete last line"), "{f}");
         let (log, rec) = open_for_run(&path, &keys).unwrap();
         drop(log);
-        let rec = rec.unwrap();
+        let rec = rec.unwrap().into_set_aside().expect("set aside");
         let aside = rec.set_aside_log.clone().unwrap();
         assert_eq!(
             std::fs::read(&aside).unwrap(),
@@ -341,7 +551,44 @@ mod tests {
         assert_eq!(b.previous_log.as_deref(), Some(aside.as_path()));
         let f: &VerifyFailure = b.previous.as_ref().unwrap_err();
         assert!(f.reason.contains("incomplete last line"), "{f}");
-        assert_eq!(b.previous_head.as_ref().map(|h| h.0), Some(2));
+        assert_eq!(b.previous_head.as_ref().map(|h| h.0), Some(3));
+    }
+
+    /// The torn tail is copied, not renamed over: a name already taken gets the next one.
+    #[test]
+    fn a_torn_tail_copy_never_overwrites() {
+        let (_tmp, keys, path) = setup();
+        write_some(&path, &keys, 1);
+        let len = std::fs::metadata(&path).unwrap().len();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"{\"v\":")
+            .unwrap();
+        let first = keep_torn_tail(&path, 1, len, 5).unwrap();
+        // Same second, same pid: the same stamp; the first copy stays.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"{\"v\":1")
+            .unwrap();
+        let second = keep_torn_tail(&path, 1, len, 6).unwrap();
+        assert_ne!(first.kept_as, second.kept_as);
+        assert_eq!(std::fs::read(&first.kept_as).unwrap(), b"{\"v\":");
+        assert_eq!(std::fs::read(&second.kept_as).unwrap(), b"{\"v\":1");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), len);
+        // A length that is not what was judged is refused, and nothing is cut.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"{")
+            .unwrap();
+        let e = keep_torn_tail(&path, 1, len, 5).unwrap_err();
+        assert!(e.to_string().contains("length changed"), "{e}");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), len + 1);
     }
 
     /// A log another writer holds is not judged, so it is never set aside (even a damaged
@@ -402,7 +649,8 @@ mod tests {
         write_some(&path, &keys, 3);
         let other = KeyStore::at(tmp.path().join("other-state"));
         let (_log, rec) = open_for_run(&path, &other).unwrap();
-        assert!(rec.unwrap().reason.contains("MAC"), "foreign key");
+        let rec = rec.unwrap().into_set_aside().unwrap();
+        assert!(rec.reason.contains("MAC"), "foreign key");
 
         let path2 = tmp.path().join("b.jsonl");
         write_some(&path2, &keys, 3);
@@ -415,7 +663,9 @@ mod tests {
         lines[2] = String::from_utf8(r.to_line().unwrap()).unwrap();
         std::fs::write(&path2, lines.join("\n") + "\n").unwrap();
         let (mut log, rec) = open_for_run(&path2, &keys).unwrap();
-        let rec = rec.expect("a tampered tail record is noticed before the first append");
+        let rec = rec
+            .and_then(Recovery::into_set_aside)
+            .expect("a tampered tail record is noticed before the first append");
         assert!(rec.reason.contains("record 3"), "{}", rec.reason);
         let first = log.head().unwrap().0;
         assert_eq!(first, 1, "a new chain");
@@ -444,11 +694,15 @@ mod tests {
             .append(true)
             .open(&path)
             .unwrap()
-            .write_all(b"{\"v\":1,")
+            .write_all(b"{\"v\":1}\n")
             .unwrap();
         let (log, rec) = open_for_run_with(&path, &keys, &opts).unwrap();
         drop(log);
-        let aside = rec.expect("set aside").set_aside_log.unwrap();
+        let aside = rec
+            .and_then(Recovery::into_set_aside)
+            .expect("set aside")
+            .set_aside_log
+            .unwrap();
         assert!(scan::list_segments(&path).unwrap().is_empty());
         let moved = scan::list_segments(&aside).unwrap();
         assert_eq!(moved.len(), segments.len());
@@ -459,7 +713,7 @@ mod tests {
         let r = crate::audit::verify(&path, &keys).unwrap();
         assert_eq!(r.segments.len(), 1);
         let old = r.previous.unwrap().previous.unwrap_err();
-        assert!(old.reason.contains("incomplete last line"), "{old}");
+        assert!(old.reason.contains("malformed"), "{old}");
     }
 
     /// An anchor written before issue 15 (no offset) costs one scan, then is upgraded.

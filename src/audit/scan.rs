@@ -4,7 +4,8 @@
 //! Owns: the per-line checks (in this order: UTF-8, a JSON record with exactly the known fields,
 //! `v == 1`, `seq` consecutive, `prev` equal to the previous record's `hash`, `hash` well formed
 //! and equal to the recomputed hash, `mac` valid under the key, the line byte-identical to the
-//! writer's rendering, a final newline), reading a file line by line in constant memory, and the
+//! writer's rendering, a final newline), reading a file line by line in constant memory (an
+//! unterminated last line is returned as a [`TornTail`] for the caller to judge), and the
 //! segment file names. Must not touch: anchors, keys on disk, writing files, stdout.
 //!
 //! # Segments
@@ -243,9 +244,34 @@ pub(crate) fn check_line(
     Ok(record)
 }
 
+/// Bytes after a file's last `\n`: a write the writer never finished (a crash cut it short:
+/// a write to a file can stop at a page boundary when the process is killed), or damage. Never
+/// a record: a record is on disk when its whole line, `\n` included, is. Whether it is
+/// acceptable is the caller's decision: after the anchored head it is a crash's leftover, at or
+/// before it the log was cut (see [`super::verify()`] and [`super::log`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TornTail {
+    /// 1-based line number in its file.
+    pub line: usize,
+    /// Byte offset where it starts (just past the last `\n`, or 0).
+    pub offset: u64,
+    pub len: u64,
+    /// What [`check_line`] says of those bytes (`incomplete last line…`), for a caller that
+    /// does not accept them.
+    pub failure: VerifyFailure,
+}
+
+/// What [`scan_file`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Scanned {
+    /// The last record checked (`None` if there was none after `from`).
+    pub last: Option<Last>,
+    pub torn: Option<TornTail>,
+}
+
 /// Checks every line of `file` from byte `from` (the start of line `first_line`) to its end,
 /// in constant memory, calling `each` with every record, its line number and its end offset.
-/// Returns the last record checked (`None` if there was nothing after `from`).
+/// An unterminated last line is returned as [`TornTail`], not checked as a record.
 pub(crate) fn scan_file(
     file: &File,
     from: u64,
@@ -253,7 +279,7 @@ pub(crate) fn scan_file(
     mut expect: Expect,
     mac: &MacChecker,
     mut each: impl FnMut(&Record, usize, u64) -> Result<(), VerifyFailure>,
-) -> Result<Option<Last>, VerifyFailure> {
+) -> Result<Scanned, VerifyFailure> {
     let io = |e: std::io::Error| fail(0, None, format!("cannot read the log: {e}"));
     let mut file = file;
     file.seek(SeekFrom::Start(from)).map_err(io)?;
@@ -267,17 +293,28 @@ pub(crate) fn scan_file(
         buf.clear();
         let n = reader.read_until(b'\n', &mut buf).map_err(io)?;
         if n == 0 {
-            return Ok(last);
+            return Ok(Scanned { last, torn: None });
+        }
+        line += 1;
+        if buf.last() != Some(&b'\n') {
+            let failure = match check_line(mac, &buf, false, line, &expect, &mut scratch) {
+                Err(f) => f,
+                Ok(_) => unreachable!("check_line refuses an unterminated line"),
+            };
+            let torn = TornTail {
+                line,
+                offset,
+                len: n as u64,
+                failure,
+            };
+            return Ok(Scanned {
+                last,
+                torn: Some(torn),
+            });
         }
         offset += n as u64;
-        line += 1;
-        let terminated = buf.last() == Some(&b'\n');
-        let raw = if terminated {
-            &buf[..buf.len() - 1]
-        } else {
-            &buf[..]
-        };
-        let record = check_line(mac, raw, terminated, line, &expect, &mut scratch)?;
+        let raw = &buf[..buf.len() - 1];
+        let record = check_line(mac, raw, true, line, &expect, &mut scratch)?;
         each(&record, line, offset)?;
         expect = Expect {
             seq: Some(record.seq + 1),

@@ -12,7 +12,9 @@
 //! renamed or reordered segment is reported with its name. Then the anchor: it must exist for a
 //! non-empty log, carry a valid MAC, not name a seq past the last record (truncated tail), and
 //! name the hash of the record at its seq. A log longer than its anchor is valid (the anchor lags
-//! the log by design, see [`super::log`]).
+//! the log by design, see [`super::log`]). An incomplete last line of the active file after the
+//! anchored head is a write a crash cut short: valid, reported in [`VerifyReport::torn_tail`];
+//! at or before the anchored record (where the anchor says a whole record is) it is a failure.
 //!
 //! No lock: the anchor is read before the log, and the writer rewrites the anchor only after the
 //! records it names are written, so a concurrent writer can only make the log look longer than
@@ -45,6 +47,19 @@ pub struct VerifyReport {
     /// When the first record is a [`super::recover::CHAIN_RESTARTED`]: the break, and the
     /// verification of the chain that was set aside (with its own anchor).
     pub previous: Option<Box<ChainBreak>>,
+    /// Bytes after the active file's last `\n`, past the anchored head: a write a crash cut
+    /// short (never a record; the next `run` moves them aside, see [`super::recover`]).
+    pub torn_tail: Option<TornTailReport>,
+}
+
+/// An incomplete last line after the anchored head (see [`VerifyReport::torn_tail`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TornTailReport {
+    /// 1-based line number in the active file.
+    pub line: usize,
+    /// Byte offset where it starts.
+    pub offset: u64,
+    pub bytes: u64,
 }
 
 /// One file of a verified log.
@@ -264,6 +279,7 @@ fn verify_once(
     let mut prev: Option<(u64, String, String)> = None; // (seq, hash, file name)
     let mut reports = Vec::new();
     let mut last_line = 0;
+    let mut active_torn: Option<scan::TornTail> = None;
     let files: Vec<(PathBuf, Option<File>)> = segments
         .into_iter()
         .map(|(_, p)| (p, None))
@@ -298,7 +314,7 @@ fn verify_once(
         let mut records = 0u64;
         let mut first_seq = None;
         let continues = prev.clone();
-        let last = scan::scan_file(&file, 0, 0, expect.clone(), &mac, |r, line, _| {
+        let scanned = scan::scan_file(&file, 0, 0, expect.clone(), &mac, |r, line, _| {
             if records == 0 {
                 first_seq = Some(r.seq);
                 check_segment_start(r, index, continues.as_ref(), &name)
@@ -339,7 +355,14 @@ fn verify_once(
             }
             in_file(f)
         })?;
-        match last {
+        if let Some(torn) = scanned.torn {
+            // Only the active file is written to; a segment was complete when it was renamed.
+            if !is_active {
+                return Err(in_file(torn.failure));
+            }
+            active_torn = Some(torn);
+        }
+        match scanned.last {
             Some(l) => {
                 if is_active {
                     last_line = l.line;
@@ -365,7 +388,15 @@ fn verify_once(
             }
         }
     }
-    let (head_seq, head_hash, _) = prev.expect("a non-empty log has at least one record");
+    // An unterminated line is acceptable only after the anchored head: the writer anchors a
+    // record after its whole line is written, so a line at or before it was cut afterwards.
+    let torn_or = |other: VerifyFailure| match &active_torn {
+        Some(t) => t.failure.clone(),
+        None => other,
+    };
+    let Some((head_seq, head_hash, _)) = prev else {
+        return Err(torn_or(fail(0, None, "the log has no complete record")));
+    };
 
     let anchor: Anchor = match anchor {
         Ok(Some(a)) => a,
@@ -389,7 +420,7 @@ fn verify_once(
         ));
     }
     if anchor.seq > head_seq {
-        return Err(fail(
+        return Err(torn_or(fail(
             last_line + 1,
             Some(head_seq + 1),
             format!(
@@ -397,7 +428,7 @@ fn verify_once(
                 anchor.seq,
                 short(&anchor.hash)
             ),
-        ));
+        )));
     }
     match at_anchor {
         Some((_, h)) if h == anchor.hash => {}
@@ -426,6 +457,11 @@ fn verify_once(
         head_hash,
         segments: reports,
         previous,
+        torn_tail: active_torn.map(|t| TornTailReport {
+            line: t.line,
+            offset: t.offset,
+            bytes: t.len,
+        }),
     })
 }
 

@@ -40,7 +40,9 @@ fn run_verify(a: &AuditPathArgs) -> CmdResult {
                 output::stdout_line(
                     &serde_json::json!({"ok": true, "path": path, "records": r.records, "runs": r.runs,
                         "epochs": r.epochs, "headSeq": r.head_seq, "headHash": r.head_hash,
-                        "segments": segments_json(&r), "breaks": breaks_json(&r)})
+                        "segments": segments_json(&r), "breaks": breaks_json(&r),
+                        "tornTail": r.torn_tail.as_ref().map(|t| serde_json::json!(
+                            {"line": t.line, "offset": t.offset, "bytes": t.bytes}))})
                     .to_string(),
                 )?;
             }
@@ -69,6 +71,15 @@ fn run_verify(a: &AuditPathArgs) -> CmdResult {
                             .unwrap_or_default()
                     ));
                 }
+            }
+            if let Some(t) = &r.torn_tail {
+                status::warn(&format!(
+                    "the last {} bytes of {} (line {}, after record {}) are an incomplete line: a write cut short by a crash, never a record (nothing it recorded was forwarded); the next `run` moves them aside and continues the chain",
+                    t.bytes,
+                    path.display(),
+                    t.line,
+                    r.head_seq
+                ));
             }
             if r.previous.is_none() {
                 return Ok(exit_codes::OK);
