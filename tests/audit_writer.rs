@@ -229,7 +229,8 @@ fn kill_9_in_a_burst_loses_nothing_flushed_and_the_chain_continues() {
         "{} < {flushed}",
         report.head_seq
     );
-    assert_eq!(report.head_seq % 8, 0, "a batch counts whole or not at all");
+    // (Not "a batch is whole or absent": the kill can stop a write at a page boundary, after
+    // some of its lines.)
     let (mut w, recovery) = open_for_run(&log, &keys).unwrap();
     // The kill can cut the batch being written at a page boundary: an incomplete line after
     // the head, which `verify` names and the next open keeps aside with one record.
@@ -272,7 +273,7 @@ fn kill_9_inside_a_write_leaves_a_torn_tail_that_is_kept_and_continued() {
         next_line(&mut out, "flushed").unwrap();
         // Kill as soon as the file ends mid-line: a write is being copied.
         let file = std::fs::File::open(&log).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let len = file.metadata().unwrap().len();
             let mut last = [0u8];
@@ -280,6 +281,7 @@ fn kill_9_inside_a_write_leaves_a_torn_tail_that_is_kept_and_continued() {
                 break;
             }
             assert!(Instant::now() < deadline, "the child never wrote");
+            std::thread::yield_now();
         }
         rustix::process::kill_process(
             rustix::process::Pid::from_raw(child.id() as i32).unwrap(),
@@ -290,7 +292,7 @@ fn kill_9_inside_a_write_leaves_a_torn_tail_that_is_kept_and_continued() {
         let report = verify(&log, &keys).unwrap();
         let Some(torn) = report.torn_tail.clone() else {
             // The write finished before the signal was delivered: try again.
-            assert!(tries < 20, "no kill landed inside a write in {tries} tries");
+            assert!(tries < 10, "no kill landed inside a write in {tries} tries");
             continue;
         };
         let bytes = std::fs::read(&log).unwrap();

@@ -144,7 +144,7 @@ fn torn_last_write_is_kept_aside_and_the_chain_continues() {
     assert!(
         before
             .stderr
-            .contains("are an incomplete line: a write cut short by a crash"),
+            .contains("are an incomplete line: an interrupted write"),
         "{}",
         before.stderr
     );

@@ -47,7 +47,8 @@
 //! A process crash loses nothing that was flushed: once `write` returns the bytes are in the page
 //! cache. A crash *during* a `write` can leave part of the batch: the kernel stops copying a
 //! write to a file at a page boundary when the process is killed, so the file can end in an
-//! incomplete line. That batch was not flushed (nothing it records was forwarded); see below. The anchor may lag the log by up to [`ANCHOR_LAG`] (or until the next flush or
+//! incomplete line. That batch was not flushed (no call was forwarded on an intent record in
+//! it); see below. The anchor may lag the log by up to [`ANCHOR_LAG`] (or until the next flush or
 //! commit); a log longer than its anchor is valid (the unanchored tail is checked record by
 //! record at the next start), one shorter than its anchor is reported as truncated. After a
 //! power loss the anchor (rewritten without fsync between commits) can be on disk ahead of the
@@ -70,10 +71,12 @@
 //! does not match, another key, an incomplete line at or before the anchored record), which is
 //! shorter than its anchor says, or whose anchor is missing or invalid: writing onto a broken
 //! chain would bury the damage. [`super::recover::open_for_run`] sets such a log aside. An
-//! incomplete last line *after* the anchored head and the whole records that follow it is what a
-//! crash mid-`write` leaves (the anchor is rewritten only after its record's whole line is
-//! written): `open` reports it as [`AuditError::TornTail`], and `open_for_run` moves those bytes
-//! aside and continues the chain from the last whole record.
+//! incomplete last line *after* the anchored head and the whole records that follow it, that is
+//! a prefix of the next record's line, is what a crash mid-`write` leaves (the anchor is
+//! rewritten only after its record's whole line is written): `open` reports it as
+//! [`AuditError::TornTail`], and `open_for_run` moves those bytes aside and continues the chain
+//! from the last whole record. So does an active file holding only such a line while the anchor
+//! names the last record of the newest segment (the first write after a rotation, cut short).
 //!
 //! # Segments
 //!
@@ -716,7 +719,9 @@ impl AuditLog {
             )));
         };
         if let Some(off) = a.offset {
-            if off > len {
+            // With segments, an offset past the end can be the previous file's: a crash right
+            // after a rotation (the full scan below decides).
+            if off > len && segments.is_empty() {
                 return Err(self.corrupt(format!(
                     "truncated: its anchor records head seq {} ending at byte {off}, but the log has {len} bytes",
                     a.seq
@@ -766,12 +771,18 @@ impl AuditLog {
         })
         .map_err(|f| self.corrupt(f.to_string()))?;
         let Some(Last { seq, hash, .. }) = scanned.last else {
-            // Nothing but an incomplete line: the anchor names a record this file lacks.
-            let reason = match &scanned.torn {
-                Some(t) => t.failure.to_string(),
-                None => "the log has no complete record".into(),
+            let Some(t) = &scanned.torn else {
+                // Emptied since it was measured.
+                return Err(self.corrupt("the log has no complete record".into()));
             };
-            return Err(self.corrupt(reason));
+            // Nothing but an incomplete line: the first write after a rotation, cut short (the
+            // anchor still names the last record of the previous segment), or damage.
+            if let Some((_, last)) = segments.last()
+                && segment_ends_at(last, &a, &mac)
+            {
+                return self.refuse_torn(Some(t), a.seq);
+            }
+            return Err(self.corrupt(t.failure.to_string()));
         };
         match anchored {
             Some(Ok(_)) => {}
@@ -809,10 +820,12 @@ impl AuditLog {
     }
 
     /// A torn tail after the anchored head is reported as [`AuditError::TornTail`], for
-    /// [`super::recover`] to move aside before anything is appended after it.
+    /// [`super::recover`] to move aside before anything is appended after it; bytes no write
+    /// of this writer could have left are damage.
     fn refuse_torn(&self, torn: Option<&scan::TornTail>, after_seq: u64) -> Result<(), AuditError> {
         match torn {
             None => Ok(()),
+            Some(t) if !t.cut_short => Err(self.corrupt(t.failure.to_string())),
             Some(t) => Err(AuditError::TornTail {
                 path: self.path.clone(),
                 after_seq,

@@ -21,12 +21,15 @@
 //!   last readable record's), so `audit verify` can report the break and check the old chain
 //!   with its own anchor.
 //!
-//! One damage is not a reason to start over: an incomplete last line *after* the anchored head
-//! and every whole record after it (what a crash in the middle of a `write` leaves, see
-//! [`super::log`]). Those bytes were never a record, and nothing they record was forwarded. They
-//! are copied to `<name>.torn-<time>.partial` beside the log (synced), cut off the log, and the
-//! chain continues from the last whole record with a sealed [`TORN_TAIL_SET_ASIDE`] record
-//! naming their length, SHA-256 and where they were kept.
+//! One thing is not a reason to start over: an incomplete last line *after* the anchored head
+//! and every whole record after it, that is a prefix of the next record's line (what a crash or
+//! a power loss in the middle of a `write` leaves, see [`super::log`]). Those bytes were never
+//! a record; no tool call was forwarded on an intent record among them (a call is forwarded
+//! only after its intent record's whole line is written). They are copied to
+//! `<name>.torn-<time>.partial` beside the log (the copy and its directory synced), cut off the
+//! log, and the chain continues from the last whole record with a sealed
+//! [`TORN_TAIL_SET_ASIDE`] record naming their length, SHA-256 and where they were kept. If the
+//! process dies between the cut and that record, the copy stays, named by no record.
 //!
 //! Must not touch: record content beyond the restart and torn-tail records, policy, stdout.
 
@@ -58,7 +61,7 @@ impl Recovery {
         match self {
             Recovery::SetAside(s) => s.status_line(log),
             Recovery::TornTailKept(t) => format!(
-                "audit tail kept aside: an incomplete last write in {} ({} bytes after record {}, cut short by a crash) was moved to {}; the chain continues",
+                "audit tail kept aside: an incomplete last write in {} ({} bytes after record {}, an interrupted write) was moved to {}; the chain continues",
                 log.display(),
                 t.bytes,
                 t.after_seq,
@@ -159,7 +162,7 @@ pub fn open_for_run_with(
             },
             Some(lock),
         )) => {
-            let kept = keep_torn_tail(path, after_seq, offset, len)?;
+            let kept = keep_torn_tail(path, after_seq, offset, len, &stamp())?;
             let mut log = AuditLog::open_locked(path, keys, opts, lock).map_err(|(e, _)| e)?;
             log.append(
                 TORN_TAIL_SET_ASIDE,
@@ -214,6 +217,7 @@ fn keep_torn_tail(
     after_seq: u64,
     offset: u64,
     len: u64,
+    stamp: &str,
 ) -> Result<TornTailKept, AuditError> {
     use std::io::{Read, Seek, SeekFrom};
     let log = std::fs::OpenOptions::new()
@@ -240,7 +244,7 @@ fn keep_torn_tail(
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "audit".into());
     let (kept_as, mut copy) =
-        beside_unique(path, &format!("{stem}.torn-{}", stamp()), "partial", |to| {
+        beside_unique(path, &format!("{stem}.torn-{stamp}"), "partial", |to| {
             std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -260,8 +264,13 @@ fn keep_torn_tail(
             reason: format!("its torn tail could not be read whole ({copied} of {len} bytes)"),
         });
     }
-    // The copy is on disk before the bytes leave the log.
+    // The copy, and its name, are on disk before the bytes leave the log.
     copy.sync_all().map_err(AuditError::io("sync", &kept_as))?;
+    if let Some(dir) = kept_as.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(AuditError::io("sync the directory of", &kept_as))?;
+    }
     log.set_len(offset)
         .and_then(|()| log.sync_data())
         .map_err(AuditError::io("cut the torn tail off", path))?;
@@ -501,7 +510,7 @@ mod tests {
         assert!(
             rec.unwrap()
                 .status_line(&path)
-                .contains("(25 bytes after record 2, cut short by a crash)"),
+                .contains("(25 bytes after record 2, an interrupted write)"),
         );
         assert_eq!(log.append("x", "R", None, json!({})).unwrap().seq, 4);
         drop(log);
@@ -554,6 +563,194 @@ mod tests {
         assert_eq!(b.previous_head.as_ref().map(|h| h.0), Some(3));
     }
 
+    /// Appends `bytes` to the log, unterminated.
+    fn append_raw(path: &Path, bytes: &[u8]) {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .unwrap()
+            .write_all(bytes)
+            .unwrap();
+    }
+
+    /// Only what an interrupted write can leave is a torn tail: a prefix of the next record's
+    /// line. Other unterminated bytes after the head are damage: verify fails, and the log is
+    /// set aside, never cut.
+    #[test]
+    fn unterminated_bytes_that_no_write_left_are_damage() {
+        let cases: [(&str, &[u8], &str); 4] = [
+            ("not JSON", b"hello", "incomplete last line"),
+            (
+                "another seq",
+                b"{\"v\":1,\"seq\":9,\"ti",
+                "incomplete last line",
+            ),
+            (
+                "a cut inside JSON that is invalid before the cut",
+                b"{\"v\":1,\"seq\":3,\"time\":]",
+                "incomplete last line",
+            ),
+            (
+                "invalid UTF-8 before the end",
+                b"{\"v\":1,\"seq\":3,\"time\":\"\xff2",
+                "not UTF-8",
+            ),
+        ];
+        for (what, bytes, reason) in cases {
+            let (_tmp, keys, path) = setup();
+            write_some(&path, &keys, 2);
+            append_raw(&path, bytes);
+            let f = crate::audit::verify(&path, &keys).unwrap_err();
+            assert_eq!(f.line, 3, "{what}: {f}");
+            assert!(f.reason.contains(reason), "{what}: {f}");
+            let (_log, rec) = open_for_run(&path, &keys).unwrap();
+            let rec = rec.and_then(Recovery::into_set_aside);
+            let aside = rec.and_then(|r| r.set_aside_log).expect(what);
+            assert!(std::fs::read(aside).unwrap().ends_with(bytes), "{what}");
+        }
+        // A whole line that parses but does not check (tampered), without its `\n`.
+        let (_tmp, keys, path) = setup();
+        write_some(&path, &keys, 3);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        std::fs::write(&path, format!("{}\n{}\n", lines[0], lines[1])).unwrap();
+        let tampered = lines[2].replace("\"i\":2", "\"i\":7");
+        // The anchor names record 3, so a lagging anchor is simulated by one for record 2.
+        let mut a = keys.read_anchor(&path).unwrap().unwrap();
+        let second = Record::from_line(lines[1]).unwrap();
+        a.seq = 2;
+        a.hash = second.hash.clone();
+        a.mac = crate::audit::anchor_mac(&keys.load_key().unwrap(), 2, &second.hash);
+        a.offset = Some((lines[0].len() + lines[1].len() + 2) as u64);
+        std::fs::write(
+            keys.anchor_path(&path).unwrap(),
+            serde_json::to_vec(&a).unwrap(),
+        )
+        .unwrap();
+        // Untampered, the same record without its `\n` is a torn tail (checked whole).
+        append_raw(&path, lines[2].as_bytes());
+        let r = crate::audit::verify(&path, &keys).unwrap();
+        assert_eq!(r.torn_tail.map(|t| t.bytes), Some(lines[2].len() as u64));
+        std::fs::write(&path, format!("{}\n{}\n{tampered}", lines[0], lines[1])).unwrap();
+        let f = crate::audit::verify(&path, &keys).unwrap_err();
+        assert!(f.reason.contains("hash mismatch"), "{f}");
+        let (_log, rec) = open_for_run(&path, &keys).unwrap();
+        assert!(rec.and_then(Recovery::into_set_aside).is_some());
+    }
+
+    /// What a kill leaves when the page boundary falls inside a multi-byte character, or right
+    /// before the `\n`: both kept and continued. And the full-scan path (an anchor without
+    /// its offset) keeps a torn tail too.
+    #[test]
+    fn torn_tails_cut_anywhere_are_kept() {
+        let key_time = "{\"v\":1,\"seq\":3,\"time\":\"2026-12-03T00:00:00.000Z\",\"type\":\"x\",\"run\":\"\u{e9}";
+        let cut_in_char = &key_time.as_bytes()[..key_time.len() - 1];
+        for (what, old_anchor) in [("current anchor", false), ("anchor without offset", true)] {
+            let (_tmp, keys, path) = setup();
+            write_some(&path, &keys, 2);
+            if old_anchor {
+                let mut a = keys.read_anchor(&path).unwrap().unwrap();
+                a.offset = None;
+                std::fs::write(
+                    keys.anchor_path(&path).unwrap(),
+                    serde_json::to_vec(&a).unwrap(),
+                )
+                .unwrap();
+            }
+            append_raw(&path, cut_in_char);
+            let r = crate::audit::verify(&path, &keys).unwrap();
+            assert_eq!(
+                r.torn_tail.map(|t| t.bytes),
+                Some(cut_in_char.len() as u64),
+                "{what}"
+            );
+            let (mut log, rec) = open_for_run(&path, &keys).unwrap();
+            assert!(
+                matches!(rec, Some(Recovery::TornTailKept(_))),
+                "{what}: {rec:?}"
+            );
+            log.append("x", "R", None, json!({})).unwrap();
+            drop(log);
+            let r = crate::audit::verify(&path, &keys).unwrap();
+            assert_eq!((r.records, r.torn_tail), (4, None), "{what}");
+        }
+    }
+
+    /// The first write after a rotation cut short: the active file holds only a torn line and
+    /// the anchor still names the previous segment's last record. Verify and the writer agree:
+    /// kept, the segment restarted, the chain continued. A torn line in a segment is damage.
+    #[test]
+    fn a_torn_first_write_after_a_rotation_is_kept() {
+        let (_tmp, keys, path) = setup();
+        let opts = AuditOptions {
+            max_segment_bytes: 600,
+            ..AuditOptions::default()
+        };
+        {
+            let (mut log, _) = open_for_run_with(&path, &keys, &opts).unwrap();
+            for i in 0..6 {
+                log.append("x", "R", None, json!({"i": i, "pad": "p".repeat(60)}))
+                    .unwrap();
+            }
+        }
+        let segments = scan::list_segments(&path).unwrap();
+        let (_, last_segment) = segments.last().cloned().expect("rotated");
+        // Back to the moment after the rename: no active file records, anchor at the segment.
+        let last_in_segment = std::fs::read_to_string(&last_segment)
+            .unwrap()
+            .lines()
+            .last()
+            .map(|l| Record::from_line(l).unwrap())
+            .unwrap();
+        let key = keys.load_key().unwrap();
+        let anchor = crate::audit::Anchor {
+            log: std::fs::canonicalize(&path)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned(),
+            seq: last_in_segment.seq,
+            mac: crate::audit::anchor_mac(&key, last_in_segment.seq, &last_in_segment.hash),
+            hash: last_in_segment.hash.clone(),
+            offset: Some(std::fs::metadata(&last_segment).unwrap().len()),
+        };
+        std::fs::write(
+            keys.anchor_path(&path).unwrap(),
+            serde_json::to_vec(&anchor).unwrap(),
+        )
+        .unwrap();
+        let torn = format!(
+            "{{\"v\":1,\"seq\":{},\"time\":\"20",
+            last_in_segment.seq + 1
+        );
+        std::fs::write(&path, &torn).unwrap();
+        let r = crate::audit::verify(&path, &keys).unwrap();
+        assert_eq!(r.head_seq, last_in_segment.seq);
+        assert_eq!(
+            r.torn_tail.map(|t| (t.offset, t.bytes)),
+            Some((0, torn.len() as u64))
+        );
+        let (log, rec) = open_for_run_with(&path, &keys, &opts).unwrap();
+        drop(log);
+        let Some(Recovery::TornTailKept(kept)) = rec else {
+            panic!("{rec:?}");
+        };
+        assert_eq!(std::fs::read(&kept.kept_as).unwrap(), torn.as_bytes());
+        let records = crate::audit::read_records(&path).unwrap();
+        let types: Vec<&str> = records
+            .iter()
+            .skip_while(|r| r.seq <= last_in_segment.seq)
+            .map(|r| r.record_type.as_str())
+            .collect();
+        assert_eq!(types, [crate::audit::SEGMENT_STARTED, TORN_TAIL_SET_ASIDE]);
+        crate::audit::verify(&path, &keys).unwrap();
+
+        // A segment is whole when it is renamed: a torn line there is damage.
+        append_raw(&last_segment, b"{\"v\":1,");
+        let f = crate::audit::verify(&path, &keys).unwrap_err();
+        assert!(f.reason.starts_with("in segment "), "{f}");
+        assert!(f.reason.contains("incomplete last line"), "{f}");
+    }
+
     /// The torn tail is copied, not renamed over: a name already taken gets the next one.
     #[test]
     fn a_torn_tail_copy_never_overwrites() {
@@ -566,16 +763,20 @@ mod tests {
             .unwrap()
             .write_all(b"{\"v\":")
             .unwrap();
-        let first = keep_torn_tail(&path, 1, len, 5).unwrap();
-        // Same second, same pid: the same stamp; the first copy stays.
+        let first = keep_torn_tail(&path, 1, len, 5, "T").unwrap();
+        // The same stamp (two recoveries in one second): the first copy stays.
         std::fs::OpenOptions::new()
             .append(true)
             .open(&path)
             .unwrap()
             .write_all(b"{\"v\":1")
             .unwrap();
-        let second = keep_torn_tail(&path, 1, len, 6).unwrap();
-        assert_ne!(first.kept_as, second.kept_as);
+        let second = keep_torn_tail(&path, 1, len, 6, "T").unwrap();
+        assert!(first.kept_as.ends_with("srv.torn-T.partial"), "{first:?}");
+        assert!(
+            second.kept_as.ends_with("srv.torn-T-2.partial"),
+            "{second:?}"
+        );
         assert_eq!(std::fs::read(&first.kept_as).unwrap(), b"{\"v\":");
         assert_eq!(std::fs::read(&second.kept_as).unwrap(), b"{\"v\":1");
         assert_eq!(std::fs::metadata(&path).unwrap().len(), len);
@@ -586,7 +787,7 @@ mod tests {
             .unwrap()
             .write_all(b"{")
             .unwrap();
-        let e = keep_torn_tail(&path, 1, len, 5).unwrap_err();
+        let e = keep_torn_tail(&path, 1, len, 5, "T").unwrap_err();
         assert!(e.to_string().contains("length changed"), "{e}");
         assert_eq!(std::fs::metadata(&path).unwrap().len(), len + 1);
     }
@@ -601,7 +802,7 @@ mod tests {
             .append(true)
             .open(&path)
             .unwrap()
-            .write_all(b"{\"torn")
+            .write_all(b"{\"torn\"}\n")
             .unwrap();
         let holder = std::fs::File::create(crate::audit::log::lock_path(&path)).unwrap();
         rustix::fs::flock(&holder, rustix::fs::FlockOperation::LockExclusive).unwrap();
@@ -614,7 +815,11 @@ mod tests {
         assert!(aside_files(path.parent().unwrap()).is_empty());
         drop(holder);
         assert!(
-            open_for_run(&path, &keys).unwrap().1.is_some(),
+            open_for_run(&path, &keys)
+                .unwrap()
+                .1
+                .and_then(Recovery::into_set_aside)
+                .is_some(),
             "judged once free"
         );
     }

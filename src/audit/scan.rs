@@ -259,6 +259,41 @@ pub(crate) struct TornTail {
     /// What [`check_line`] says of those bytes (`incomplete last line…`), for a caller that
     /// does not accept them.
     pub failure: VerifyFailure,
+    /// Whether the bytes can be what a cut-short write leaves (see [`could_be_cut_short`]);
+    /// if not, they are damage wherever they are.
+    pub cut_short: bool,
+}
+
+/// Whether `raw`, an unterminated last line, can be what a write cut short leaves behind: a
+/// proper prefix of the line of the record `expect` names (it starts as that line starts, and
+/// its UTF-8 or JSON ends early), or that whole record, checking in full, without its `\n`.
+/// Bytes that are not JSON, or a record that does not check, are not part of anything the
+/// writer wrote.
+fn could_be_cut_short(
+    mac: &MacChecker,
+    raw: &[u8],
+    expect: &Expect,
+    scratch: &mut Scratch,
+) -> bool {
+    // Every line starts `{"v":1,"seq":N,"time":"` (see `chain::Header`).
+    let start = match expect.seq {
+        Some(seq) => format!("{{\"v\":{FORMAT_VERSION},\"seq\":{seq},\"time\":\""),
+        None => format!("{{\"v\":{FORMAT_VERSION},\"seq\":"),
+    };
+    let n = raw.len().min(start.len());
+    if raw[..n] != start.as_bytes()[..n] {
+        return false;
+    }
+    let json = match std::str::from_utf8(raw) {
+        Ok(_) => raw,
+        // Cut inside a multi-byte character: invalid only at the very end.
+        Err(e) if e.error_len().is_none() => &raw[..e.valid_up_to()],
+        Err(_) => return false,
+    };
+    match serde_json::from_slice::<serde::de::IgnoredAny>(json) {
+        Err(e) => e.is_eof(),
+        Ok(_) => json.len() == raw.len() && check_line(mac, raw, true, 0, expect, scratch).is_ok(),
+    }
 }
 
 /// What [`scan_file`] found.
@@ -301,11 +336,13 @@ pub(crate) fn scan_file(
                 Err(f) => f,
                 Ok(_) => unreachable!("check_line refuses an unterminated line"),
             };
+            let cut_short = could_be_cut_short(mac, &buf, &expect, &mut scratch);
             let torn = TornTail {
                 line,
                 offset,
                 len: n as u64,
                 failure,
+                cut_short,
             };
             return Ok(Scanned {
                 last,

@@ -356,8 +356,9 @@ fn verify_once(
             in_file(f)
         })?;
         if let Some(torn) = scanned.torn {
-            // Only the active file is written to; a segment was complete when it was renamed.
-            if !is_active {
+            // Only the active file is written to (a segment was whole when it was renamed), and
+            // only a prefix of a record's line is what an interrupted write leaves.
+            if !is_active || !torn.cut_short {
                 return Err(in_file(torn.failure));
             }
             active_torn = Some(torn);
@@ -509,7 +510,8 @@ fn check_segment_start(
 }
 
 /// Parses every record of a log (segments first) without verifying anything beyond syntax (for
-/// `audit show` of a log that fails verification). Fails at the first line that is not a record.
+/// `audit show` of a log that fails verification). Fails at the first whole line that is not a
+/// record; an incomplete last line is left out.
 pub fn read_records(path: &Path) -> Result<Vec<Record>, AuditError> {
     use std::io::{BufRead, BufReader};
     let mut files: Vec<PathBuf> = scan::list_segments(path)
@@ -520,9 +522,17 @@ pub fn read_records(path: &Path) -> Result<Vec<Record>, AuditError> {
     files.push(path.to_owned());
     let mut out = Vec::new();
     for file_path in files {
-        let reader = BufReader::new(open_log(&file_path)?);
-        for (i, line) in reader.split(b'\n').enumerate() {
-            let line = line.map_err(AuditError::io("read audit log", &file_path))?;
+        let mut reader = BufReader::new(open_log(&file_path)?);
+        let mut line = Vec::new();
+        for i in 0.. {
+            line.clear();
+            reader
+                .read_until(b'\n', &mut line)
+                .map_err(AuditError::io("read audit log", &file_path))?;
+            // An unterminated last line is never a record (see `scan::TornTail`).
+            if line.pop() != Some(b'\n') {
+                break;
+            }
             let text = std::str::from_utf8(&line).map_err(|_| {
                 AuditError::InvalidRecord(format!("{} is not UTF-8", file_path.display()))
             })?;

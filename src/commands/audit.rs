@@ -74,7 +74,7 @@ fn run_verify(a: &AuditPathArgs) -> CmdResult {
             }
             if let Some(t) = &r.torn_tail {
                 status::warn(&format!(
-                    "the last {} bytes of {} (line {}, after record {}) are an incomplete line: a write cut short by a crash, never a record (nothing it recorded was forwarded); the next `run` moves them aside and continues the chain",
+                    "the last {} bytes of {} (line {}, after record {}) are an incomplete line: an interrupted write (a crash or a power loss), never a record; the next `run` moves them aside and continues the chain",
                     t.bytes,
                     path.display(),
                     t.line,
