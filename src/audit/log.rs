@@ -823,15 +823,23 @@ impl AuditLog {
     /// [`super::recover`] to move aside before anything is appended after it; bytes no write
     /// of this writer could have left are damage.
     fn refuse_torn(&self, torn: Option<&scan::TornTail>, after_seq: u64) -> Result<(), AuditError> {
+        use std::os::unix::fs::MetadataExt;
         match torn {
             None => Ok(()),
             Some(t) if !t.cut_short => Err(self.corrupt(t.failure.to_string())),
-            Some(t) => Err(AuditError::TornTail {
-                path: self.path.clone(),
-                after_seq,
-                offset: t.offset,
-                len: t.len,
-            }),
+            Some(t) => {
+                let meta = self
+                    .file
+                    .metadata()
+                    .map_err(AuditError::io("inspect audit log", &self.path))?;
+                Err(AuditError::TornTail {
+                    path: self.path.clone(),
+                    after_seq,
+                    offset: t.offset,
+                    len: t.len,
+                    file_id: (meta.dev(), meta.ino()),
+                })
+            }
         }
     }
 

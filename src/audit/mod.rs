@@ -172,6 +172,8 @@ pub enum AuditError {
         after_seq: u64,
         offset: u64,
         len: u64,
+        /// `(device, inode)` of the file that was judged: the cut is made only on that file.
+        file_id: (u64, u64),
     },
     #[error("invalid audit record: {0}")]
     InvalidRecord(String),

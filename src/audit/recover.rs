@@ -158,11 +158,18 @@ pub fn open_for_run_with(
                 after_seq,
                 offset,
                 len,
+                file_id,
                 ..
             },
             Some(lock),
         )) => {
-            let kept = keep_torn_tail(path, after_seq, offset, len, &stamp())?;
+            let torn = Torn {
+                after_seq,
+                offset,
+                len,
+                file_id,
+            };
+            let kept = keep_torn_tail(path, &torn, &stamp())?;
             let mut log = AuditLog::open_locked(path, keys, opts, lock).map_err(|(e, _)| e)?;
             log.append(
                 TORN_TAIL_SET_ASIDE,
@@ -209,34 +216,51 @@ pub fn open_for_run_with(
     Ok((log, Some(Recovery::SetAside(recovery))))
 }
 
-/// Copies bytes `offset..offset + len` of the log (its torn tail) to a new file beside it,
-/// syncs that copy, then cuts them off the log. The caller holds the writer lock, so the log
-/// is as `open` judged it; a length that changed anyway is refused.
-fn keep_torn_tail(
-    path: &Path,
+/// The torn tail `open` judged (see [`AuditError::TornTail`]).
+struct Torn {
     after_seq: u64,
     offset: u64,
     len: u64,
-    stamp: &str,
-) -> Result<TornTailKept, AuditError> {
+    file_id: (u64, u64),
+}
+
+/// Copies bytes `offset..offset + len` of the log (its torn tail) to a new file beside it,
+/// syncs that copy, then cuts them off the log. The caller holds the writer lock, so the log
+/// is as `open` judged it; another file at the path, or a length that changed anyway, is
+/// refused.
+fn keep_torn_tail(path: &Path, torn: &Torn, stamp: &str) -> Result<TornTailKept, AuditError> {
     use std::io::{Read, Seek, SeekFrom};
+    use std::os::unix::fs::MetadataExt;
+    let &Torn {
+        after_seq,
+        offset,
+        len,
+        file_id,
+    } = torn;
     let log = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .custom_flags(keys::nofollow())
         .open(path)
         .map_err(AuditError::io("open audit log", path))?;
-    let now = log
+    let meta = log
         .metadata()
-        .map_err(AuditError::io("inspect audit log", path))?
-        .len();
-    if now != offset + len {
+        .map_err(AuditError::io("inspect audit log", path))?;
+    let changed = if (meta.dev(), meta.ino()) != file_id {
+        Some("it was replaced while it was opened".to_string())
+    } else if meta.len() != offset + len {
+        Some(format!(
+            "its length changed while it was opened ({} bytes, then {})",
+            offset + len,
+            meta.len()
+        ))
+    } else {
+        None
+    };
+    if let Some(reason) = changed {
         return Err(AuditError::CorruptTail {
             path: path.to_owned(),
-            reason: format!(
-                "its length changed while it was opened ({} bytes, then {now})",
-                offset + len
-            ),
+            reason,
         });
     }
     let stem = path
@@ -563,6 +587,12 @@ mod tests {
         assert_eq!(b.previous_head.as_ref().map(|h| h.0), Some(3));
     }
 
+    fn file_id(path: &Path) -> (u64, u64) {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).unwrap();
+        (m.dev(), m.ino())
+    }
+
     /// Appends `bytes` to the log, unterminated.
     fn append_raw(path: &Path, bytes: &[u8]) {
         std::fs::OpenOptions::new()
@@ -763,7 +793,14 @@ mod tests {
             .unwrap()
             .write_all(b"{\"v\":")
             .unwrap();
-        let first = keep_torn_tail(&path, 1, len, 5, "T").unwrap();
+        let id = file_id(&path);
+        let torn = |bytes| Torn {
+            after_seq: 1,
+            offset: len,
+            len: bytes,
+            file_id: id,
+        };
+        let first = keep_torn_tail(&path, &torn(5), "T").unwrap();
         // The same stamp (two recoveries in one second): the first copy stays.
         std::fs::OpenOptions::new()
             .append(true)
@@ -771,7 +808,7 @@ mod tests {
             .unwrap()
             .write_all(b"{\"v\":1")
             .unwrap();
-        let second = keep_torn_tail(&path, 1, len, 6, "T").unwrap();
+        let second = keep_torn_tail(&path, &torn(6), "T").unwrap();
         assert!(first.kept_as.ends_with("srv.torn-T.partial"), "{first:?}");
         assert!(
             second.kept_as.ends_with("srv.torn-T-2.partial"),
@@ -787,8 +824,15 @@ mod tests {
             .unwrap()
             .write_all(b"{")
             .unwrap();
-        let e = keep_torn_tail(&path, 1, len, 5, "T").unwrap_err();
+        let e = keep_torn_tail(&path, &torn(5), "T").unwrap_err();
         assert!(e.to_string().contains("length changed"), "{e}");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), len + 1);
+        // Another file put in its place is not cut.
+        let other = path.with_extension("other");
+        std::fs::copy(&path, &other).unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        let e = keep_torn_tail(&path, &torn(1), "T").unwrap_err();
+        assert!(e.to_string().contains("replaced"), "{e}");
         assert_eq!(std::fs::metadata(&path).unwrap().len(), len + 1);
     }
 
