@@ -171,7 +171,7 @@ impl Served {
     pub fn release(&self, path: &Path) {
         let ours = *self.bound.lock().unwrap_or_else(|e| e.into_inner());
         if let (Some(id), Ok(m)) = (ours, std::fs::symlink_metadata(path))
-            && (m.dev(), m.ino()) == id
+            && crate::sys::unix::file_id(&m) == id
         {
             let _ = std::fs::remove_file(path);
         }
@@ -272,7 +272,7 @@ fn try_bind(path: &Path) -> Result<Bind, ControlError> {
         Ok(l) => {
             let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
             let m = std::fs::symlink_metadata(path).map_err(io_err("inspect", path))?;
-            Ok(Bind::Bound(l, (m.dev(), m.ino())))
+            Ok(Bind::Bound(l, crate::sys::unix::file_id(&m)))
         }
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Ok(Bind::Busy(None)),
         Err(e) => Err(io_err("bind", path)(e)),

@@ -823,7 +823,6 @@ impl AuditLog {
     /// [`super::recover`] to move aside before anything is appended after it; bytes no write
     /// of this writer could have left are damage.
     fn refuse_torn(&self, torn: Option<&scan::TornTail>, after_seq: u64) -> Result<(), AuditError> {
-        use std::os::unix::fs::MetadataExt;
         match torn {
             None => Ok(()),
             Some(t) if !t.cut_short => Err(self.corrupt(t.failure.to_string())),
@@ -837,7 +836,7 @@ impl AuditLog {
                     after_seq,
                     offset: t.offset,
                     len: t.len,
-                    file_id: (meta.dev(), meta.ino()),
+                    file_id: crate::sys::unix::file_id(&meta),
                 })
             }
         }

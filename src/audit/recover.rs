@@ -230,7 +230,6 @@ struct Torn {
 /// refused.
 fn keep_torn_tail(path: &Path, torn: &Torn, stamp: &str) -> Result<TornTailKept, AuditError> {
     use std::io::{Read, Seek, SeekFrom};
-    use std::os::unix::fs::MetadataExt;
     let &Torn {
         after_seq,
         offset,
@@ -246,7 +245,7 @@ fn keep_torn_tail(path: &Path, torn: &Torn, stamp: &str) -> Result<TornTailKept,
     let meta = log
         .metadata()
         .map_err(AuditError::io("inspect audit log", path))?;
-    let changed = if (meta.dev(), meta.ino()) != file_id {
+    let changed = if crate::sys::unix::file_id(&meta) != file_id {
         Some("it was replaced while it was opened".to_string())
     } else if meta.len() != offset + len {
         Some(format!(
@@ -588,9 +587,7 @@ mod tests {
     }
 
     fn file_id(path: &Path) -> (u64, u64) {
-        use std::os::unix::fs::MetadataExt;
-        let m = std::fs::metadata(path).unwrap();
-        (m.dev(), m.ino())
+        crate::sys::unix::file_id(&std::fs::metadata(path).unwrap())
     }
 
     /// Appends `bytes` to the log, unterminated.

@@ -1,6 +1,7 @@
 //! The platform seam for processes (Linux first; macOS uses the same POSIX calls).
 //!
-//! Process groups, group signals, exit decoding, the parent-death check and a terminal's modes.
+//! Process groups, group signals, exit decoding, the parent-death check, a terminal's modes and
+//! a file's identity.
 //! Nothing here knows what the processes are for.
 
 use std::os::fd::AsFd;
@@ -15,6 +16,13 @@ use crate::supervisor::ExitInfo;
 pub enum Sig {
     Term,
     Kill,
+}
+
+/// A file's identity, `(device, inode)`: whether a path still names the file that was judged
+/// (an audit log about to be cut, a socket about to be removed).
+pub fn file_id(meta: &std::fs::Metadata) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    (meta.dev(), meta.ino())
 }
 
 /// Makes a file-size limit (`RLIMIT_FSIZE`) a write error instead of a kill: `SIGXFSZ` gets a
