@@ -10,6 +10,8 @@
 use std::collections::BTreeMap;
 
 use serde_json::value::RawValue;
+
+use super::scan;
 use serde_json::{Value, json};
 
 /// Source tag on every error cargo mcp-dev itself produces (`data.source`).
@@ -111,40 +113,12 @@ impl<'a> Raw<'a> {
     }
 }
 
-/// The top-level members the proxy reads; every other member is kept in the text, unread.
+/// The top-level members the supervisor edits (see [`Message::splice`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Member {
-    Jsonrpc,
     Id,
-    Method,
     Params,
     Result,
-    Error,
-    Other,
-}
-
-impl<'de> serde::Deserialize<'de> for Member {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl serde::de::Visitor<'_> for V {
-            type Value = Member;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a member name")
-            }
-            fn visit_str<E>(self, k: &str) -> Result<Member, E> {
-                Ok(match k {
-                    "jsonrpc" => Member::Jsonrpc,
-                    "id" => Member::Id,
-                    "method" => Member::Method,
-                    "params" => Member::Params,
-                    "result" => Member::Result,
-                    "error" => Member::Error,
-                    _ => Member::Other,
-                })
-            }
-        }
-        d.deserialize_str(V)
-    }
 }
 
 /// The members of a JSON object as borrowed raw values, in their order (no tree, no copies),
@@ -174,151 +148,156 @@ impl<'de, K: serde::Deserialize<'de>> serde::Deserialize<'de> for Members<'de, K
     }
 }
 
-/// A message's top level as read: the members the proxy reads (borrowed raw values), whether
-/// one of them was named twice, and whether it has an `error`. No list of every member: the
-/// others are skipped as they are read.
+/// A message's top level as read: where the members the proxy reads are, whether one of them
+/// was named twice, and whether it has an `error`. No list of every member: the others are
+/// skipped as they are read.
 #[derive(Default)]
-struct TopLevel<'a> {
-    jsonrpc: Option<&'a RawValue>,
-    id: Option<&'a RawValue>,
-    method: Option<&'a RawValue>,
-    params: Option<&'a RawValue>,
-    result: Option<&'a RawValue>,
+struct TopLevel {
+    jsonrpc: Option<Span>,
+    id: Option<Span>,
+    method: Option<Span>,
+    params: Option<Span>,
+    result: Option<Span>,
     has_error: bool,
     named_twice: bool,
 }
 
-impl<'de> serde::Deserialize<'de> for TopLevel<'de> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = TopLevel<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<TopLevel<'de>, A::Error> {
-                let mut top = TopLevel::default();
-                while let Some(member) = map.next_key::<Member>()? {
-                    let value = map.next_value::<&'de RawValue>()?;
-                    let slot = match member {
-                        Member::Jsonrpc => &mut top.jsonrpc,
-                        Member::Id => &mut top.id,
-                        Member::Method => &mut top.method,
-                        Member::Params => &mut top.params,
-                        Member::Result => &mut top.result,
-                        Member::Error => {
-                            top.named_twice |= top.has_error;
-                            top.has_error = true;
-                            continue;
-                        }
-                        Member::Other => continue,
-                    };
-                    top.named_twice |= slot.is_some();
-                    *slot = Some(value);
+impl TopLevel {
+    fn read(text: &str) -> Result<TopLevel, scan::Invalid> {
+        let mut top = TopLevel::default();
+        scan::object_members(text, |name, value| {
+            let slot = match &*name {
+                "jsonrpc" => &mut top.jsonrpc,
+                "id" => &mut top.id,
+                "method" => &mut top.method,
+                "params" => &mut top.params,
+                "result" => &mut top.result,
+                "error" => {
+                    top.named_twice |= top.has_error;
+                    top.has_error = true;
+                    return;
                 }
-                Ok(top)
-            }
-        }
-        d.deserialize_map(V)
+                _ => return,
+            };
+            top.named_twice |= slot.is_some();
+            *slot = Some(value);
+        })?;
+        Ok(top)
     }
+}
+
+/// A line that is not a message: why, and the line back.
+#[derive(Debug)]
+pub struct Unreadable {
+    pub error: EnvelopeError,
+    pub line: Vec<u8>,
 }
 
 impl Message {
     pub fn parse(line: &[u8]) -> Result<Message, EnvelopeError> {
-        let text = std::str::from_utf8(line)
-            .map_err(|e| EnvelopeError::NotJson(format!("not UTF-8 ({e})")))?;
+        Self::parse_owned(line.to_vec()).map_err(|u| u.error)
+    }
+
+    /// [`Message::parse`] of a line the caller gives up: its bytes become the message's text
+    /// (no copy); a line that is not a message comes back with the reason.
+    pub fn parse_owned(mut line: Vec<u8>) -> Result<Message, Unreadable> {
         // A raw `\r` can only be whitespace between tokens (inside strings it must be escaped),
         // but a peer reading with universal newlines (Python's stdio transport, Node's
         // `readline`) ends a line at it: a message forwarded byte for byte could carry a second
-        // one nobody judged. It becomes a space (same length: no span moves).
-        let spaced;
-        let text = if text.contains('\r') {
-            spaced = text.replace('\r', " ");
-            spaced.as_str()
-        } else {
-            text
+        // one nobody judged. It becomes a space (same length: no span moves; an ASCII byte for
+        // an ASCII byte leaves UTF-8 as it was).
+        if memchr::memchr(b'\r', &line).is_some() {
+            for b in line.iter_mut().filter(|b| **b == b'\r') {
+                *b = b' ';
+            }
+        }
+        let text = match String::from_utf8(line) {
+            Ok(text) => text,
+            Err(e) => {
+                return Err(Unreadable {
+                    error: EnvelopeError::NotJson(format!("not UTF-8 ({})", e.utf8_error())),
+                    line: e.into_bytes(),
+                });
+            }
         };
-        let top: TopLevel<'_> = match serde_json::from_str(text) {
-            Ok(t) => t,
-            Err(_) => return Err(Self::not_an_object(line)),
+        let unreadable = |error: EnvelopeError, text: String| {
+            Err(Unreadable {
+                error,
+                line: text.into_bytes(),
+            })
+        };
+        let Ok(top) = TopLevel::read(&text) else {
+            return unreadable(Self::not_an_object(text.as_bytes()), text);
         };
         if top.named_twice {
             // A member named twice: peers' parsers disagree on which one counts, so the
             // message is rebuilt with the last one (the one judged here) before it goes on.
-            return Self::parse_normalized(line);
+            return match Self::parse_normalized(text.as_bytes()) {
+                Ok(m) => Ok(m),
+                Err(e) => unreadable(e, text),
+            };
         }
-        let offset = |raw: Option<&RawValue>| {
-            raw.map(|raw| {
-                let start = raw.get().as_ptr() as usize - text.as_ptr() as usize;
-                start..start + raw.get().len()
-            })
-        };
-        let (jsonrpc, id, method, params, result) = (
-            offset(top.jsonrpc),
-            offset(top.id),
-            offset(top.method),
-            offset(top.params),
-            offset(top.result),
-        );
-        let has_error = top.has_error;
+        let TopLevel {
+            jsonrpc,
+            id,
+            method,
+            params,
+            result,
+            has_error,
+            ..
+        } = top;
         match &jsonrpc {
             Some(r) if &text[r.clone()] == "\"2.0\"" => {}
             _ => {
-                return Err(EnvelopeError::NotJsonRpc(
-                    "missing \"jsonrpc\": \"2.0\"".into(),
-                ));
+                return unreadable(
+                    EnvelopeError::NotJsonRpc("missing \"jsonrpc\": \"2.0\"".into()),
+                    text,
+                );
             }
         }
         let method = match &method {
-            Some(m) => Some(
-                serde_json::from_str::<String>(&text[m.clone()])
-                    .map_err(|_| EnvelopeError::NotJsonRpc("method is not a string".into()))?,
-            ),
+            Some(m) => match scan::string_value(&text[m.clone()]) {
+                Some(name) => Some(name.into_owned()),
+                None => {
+                    return unreadable(
+                        EnvelopeError::NotJsonRpc("method is not a string".into()),
+                        text,
+                    );
+                }
+            },
             None => None,
         };
         let id_text = id.as_ref().map(|r| &text[r.clone()]);
         let answer = result.is_some() || has_error;
         let kind = match (&method, id_text) {
-            (Some(_), _) if answer => {
-                return Err(EnvelopeError::NotJsonRpc(
-                    "both a method and a result or error".into(),
-                ));
-            }
+            (Some(_), _) if answer => Err(EnvelopeError::NotJsonRpc(
+                "both a method and a result or error".into(),
+            )),
             // A method and no id member at all: a notification.
-            (Some(_), None) => Kind::Notification,
-            (Some(_), Some(raw)) if is_valid_id(raw) => Kind::Request,
+            (Some(_), None) => Ok(Kind::Notification),
+            (Some(_), Some(raw)) if is_valid_id(raw) => Ok(Kind::Request),
             // A method with `"id": null` (or any other non-id): an invalid request, never a
             // notification.
-            (Some(m), Some(raw)) => {
-                return Err(EnvelopeError::InvalidRequestId {
-                    method: m.clone(),
-                    id: raw.chars().take(40).collect(),
-                });
-            }
-            (None, _) if answer => {
-                // A response's id may be null (an error answering an unreadable request).
-                if let Some(raw) = id_text
-                    && raw != "null"
-                    && !is_valid_id(raw)
-                {
-                    return Err(EnvelopeError::NotJsonRpc(
-                        "id must be a string or a number".into(),
-                    ));
-                }
-                Kind::Response
-            }
-            (None, _) => {
-                return Err(EnvelopeError::NotJsonRpc(
-                    "neither a request, a notification nor a response".into(),
-                ));
-            }
+            (Some(m), Some(raw)) => Err(EnvelopeError::InvalidRequestId {
+                method: m.clone(),
+                id: raw.chars().take(40).collect(),
+            }),
+            // A response's id may be null (an error answering an unreadable request).
+            (None, Some(raw)) if answer && raw != "null" && !is_valid_id(raw) => Err(
+                EnvelopeError::NotJsonRpc("id must be a string or a number".into()),
+            ),
+            (None, _) if answer => Ok(Kind::Response),
+            (None, _) => Err(EnvelopeError::NotJsonRpc(
+                "neither a request, a notification nor a response".into(),
+            )),
         };
-        let id_raw = id_text.map(|t| RawValue::from_string(t.to_owned()).expect("parsed as JSON"));
+        let kind = match kind {
+            Ok(kind) => kind,
+            Err(e) => return unreadable(e, text),
+        };
+        let id_raw = id_text.map(|t| RawValue::from_string(t.to_owned()).expect("read as JSON"));
         Ok(Message {
-            text: text.to_owned(),
+            text,
             id,
             params,
             result,
@@ -479,7 +458,6 @@ impl Message {
             Member::Id => self.id.clone(),
             Member::Params => self.params.clone(),
             Member::Result => self.result.clone(),
-            _ => unreachable!("only id, params and result are edited"),
         };
         let (range, prefix) = match current {
             Some(r) => (r, ""),
@@ -489,7 +467,7 @@ impl Message {
                 let name = match member {
                     Member::Id => ",\"id\":",
                     Member::Params => ",\"params\":",
-                    _ => ",\"result\":",
+                    Member::Result => ",\"result\":",
                 };
                 (end..end, name)
             }
@@ -545,19 +523,32 @@ impl Message {
 }
 
 /// The tool name and the raw arguments of a `tools/call`, read without building a JSON tree
-/// (this runs for every call).
-pub fn call_target(params: Option<Raw<'_>>) -> (String, Option<&RawValue>) {
-    #[derive(serde::Deserialize)]
-    struct CallParams<'a> {
-        #[serde(default)]
-        name: String,
-        #[serde(borrow, default)]
-        arguments: Option<&'a RawValue>,
+/// (this runs for every call). Params that are not an object, name a member twice or have a
+/// name that is not a string give no name and no arguments; `"arguments": null` is none.
+pub fn call_target(params: Option<Raw<'_>>) -> (String, Option<Raw<'_>>) {
+    let Some(text) = params.map(|p| p.get()) else {
+        return (String::new(), None);
+    };
+    let (mut name, mut arguments, mut twice) = (None, None, false);
+    let read = scan::object_members(text, |member, value| {
+        let slot = match &*member {
+            "name" => &mut name,
+            "arguments" => &mut arguments,
+            _ => return,
+        };
+        twice |= slot.is_some();
+        *slot = Some(value);
+    });
+    if read.is_err() || twice {
+        return (String::new(), None);
     }
-    match params.and_then(|p| serde_json::from_str::<CallParams<'_>>(p.get()).ok()) {
-        Some(c) => (c.name, c.arguments),
-        None => (String::new(), None),
-    }
+    let name = match name.map(|r| scan::string_value(&text[r])) {
+        None => String::new(),
+        Some(Some(name)) => name.into_owned(),
+        Some(None) => return (String::new(), None),
+    };
+    let arguments = arguments.map(|r| &text[r]).filter(|a| *a != "null");
+    (name, arguments.map(Raw))
 }
 
 /// The `_meta` object of a message's params, parsed alone (the rest is skipped, not built).
@@ -589,18 +580,20 @@ fn may_name(object: &Raw<'_>, key: &str) -> bool {
         })
 }
 
-/// Whether a `tools/call` result says `isError: true` (other fields are skipped, not built).
+/// Whether a `tools/call` result says `isError: true` (other members are skipped, not built;
+/// a result that is not an object, or names `isError` twice, says nothing).
 pub fn result_is_error(result: Option<Raw<'_>>) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Outcome {
-        #[serde(rename = "isError", default)]
-        is_error: Option<bool>,
-    }
-    result
-        .filter(|r| may_name(r, "isError"))
-        .and_then(|r| serde_json::from_str::<Outcome>(r.get()).ok())
-        .and_then(|o| o.is_error)
-        .unwrap_or(false)
+    let Some(text) = result.filter(|r| may_name(r, "isError")).map(|r| r.get()) else {
+        return false;
+    };
+    let (mut flag, mut twice) = (None, false);
+    let read = scan::object_members(text, |member, value| {
+        if member == "isError" {
+            twice |= flag.is_some();
+            flag = Some(value);
+        }
+    });
+    read.is_ok() && !twice && flag.is_some_and(|r| &text[r] == "true")
 }
 
 /// The `tools` array of a `tools/list` result as raw text, and its `nextCursor` (the tools
@@ -808,6 +801,77 @@ mod tests {
         assert_eq!(m.kind(), &Kind::Response);
         // A method and a result at once is neither.
         assert!(Message::parse(br#"{"jsonrpc":"2.0","id":1,"method":"x","result":{}}"#).is_err());
+    }
+
+    /// The scanner reads a call's target exactly as the `serde` struct it replaced did, for
+    /// params that are an object (the struct also took a JSON array; now that is no target).
+    #[test]
+    fn call_target_reads_as_the_serde_struct_did() {
+        #[derive(serde::Deserialize)]
+        struct CallParams<'a> {
+            #[serde(default)]
+            name: String,
+            #[serde(borrow, default)]
+            arguments: Option<&'a RawValue>,
+        }
+        let by_serde = |text: &str| match serde_json::from_str::<CallParams<'_>>(text) {
+            Ok(c) => (c.name, c.arguments.map(|a| a.get().to_string())),
+            Err(_) => (String::new(), None),
+        };
+        for text in [
+            r#"{"name":"w","arguments":{"a":1}}"#,
+            r#"{ "arguments" : [1, 2] , "name" : "w" }"#,
+            r#"{"name":"w\u00e9\/x"}"#,
+            r#"{"\u006eame":"w"}"#,
+            r#"{"name":"w","arguments":null}"#,
+            r#"{"name":"w","name":"v"}"#,
+            r#"{"name":"w","arguments":{},"arguments":{}}"#,
+            r#"{"name":1,"arguments":{}}"#,
+            r#"{"name":"\ud800"}"#,
+            r#"{"arguments":"text"}"#,
+            r#"{}"#,
+            r#"{"name":"w","other":{"name":"v"}}"#,
+            r#"{"name":"w",}"#,
+        ] {
+            let (name, arguments) = call_target(Some(Raw(text)));
+            assert_eq!(
+                (name, arguments.map(|a| a.get().to_string())),
+                by_serde(text),
+                "params {text}"
+            );
+        }
+        assert_eq!(call_target(Some(Raw(r#"["w",{}]"#))), (String::new(), None));
+    }
+
+    /// The same for `isError`, against the `serde` struct it replaced.
+    #[test]
+    fn result_is_error_reads_as_the_serde_struct_did() {
+        #[derive(serde::Deserialize)]
+        struct Outcome {
+            #[serde(rename = "isError", default)]
+            is_error: Option<bool>,
+        }
+        for text in [
+            r#"{"content":[],"isError":true}"#,
+            r#"{"content":[],"isError" : false}"#,
+            r#"{"isError":null}"#,
+            r#"{"isError":"true"}"#,
+            r#"{"isError":1}"#,
+            r#"{"isError":true,"isError":true}"#,
+            r#"{"\u0069sError":true}"#,
+            r#"{"content":[{"isError":true}]}"#,
+            r#"{"content":"isError"}"#,
+            r#"{"isError":true,}"#,
+        ] {
+            let by_serde = serde_json::from_str::<Outcome>(text)
+                .ok()
+                .and_then(|o| o.is_error)
+                .unwrap_or(false);
+            assert_eq!(result_is_error(Some(Raw(text))), by_serde, "result {text}");
+        }
+        // The struct also read a JSON array in field order; a result that is not an object
+        // now says nothing.
+        assert!(!result_is_error(Some(Raw("[true]"))));
     }
 
     #[test]

@@ -23,9 +23,9 @@ impl<I: Io> Session<I> {
         };
         let msg = match known {
             Ok(m) => m,
-            Err(line) => match Message::parse(&line) {
+            Err(line) => match Message::parse_owned(line) {
                 Ok(m) => m,
-                Err(_) => return self.on_child_garbage(epoch, &line),
+                Err(unreadable) => return self.on_child_garbage(epoch, &unreadable.line),
             },
         };
         match msg.kind() {

@@ -11,14 +11,14 @@ use super::*;
 use crate::proxy::envelope::{self, Kind, Message};
 
 impl<I: Io> Session<I> {
-    pub(super) fn on_host_line(&mut self, line: &[u8]) {
-        let msg = match Message::parse(line) {
+    pub(super) fn on_host_line(&mut self, line: Vec<u8>) {
+        let msg = match Message::parse_owned(line) {
             Ok(m) => m,
-            Err(e) => {
+            Err(envelope::Unreadable { error: e, line }) => {
                 self.io.status(&format!(
                     "host sent an invalid message ({e}); answered with an error"
                 ));
-                let id = protocol::recover_id(line);
+                let id = protocol::recover_id(&line);
                 self.io.to_host(envelope::error_line(
                     id.as_deref(),
                     e.code(),

@@ -521,7 +521,7 @@ impl<I: Io> Session<I> {
 
     pub fn handle(&mut self, event: Event) {
         match event {
-            Event::HostLine(line) => self.on_host_line(&line),
+            Event::HostLine(line) => self.on_host_line(line),
             Event::HostOversize { prefix, len } => self.on_host_oversize(&prefix, len),
             Event::HostEof => self.shutdown("the host closed stdin"),
             Event::ChildLine { epoch, line } => self.on_child_line(&epoch, line),

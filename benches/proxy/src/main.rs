@@ -3,8 +3,9 @@
 //! load from other processes on a shared machine hits all of them alike.
 //!
 //! Phases (all by default; `--phases latency,throughput,list,idle,reload,start,exit` to pick):
-//! - latency: sequential `tools/call echo` round trips; per round the three variants take turns in a
-//!   rotating order; the timer stops when the answer line has been read (parsing happens after).
+//! - latency: sequential `tools/call echo` round trips; per round the variants take turns in a
+//!   rotating order (`--streak N`: N calls in a row per turn); the timer stops when the answer
+//!   line has been read (parsing happens after).
 //! - throughput: pipelined calls (a writer thread sends all, the main thread reads all answers),
 //!   rounds rotate the variant order.
 //! - idle: CPU (utime+stime) of a watching supervisor and of the `--no-watch` one over a window.
@@ -16,6 +17,10 @@
 //! - start: spawn to the first successful `tools/call`, `run` vs `cargo run` (`lifecycle.rs`).
 //! - exit: host closes stdin to process exit, server idle / build running / server not answering
 //!   yet (`lifecycle.rs`).
+//!
+//! `--mcp-dev-b OTHER` runs a second `cargo-mcp-dev` (say, the commit before a change) as the
+//! variant `run-b` in the latency and throughput phases, beside the first, in the same rotation:
+//! an A/B measured under the same noise (`ab.sh`).
 //!
 //! Owns only its work directory (`--work`); it never touches the repository it was pointed at
 //! except to read the fixture it copies. Output: a markdown report on stdout, progress on stderr.
@@ -36,11 +41,16 @@ const ERROR_META: &str = "dev.cargo-mcp-dev/error";
 
 struct Opts {
     mcp_dev: PathBuf,
+    /// A second `cargo-mcp-dev` (say, before a change) run beside the first as `run-b` in the
+    /// latency and throughput phases: an A/B in one run, under the same noise.
+    mcp_dev_b: Option<PathBuf>,
     relay: PathBuf,
     hops: PathBuf,
     fixture: PathBuf,
     work: PathBuf,
     calls: usize,
+    /// Sequential calls each variant makes in a row before the next one's turn (1: call by call).
+    streak: usize,
     warmup: usize,
     pipelined: usize,
     tp_rounds: usize,
@@ -62,11 +72,13 @@ struct Opts {
 fn parse_opts() -> Opts {
     let mut o = Opts {
         mcp_dev: PathBuf::from("target/release/cargo-mcp-dev"),
+        mcp_dev_b: None,
         relay: PathBuf::new(),
         hops: PathBuf::new(),
         fixture: PathBuf::from("tests/fixtures/fake-server"),
         work: std::env::temp_dir().join("proxy-bench"),
         calls: 2000,
+        streak: 1,
         warmup: 500,
         pipelined: 20000,
         tp_rounds: 5,
@@ -98,10 +110,12 @@ fn parse_opts() -> Opts {
         match flag.as_str() {
             "--mcp-dev" => o.mcp_dev = val().into(),
             "--relay" => o.relay = val().into(),
+            "--mcp-dev-b" => o.mcp_dev_b = Some(val().into()),
             "--hops-relay" => o.hops = val().into(),
             "--fixture" => o.fixture = val().into(),
             "--work" => o.work = val().into(),
             "--calls" => o.calls = val().parse().expect("--calls N"),
+            "--streak" => o.streak = val().parse::<usize>().expect("--streak N").max(1),
             "--warmup" => o.warmup = val().parse().expect("--warmup N"),
             "--pipelined" => o.pipelined = val().parse().expect("--pipelined N"),
             "--tp-rounds" => o.tp_rounds = val().parse().expect("--tp-rounds N"),
@@ -643,7 +657,12 @@ fn build_server(o: &Opts, name: &str) -> Server {
 /// `cargo-mcp-dev run --release --offline --manifest-path … --target-dir … --no-gating --no-watch`
 /// against `srv`, as every phase but reload runs it.
 fn run_command(o: &Opts, srv: &Server) -> Command {
-    let mut cmd = Command::new(&o.mcp_dev);
+    run_command_of(&o.mcp_dev, srv)
+}
+
+/// [`run_command`] of another `cargo-mcp-dev` binary (`--mcp-dev-b`).
+fn run_command_of(mcp_dev: &Path, srv: &Server) -> Command {
+    let mut cmd = Command::new(mcp_dev);
     cmd.args(["run", "--release", "--offline", "--manifest-path"])
         .arg(srv.manifest())
         .arg("--target-dir")
@@ -699,6 +718,18 @@ fn start_variants(
             o.work.join(format!("audit-relay-{tag}.log")),
         );
         conns.push(Conn::spawn("audit-relay", audit_cmd, None, &home));
+        if let Some(b) = &o.mcp_dev_b {
+            let mut b_cmd = with_env(run_command_of(b, srv));
+            b_cmd
+                .arg("--audit-log")
+                .arg(o.work.join(format!("audit-{tag}-b.jsonl")));
+            conns.push(Conn::spawn(
+                "run-b",
+                b_cmd,
+                Some(&o.work.join(format!("run-{tag}-b.stderr"))),
+                &home,
+            ));
+        }
     }
     let mut v = Variants { conns };
     for c in &mut v.conns {
@@ -729,17 +760,21 @@ fn latency_phase(o: &Opts, v: &mut Variants, out: &mut String) {
         }
     }
     progress(&format!(
-        "latency: {} calls per variant, rotating order",
-        o.calls
+        "latency: {} calls per variant, rotating order, {} in a row per turn",
+        o.calls, o.streak
     ));
     let k = v.conns.len();
     let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(o.calls); k];
     let cpu_before = cpu_snapshot(v);
     let ctxt_before = ctxt_snapshot(v);
-    for i in 0..o.calls {
+    // Turns of `o.streak` calls (1: call by call); the last turn may be shorter.
+    for turn in 0..o.calls.div_ceil(o.streak) {
+        let calls = o.streak.min(o.calls - turn * o.streak);
         for j in 0..k {
-            let c = (i + j) % k;
-            samples[c].push(v.conns[c].timed_echo() as f64 / 1000.0);
+            let c = (turn + j) % k;
+            for _ in 0..calls {
+                samples[c].push(v.conns[c].timed_echo() as f64 / 1000.0);
+            }
         }
     }
     let cpu_after = cpu_snapshot(v);
@@ -753,8 +788,13 @@ fn latency_phase(o: &Opts, v: &mut Variants, out: &mut String) {
         summarize(&r).p50
     };
     out.push_str("## 1. Sequential `tools/call` round trip (µs)\n\n");
+    let turns = if o.streak == 1 {
+        "call by call".to_string()
+    } else {
+        format!("{} calls in a row per turn (`--streak {}`)", o.streak, o.streak)
+    };
     out.push_str(&format!(
-        "{} calls per variant after {} warm-up calls each; the variants take turns call by call (rotating order).\n\n",
+        "{} calls per variant after {} warm-up calls each; the variants take turns {turns} (rotating order).\n\n",
         o.calls, o.warmup
     ));
     out.push_str("| variant | n | p50 | p90 | p99 | min | max | p50 / direct | p90 / direct | p99 / direct | median of paired ratios |\n");
