@@ -95,8 +95,7 @@ pub fn write_opt_u64(n: Option<u64>, out: &mut Vec<u8>) {
 
 /// A non-negative integer in decimal, appended.
 pub fn write_u64(n: u64, out: &mut Vec<u8>) {
-    use std::io::Write as _;
-    let _ = write!(out, "{n}");
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// A JSON string literal.

@@ -15,15 +15,19 @@ pub const BUF_SIZE: usize = 1 << 20;
 /// Lowercase hex of bytes, table-driven (the `hex` crate's encoder goes char by char, which
 /// showed up in profiles of the per-call audit path).
 pub fn hex_lower(bytes: impl AsRef<[u8]>) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let bytes = bytes.as_ref();
-    // Digit pairs into a byte buffer, then one (cheap, ASCII) UTF-8 check: four digests per
-    // call, and a `char` push per digit costs more.
     let mut out = Vec::with_capacity(bytes.len() * 2);
+    push_hex(bytes, &mut out);
+    String::from_utf8(out).expect("hex digits are ASCII")
+}
+
+/// Lowercase hex digit pairs of `bytes` onto `out`: into a byte buffer, then one (cheap, ASCII)
+/// UTF-8 check by the caller (four digests per call; a `char` push per digit costs more).
+fn push_hex(bytes: &[u8], out: &mut Vec<u8>) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     for b in bytes {
         out.extend_from_slice(&[DIGITS[(b >> 4) as usize], DIGITS[(b & 0x0f) as usize]]);
     }
-    String::from_utf8(out).expect("hex digits are ASCII")
 }
 
 /// `sha256:<hex>` of a byte slice.
@@ -37,10 +41,11 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 pub fn prefixed(raw: &[u8]) -> String {
-    let mut out = String::with_capacity(7 + raw.len() * 2);
-    out.push_str("sha256:");
-    out.push_str(&hex_lower(raw));
-    out
+    // One allocation: the digest of every call's arguments goes through here.
+    let mut out = Vec::with_capacity(7 + raw.len() * 2);
+    out.extend_from_slice(b"sha256:");
+    push_hex(raw, &mut out);
+    String::from_utf8(out).expect("hex digits are ASCII")
 }
 
 /// Short form for status lines: `sha256:9e4c1b2d…`.

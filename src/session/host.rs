@@ -66,30 +66,44 @@ impl<I: Io> Session<I> {
     }
 
     fn on_host_request(&mut self, msg: Message) {
-        let method = msg.method().unwrap_or_default().to_string();
-        if method != "initialize" {
+        // The methods the supervisor answers or holds itself (no copy of the name per request).
+        enum Method {
+            Initialize,
+            Ping,
+            Listen,
+            Discover,
+            Other,
+        }
+        let method = match msg.method() {
+            Some("initialize") => Method::Initialize,
+            Some("ping") => Method::Ping,
+            Some("subscriptions/listen") => Method::Listen,
+            Some("server/discover") => Method::Discover,
+            _ => Method::Other,
+        };
+        if !matches!(method, Method::Initialize) {
             self.note_era(&msg);
         }
-        match method.as_str() {
-            "initialize" => self.on_host_initialize(msg),
-            "ping" => {
+        match method {
+            Method::Initialize => self.on_host_initialize(msg),
+            Method::Ping => {
                 let id = msg.id().expect("request").to_owned();
                 self.io.to_host(envelope::result_line(&id, &json!({})));
             }
-            "subscriptions/listen" if self.listens.len() >= LISTEN_LIMIT => {
+            Method::Listen if self.listens.len() >= LISTEN_LIMIT => {
                 let id = msg.id().expect("request").to_owned();
                 let why = format!("more than {LISTEN_LIMIT} subscriptions/listen streams are open");
                 self.io
                     .to_host(envelope::error_line(Some(&id), -32600, &why, json!({})));
             }
-            "subscriptions/listen"
+            Method::Listen
                 if self.era() == Some(Era::Modern)
                     && protocol::ListenFilter::of(&msg.params_value()).supervisor_only() =>
             {
                 self.open_supervisor_listen(msg)
             }
             _ if self.child_ready() => self.route_host_request(msg),
-            "server/discover" => match self.hold_budget() {
+            Method::Discover => match self.hold_budget() {
                 // A real server's answer or, shortly, a fallback to `initialize`.
                 Some(_) => {
                     let wait = self.cfg.handshake_wait;
@@ -109,7 +123,7 @@ impl<I: Io> Session<I> {
         if msg.method() == Some("tools/call") {
             return self.on_host_call(msg);
         }
-        let method = msg.method().unwrap_or_default().to_string();
+        let method = method_name(msg.method().unwrap_or_default());
         let Some(child) = &self.child else {
             return self.answer_unavailable(msg);
         };
@@ -376,5 +390,22 @@ impl<I: Io> Session<I> {
                 None,
             )),
         }
+    }
+}
+
+/// A request's method as kept with its pending entry: no copy for the methods hosts send most.
+fn method_name(method: &str) -> std::borrow::Cow<'static, str> {
+    const COMMON: [&str; 7] = [
+        "tools/list",
+        "tools/call",
+        "resources/list",
+        "resources/read",
+        "prompts/list",
+        "prompts/get",
+        "subscriptions/listen",
+    ];
+    match COMMON.iter().find(|m| **m == method) {
+        Some(m) => std::borrow::Cow::Borrowed(m),
+        None => std::borrow::Cow::Owned(method.to_string()),
     }
 }

@@ -358,7 +358,7 @@ pub struct Session<I: Io> {
     pending_apply: bool,
     /// Supervise mode: the old child is stopping; this epoch starts when it has stopped.
     replacing: Option<Replacing>,
-    pending: HashMap<u64, Pending>,
+    pending: HashMap<u64, Pending, OurIds>,
     next_id: u64,
     /// Child-to-host requests: our host-facing id → (epoch, the child's own id).
     child_requests: HashMap<u64, (EpochId, RawIdText)>,
@@ -410,7 +410,7 @@ impl<I: Io> Session<I> {
             latest: None,
             pending_apply: false,
             replacing: None,
-            pending: HashMap::new(),
+            pending: HashMap::default(),
             next_id: 1,
             child_requests: HashMap::new(),
             held: VecDeque::new(),

@@ -95,7 +95,8 @@ pub enum Pending {
     /// A host request forwarded to the child.
     Host {
         host_id: RawId,
-        method: String,
+        /// Borrowed for the methods named in code (`tools/call` on every call).
+        method: std::borrow::Cow<'static, str>,
         epoch: EpochId,
         call: Option<CallInfo>,
     },
@@ -288,4 +289,35 @@ pub struct Prompt {
     /// 2026-07-28: the call was answered with the form (`input_required`); the host's retry
     /// carries the answer. Legacy: the call waits for the answer to our request.
     pub modern: bool,
+}
+
+/// Hashes the supervisor's own request ids (sequential integers it minted, so nobody can choose
+/// them to collide): one multiplication instead of SipHash, on every call's way out and back.
+#[derive(Clone, Copy, Default)]
+pub struct OurIds;
+
+impl std::hash::BuildHasher for OurIds {
+    type Hasher = OurIdHasher;
+    fn build_hasher(&self) -> OurIdHasher {
+        OurIdHasher(0)
+    }
+}
+
+#[derive(Default)]
+pub struct OurIdHasher(u64);
+
+impl std::hash::Hasher for OurIdHasher {
+    fn finish(&self) -> u64 {
+        // Fibonacci hashing spreads consecutive ids over the table's top bits, which the map's
+        // probe groups use.
+        self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8)) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
 }
