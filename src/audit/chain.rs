@@ -252,24 +252,33 @@ impl Hex64 {
 
 impl Header<'_> {
     /// Appends the canonical encoding that `hash` covers (see the module doc).
-    fn body_into(&self, data: &[u8], out: &mut Vec<u8>) {
+    fn body_into(&self, data: &[u8], out: &mut Vec<u8>) -> BodySpans {
         out.extend_from_slice(b"{\"data\":");
         out.extend_from_slice(data);
         out.extend_from_slice(b",\"epoch\":");
-        crate::canonical::write_opt_str(self.epoch, out);
+        let epoch = span(out, |out| crate::canonical::write_opt_str(self.epoch, out));
         out.extend_from_slice(b",\"prev\":");
-        crate::canonical::write_str(self.prev, out);
+        let prev = span(out, |out| crate::canonical::write_str(self.prev, out));
         out.extend_from_slice(b",\"run\":");
-        crate::canonical::write_str(self.run, out);
+        let run = span(out, |out| crate::canonical::write_str(self.run, out));
         out.extend_from_slice(b",\"seq\":");
-        crate::canonical::write_u64(self.seq, out);
+        let seq = span(out, |out| crate::canonical::write_u64(self.seq, out));
         out.extend_from_slice(b",\"time\":");
-        crate::canonical::write_str(self.time, out);
+        let time = span(out, |out| crate::canonical::write_str(self.time, out));
         out.extend_from_slice(b",\"type\":");
-        crate::canonical::write_str(self.record_type, out);
+        let record_type = span(out, |out| crate::canonical::write_str(self.record_type, out));
         out.extend_from_slice(b",\"v\":");
-        crate::canonical::write_u64(self.v, out);
+        let v = span(out, |out| crate::canonical::write_u64(self.v, out));
         out.push(b'}');
+        BodySpans {
+            epoch,
+            prev,
+            run,
+            seq,
+            time,
+            record_type,
+            v,
+        }
     }
 
     /// Appends the record's line, without its `\n` (see the module doc for the field order).
@@ -307,15 +316,57 @@ impl Header<'_> {
         line: &mut Vec<u8>,
     ) -> (Hex64, Hex64) {
         body.clear();
-        self.body_into(data, body);
+        let spans = self.body_into(data, body);
         let digest = Sha256::digest(&body[..]);
         let mut mac = key.hmac();
         mac.update(&digest);
         let hash = Hex64::of(&digest);
         let mac = Hex64::of(&mac.finalize().into_bytes());
-        self.line_into(data, hash.as_str(), mac.as_str(), line);
+        // The line from the body's rendered fields ([`Header::line_into`]'s bytes, which the
+        // tests and every `audit verify` check): each field escaped once, not twice.
+        let field = |r: &std::ops::Range<usize>| &body[r.clone()];
+        line.extend_from_slice(b"{\"v\":");
+        line.extend_from_slice(field(&spans.v));
+        line.extend_from_slice(b",\"seq\":");
+        line.extend_from_slice(field(&spans.seq));
+        line.extend_from_slice(b",\"time\":");
+        line.extend_from_slice(field(&spans.time));
+        line.extend_from_slice(b",\"type\":");
+        line.extend_from_slice(field(&spans.record_type));
+        line.extend_from_slice(b",\"run\":");
+        line.extend_from_slice(field(&spans.run));
+        line.extend_from_slice(b",\"epoch\":");
+        line.extend_from_slice(field(&spans.epoch));
+        line.extend_from_slice(b",\"prev\":");
+        line.extend_from_slice(field(&spans.prev));
+        line.extend_from_slice(b",\"data\":");
+        line.extend_from_slice(data);
+        // Hex digits: nothing to escape.
+        line.extend_from_slice(b",\"hash\":\"");
+        line.extend_from_slice(&hash.0);
+        line.extend_from_slice(b"\",\"mac\":\"");
+        line.extend_from_slice(&mac.0);
+        line.extend_from_slice(b"\"}");
         (hash, mac)
     }
+}
+
+/// Where [`Header::body_into`] rendered each field (value text, in the body).
+struct BodySpans {
+    epoch: std::ops::Range<usize>,
+    prev: std::ops::Range<usize>,
+    run: std::ops::Range<usize>,
+    seq: std::ops::Range<usize>,
+    time: std::ops::Range<usize>,
+    record_type: std::ops::Range<usize>,
+    v: std::ops::Range<usize>,
+}
+
+/// The range of `out` that `write` appends.
+fn span(out: &mut Vec<u8>, write: impl FnOnce(&mut Vec<u8>)) -> std::ops::Range<usize> {
+    let start = out.len();
+    write(out);
+    start..out.len()
 }
 
 /// What a verifier needs from one parsed line: the recomputed hash and the writer's rendering,
@@ -503,6 +554,28 @@ mod tests {
         "0000000000000000000000000000000000000000000000000000000000000000",
         r#"","run":"run-1","seq":1,"time":"2025-06-01T12:00:00.123Z","type":"tool_called","v":1}"#
     );
+
+    proptest::proptest! {
+        /// The writer builds a sealed line from the body's rendered fields; it is byte for byte
+        /// the line [`Header::line_into`] renders (what `audit verify` compares against), for
+        /// any field text, escapes included.
+        #[test]
+        fn the_sealed_line_is_the_rendered_line(
+            seq in proptest::prelude::any::<u64>(),
+            time in ".{0,30}",
+            record_type in ".{1,20}",
+            run in ".{1,30}",
+            epoch in proptest::option::of(".{0,30}"),
+            prev in ".{0,70}",
+        ) {
+            let mut r = Record { seq, time, record_type, run, epoch, prev, ..sample() };
+            let sealed = r.seal_to_line(&AuditKey::from_bytes([9; 32])).unwrap();
+            proptest::prop_assert_eq!(
+                String::from_utf8(sealed).unwrap(),
+                String::from_utf8(r.to_line().unwrap()).unwrap()
+            );
+        }
+    }
 
     #[test]
     fn canonical_body_is_sorted_compact_json() {
