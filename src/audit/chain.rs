@@ -266,7 +266,9 @@ impl Header<'_> {
         out.extend_from_slice(b",\"time\":");
         let time = span(out, |out| crate::canonical::write_str(self.time, out));
         out.extend_from_slice(b",\"type\":");
-        let record_type = span(out, |out| crate::canonical::write_str(self.record_type, out));
+        let record_type = span(out, |out| {
+            crate::canonical::write_str(self.record_type, out)
+        });
         out.extend_from_slice(b",\"v\":");
         let v = span(out, |out| crate::canonical::write_u64(self.v, out));
         out.push(b'}');
