@@ -523,12 +523,11 @@ impl Message {
 }
 
 /// The tool name and the raw arguments of a `tools/call`, read without building a JSON tree
-/// (this runs for every call). Params that are not an object, name a member twice or have a
-/// name that is not a string give no name and no arguments; `"arguments": null` is none.
-pub fn call_target(params: Option<Raw<'_>>) -> (String, Option<Raw<'_>>) {
-    let Some(text) = params.map(|p| p.get()) else {
-        return (String::new(), None);
-    };
+/// (this runs for every call); `"arguments": null` is none. `None` when there is no one tool
+/// name to judge: params missing or not an object, `name` missing, not a string, or named twice
+/// (peers' parsers disagree on which one counts), `arguments` named twice.
+pub fn call_target(params: Option<Raw<'_>>) -> Option<(String, Option<Raw<'_>>)> {
+    let text = params?.get();
     let (mut name, mut arguments, mut twice) = (None, None, false);
     let read = scan::object_members(text, |member, value| {
         let slot = match &*member {
@@ -540,15 +539,11 @@ pub fn call_target(params: Option<Raw<'_>>) -> (String, Option<Raw<'_>>) {
         *slot = Some(value);
     });
     if read.is_err() || twice {
-        return (String::new(), None);
+        return None;
     }
-    let name = match name.map(|r| scan::string_value(&text[r])) {
-        None => String::new(),
-        Some(Some(name)) => name.into_owned(),
-        Some(None) => return (String::new(), None),
-    };
+    let name = scan::string_value(&text[name?])?.into_owned();
     let arguments = arguments.map(|r| &text[r]).filter(|a| *a != "null");
-    (name, arguments.map(Raw))
+    Some((name, arguments.map(Raw)))
 }
 
 /// The `_meta` object of a message's params, parsed alone (the rest is skipped, not built).
@@ -582,7 +577,8 @@ static QUOTED_IS_ERROR: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
     std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"isError\""));
 
 /// Whether a `tools/call` result says `isError: true` (other members are skipped, not built;
-/// a result that is not an object, or names `isError` twice, says nothing).
+/// a result that is not an object says nothing). Named twice, the last one counts, as the
+/// hosts' parsers (JavaScript, Python, serde_json's `Value`) read it.
 pub fn result_is_error(result: Option<Raw<'_>>) -> bool {
     let Some(text) = result
         .filter(|r| may_name(r, &QUOTED_IS_ERROR))
@@ -590,14 +586,13 @@ pub fn result_is_error(result: Option<Raw<'_>>) -> bool {
     else {
         return false;
     };
-    let (mut flag, mut twice) = (None, false);
+    let mut flag = None;
     let read = scan::object_members(text, |member, value| {
         if member == "isError" {
-            twice |= flag.is_some();
             flag = Some(value);
         }
     });
-    read.is_ok() && !twice && flag.is_some_and(|r| &text[r] == "true")
+    read.is_ok() && flag.is_some_and(|r| &text[r] == "true")
 }
 
 /// The `tools` array of a `tools/list` result as raw text, and its `nextCursor` (the tools
@@ -807,20 +802,22 @@ mod tests {
         assert!(Message::parse(br#"{"jsonrpc":"2.0","id":1,"method":"x","result":{}}"#).is_err());
     }
 
-    /// The scanner reads a call's target exactly as the `serde` struct it replaced did, for
-    /// params that are an object (the struct also took a JSON array; now that is no target).
+    /// The scanner reads a call's target as the `serde` struct it replaced did where that
+    /// struct read one tool name; where it fell back to no name (`""`), there is now no target
+    /// at all, so the call is refused as malformed instead of judged as a tool named `""`.
+    /// (The struct also took a JSON array in field order; that is no target now either.)
     #[test]
     fn call_target_reads_as_the_serde_struct_did() {
         #[derive(serde::Deserialize)]
         struct CallParams<'a> {
-            #[serde(default)]
             name: String,
             #[serde(borrow, default)]
             arguments: Option<&'a RawValue>,
         }
-        let by_serde = |text: &str| match serde_json::from_str::<CallParams<'_>>(text) {
-            Ok(c) => (c.name, c.arguments.map(|a| a.get().to_string())),
-            Err(_) => (String::new(), None),
+        let by_serde = |text: &str| {
+            serde_json::from_str::<CallParams<'_>>(text)
+                .ok()
+                .map(|c| (c.name, c.arguments.map(|a| a.get().to_string())))
         };
         for text in [
             r#"{"name":"w","arguments":{"a":1}}"#,
@@ -828,26 +825,28 @@ mod tests {
             r#"{"name":"w\u00e9\/x"}"#,
             r#"{"\u006eame":"w"}"#,
             r#"{"name":"w","arguments":null}"#,
+            r#"{"name":"","arguments":{}}"#,
             r#"{"name":"w","name":"v"}"#,
+            r#"{"name":"a","\u006eame":"b"}"#,
             r#"{"name":"w","arguments":{},"arguments":{}}"#,
             r#"{"name":1,"arguments":{}}"#,
+            r#"{"name":null}"#,
             r#"{"name":"\ud800"}"#,
             r#"{"arguments":"text"}"#,
             r#"{}"#,
             r#"{"name":"w","other":{"name":"v"}}"#,
             r#"{"name":"w",}"#,
         ] {
-            let (name, arguments) = call_target(Some(Raw(text)));
-            assert_eq!(
-                (name, arguments.map(|a| a.get().to_string())),
-                by_serde(text),
-                "params {text}"
-            );
+            let target = call_target(Some(Raw(text)))
+                .map(|(name, arguments)| (name, arguments.map(|a| a.get().to_string())));
+            assert_eq!(target, by_serde(text), "params {text}");
         }
-        assert_eq!(call_target(Some(Raw(r#"["w",{}]"#))), (String::new(), None));
+        assert_eq!(call_target(Some(Raw(r#"["w",{}]"#))), None);
+        assert_eq!(call_target(None), None);
     }
 
-    /// The same for `isError`, against the `serde` struct it replaced.
+    /// The same for `isError`, against the `serde` struct it replaced; `isError` named twice
+    /// is read as the hosts read it (the last one), where the struct said nothing.
     #[test]
     fn result_is_error_reads_as_the_serde_struct_did() {
         #[derive(serde::Deserialize)]
@@ -861,7 +860,6 @@ mod tests {
             r#"{"isError":null}"#,
             r#"{"isError":"true"}"#,
             r#"{"isError":1}"#,
-            r#"{"isError":true,"isError":true}"#,
             r#"{"\u0069sError":true}"#,
             r#"{"content":[{"isError":true}]}"#,
             r#"{"content":"isError"}"#,
@@ -876,15 +874,25 @@ mod tests {
         // The struct also read a JSON array in field order; a result that is not an object
         // now says nothing.
         assert!(!result_is_error(Some(Raw("[true]"))));
+        // Named twice: the last one counts, as in the host (the struct refused the duplicate).
+        for (text, last) in [
+            (r#"{"isError":false,"isError":true}"#, true),
+            (r#"{"isError":true,"isError":true}"#, true),
+            (r#"{"isError":true,"\u0069sError":false}"#, false),
+        ] {
+            let host: Value = serde_json::from_str(text).unwrap();
+            assert_eq!(host["isError"], json!(last), "what a host reads: {text}");
+            assert_eq!(result_is_error(Some(Raw(text))), last, "{text}");
+        }
     }
 
     #[test]
     fn call_target_and_error_flag_without_a_tree() {
         let m = Message::parse(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{"b":[1,{"c":2}]},"name":"write_item","_meta":{"progressToken":3}}}"#).unwrap();
-        let (name, args) = call_target(m.params());
+        let (name, args) = call_target(m.params()).unwrap();
         assert_eq!(name, "write_item");
         assert_eq!(args.unwrap().get(), r#"{"b":[1,{"c":2}]}"#);
-        assert_eq!(call_target(None).0, "");
+        assert_eq!(call_target(None), None);
         assert_eq!(params_meta(m.params()), Some(json!({"progressToken": 3})));
         let r = Message::parse(br#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"x"}],"isError":true}}"#).unwrap();
         assert!(result_is_error(r.result()));
@@ -1182,7 +1190,7 @@ mod tests {
             let mut m = Message::parse(line.as_bytes()).unwrap();
             assert_eq!(m.method(), Some("tools/call"));
             assert_eq!(
-                call_target(m.params()).0,
+                call_target(m.params()).unwrap().0,
                 "list_items",
                 "what the gate judges"
             );
@@ -1217,7 +1225,7 @@ mod tests {
             r#"{"jsonrpc":"2.0","id":1,"method":"ping","method":"tools/call","params":{"name":"evil"}}"#,
         ] {
             let m = Message::parse(line.as_bytes()).unwrap();
-            let (tool, _) = call_target(m.params());
+            let (tool, _) = call_target(m.params()).unwrap();
             let out = m.to_line();
             let text = std::str::from_utf8(&out).unwrap();
             assert_eq!(m.method(), Some("tools/call"), "{line}");
@@ -1239,7 +1247,7 @@ mod tests {
             m.params().unwrap().get(),
             r#"{"name":"w","arguments":{"n":123456789012345678901234567890,"f":1.50}}"#
         );
-        assert_eq!(call_target(m.params()).0, "w");
+        assert_eq!(call_target(m.params()).unwrap().0, "w");
         let out = m.to_line();
         assert!(std::str::from_utf8(&out).unwrap().ends_with("1.50}}}\n"));
         // Not an object: unchanged.

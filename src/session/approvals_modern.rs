@@ -68,7 +68,10 @@ impl<I: Io> Session<I> {
         let Some(prompt_id) = ours else {
             return Some(msg);
         };
-        let (tool, arguments) = envelope::call_target(msg.params());
+        // No target: not a retry of anything (judged, and refused, as a call).
+        let Some((tool, arguments)) = envelope::call_target(msg.params()) else {
+            return Some(msg);
+        };
         let digest = hashing::sha256_bytes(arguments.map(|a| a.get()).unwrap_or("null").as_bytes());
         let host_id = msg.id().expect("request").to_owned();
         let open = self

@@ -36,7 +36,9 @@ impl<I: Io> Session<I> {
     /// answer in the host instead (`approvals`); a call judged again after that answer may not.
     pub(super) fn judge_call(&mut self, mut msg: Message, may_prompt: bool) {
         let host_id = msg.id().expect("request").to_owned();
-        let (tool, arguments) = envelope::call_target(msg.params());
+        let Some((tool, arguments)) = envelope::call_target(msg.params()) else {
+            return self.refuse_call_without_target(&host_id);
+        };
         // Digest of the arguments exactly as the host sent them (never their values).
         let args_digest =
             hashing::sha256_bytes(arguments.map(|a| a.get()).unwrap_or("null").as_bytes());
@@ -182,6 +184,31 @@ impl<I: Io> Session<I> {
             self.denied_calls.pop_front();
         }
         self.denied_calls.push_back(record);
+    }
+
+    /// A `tools/call` without one tool name to judge (params not an object, `name` missing, not
+    /// a string or named twice): never forwarded, since the server's parser could pick a name
+    /// nobody judged; answered with invalid params and recorded as a refused call.
+    fn refuse_call_without_target(&mut self, host_id: &RawId) {
+        let call_id = host_id.get().to_string();
+        self.audit_record(
+            audit::AUTHORIZATION_DENIED,
+            self.current_epoch().map(str::to_string).as_deref(),
+            records::data(&records::AuthorizationDenied {
+                call_id: json!(call_id),
+                reason: "invalid_params".into(),
+                ..Default::default()
+            }),
+        );
+        self.io.status(
+            "call refused: tools/call params must be an object with one string `name` (answered with invalid params)",
+        );
+        self.io.to_host(envelope::error_line(
+            Some(host_id),
+            -32602,
+            "tools/call params must be an object with one string \"name\"",
+            json!({"error": "invalid_params"}),
+        ));
     }
 
     /// No server will answer soon (build broken, crash loop, closing): a tool error that says

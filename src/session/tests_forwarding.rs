@@ -104,3 +104,49 @@ fn a_known_list_is_passed_on_and_an_unreadable_one_after_it_is_still_refused() {
     let a = list_answered_with(&mut h, &epoch, "list-5", good);
     assert_eq!(a["result"]["tools"][0]["name"], "echo", "{a}");
 }
+
+/// Red-team review of session 14: a call with no one tool name to judge (`name` twice, once
+/// spelled with an escape; not a string; params not an object) is never forwarded (the
+/// server's parser could pick a name nobody judged) and never judged as a tool named `""`: the
+/// host gets invalid params, the log a refused call.
+#[test]
+fn a_call_without_one_tool_name_is_refused_not_forwarded() {
+    let (mut h, _epoch) = serving_a_host();
+    let cases = [
+        r#"{"name":"echo","\u006eame":"write_item","arguments":{}}"#,
+        r#"{"name":"echo","name":"write_item"}"#,
+        r#"{"name":7,"arguments":{}}"#,
+        r#"{"arguments":{}}"#,
+        r#"["echo",{}]"#,
+    ];
+    for (i, params) in cases.iter().enumerate() {
+        h.io().to_child.clear();
+        let before = h.io().to_host.len();
+        let denied_before = h.audit_kinds("authorization_denied").len();
+        h.s.handle(Event::HostLine(
+            format!(
+                r#"{{"jsonrpc":"2.0","id":"bad-{i}","method":"tools/call","params":{params}}}"#
+            )
+            .into_bytes(),
+        ));
+        assert!(
+            h.io().to_child.is_empty(),
+            "forwarded: {params} -> {:?}",
+            h.io().to_child
+        );
+        let answers: Vec<Value> = h.io().to_host[before..].to_vec();
+        assert_eq!(answers.len(), 1, "{answers:?}");
+        assert_eq!(answers[0]["id"], format!("bad-{i}"), "{answers:?}");
+        assert_eq!(answers[0]["error"]["code"], -32602, "{params}: {answers:?}");
+        let denied = h.audit_kinds("authorization_denied");
+        assert_eq!(denied.len(), denied_before + 1, "{params}");
+        assert_eq!(denied.last().unwrap()["reason"], "invalid_params");
+    }
+    // A well-formed call still goes through (the fake server answers it).
+    let denied_before = h.audit_kinds("authorization_denied").len();
+    let id = h.call("list_items");
+    let answer = h.answer(&id).expect("answered");
+    assert!(answer.get("result").is_some(), "{answer}");
+    assert_eq!(h.audit_kinds("tool_called").len(), 1);
+    assert_eq!(h.audit_kinds("authorization_denied").len(), denied_before);
+}
