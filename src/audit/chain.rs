@@ -325,7 +325,9 @@ impl Header<'_> {
         let hash = Hex64::of(&digest);
         let mac = Hex64::of(&mac.finalize().into_bytes());
         // The line from the body's rendered fields ([`Header::line_into`]'s bytes, which the
-        // tests and every `audit verify` check): each field escaped once, not twice.
+        // tests and every `audit verify` check): each field escaped once, not twice. Written
+        // out field by field: a loop over (name, field) pairs measured 400 more instructions
+        // per record (its copies lose their constant lengths).
         let field = |r: &std::ops::Range<usize>| &body[r.clone()];
         line.extend_from_slice(b"{\"v\":");
         line.extend_from_slice(field(&spans.v));

@@ -137,7 +137,9 @@ impl Scanner<'_> {
         }
     }
 
-    /// A member name: borrowed when it has no escapes, decoded as `serde_json` decodes a key.
+    /// A member name: borrowed when it has no escapes, decoded as `serde_json` decodes a key
+    /// (as [`string_value`] does, without looking again for a backslash the scan already saw:
+    /// calling it here measured about 400 more instructions per call).
     fn name<'t>(&mut self, text: &'t str) -> Result<Cow<'t, str>, Invalid> {
         let start = self.i;
         if self.peek() != Some(b'"') {
