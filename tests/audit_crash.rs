@@ -242,3 +242,51 @@ fn sigkill_mid_burst_leaves_a_verifiable_log_and_no_unrecorded_call() {
     let verify = project.run(["audit", "verify"]);
     assert_eq!(verify.code, 0, "{}", verify.stderr);
 }
+
+/// Calls at a host's pace (a pause longer than the anchor's lag before each): the anchor is
+/// rewritten after each answer has gone out (off the call's path, see `AuditLog`'s
+/// `take_anchor_update`) and, while the session still runs, names the call's last record, so a
+/// crash between calls leaves nothing unanchored for the next start to read.
+#[test]
+fn the_anchor_follows_calls_at_a_hosts_pace() {
+    let project = Project::built_fake_server("audit_crash_paced");
+    let fake_log = project.scratch().join("fake.log");
+    let mut run = Run::start(&project, &fake_log);
+    run.handshake();
+    let keys = cargo_mcp_dev::audit::KeyStore::at(&project.home);
+    let log = audit_log(&project);
+    for n in 0..3u64 {
+        std::thread::sleep(cargo_mcp_dev::audit::ANCHOR_LAG + Duration::from_millis(100));
+        let id = 100 + n;
+        let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                          "params": {"name": "echo", "arguments": {"n": n}}});
+        run.send(format!("{call}\n").as_bytes());
+        assert!(run.answer(id).get("result").is_some());
+        // The result record and the anchor follow the answer; wait for both (bounded).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let (last, anchored) = loop {
+            let (records, _) = audit_records(&log);
+            let last = records.last().cloned().expect("records");
+            let anchored = keys.read_anchor(&log).ok().flatten();
+            let done = last["type"] == "tool_result"
+                && last["data"]["callId"] == json!(id.to_string())
+                && anchored.as_ref().is_some_and(|a| a.seq == last["seq"]);
+            if done || Instant::now() > deadline {
+                break (last, anchored);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert_eq!(last["type"], "tool_result", "call {id}: {last}");
+        let anchored = anchored.expect("an anchor while the session runs");
+        assert_eq!(
+            json!(anchored.seq),
+            last["seq"],
+            "call {id}: the anchor names the call's result record"
+        );
+        assert_eq!(json!(anchored.hash), last["hash"]);
+    }
+    drop(run.child.stdin.take());
+    assert!(run.child.wait().unwrap().success());
+    let verify = project.run(["audit", "verify"]);
+    assert_eq!(verify.code, 0, "{}", verify.stderr);
+}

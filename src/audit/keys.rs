@@ -266,6 +266,9 @@ pub(crate) struct AnchorFile {
     file: File,
     padded_len: usize,
     needs_trim: bool,
+    /// The seq this handle last wrote: a rewrite prepared earlier and done later (see
+    /// [`super::log::AnchorUpdate`]) never replaces a newer anchor.
+    written_seq: Option<u64>,
 }
 
 impl AnchorFile {
@@ -300,6 +303,7 @@ impl AnchorFile {
             file,
             padded_len,
             needs_trim: on_disk > padded_len as u64,
+            written_seq: None,
         })
     }
 
@@ -321,7 +325,13 @@ impl AnchorFile {
                 .map_err(AuditError::io("update anchor", &self.path))?;
             self.needs_trim = false;
         }
+        self.written_seq = Some(anchor.seq);
         Ok(())
+    }
+
+    /// The seq this handle last wrote (`None`: nothing yet).
+    pub(crate) fn written_seq(&self) -> Option<u64> {
+        self.written_seq
     }
 
     /// fsync of the anchor (at commit points under an fsync policy other than `never`).

@@ -27,6 +27,10 @@
 //!   line stays) and the error is returned: the records of that batch are lost, the head goes back to the last record on
 //!   disk, and the caller must treat it as an audit failure (fail closed: do not forward).
 //!   `flush` also rewrites the anchor when the last anchor write is older than [`ANCHOR_LAG`].
+//! - [`AuditLog::write_pending`] is `flush` without the anchor, and
+//!   [`AuditLog::take_anchor_update`] hands the due rewrite out as an [`AnchorUpdate`] to write
+//!   later: `run` writes it after releasing the session's lock and after forwarding, so no call
+//!   waits for the anchor (a second file whose inode a spaced call would dirty on its path).
 //! - [`AuditLog::commit`] = flush + fsync (policy permitting) + anchor rewrite (+ its fsync).
 //! - `Drop` does a best-effort `commit`.
 //!
@@ -99,6 +103,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 /// What an append produced: the record's position and hash (the new head of the log).
@@ -190,7 +195,9 @@ pub struct AuditLog {
     lock: Option<WriterLock>,
     path: PathBuf,
     canonical_path: String,
-    anchor: AnchorFile,
+    /// Shared with the [`AnchorUpdate`]s handed out (each writes it after the caller's lock).
+    anchor: Arc<Mutex<AnchorFile>>,
+    anchor_path: PathBuf,
     key: AuditKey,
     opts: AuditOptions,
     /// Length of the active file (everything written by this writer, or found at open).
@@ -208,6 +215,8 @@ pub struct AuditLog {
     anchored_at: Instant,
     /// The anchor was rewritten since its last fsync.
     anchor_unsynced: bool,
+    /// Seq of the last [`AnchorUpdate`] handed out since the last commit.
+    handed_out: Option<u64>,
     /// Whether the active file holds a record besides its opening `segment_started` (a file is
     /// rotated only then, so one oversized record cannot rotate forever).
     rotatable: bool,
@@ -314,7 +323,8 @@ impl AuditLog {
             lock: Some(lock),
             path: path.to_owned(),
             canonical_path,
-            anchor,
+            anchor_path: anchor.path().to_owned(),
+            anchor: Arc::new(Mutex::new(anchor)),
             key,
             opts: opts.clone(),
             len: 0,
@@ -324,6 +334,7 @@ impl AuditLog {
             batch: Vec::with_capacity(16 << 10),
             anchored: None,
             anchor_unsynced: false,
+            handed_out: None,
             // Stale from the start: the first flush after a quiet time anchors at once.
             anchored_at: Instant::now()
                 .checked_sub(ANCHOR_LAG)
@@ -436,6 +447,16 @@ impl AuditLog {
     /// Writes the batch with one `write` (see the module doc), fsyncs it under
     /// [`FsyncPolicy::Every`], and rewrites the anchor if it is older than [`ANCHOR_LAG`].
     pub fn flush(&mut self) -> Result<(), AuditError> {
+        self.write_pending()?;
+        if self.anchor_due() {
+            self.write_anchor()?;
+        }
+        Ok(())
+    }
+
+    /// [`AuditLog::flush`] without the anchor: the caller takes a due rewrite with
+    /// [`AuditLog::take_anchor_update`] and does it after releasing its own lock.
+    pub fn write_pending(&mut self) -> Result<(), AuditError> {
         self.check_poisoned()?;
         if !self.batch.is_empty() {
             self.write_batch()?;
@@ -443,12 +464,30 @@ impl AuditLog {
                 self.sync_file()?;
             }
         }
-        if self.anchored != self.written.as_ref().map(|w| w.0)
-            && self.anchored_at.elapsed() >= ANCHOR_LAG
-        {
-            self.write_anchor()?;
-        }
         Ok(())
+    }
+
+    fn anchor_due(&self) -> bool {
+        self.anchored != self.written.as_ref().map(|w| w.0)
+            && self.anchored_at.elapsed() >= ANCHOR_LAG
+    }
+
+    /// The anchor rewrite [`AuditLog::flush`] would do now, prepared (sealed) but not written:
+    /// `run` writes it after the session's lock is released and the call it serves has gone
+    /// out, so a host's call neither waits for it before being forwarded nor behind it for the
+    /// lock. The anchor still only ever names records already written; one prepared earlier
+    /// never replaces a newer one ([`AnchorUpdate::write`]); `commit` writes its own.
+    pub fn take_anchor_update(&mut self) -> Option<AnchorUpdate> {
+        if !self.anchor_due() {
+            return None;
+        }
+        let anchor = self.anchor_now()?;
+        self.mark_anchored(anchor.seq);
+        self.handed_out = Some(anchor.seq);
+        Some(AnchorUpdate {
+            file: Arc::clone(&self.anchor),
+            anchor,
+        })
     }
 
     /// Flush, then fsync the log (unless the policy is [`FsyncPolicy::Never`]), rewrite the
@@ -462,12 +501,19 @@ impl AuditLog {
         if sync {
             self.sync_file()?;
         }
-        if self.anchored != self.written.as_ref().map(|w| w.0) {
+        // An update handed out may not have been written yet: then the commit writes the
+        // anchor itself (the update is skipped later as older, see `AnchorUpdate::write`).
+        let update_unwritten = self.handed_out.take().is_some_and(|seq| {
+            self.anchor_file()
+                .written_seq()
+                .is_none_or(|on_file| on_file < seq)
+        });
+        if update_unwritten || self.anchored != self.written.as_ref().map(|w| w.0) {
             self.write_anchor()?;
         }
         // Also an anchor `flush` rewrote (timer) since the last commit.
         if sync && self.anchor_unsynced {
-            self.anchor.sync()?;
+            self.anchor_file().sync()?;
             self.anchor_unsynced = false;
         }
         Ok(())
@@ -568,21 +614,36 @@ impl AuditLog {
     }
 
     fn write_anchor(&mut self) -> Result<(), AuditError> {
-        let Some((seq, hash)) = &self.written else {
+        let Some(anchor) = self.anchor_now() else {
             return Ok(());
         };
-        let anchor = Anchor {
+        self.anchor_file().write(&anchor)?;
+        self.mark_anchored(anchor.seq);
+        Ok(())
+    }
+
+    /// The anchor naming the last record written (`None`: nothing written yet).
+    fn anchor_now(&self) -> Option<Anchor> {
+        let (seq, hash) = self.written.as_ref()?;
+        Some(Anchor {
             log: self.canonical_path.clone(),
             seq: *seq,
             mac: anchor_mac(&self.key, *seq, hash),
             hash: hash.clone(),
             offset: Some(self.len),
-        };
-        self.anchor.write(&anchor)?;
+        })
+    }
+
+    fn mark_anchored(&mut self, seq: u64) {
         self.anchor_unsynced = true;
-        self.anchored = Some(*seq);
+        self.anchored = Some(seq);
         self.anchored_at = Instant::now();
-        Ok(())
+    }
+
+    fn anchor_file(&self) -> MutexGuard<'_, AnchorFile> {
+        // A panic while writing the anchor leaves nothing half-done that matters here: the
+        // next write replaces the whole file.
+        self.anchor.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Commits the active file, renames it to the next segment and starts a new active file
@@ -654,13 +715,13 @@ impl AuditLog {
 
     /// Checks the tail against the anchor and sets the head (see the module doc).
     fn read_tail(&mut self) -> Result<(), AuditError> {
-        let anchor = keys::read_anchor_at(self.anchor.path())?;
+        let anchor = keys::read_anchor_at(self.anchor_path.as_path())?;
         if let Some(a) = &anchor
             && !verify_anchor_mac(&self.key, a.seq, &a.hash, &a.mac).unwrap_or(false)
         {
             return Err(self.corrupt(format!(
                 "its anchor {} has an invalid MAC",
-                self.anchor.path().display()
+                self.anchor_path.as_path().display()
             )));
         }
         let len = self
@@ -715,7 +776,7 @@ impl AuditLog {
             .map_err(|f| self.corrupt(format!("the last record: {}", f.reason)))?;
             return Err(self.corrupt(format!(
                 "it has no anchor at {}",
-                self.anchor.path().display()
+                self.anchor_path.as_path().display()
             )));
         };
         if let Some(off) = a.offset {
@@ -915,6 +976,27 @@ fn open_active(path: &Path, create_new: bool) -> Result<File, AuditError> {
     Ok(file)
 }
 
+/// A due anchor rewrite, prepared under the caller's lock by
+/// [`AuditLog::take_anchor_update`] and written after it.
+#[derive(Debug)]
+#[must_use = "an anchor update does nothing until it is written"]
+pub struct AnchorUpdate {
+    file: Arc<Mutex<AnchorFile>>,
+    anchor: Anchor,
+}
+
+impl AnchorUpdate {
+    /// Writes the anchor unless the file already names this record or a later one (a
+    /// `commit` or a newer update got there first).
+    pub fn write(self) -> Result<(), AuditError> {
+        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        if file.written_seq().is_some_and(|seq| seq >= self.anchor.seq) {
+            return Ok(());
+        }
+        file.write(&self.anchor)
+    }
+}
+
 impl Drop for AuditLog {
     fn drop(&mut self) {
         let _ = self.commit();
@@ -1093,6 +1175,70 @@ mod tests {
         std::mem::forget(log);
         assert_eq!(seq_of_anchor(), Some(4));
         assert_eq!(crate::audit::verify(&path, &keys).unwrap().head_seq, 5);
+    }
+
+    /// `run` takes a due anchor rewrite out and writes it after its lock: the update names only
+    /// written records, is due no more often than a flush would anchor, never replaces a newer
+    /// anchor, and a commit does not count on it having been written.
+    #[test]
+    fn an_anchor_update_written_later_follows_the_same_rules() {
+        let (_tmp, keys, path) = setup();
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        let seq_of_anchor = || keys.read_anchor(&path).unwrap().map(|a| a.seq);
+        assert!(log.take_anchor_update().is_none(), "nothing written yet");
+        log.append("x", "R", None, json!({})).unwrap();
+        assert!(
+            log.take_anchor_update().is_none(),
+            "a record still in the batch is never anchored"
+        );
+        log.write_pending().unwrap();
+        assert_eq!(
+            seq_of_anchor(),
+            None,
+            "write_pending leaves the anchor alone"
+        );
+        let first = log.take_anchor_update().expect("due: quiet since open");
+        assert!(log.take_anchor_update().is_none(), "handed out once");
+        first.write().unwrap();
+        assert_eq!(seq_of_anchor(), Some(1));
+
+        log.append("x", "R", None, json!({})).unwrap();
+        log.write_pending().unwrap();
+        assert!(
+            log.take_anchor_update().is_none(),
+            "within ANCHOR_LAG of the last: not due"
+        );
+        std::thread::sleep(ANCHOR_LAG);
+        let stale = log.take_anchor_update().expect("due after ANCHOR_LAG");
+        // The commit comes first (an epoch boundary on another thread): it anchors itself,
+        // although an update for seq 2 is out and not written yet...
+        log.append("x", "R", None, json!({})).unwrap();
+        log.commit().unwrap();
+        assert_eq!(seq_of_anchor(), Some(3));
+        // ...and the late update does not move the anchor back.
+        stale.write().unwrap();
+        assert_eq!(
+            seq_of_anchor(),
+            Some(3),
+            "an older update never replaces a newer anchor"
+        );
+
+        // A commit right after an update was handed out, unwritten, anchors anyway.
+        std::thread::sleep(ANCHOR_LAG);
+        log.append("x", "R", None, json!({})).unwrap();
+        log.write_pending().unwrap();
+        let pending = log.take_anchor_update().expect("due");
+        log.commit().unwrap();
+        assert_eq!(
+            seq_of_anchor(),
+            Some(4),
+            "the commit did not count on the update"
+        );
+        pending.write().unwrap();
+        assert_eq!(seq_of_anchor(), Some(4));
+        drop(log);
+        let r = crate::audit::verify(&path, &keys).unwrap();
+        assert_eq!((r.head_seq, r.records), (4, 4));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, unbounded};
 
 use crate::approval::{ApprovalMode, CredentialScope, Gating, Policy};
-use crate::audit::{AuditLog, KeyStore};
+use crate::audit::{AnchorUpdate, AuditLog, KeyStore};
 use crate::cli::{FallbackMode, MessageFormat, RestartMode, RunArgs};
 use crate::config::{GateSetting, LoadedConfig};
 use crate::cycle::{self, Prepared};
@@ -80,6 +80,15 @@ fn deliver_and_pump(me: &Weak<Mutex<Session<Shell>>>, events: Vec<Event>) -> Opt
     let shell = session.io();
     shell.pump_later = false;
     let pumps = std::mem::take(&mut shell.pumps);
+    // A due anchor rewrite is done last, after the lock (the next host or server line need not
+    // wait for it), and only when nothing went to a server: then the answer (written under the
+    // lock) is already with the host. When a request was just forwarded, its answer's delivery
+    // takes the rewrite instead: on a busy core, writing here would delay that answer.
+    let anchor = if pumps.is_empty() {
+        shell.audit.take_anchor_update()
+    } else {
+        None
+    };
     let ended = session.exit_code().is_some();
     if ended {
         let _ = session.io().done.try_send(());
@@ -87,6 +96,10 @@ fn deliver_and_pump(me: &Weak<Mutex<Session<Shell>>>, events: Vec<Event>) -> Opt
     drop(session);
     for outlet in &pumps {
         outlet.pump();
+    }
+    if let Some(Err(e)) = anchor.map(AnchorUpdate::write) {
+        let mut session = shared.lock().unwrap_or_else(|e| e.into_inner());
+        session.io().sink.emit(&format!("warning: audit log: {e}"));
     }
     (!ended).then_some(pumps)
 }
@@ -159,11 +172,21 @@ struct Shell {
 impl Shell {
     /// Writes the records the handled events appended (one `write`). The intent record of a
     /// call never waits for this: it is written before the call is forwarded.
+    /// Writes the pending records. A due anchor rewrite is the caller's: `deliver_and_pump`
+    /// does it after the session's lock, the event loop with [`Shell::flush_audit_anchored`].
     fn flush_audit(&mut self) {
         if self.audit.pending_bytes() == 0 {
             return;
         }
-        if let Err(e) = self.audit.flush() {
+        if let Err(e) = self.audit.write_pending() {
+            self.sink.emit(&format!("warning: audit log: {e}"));
+        }
+    }
+
+    /// [`Shell::flush_audit`] and a due anchor rewrite, now.
+    fn flush_audit_anchored(&mut self) {
+        self.flush_audit();
+        if let Some(Err(e)) = self.audit.take_anchor_update().map(AnchorUpdate::write) {
             self.sink.emit(&format!("warning: audit log: {e}"));
         }
     }
@@ -275,7 +298,7 @@ impl Shell {
     /// cannot be written, held `tools/call` lines are dropped (they must not run unrecorded)
     /// and everything else is sent.
     fn release_deferred(&mut self) -> Result<(), EffectError> {
-        let r = self.audit.flush().map_err(EffectError::new);
+        let r = self.audit.write_pending().map_err(EffectError::new);
         for (epoch, line, droppable) in std::mem::take(&mut self.deferred) {
             if r.is_err() && is_call_request(&line) {
                 continue;
@@ -604,7 +627,8 @@ impl Io for Shell {
             .append(kind, agent_run, epoch, data)
             .map_err(EffectError::new)?;
         if kind == crate::audit::record_type::TOOL_CALLED && !self.batching {
-            self.audit.flush().map_err(EffectError::new)?;
+            // The records only: the anchor waits until the call has gone out.
+            self.audit.write_pending().map_err(EffectError::new)?;
         }
         Ok(())
     }
@@ -1209,7 +1233,7 @@ fn event_loop(shared: &Shared, events: &Receiver<Event>, done: &Receiver<()>) ->
                 let Ok(event) = event else { return exit_codes::OK };
                 let mut session = shared.lock().unwrap_or_else(|e| e.into_inner());
                 session.handle(event);
-                session.io().flush_audit();
+                session.io().flush_audit_anchored();
                 if let Some(code) = session.exit_code() {
                     return code;
                 }

@@ -2,10 +2,14 @@
 //! zero-work byte relay (the floor of one proxy hop), in one run, interleaving the variants so that
 //! load from other processes on a shared machine hits all of them alike.
 //!
-//! Phases (all by default; `--phases latency,throughput,list,idle,reload,start,exit` to pick):
+//! Phases (all by default; `--phases latency,spaced,throughput,list,idle,reload,start,exit` to
+//! pick):
 //! - latency: sequential `tools/call echo` round trips; per round the variants take turns in a
 //!   rotating order (`--streak N`: N calls in a row per turn); the timer stops when the answer
 //!   line has been read (parsing happens after).
+//! - spaced: `tools/call echo` after a pause each (`--spaced N`, `--spaced-gap-ms G`), the
+//!   pace of a real host (an agent calls a tool every few seconds): every hop starts from a
+//!   sleeping process and cold caches, which the back-to-back latency phase never sees.
 //! - throughput: pipelined calls (a writer thread sends all, the main thread reads all answers),
 //!   rounds rotate the variant order.
 //! - idle: CPU (utime+stime) of a watching supervisor and of the `--no-watch` one over a window.
@@ -19,7 +23,7 @@
 //!   yet (`lifecycle.rs`).
 //!
 //! `--mcp-dev-b OTHER` runs a second `cargo-mcp-dev` (say, the commit before a change) as the
-//! variant `run-b` in the latency and throughput phases, beside the first, in the same rotation:
+//! variant `run-b` in the latency, spaced and throughput phases, beside the first, in the same rotation:
 //! an A/B measured under the same noise (`ab.sh`).
 //!
 //! Owns only its work directory (`--work`); it never touches the repository it was pointed at
@@ -64,6 +68,9 @@ struct Opts {
     list_big_tools: usize,
     /// Spaced lists (each after a pause, followed by a call) per variant and catalog.
     list_spaced: usize,
+    /// Spaced calls per variant, and the pause before each.
+    spaced: usize,
+    spaced_gap_ms: u64,
     start_rounds: usize,
     exit_rounds: usize,
     phases: Vec<String>,
@@ -89,10 +96,13 @@ fn parse_opts() -> Opts {
         list_big_calls: 100,
         list_big_tools: 1000,
         list_spaced: 30,
+        spaced: 200,
+        spaced_gap_ms: 50,
         start_rounds: 10,
         exit_rounds: 5,
         phases: vec![
             "latency".into(),
+            "spaced".into(),
             "throughput".into(),
             "list".into(),
             "idle".into(),
@@ -125,6 +135,8 @@ fn parse_opts() -> Opts {
             "--list-calls" => o.list_calls = val().parse().expect("--list-calls N"),
             "--list-big-calls" => o.list_big_calls = val().parse().expect("--list-big-calls N"),
             "--list-big-tools" => o.list_big_tools = val().parse().expect("--list-big-tools N"),
+            "--spaced" => o.spaced = val().parse().expect("--spaced N"),
+            "--spaced-gap-ms" => o.spaced_gap_ms = val().parse().expect("--spaced-gap-ms MS"),
             "--list-spaced" => o.list_spaced = val().parse().expect("--list-spaced N"),
             "--start-rounds" => o.start_rounds = val().parse().expect("--start-rounds N"),
             "--exit-rounds" => o.exit_rounds = val().parse().expect("--exit-rounds N"),
@@ -791,7 +803,10 @@ fn latency_phase(o: &Opts, v: &mut Variants, out: &mut String) {
     let turns = if o.streak == 1 {
         "call by call".to_string()
     } else {
-        format!("{} calls in a row per turn (`--streak {}`)", o.streak, o.streak)
+        format!(
+            "{} calls in a row per turn (`--streak {}`)",
+            o.streak, o.streak
+        )
     };
     out.push_str(&format!(
         "{} calls per variant after {} warm-up calls each; the variants take turns {turns} (rotating order).\n\n",
@@ -874,6 +889,57 @@ fn latency_phase(o: &Opts, v: &mut Variants, out: &mut String) {
         s[RUN].p50 / s[DIRECT].p50,
         met(s[RUN].p50 / s[DIRECT].p50 <= 1.15)
     ));
+}
+
+/// Calls at a host's pace: a pause before each, the variants taking turns (rotating order).
+fn spaced_phase(o: &Opts, v: &mut Variants, out: &mut String) {
+    let gap = Duration::from_millis(o.spaced_gap_ms);
+    progress(&format!(
+        "spaced: {} calls per variant, {} ms of quiet before each",
+        o.spaced, o.spaced_gap_ms
+    ));
+    let k = v.conns.len();
+    let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(o.spaced); k];
+    for round in 0..o.spaced {
+        for j in 0..k {
+            let c = (round + j) % k;
+            std::thread::sleep(gap);
+            samples[c].push(v.conns[c].timed_echo() as f64 / 1000.0);
+        }
+    }
+    let s: Vec<Summary> = samples.iter().map(|x| summarize(x)).collect();
+    out.push_str("## 1b. Spaced `tools/call` round trip (µs): a host's pace\n\n");
+    out.push_str(&format!(
+        "{} calls per variant, each after {} ms in which no variant was called (every process on the path is asleep, its caches cold: the case of a real host, whose agent calls a tool every few seconds); rotating order.\n\n",
+        o.spaced, o.spaced_gap_ms
+    ));
+    out.push_str(
+        "| variant | n | p50 | p90 | p99 | min | p50 / direct | p50 / relay | p50 − direct |\n",
+    );
+    out.push_str("|---|---|---|---|---|---|---|---|---|\n");
+    for (i, c) in v.conns.iter().enumerate() {
+        let x = &s[i];
+        out.push_str(&format!(
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.1} |\n",
+            c.name,
+            x.n,
+            x.p50,
+            x.p90,
+            x.p99,
+            x.min,
+            x.p50 / s[DIRECT].p50,
+            x.p50 / s[RELAY].p50,
+            x.p50 - s[DIRECT].p50
+        ));
+    }
+    if s.len() > AUDIT_RELAY {
+        out.push_str(&format!(
+            "\nSpaced p50: run / relay {:.3}, run / audit-relay {:.3} (run − audit-relay: {:.1} µs).\n\n",
+            s[RUN].p50 / s[RELAY].p50,
+            s[RUN].p50 / s[AUDIT_RELAY].p50,
+            s[RUN].p50 - s[AUDIT_RELAY].p50
+        ));
+    }
 }
 
 fn rss_line(label: &str, pid: u32) -> String {
@@ -1278,18 +1344,29 @@ fn main() {
         o.hops.display(),
         o.work.display()
     ));
-    let needs_server = ["latency", "throughput", "idle", "list", "start", "exit"]
-        .iter()
-        .any(|p| has(p));
+    let needs_server = [
+        "latency",
+        "spaced",
+        "throughput",
+        "idle",
+        "list",
+        "start",
+        "exit",
+    ]
+    .iter()
+    .any(|p| has(p));
     let srv = needs_server.then(|| build_server(&o, "srv"));
     let mut variants = None;
-    if has("latency") || has("throughput") || has("idle") || has("list") {
+    if has("latency") || has("spaced") || has("throughput") || has("idle") || has("list") {
         variants = Some(start_latency_variants(&o, srv.as_ref().unwrap(), &mut out));
     }
     if let Some(v) = variants.as_mut() {
         if has("latency") {
             latency_phase(&o, v, &mut out);
             memory_section(v, "after the latency run", &mut out);
+        }
+        if has("spaced") {
+            spaced_phase(&o, v, &mut out);
         }
         if has("throughput") {
             throughput_phase(&o, v, &mut out);
