@@ -99,7 +99,7 @@ fn deliver_and_pump(me: &Weak<Mutex<Session<Shell>>>, events: Vec<Event>) -> Opt
     }
     if let Some(Err(e)) = anchor.map(AnchorUpdate::write) {
         let mut session = shared.lock().unwrap_or_else(|e| e.into_inner());
-        session.io().sink.emit(&format!("warning: audit log: {e}"));
+        session.io().audit_warning(&e);
     }
     (!ended).then_some(pumps)
 }
@@ -171,15 +171,15 @@ struct Shell {
 
 impl Shell {
     /// Writes the records the handled events appended (one `write`). The intent record of a
-    /// call never waits for this: it is written before the call is forwarded.
-    /// Writes the pending records. A due anchor rewrite is the caller's: `deliver_and_pump`
-    /// does it after the session's lock, the event loop with [`Shell::flush_audit_anchored`].
+    /// call never waits for this: it is written before the call is forwarded. A due anchor
+    /// rewrite is the caller's: `deliver_and_pump` does it after the session's lock, the event
+    /// loop with [`Shell::flush_audit_anchored`].
     fn flush_audit(&mut self) {
         if self.audit.pending_bytes() == 0 {
             return;
         }
         if let Err(e) = self.audit.write_pending() {
-            self.sink.emit(&format!("warning: audit log: {e}"));
+            self.audit_warning(&e);
         }
     }
 
@@ -187,8 +187,14 @@ impl Shell {
     fn flush_audit_anchored(&mut self) {
         self.flush_audit();
         if let Some(Err(e)) = self.audit.take_anchor_update().map(AnchorUpdate::write) {
-            self.sink.emit(&format!("warning: audit log: {e}"));
+            self.audit_warning(&e);
         }
+    }
+
+    /// One status line for an audit write that failed (our own paths and errors, no host or
+    /// server text).
+    fn audit_warning(&self, e: &crate::audit::AuditError) {
+        self.sink.emit(&format!("warning: audit log: {e}"));
     }
 
     /// Writes a line to the host now. Bounded (issue 12): a host that stops reading while the
@@ -319,7 +325,7 @@ impl Shell {
     /// An epoch boundary or the end: the log is made durable as `audit-fsync` says.
     fn commit_audit(&mut self) {
         if let Err(e) = self.audit.commit() {
-            self.sink.emit(&format!("warning: audit log: {e}"));
+            self.audit_warning(&e);
         }
         if let Some(s) = &self.syncer {
             s.request();
