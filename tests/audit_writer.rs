@@ -72,23 +72,27 @@ fn child() {
                 out.flush().unwrap();
             }
         }
-        "burst-big" => {
-            // Batches of four 1 MiB records: each flush is one 4 MiB `write`, long enough for
-            // the parent to kill the process inside it.
+        "burst-big" | "burst-big-write" => {
+            // Batches of 1 MiB records: each flush is one 8 MiB copy into the mapped
+            // reservation (`burst-big`) or one 4 MiB `write` (`burst-big-write`), long enough
+            // for the parent to kill the process inside it.
             let opts = AuditOptions {
                 max_segment_bytes: 0,
+                write_through_map: what == "burst-big",
                 ..AuditOptions::default()
             };
             let (mut log, _) = audit::open_for_run_with(&log, &keys, &opts).unwrap();
             log.set_fsync(FsyncPolicy::Never);
             let pad = "p".repeat(1 << 20);
+            // A copy is faster than a `write`: a larger batch gives the kill its chance.
+            let per_batch = if what == "burst-big" { 8 } else { 4 };
             for call in 0u64.. {
-                for i in 0..4 {
+                for i in 0..per_batch {
                     log.append(
                         audit::TOOL_CALLED,
                         "CHILD",
                         Some("E1"),
-                        json!({"callId": call * 4 + i, "pad": pad}),
+                        json!({"callId": call * per_batch + i, "pad": pad}),
                     )
                     .unwrap();
                 }
@@ -207,6 +211,56 @@ fn a_second_writer_in_another_process_is_refused_then_admitted() {
 /// "What it must show": kill -9 the writer in the middle of a burst; every record it had
 /// flushed is in the log, `audit verify` passes on what was written (the log may be longer than
 /// its anchor), and the next writer continues the chain without setting anything aside.
+/// A writer copies records into space it reserved past them (NUL bytes until written): while
+/// it holds the log the file is longer than its records and every reader stops at the NULs;
+/// killed, it leaves them behind, and the next writer cuts them off and continues the chain;
+/// closed, the file ends with its last record.
+#[test]
+fn space_a_killed_writer_reserved_is_cut_off_and_the_chain_continues() {
+    let (_tmp, state, keys, log) = setup();
+    let (mut child, mut out) = spawn_child("hold", &log, &state);
+    next_line(&mut out, "ready ").unwrap();
+    let bytes = std::fs::read(&log).unwrap();
+    let data = data_len(&bytes);
+    assert!(bytes.len() > data, "space is reserved past the record");
+    assert_eq!(bytes[data - 1], b'\n');
+    let report = verify(&log, &keys).unwrap();
+    assert_eq!((report.records, report.torn_tail), (1, None));
+    assert_eq!(read_records(&log).unwrap().len(), 1);
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(child.id() as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    child.wait().unwrap();
+    assert_eq!(std::fs::read(&log).unwrap(), bytes, "left as it was");
+    assert_eq!(verify(&log, &keys).unwrap().records, 1);
+
+    let (mut w, recovery) = open_for_run(&log, &keys).unwrap();
+    assert!(
+        recovery.is_none(),
+        "reserved space is not damage: {recovery:?}"
+    );
+    let next = w
+        .append(audit::RUN_STARTED, "NEXT", None, json!({}))
+        .unwrap();
+    assert_eq!(next.seq, 2);
+    w.flush().unwrap();
+    let open = std::fs::read(&log).unwrap();
+    assert_eq!(open[..data], bytes[..data], "the first record is kept");
+    assert!(open.len() > data_len(&open), "reserved again");
+    drop(w);
+    let closed = std::fs::read(&log).unwrap();
+    assert_eq!(
+        data_len(&closed),
+        closed.len(),
+        "closed: ends with its last record"
+    );
+    assert_eq!(closed.iter().filter(|&&b| b == b'\n').count(), 2);
+    let again = verify(&log, &keys).unwrap();
+    assert_eq!((again.records, again.head_seq), (2, 2));
+}
+
 #[test]
 fn kill_9_in_a_burst_loses_nothing_flushed_and_the_chain_continues() {
     let (_tmp, state, keys, log) = setup();
@@ -258,26 +312,45 @@ fn kill_9_in_a_burst_loses_nothing_flushed_and_the_chain_continues() {
     assert_eq!(anchor.seq, again.head_seq, "commit anchors the head");
 }
 
+/// Where the data of a log file ends: before the NUL bytes of space its writer reserved (all
+/// of it while a mapped writer has the file, or after one was killed).
+fn data_len(bytes: &[u8]) -> usize {
+    bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1)
+}
+
 /// The premise of the torn-tail recovery, on the real kernel: a `SIGKILL` that lands while a
-/// large batch is being written stops the copy at a page boundary, so the log ends in an
-/// incomplete line. `verify` passes and names it; the next open keeps the bytes aside
-/// (byte for byte) and continues the chain from the last whole record.
+/// large batch is being written (a `write` stopped at a page boundary) or copied into the
+/// mapped reservation (the copy stopped anywhere, NUL bytes after it) leaves the log's data
+/// ending in an incomplete line. `verify` passes and names it; the next open keeps the bytes
+/// aside (byte for byte, without the NULs) and continues the chain from the last whole record.
 #[test]
 fn kill_9_inside_a_write_leaves_a_torn_tail_that_is_kept_and_continued() {
+    kill_9_inside_a_batch("burst-big-write");
+    kill_9_inside_a_batch("burst-big");
+}
+
+fn kill_9_inside_a_batch(role: &str) {
     use std::os::unix::fs::FileExt;
     let mut tries = 0;
     loop {
         tries += 1;
         let (_tmp, state, keys, log) = setup();
-        let (mut child, mut out) = spawn_child("burst-big", &log, &state);
+        let (mut child, mut out) = spawn_child(role, &log, &state);
         next_line(&mut out, "flushed").unwrap();
-        // Kill as soon as the file ends mid-line: a write is being copied.
+        // Kill as soon as a batch is being copied: the file ends mid-line (`write`), or the
+        // first byte past the records is no longer a NUL of the reservation (map).
         let file = std::fs::File::open(&log).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
+        let from = data_len(&std::fs::read(&log).unwrap()) as u64;
         loop {
             let len = file.metadata().unwrap().len();
-            let mut last = [0u8];
-            if len > 0 && file.read_exact_at(&mut last, len - 1).is_ok() && last[0] != b'\n' {
+            let mut byte = [0u8];
+            let copying = if role == "burst-big-write" {
+                len > 0 && file.read_exact_at(&mut byte, len - 1).is_ok() && byte[0] != b'\n'
+            } else {
+                file.read_exact_at(&mut byte, from).is_ok() && byte[0] != 0
+            };
+            if copying {
                 break;
             }
             assert!(Instant::now() < deadline, "the child never wrote");
@@ -292,11 +365,15 @@ fn kill_9_inside_a_write_leaves_a_torn_tail_that_is_kept_and_continued() {
         let report = verify(&log, &keys).unwrap();
         let Some(torn) = report.torn_tail.clone() else {
             // The write finished before the signal was delivered: try again.
-            assert!(tries < 10, "no kill landed inside a write in {tries} tries");
+            assert!(
+                tries < 10,
+                "{role}: no kill landed inside a batch in {tries} tries"
+            );
             continue;
         };
         let bytes = std::fs::read(&log).unwrap();
-        assert_eq!(torn.offset + torn.bytes, bytes.len() as u64);
+        assert_eq!(torn.offset + torn.bytes, data_len(&bytes) as u64, "{role}");
+        let bytes = bytes[..data_len(&bytes)].to_vec();
         assert_eq!(bytes[torn.offset as usize - 1], b'\n');
         let torn_bytes = bytes[torn.offset as usize..].to_vec();
         let (mut w, recovery) = open_for_run(&log, &keys).unwrap();
@@ -316,10 +393,16 @@ fn kill_9_inside_a_write_leaves_a_torn_tail_that_is_kept_and_continued() {
             (again.head_seq, again.torn_tail),
             (report.head_seq + 2, None)
         );
+        let after = std::fs::read(&log).unwrap();
         assert_eq!(
-            std::fs::read(&log).unwrap()[..torn.offset as usize],
+            after[..torn.offset as usize],
             bytes[..torn.offset as usize],
             "the whole records are kept byte for byte"
+        );
+        assert_eq!(
+            data_len(&after),
+            after.len(),
+            "closed: no reserved space left"
         );
         return;
     }
@@ -327,34 +410,61 @@ fn kill_9_inside_a_write_leaves_a_torn_tail_that_is_kept_and_continued() {
 
 /// A write that fails part way (the file size limit) is cut back: no partial line stays, the
 /// batch's records are reported lost, and the chain continues from the last record on disk.
+///
+/// Both ways of writing: with `write` only, and with the mapped reservation on, where the file
+/// size limit makes the first reservation fail and the writer falls back to `write` for good
+/// (the same errors, no NUL byte in the file).
 #[test]
 fn a_failed_write_leaves_no_partial_line() {
+    // A `SIGXFSZ` handler (instead of the default: terminate) makes the write fail with EFBIG
+    // or come back short. The limit is per process: run in a child so other tests are not hit.
+    let Ok(mode) = std::env::var("AUDIT_WRITER_FSIZE_CHILD") else {
+        for mode in ["write", "map"] {
+            let status = Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "a_failed_write_leaves_no_partial_line",
+                    "--test-threads=1",
+                ])
+                .env("AUDIT_WRITER_FSIZE_CHILD", mode)
+                .status()
+                .unwrap();
+            assert!(status.success(), "{mode}");
+        }
+        return;
+    };
+    let mapped = mode == "map";
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGXFSZ, flag).unwrap();
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Fsize);
     let (_tmp, _state, keys, log) = setup();
-    let mut w = AuditLog::open(&log, &keys).unwrap();
+    let opts = AuditOptions {
+        write_through_map: mapped,
+        ..AuditOptions::default()
+    };
+    let mut w = AuditLog::open_with(&log, &keys, &opts).unwrap();
+    if mapped {
+        // Room for the records, not for a reservation.
+        rustix::process::setrlimit(
+            rustix::process::Resource::Fsize,
+            rustix::process::Rlimit {
+                current: Some(64 << 10),
+                maximum: limit.maximum,
+            },
+        )
+        .unwrap();
+    }
     for i in 0..3 {
         w.append(audit::TOOL_CALLED, "R", None, json!({"i": i}))
             .unwrap();
     }
     w.flush().unwrap();
     let len = std::fs::metadata(&log).unwrap().len();
-    // A `SIGXFSZ` handler (instead of the default: terminate) makes the write fail with EFBIG
-    // or come back short. The limit is per process: run in a child so other tests are not hit.
-    if std::env::var_os("AUDIT_WRITER_FSIZE_CHILD").is_none() {
-        let status = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "a_failed_write_leaves_no_partial_line",
-                "--test-threads=1",
-            ])
-            .env("AUDIT_WRITER_FSIZE_CHILD", "1")
-            .status()
-            .unwrap();
-        assert!(status.success());
-        return;
-    }
-    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGXFSZ, flag).unwrap();
-    let limit = rustix::process::getrlimit(rustix::process::Resource::Fsize);
+    assert_eq!(
+        data_len(&std::fs::read(&log).unwrap()),
+        len as usize,
+        "{mode}"
+    );
     rustix::process::setrlimit(
         rustix::process::Resource::Fsize,
         rustix::process::Rlimit {

@@ -536,11 +536,10 @@ fn file_size_limit_fails_the_append_and_keeps_the_log_valid() {
         let keys = KeyStore::at(dir.join("state"));
         let path = dir.join("audit.jsonl");
         let mut log = AuditLog::open(&path, &keys).unwrap();
-        log.append("x", "R", None, json!({"pad": "p".repeat(100)}))
-            .unwrap();
-        log.flush().unwrap();
         cargo_mcp_dev::sys::unix::survive_file_size_limit().unwrap();
-        let limit = std::fs::metadata(&path).unwrap().len() + 600;
+        // Set before the first flush: the writer cannot reserve space past its records (see
+        // `audit::log`, "Writing through a map") and `write`s, until a write does not fit.
+        let limit = 2000;
         rustix::process::setrlimit(
             rustix::process::Resource::Fsize,
             rustix::process::Rlimit {
@@ -564,6 +563,12 @@ fn file_size_limit_fails_the_append_and_keeps_the_log_valid() {
         assert!(failed, "the limit was never reached");
         let r = verify(&path, &keys).unwrap();
         assert!(r.records >= 2);
+        drop(log);
+        let bytes = std::fs::read(&path).unwrap();
+        assert!(
+            bytes.ends_with(b"\n") && !bytes.contains(&0),
+            "whole records only"
+        );
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A/B of two cargo-mcp-dev binaries in one run: `benches/proxy/ab.sh NEW_BIN OLD_BIN`.
 #
-# Both run side by side (`run` and `run-b`) with the relay and the audit-relay, taking turns call
+# Both run side by side (`run` and `run-b`) with the relay and the audit-relay (writing, and
+# copying into a mapped file: mmap-relay), taking turns call
 # by call, pinned to one core (taskset), in ROUNDS separate runs of the latency, spaced and throughput
 # phases. A shared machine's noise moves all variants alike, so compare run with run-b within a
 # line, not lines with each other. One summary line per round on stdout; each round's report in
@@ -26,14 +27,14 @@ WORK="${WORK:-${TMPDIR:-/tmp}/cargo-mcp-dev-proxy-ab}"
 mkdir -p "$WORK"
 # Columns of the report's tables: variant, then the figure.
 pick() { # file, section start, section end, column
-  sed -n "/$2/,/$3/p" "$1" | grep -E '^\| (relay|run|audit-relay|run-b) \|' \
+  sed -n "/$2/,/$3/p" "$1" | grep -E '^\| (relay|run|audit-relay|mmap-relay|run-b) \|' \
     | awk -F'|' -v c="$4" '{gsub(/ /, "", $2); gsub(/ /, "", $c); printf "%s %s  ", $2, $c}'
 }
 for r in $(seq "$ROUNDS"); do
   out="$WORK/ab-$r.md"
   taskset -c "$PIN_CPU" "$bench" --mcp-dev "$new" --mcp-dev-b "$old" \
     --fixture "$root/tests/fixtures/fake-server" --work "$WORK/w" \
-    --calls "$CALLS" --pipelined "$PIPELINED" --spaced "$SPACED" --spaced-gap-ms "$SPACED_GAP_MS" \
+    --calls "$CALLS" --pipelined "$PIPELINED" --spaced "$SPACED" --spaced-gap-ms "$SPACED_GAP_MS" --mmap-relay \
     --phases latency,spaced,throughput > "$out"
   echo "round $r: p50 µs: $(pick "$out" '^## 1\.' 'On-CPU' 4)"
   echo "round $r: spaced p50 µs: $(pick "$out" '^## 1b' 'Spaced p50' 4)"

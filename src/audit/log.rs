@@ -22,9 +22,10 @@
 //!   strong as when every record was written alone) and encodes it into an in-memory batch. It
 //!   makes no system call (except once per `max_segment_bytes`, to rotate) and returns the
 //!   record's seq and hash.
-//! - [`AuditLog::flush`] writes the whole batch with one `write` on an `O_APPEND` descriptor (a
-//!   short write continues with the rest). A failed write is cut back off the file (no partial
-//!   line stays) and the error is returned: the records of that batch are lost, the head goes back to the last record on
+//! - [`AuditLog::flush`] puts the whole batch in the file at once: one copy into the mapped
+//!   reservation (below), or one `write` on an `O_APPEND` descriptor (a short write continues
+//!   with the rest). A failed write is cut back off the file (no partial line stays) and the
+//!   error is returned: the records of that batch are lost, the head goes back to the last record on
 //!   disk, and the caller must treat it as an audit failure (fail closed: do not forward).
 //!   `flush` also rewrites the anchor when the last anchor write is older than [`ANCHOR_LAG`].
 //! - [`AuditLog::write_pending`] is `flush` without the anchor, and
@@ -48,12 +49,14 @@
 //! | `boundaries` (default) | everything flushed | everything up to the last commit (epoch boundary, exit, rotation) |
 //! | `never` | everything flushed | nothing guaranteed |
 //!
-//! A process crash loses nothing that was flushed: once `write` returns the bytes are in the page
-//! cache. A crash *during* a `write` can leave part of the batch: the kernel stops copying a
-//! write to a file at a page boundary when the process is killed, so the file can end in an
-//! incomplete line. That batch was not flushed (no call was forwarded on an intent record in
-//! it); see below. The anchor may lag the log by up to [`ANCHOR_LAG`] (or until the next flush or
-//! commit); a log longer than its anchor is valid (the unanchored tail is checked record by
+//! A process crash loses nothing that was flushed: once `write` returns, or the copy into the
+//! map is done, the bytes are in the page cache. A crash *during* a `write` can leave part of the
+//! batch: the kernel stops copying a write to a file at a page boundary when the process is
+//! killed, so the file can end in an incomplete line; a copy into the map is made in order, so a
+//! crash in it leaves a prefix of the batch too, followed by the reservation's NUL bytes. That
+//! batch was not flushed (no call was forwarded on an intent record in it); see below. The
+//! anchor may lag the log by up to [`ANCHOR_LAG`] (or until the next flush or commit); a log
+//! longer than its anchor is valid (the unanchored tail is checked record by
 //! record at the next start), one shorter than its anchor is reported as truncated. After a
 //! power loss the anchor (rewritten without fsync between commits) can be on disk ahead of the
 //! records it names: the next start then sets the log aside as evidence and starts a new chain
@@ -82,6 +85,19 @@
 //! from the last whole record. So does an active file holding only such a line while the anchor
 //! names the last record of the newest segment (the first write after a rotation, cut short).
 //!
+//! # Writing through a map
+//!
+//! On Linux a batch is not `write`-n: the writer reserves space past its last record
+//! ([`RESERVE_BYTES`] at a time, or a batch's worth, allocated with `fallocate` so that no copy
+//! can fail for want of space), maps it ([`crate::sys::mapped`]) and copies the batch in. No
+//! system call and no file-time update per batch: on a call's path that was most of what a
+//! spaced call paid for the log (issue 15). The file is longer than its records while the
+//! writer has it; the rest reads as NUL bytes, which readers ([`super::scan`]) stop at, and which
+//! [`AuditLog::release_reservation`] (exit, rotation, drop) cuts off. A writer that was killed
+//! leaves them behind: `open` cuts them off before judging the tail (a record never holds a NUL
+//! byte). Where the space cannot be reserved (no `fallocate` on the file system, a file size
+//! limit, not Linux) the writer cuts its reservation back and `write`s from then on.
+//!
 //! # Segments
 //!
 //! When a record would take the active file past `max_segment_bytes`, the file is committed,
@@ -97,6 +113,7 @@ use super::chain::{
 };
 use super::keys::{self, Anchor, AnchorFile, KeyStore};
 use super::scan::{self, Expect, Last};
+use crate::sys::mapped::{self, MappedRegion};
 use serde_json::json;
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{Read, Write};
@@ -166,6 +183,9 @@ pub const ANCHOR_LAG: Duration = Duration::from_millis(200);
 /// Default size at which the active file rotates into a segment (config
 /// `audit-max-segment-bytes`).
 pub const DEFAULT_MAX_SEGMENT_BYTES: u64 = 64 << 20;
+/// How much space past the records a writer reserves and maps at a time (at least a batch):
+/// about 2,500 calls' records, and no more than that much of the file in this process's memory.
+pub const RESERVE_BYTES: u64 = 1 << 20;
 
 /// How a writer is opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -175,6 +195,10 @@ pub struct AuditOptions {
     pub max_segment_bytes: u64,
     /// How long to wait for another writer to let go of the log.
     pub lock_wait: Duration,
+    /// Copy batches into reserved, mapped space past the records instead of `write`-ing them
+    /// (see "Writing through a map" in the module doc). Where the file system cannot reserve
+    /// space (or off Linux) the writer falls back to `write` by itself; `false` always writes.
+    pub write_through_map: bool,
 }
 
 impl Default for AuditOptions {
@@ -183,6 +207,7 @@ impl Default for AuditOptions {
             fsync: FsyncPolicy::default(),
             max_segment_bytes: DEFAULT_MAX_SEGMENT_BYTES,
             lock_wait: WRITER_LOCK_WAIT,
+            write_through_map: true,
         }
     }
 }
@@ -200,8 +225,16 @@ pub struct AuditLog {
     anchor_path: PathBuf,
     key: AuditKey,
     opts: AuditOptions,
-    /// Length of the active file (everything written by this writer, or found at open).
+    /// Length of the active file's records (everything written by this writer, or found at
+    /// open); the file itself can be longer by a reservation (see `mapped`).
     len: u64,
+    /// The reserved, mapped space the next batches are copied into (`None`: not reserved yet,
+    /// or writing with `write`).
+    mapped: Option<MappedRegion>,
+    /// The file's length when a reservation made it longer than `len` (what `release` cuts).
+    reserved_to: Option<u64>,
+    /// Whether batches go through the map (cleared for good when a reservation fails).
+    map_batches: bool,
     /// The last record in the file: `(seq, hash)`.
     written: Option<(u64, String)>,
     /// The last record sealed (in the batch or in the file).
@@ -328,6 +361,9 @@ impl AuditLog {
             key,
             opts: opts.clone(),
             len: 0,
+            mapped: None,
+            reserved_to: None,
+            map_batches: opts.write_through_map,
             synced_len: 0,
             written: None,
             head: None,
@@ -556,11 +592,14 @@ impl AuditLog {
 
     fn write_batch(&mut self) -> Result<(), AuditError> {
         let before = self.len;
-        let result = loop {
-            match (&self.file).write(&self.batch) {
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                other => break other,
-            }
+        let result = match self.copy_to_map() {
+            Some(copied) => copied,
+            None => loop {
+                match (&self.file).write(&self.batch) {
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    other => break other,
+                }
+            },
         };
         // A short write (a signal, a size limit, a full disk) continues with the rest, which
         // either completes the batch or fails with the cause (EFBIG, ENOSPC) for the message.
@@ -600,6 +639,61 @@ impl AuditLog {
             ));
         }
         Err(AuditError::io("append to audit log", &self.path)(error))
+    }
+
+    /// Copies the batch into the mapped reservation, reserving (and mapping) the next part of
+    /// the file first when it does not fit. `None`: not mapping (off, or a reservation failed:
+    /// the reservation is cut back and the caller `write`s, now and from then on).
+    fn copy_to_map(&mut self) -> Option<std::io::Result<usize>> {
+        if !self.map_batches {
+            return None;
+        }
+        let end = self.len + self.batch.len() as u64;
+        if self.mapped.as_ref().is_none_or(|m| end > m.end()) {
+            // Unmapped before the next reservation: one region of the file mapped at a time.
+            self.mapped = None;
+            let page = mapped::page_size();
+            let start = self.len / page * page;
+            let len = (end - start).max(RESERVE_BYTES).next_multiple_of(page);
+            match usize::try_from(len)
+                .map_err(std::io::Error::other)
+                .and_then(|len| MappedRegion::reserve(&self.file, start, len))
+            {
+                Ok(region) => {
+                    self.reserved_to = Some(self.reserved_to.unwrap_or(0).max(region.end()));
+                    self.mapped = Some(region);
+                }
+                Err(_) => {
+                    // No space to reserve, or a file system that cannot: `write` reports
+                    // what is wrong, if anything is, and is as safe.
+                    self.map_batches = false;
+                    if let Err(e) = self.release_reservation() {
+                        return Some(Err(e));
+                    }
+                    return None;
+                }
+            }
+        }
+        let region = self.mapped.as_mut()?;
+        region.copy_at(self.len, &self.batch);
+        Some(Ok(self.batch.len()))
+    }
+
+    /// Unmaps the reservation and cuts the file back to its records (at exit, before a
+    /// rotation, and when mapping stops): a file nobody writes ends with its last record. A
+    /// failure poisons the writer (a `write` would land past the reserved bytes).
+    pub fn release_reservation(&mut self) -> std::io::Result<()> {
+        self.mapped = None;
+        if self.reserved_to.is_some() {
+            if let Err(e) = self.file.set_len(self.len) {
+                self.poisoned = Some(format!(
+                    "the space reserved past the last record could not be released ({e})"
+                ));
+                return Err(e);
+            }
+            self.reserved_to = None;
+        }
+        Ok(())
     }
 
     fn sync_file(&mut self) -> Result<(), AuditError> {
@@ -650,6 +744,8 @@ impl AuditLog {
     /// with a `segment_started` record (written, anchored and, policy permitting, synced).
     fn rotate(&mut self) -> Result<(), AuditError> {
         self.commit()?;
+        self.release_reservation()
+            .map_err(AuditError::io("release the reserved tail of", &self.path))?;
         let next = scan::list_segments(&self.path)
             .map_err(AuditError::io("list the segments of", &self.path))?
             .last()
@@ -729,6 +825,16 @@ impl AuditLog {
             .metadata()
             .map_err(AuditError::io("inspect audit log", &self.path))?
             .len();
+        // Space a writer reserved and did not release (it was killed): never records (a
+        // record has no NUL byte), cut off before anything else is judged.
+        let data = scan::data_end(&self.file, len)
+            .map_err(AuditError::io("read audit log", &self.path))?;
+        if data < len {
+            self.file
+                .set_len(data)
+                .map_err(AuditError::io("release the reserved tail of", &self.path))?;
+        }
+        let len = data;
         let segments = scan::list_segments(&self.path)
             .map_err(AuditError::io("list the segments of", &self.path))?;
         let mac = MacChecker::new(&self.key);
@@ -1000,6 +1106,7 @@ impl AnchorUpdate {
 impl Drop for AuditLog {
     fn drop(&mut self) {
         let _ = self.commit();
+        let _ = self.release_reservation();
     }
 }
 
@@ -1079,9 +1186,11 @@ mod tests {
         (tmp, keys, path)
     }
 
+    /// The records' lines (without the space an open writer reserved past them).
     fn lines(path: &Path) -> Vec<String> {
         std::fs::read_to_string(path)
             .unwrap()
+            .trim_end_matches('\0')
             .lines()
             .map(str::to_owned)
             .collect()
@@ -1303,6 +1412,99 @@ mod tests {
         assert!(matches!(err, AuditError::CorruptTail { .. }), "{err:?}");
         assert!(err.to_string().contains("hash mismatch"), "{err}");
         assert_eq!(lines(&path).len(), 2, "nothing was appended");
+    }
+
+    /// Batches are copied into space reserved past the records: the file is longer than its
+    /// records while the writer has it, and ends with its last record once closed. With
+    /// `write_through_map` off, or after a rotation, it never holds a NUL byte.
+    #[test]
+    fn batches_go_into_reserved_space_that_is_given_back_at_close() {
+        let (_tmp, keys, path) = setup();
+        let nuls = |p: &Path| {
+            std::fs::read(p)
+                .unwrap()
+                .iter()
+                .filter(|&&b| b == 0)
+                .count()
+        };
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        log.append("x", "R", None, json!({"n": 1})).unwrap();
+        log.flush().unwrap();
+        let len = std::fs::metadata(&path).unwrap().len();
+        assert_eq!(len, RESERVE_BYTES);
+        assert_eq!(nuls(&path) as u64, len - log.len);
+        // A batch larger than what is left: reserved again from the page of the records' end.
+        let big = "b".repeat(RESERVE_BYTES as usize);
+        log.append("x", "R", None, json!({"big": big})).unwrap();
+        log.flush().unwrap();
+        let page = mapped::page_size();
+        let grown = std::fs::metadata(&path).unwrap().len();
+        assert!(
+            grown >= log.len && grown <= log.len + RESERVE_BYTES + page,
+            "{grown}"
+        );
+        assert_eq!(lines(&path).len(), 2);
+        drop(log);
+        assert_eq!(nuls(&path), 0);
+        assert_eq!(lines(&path).len(), 2);
+        let report = crate::audit::verify(&path, &keys).unwrap();
+        assert_eq!(report.records, 2);
+
+        let opts = AuditOptions {
+            write_through_map: false,
+            ..AuditOptions::default()
+        };
+        let mut log = AuditLog::open_with(&path, &keys, &opts).unwrap();
+        log.append("x", "R", None, json!({"n": 3})).unwrap();
+        log.flush().unwrap();
+        assert_eq!(nuls(&path), 0, "written, not mapped");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), log.len);
+    }
+
+    /// What a killed writer leaves: its records, maybe a record cut short by the kill, then
+    /// the NUL bytes of its reservation. The NULs are cut off at open; what is before them is
+    /// judged as ever (a cut-short record after the anchored head is a torn tail).
+    #[test]
+    fn reserved_space_left_behind_is_cut_at_open() {
+        let (_tmp, keys, path) = setup();
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        log.append("x", "R", None, json!({})).unwrap();
+        drop(log);
+        let whole = std::fs::metadata(&path).unwrap().len();
+        let append = |bytes: &[u8]| {
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .unwrap()
+                .write_all(bytes)
+                .unwrap()
+        };
+        append(&[0u8; 5000]);
+        let log = AuditLog::open(&path, &keys).unwrap();
+        assert_eq!(log.len, whole);
+        drop(log);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), whole);
+
+        append(b"{\"v\":1,\"se");
+        append(&[0u8; 5000]);
+        match AuditLog::open(&path, &keys).unwrap_err() {
+            AuditError::TornTail {
+                after_seq,
+                offset,
+                len,
+                ..
+            } => assert_eq!((after_seq, offset, len), (1, whole, 10)),
+            other => panic!("expected a torn tail, got {other:?}"),
+        }
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), whole + 10);
+
+        // A NUL inside the records is damage, not reserved space.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes.truncate(whole as usize);
+        bytes[3] = 0;
+        std::fs::write(&path, &bytes).unwrap();
+        let err = AuditLog::open(&path, &keys).unwrap_err();
+        assert!(matches!(err, AuditError::CorruptTail { .. }), "{err:?}");
     }
 
     /// An incomplete line is never appended after. After the anchored head it is a crash's

@@ -330,6 +330,15 @@ pub(crate) fn scan_file(
         if n == 0 {
             return Ok(Scanned { last, torn: None });
         }
+        if buf.last() != Some(&b'\n') {
+            // Reserved space past the records (see [`data_end`]) is not a line.
+            let data = buf.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+            if data == 0 {
+                return Ok(Scanned { last, torn: None });
+            }
+            buf.truncate(data);
+        }
+        let n = buf.len();
         line += 1;
         if buf.last() != Some(&b'\n') {
             let failure = match check_line(mac, &buf, false, line, &expect, &mut scratch) {
@@ -364,6 +373,26 @@ pub(crate) fn scan_file(
             end: offset,
         });
     }
+}
+
+/// Where the data of a file `len` bytes long ends: before the NUL bytes at its end, space a
+/// writer reserved past its records (see `sys::mapped`) and has not written yet. A record never
+/// holds a NUL byte (JSON escapes it), so those bytes are never part of one. Reads backwards in
+/// constant memory.
+pub(crate) fn data_end(file: &File, len: u64) -> std::io::Result<u64> {
+    use std::os::unix::fs::FileExt;
+    let mut end = len;
+    let mut buf = vec![0u8; 64 << 10];
+    while end > 0 {
+        let n = end.min(buf.len() as u64) as usize;
+        let chunk = &mut buf[..n];
+        file.read_exact_at(chunk, end - n as u64)?;
+        match chunk.iter().rposition(|&b| b != 0) {
+            Some(i) => return Ok(end - n as u64 + i as u64 + 1),
+            None => end -= n as u64,
+        }
+    }
+    Ok(0)
 }
 
 /// The complete line that ends just before byte `end` (which must follow a `\n`), without its

@@ -322,6 +322,18 @@ impl Shell {
         r
     }
 
+    /// The end: what is pending is written, and the space reserved past the last record is
+    /// given back (see `audit::log`, "Writing through a map").
+    fn close_audit(&mut self) {
+        self.commit_audit();
+        if let Err(e) = self.audit.release_reservation() {
+            self.audit_warning(&crate::audit::AuditError::io(
+                "release the reserved tail of",
+                self.audit.path(),
+            )(e));
+        }
+    }
+
     /// An epoch boundary or the end: the log is made durable as `audit-fsync` says.
     fn commit_audit(&mut self) {
         if let Err(e) = self.audit.commit() {
@@ -1220,6 +1232,12 @@ pub fn execute(args: RunArgs) -> CmdResult {
     }
     host_out.close();
     let _ = host_closed_rx.recv_timeout(Duration::from_secs(2));
+    // The log ends with its last record again (not with the space reserved for more).
+    shared
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .io()
+        .close_audit();
     drop(shared);
     if let (Some(p), Some(s)) = (socket, served) {
         s.release(&p);

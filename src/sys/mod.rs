@@ -4,4 +4,5 @@
 //! group, signal a group, peer uid of a socket, open without following links) and never use
 //! `rustix` or `std::os` process/socket APIs directly for those.
 
+pub mod mapped;
 pub mod unix;

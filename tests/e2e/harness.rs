@@ -595,10 +595,12 @@ impl Scenario {
             .join(format!("audit/{}.jsonl", self.label))
     }
 
-    /// The audit log's records, parsed.
+    /// The audit log's records, parsed (a running supervisor's file ends in the NUL bytes of
+    /// the space it reserved for more: not records).
     pub fn audit_records(&self) -> Vec<Value> {
         let text = std::fs::read_to_string(self.audit_path()).unwrap_or_default();
-        text.lines()
+        text.trim_end_matches('\0')
+            .lines()
             .filter(|l| !l.trim().is_empty())
             .map(|l| serde_json::from_str(l).expect("audit record is JSON"))
             .collect()

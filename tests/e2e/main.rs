@@ -515,32 +515,53 @@ fn s08_cold_start_python2_probe_and_ts_v2_double_spawn() {
             "cold build cannot be done yet"
         );
         // Before the first server: the list waits (first-start budget, 25 s), then, with no
-        // catalog ever recorded for this package, an error that says so. Never `[]`.
+        // catalog ever recorded for this package, an error that says so. Never `[]`. On an
+        // idle machine the cold build can beat the budget: then the answer is the real
+        // server's list, given only once that server is up.
         let early = d.cmd(json!({"op": "list_tools"}), secs(45));
-        assert_eq!(early["ok"], json!(false), "{early}");
-        assert_eq!(early["error"]["code"], json!(-31002), "{early}");
-        assert_eq!(
-            early["error"]["data"]["error"],
-            json!("server_building"),
-            "{early}"
-        );
-        assert!(
-            d.stderr.grep(0, "server started:").is_empty(),
-            "cold build cannot be done yet"
-        );
+        let refused = early["ok"] == json!(false);
+        if refused {
+            assert_eq!(early["error"]["code"], json!(-31002), "{early}");
+            assert_eq!(
+                early["error"]["data"]["error"],
+                json!("server_building"),
+                "{early}"
+            );
+            assert!(
+                d.stderr.grep(0, "server started:").is_empty(),
+                "a refusal while the server was up: {early}"
+            );
+        } else {
+            // (The status line may reach the driver just after the answer.)
+            d.stderr.wait_for(0, "server started:", s.within(secs(10)));
+            let names: Vec<&str> = early["tools"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{early}"))
+                .iter()
+                .filter_map(|t| t["name"].as_str())
+                .collect();
+            assert_eq!(names, TOOLS, "{early}");
+            eprintln!("s08py2: the cold build beat the list's 25 s budget");
+        }
         d.stderr.wait_for(0, "server started:", s.within(secs(420)));
         s.wait_ready(None);
-        assert!(
-            d.wait_list_changed(10_000),
-            "the host's list was refused: it must be told when the catalog exists"
-        );
+        if refused {
+            assert!(
+                d.wait_list_changed(10_000),
+                "the host's list was refused: it must be told when the catalog exists"
+            );
+        }
         assert_eq!(d.list_tools(), TOOLS);
         assert_eq!(
             structured(&d.call("list_items", json!({})))["revision"],
             json!("A")
         );
         let presented = records_of(&s.audit_records(), "catalog_presented").len();
-        assert_eq!(presented, 1, "one list reached the host, from the server");
+        assert_eq!(
+            presented,
+            if refused { 1 } else { 2 },
+            "every list that reached the host came from the server"
+        );
         close_clean(&s, d);
     }
     {

@@ -22,6 +22,9 @@
 //! - exit: host closes stdin to process exit, server idle / build running / server not answering
 //!   yet (`lifecycle.rs`).
 //!
+//! `--mmap-relay` adds the audit-relay in its mapped mode (`src/bin/relay.rs`) as the variant
+//! `mmap-relay`: the floor of recording every message the way `run` writes its log on Linux.
+//!
 //! `--mcp-dev-b OTHER` runs a second `cargo-mcp-dev` (say, the commit before a change) as the
 //! variant `run-b` in the latency, spaced and throughput phases, beside the first, in the same rotation:
 //! an A/B measured under the same noise (`ab.sh`).
@@ -48,6 +51,8 @@ struct Opts {
     /// A second `cargo-mcp-dev` (say, before a change) run beside the first as `run-b` in the
     /// latency and throughput phases: an A/B in one run, under the same noise.
     mcp_dev_b: Option<PathBuf>,
+    /// Also run the audit-relay writing through a shared map (`--mmap-relay`).
+    mmap_relay: bool,
     relay: PathBuf,
     hops: PathBuf,
     fixture: PathBuf,
@@ -80,6 +85,7 @@ fn parse_opts() -> Opts {
     let mut o = Opts {
         mcp_dev: PathBuf::from("target/release/cargo-mcp-dev"),
         mcp_dev_b: None,
+        mmap_relay: false,
         relay: PathBuf::new(),
         hops: PathBuf::new(),
         fixture: PathBuf::from("tests/fixtures/fake-server"),
@@ -121,6 +127,7 @@ fn parse_opts() -> Opts {
             "--mcp-dev" => o.mcp_dev = val().into(),
             "--relay" => o.relay = val().into(),
             "--mcp-dev-b" => o.mcp_dev_b = Some(val().into()),
+            "--mmap-relay" => o.mmap_relay = true,
             "--hops-relay" => o.hops = val().into(),
             "--fixture" => o.fixture = val().into(),
             "--work" => o.work = val().into(),
@@ -730,6 +737,18 @@ fn start_variants(
             o.work.join(format!("audit-relay-{tag}.log")),
         );
         conns.push(Conn::spawn("audit-relay", audit_cmd, None, &home));
+        if o.mmap_relay {
+            // The audit-relay copying each line into a shared map instead of a `write`.
+            let mut mmap_cmd = with_env(Command::new(&o.relay));
+            mmap_cmd
+                .arg(&srv.exe)
+                .env(
+                    "AUDIT_RELAY_LOG",
+                    o.work.join(format!("mmap-relay-{tag}.log")),
+                )
+                .env("AUDIT_RELAY_MMAP", "1");
+            conns.push(Conn::spawn("mmap-relay", mmap_cmd, None, &home));
+        }
         if let Some(b) = &o.mcp_dev_b {
             let mut b_cmd = with_env(run_command_of(b, srv));
             b_cmd
@@ -877,6 +896,7 @@ fn latency_phase(o: &Opts, v: &mut Variants, out: &mut String) {
             s[RUN].p50 - floor
         ));
     }
+    out.push_str(&mmap_floor_line(&v, &s));
     let rr = s[RUN].p50 / s[RELAY].p50;
     let run_cpu = (cpu_after[RUN].0 - cpu_before[RUN].0) as f64 / 1000.0 / o.calls as f64;
     out.push_str(&format!(
@@ -940,6 +960,22 @@ fn spaced_phase(o: &Opts, v: &mut Variants, out: &mut String) {
             s[RUN].p50 - s[AUDIT_RELAY].p50
         ));
     }
+    out.push_str(&mmap_floor_line(v, &s));
+}
+
+/// With `--mmap-relay`: the floor of a proxy that records every message the way `run` writes its
+/// log on Linux (a copy into a mapped file), beside `run`.
+fn mmap_floor_line(v: &Variants, s: &[Summary]) -> String {
+    let Some(m) = v.conns.iter().position(|c| c.name == "mmap-relay") else {
+        return String::new();
+    };
+    let floor = s[m].p50;
+    format!(
+        "The floor of a proxy that copies every message into a mapped file before passing it on (mmap-relay: how `run` writes its log on Linux): p50 {floor:.1} µs, {:.3}x the relay; run is {:.3}x that floor (run − mmap-relay: {:.1} µs).\n\n",
+        floor / s[RELAY].p50,
+        s[RUN].p50 / floor,
+        s[RUN].p50 - floor
+    )
 }
 
 fn rss_line(label: &str, pid: u32) -> String {

@@ -1,0 +1,203 @@
+//! The platform seam for writing a file through memory: space reserved on disk past a file's
+//! data and mapped shared and writable, so that the audit writer appends a record with a copy
+//! instead of a `write` system call (issue 15: no system call and no inode update per record
+//! on a call's way to the server). Linux only; elsewhere [`MappedRegion::reserve`] reports
+//! `Unsupported` and the caller writes as before.
+//!
+//! Owns the crate's only `unsafe` code (the map and its copies). Knows nothing of records.
+//!
+//! What a copy survives: the mapped pages are the file's pages in the kernel's page cache, so a
+//! record copied in is in the file for every other process at once and survives a crash of this
+//! one (`kill -9`, panic), exactly like the bytes of a finished `write`; `fdatasync` on the file
+//! puts them on disk. What it does not survive: the file cut shorter than the map by someone
+//! else while it is mapped makes the next copy fault (`SIGBUS`), which ends the process: the
+//! supervisor stops rather than forwarding calls it could not record.
+#![allow(unsafe_code)]
+
+use std::fs::File;
+
+/// Part of a file, reserved on disk (allocated, so that no copy into it can fail for want of
+/// space) and mapped shared and writable. Unmapped on drop; the reserved bytes stay in the file
+/// (as NUL bytes) until the caller cuts the file back to its data.
+#[derive(Debug)]
+pub struct MappedRegion {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+    offset: u64,
+}
+
+// SAFETY: the region is plain memory owned by this value; it is only written through `&mut self`.
+unsafe impl Send for MappedRegion {}
+unsafe impl Sync for MappedRegion {}
+
+/// The size of a memory page: regions start at a multiple of it.
+pub fn page_size() -> u64 {
+    rustix::param::page_size() as u64
+}
+
+impl MappedRegion {
+    /// Reserves `offset..offset + len` of `file` (growing the file to its end if it is shorter)
+    /// and maps it. `offset` must be a multiple of [`page_size`], `file` open for reading and
+    /// writing. Fails with the kernel's error where the file system cannot reserve space (not
+    /// supported, no space, over `RLIMIT_FSIZE`), and with `Unsupported` off Linux.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    pub fn reserve(file: &File, offset: u64, len: usize) -> std::io::Result<MappedRegion> {
+        use rustix::mm::{MapFlags, ProtFlags};
+        if len == 0 || !offset.is_multiple_of(page_size()) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "a mapped region starts at a page boundary and is not empty",
+            ));
+        }
+        rustix::fs::fallocate(
+            file,
+            rustix::fs::FallocateFlags::empty(),
+            offset,
+            len as u64,
+        )?;
+        // SAFETY: a new shared mapping at an address the kernel chooses; nothing else refers
+        // to that memory. The file may change under it (other processes): this type never
+        // forms a Rust reference to the mapped bytes, it only copies into them.
+        let ptr = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                file,
+                offset,
+            )?
+        };
+        let ptr = std::ptr::NonNull::new(ptr.cast::<u8>())
+            .ok_or_else(|| std::io::Error::other("mmap returned a null address"))?;
+        Ok(MappedRegion { ptr, len, offset })
+    }
+
+    /// Not on this platform: the caller writes instead.
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    pub fn reserve(_file: &File, _offset: u64, _len: usize) -> std::io::Result<MappedRegion> {
+        Err(std::io::Error::from(std::io::ErrorKind::Unsupported))
+    }
+
+    /// The file offset just past the region.
+    pub fn end(&self) -> u64 {
+        self.offset + self.len as u64
+    }
+
+    /// Copies `bytes` into the file at offset `at`, strictly in order: a process killed in the
+    /// middle leaves a prefix of `bytes` followed by what was there (a `write` cut short leaves
+    /// a prefix too, which is what torn-tail recovery relies on; a library `memcpy` may store
+    /// the first bytes of a large copy last). Panics unless `at..at + bytes.len()` lies inside
+    /// the region.
+    pub fn copy_at(&mut self, at: u64, bytes: &[u8]) {
+        let start = at
+            .checked_sub(self.offset)
+            .expect("copy before the mapped region") as usize;
+        assert!(
+            start + bytes.len() <= self.len,
+            "copy past the mapped region"
+        );
+        // SAFETY: every store is in bounds (checked above) and aligned for its type; `bytes` is
+        // not in the mapping (no slice of the mapping is ever made); `&mut self` excludes
+        // another copy from this process. Volatile stores are emitted one by one, in program
+        // order (never merged into a `memcpy` call).
+        unsafe {
+            let dst = self.ptr.as_ptr().add(start);
+            let mut i = 0;
+            while i < bytes.len() && !(dst as usize + i).is_multiple_of(8) {
+                dst.add(i).write_volatile(bytes[i]);
+                i += 1;
+            }
+            while let Some(word) = bytes.get(i..i + 8) {
+                let word = u64::from_ne_bytes(word.try_into().expect("8 bytes"));
+                dst.add(i).cast::<u64>().write_volatile(word);
+                i += 8;
+            }
+            while i < bytes.len() {
+                dst.add(i).write_volatile(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+}
+
+impl Drop for MappedRegion {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `reserve`, unmapped once.
+        let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+#[cfg(all(test, any(target_os = "linux", target_os = "android")))]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    #[test]
+    fn copies_land_in_the_file_and_the_reservation_reads_as_nul() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("f");
+        std::fs::write(&path, b"head\n").unwrap();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(&path)
+            .unwrap();
+        let page = page_size();
+        let mut region = MappedRegion::reserve(&file, 0, page as usize).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), page);
+        region.copy_at(5, b"rec\n");
+        let mut text = Vec::new();
+        std::fs::File::open(&path)
+            .unwrap()
+            .read_to_end(&mut text)
+            .unwrap();
+        assert_eq!(&text[..9], b"head\nrec\n");
+        assert!(text[9..].iter().all(|&b| b == 0));
+        drop(region);
+        // What was copied stays after the unmap.
+        assert_eq!(&std::fs::read(&path).unwrap()[..9], b"head\nrec\n");
+    }
+
+    #[test]
+    fn copies_of_any_length_at_any_alignment_land_whole() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("f");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .open(&path)
+            .unwrap();
+        let mut region = MappedRegion::reserve(&file, 0, 8192).unwrap();
+        let mut expect = vec![0u8; 8192];
+        let mut at = 0usize;
+        for len in 0..40usize {
+            let bytes: Vec<u8> = (0..len).map(|i| (at + i) as u8 | 1).collect();
+            region.copy_at(at as u64, &bytes);
+            expect[at..at + len].copy_from_slice(&bytes);
+            at += len + 1;
+        }
+        drop(region);
+        assert_eq!(std::fs::read(&path).unwrap(), expect);
+    }
+
+    #[test]
+    fn a_region_must_start_on_a_page_and_copies_stay_inside() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("f");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .open(&path)
+            .unwrap();
+        let err = MappedRegion::reserve(&file, 1, 4096).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+        let mut region = MappedRegion::reserve(&file, 0, 4096).unwrap();
+        let past = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            region.copy_at(4090, b"1234567")
+        }));
+        assert!(past.is_err());
+    }
+}
