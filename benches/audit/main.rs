@@ -3,7 +3,8 @@
 //! binary, not library code), it asserts nothing.
 //!
 //! (a) per-record cost of the writer: append + flush of a typical `tool_called` record
-//!     (the audit cost on the path of every tool call), median and p99 over 20,000 records;
+//!     (the audit cost on the path of every tool call), median and p99 over 20,000 records,
+//!     copied into the mapped reservation and `write`-n, side by side;
 //! (b) `audit verify` throughput (records/s, one core) on a log of `AUDIT_BENCH_MB` MiB;
 //! (c) `open_for_run` (what `run` does at start) on an empty log and on that big log.
 //!
@@ -15,7 +16,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use cargo_mcp_dev::audit::{self, AuditLog, KeyStore};
+use cargo_mcp_dev::audit::{self, AuditLog, AuditOptions, KeyStore};
 use serde_json::json;
 
 /// A bench prints its figures on stdout (the crate denies `println!`: stdout belongs to JSON-RPC
@@ -66,24 +67,41 @@ fn main() {
             .unwrap_or(0)
     );
 
-    // (a) per-record append + flush
-    let small = base.join("small.jsonl");
-    let mut log = AuditLog::open(&small, &keys).unwrap();
-    let mut times = Vec::with_capacity(20_000);
-    for i in 0..20_000u64 {
-        let t = Instant::now();
-        append(&mut log, i);
-        times.push(t.elapsed());
+    // (a) per-record append + flush, copied into the mapped reservation (the default on Linux)
+    // and `write`-n, in alternating blocks of 1,000 records (the same noise for both).
+    let mut logs: Vec<(&str, AuditLog, Vec<Duration>)> =
+        [("copied into the map", true), ("write(2)", false)]
+            .into_iter()
+            .map(|(name, map)| {
+                let opts = AuditOptions {
+                    write_through_map: map,
+                    ..AuditOptions::default()
+                };
+                let path = base.join(format!("small-{map}.jsonl"));
+                let log = AuditLog::open_with(&path, &keys, &opts).unwrap();
+                (name, log, Vec::with_capacity(20_000))
+            })
+            .collect();
+    for block in 0..20u64 {
+        for (_, log, times) in &mut logs {
+            for i in block * 1000..(block + 1) * 1000 {
+                let t = Instant::now();
+                append(log, i);
+                times.push(t.elapsed());
+            }
+        }
     }
-    drop(log);
-    times.sort();
-    let total: Duration = times.iter().sum();
-    say!(
-        "append+flush per record: mean {:.2} µs, median {:.2} µs, p99 {:.2} µs (20000 records)",
-        us(total) / times.len() as f64,
-        us(times[times.len() / 2]),
-        us(times[times.len() * 99 / 100])
-    );
+    for (name, log, mut times) in logs {
+        drop(log);
+        times.sort();
+        let total: Duration = times.iter().sum();
+        say!(
+            "append+flush per record, {name}: mean {:.2} µs, median {:.2} µs, p99 {:.2} µs (20000 records)",
+            us(total) / times.len() as f64,
+            us(times[times.len() / 2]),
+            us(times[times.len() * 99 / 100])
+        );
+    }
 
     // (b) the big log
     let big = base.join("big.jsonl");
