@@ -641,6 +641,26 @@ fn segment_tampering_deletion_and_reordering_are_detected() {
     restore();
     verify(&log, &keys).unwrap();
 
+    // NUL bytes after a segment's records: a segment is cut back to its records before it is
+    // renamed, so they were put there later.
+    for s in &segments {
+        assert!(!std::fs::read(s).unwrap().contains(&0), "{}", s.display());
+    }
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(middle)
+        .unwrap()
+        .write_all(&[0u8; 64])
+        .unwrap();
+    let f = verify(&log, &keys).unwrap_err();
+    assert!(
+        f.reason
+            .contains(&format!("segment {name} ends in NUL bytes")),
+        "{f}"
+    );
+    restore();
+    verify(&log, &keys).unwrap();
+
     // A deleted middle segment.
     std::fs::remove_file(middle).unwrap();
     let f = verify(&log, &keys).unwrap_err();
@@ -692,4 +712,134 @@ fn a_crash_inside_a_rotation_is_continued() {
     );
     drop(w);
     verify(&log, &keys).unwrap();
+}
+
+/// `audit verify` and `audit show` on a log a writer is appending to (a running session): they
+/// read up to the end of the records as they find them, never into the reservation a copy is
+/// filling (red-team finding, session 16: a read that went on joined the NULs it saw to records
+/// copied in after, and reported a healthy log as damaged). Both ways of writing.
+#[test]
+fn readers_of_a_live_log_see_only_whole_records() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    for map in [true, false] {
+        let (_tmp, _state, keys, log) = setup();
+        let opts = AuditOptions {
+            write_through_map: map,
+            fsync: FsyncPolicy::Never,
+            max_segment_bytes: 0,
+            ..AuditOptions::default()
+        };
+        let mut w = AuditLog::open_with(&log, &keys, &opts).unwrap();
+        w.append(audit::RUN_STARTED, "R", None, json!({})).unwrap();
+        w.flush().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let pad = "x".repeat(200);
+                let mut batches = 0u64;
+                while !stop.load(Ordering::Relaxed) && batches < 4000 {
+                    if batches.is_multiple_of(4) {
+                        std::thread::sleep(Duration::from_micros(300));
+                    }
+                    for i in 0..8 {
+                        w.append(
+                            audit::TOOL_CALLED,
+                            "R",
+                            Some("E"),
+                            json!({"callId": batches * 8 + i, "pad": pad}),
+                        )
+                        .unwrap();
+                    }
+                    w.flush().unwrap();
+                    batches += 1;
+                }
+                batches
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(4);
+        let mut rounds = 0;
+        let mut failures = Vec::new();
+        while Instant::now() < deadline && !writer.is_finished() {
+            rounds += 1;
+            if let Err(e) = verify(&log, &keys) {
+                failures.push(format!("verify: {e}"));
+            }
+            if let Err(e) = read_records(&log) {
+                failures.push(format!("read_records: {e}"));
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let batches = writer.join().unwrap();
+        assert!(
+            rounds >= 3 && batches > 10,
+            "map={map}: {rounds} rounds, {batches} batches"
+        );
+        assert!(
+            failures.is_empty(),
+            "map={map}: {} of {rounds} rounds failed, e.g. {:?}",
+            failures.len(),
+            &failures[..failures.len().min(3)]
+        );
+        assert_eq!(verify(&log, &keys).unwrap().records, 1 + batches * 8);
+    }
+}
+
+/// A reservation whose map is refused after `fallocate` grew the file (here the address-space
+/// limit, as under `ulimit -v`; also `vm.max_map_count`, a file system that cannot map), or
+/// whose `fallocate` failed part way (ENOSPC): the file is cut back to its records before the
+/// writer falls back to `write`, so no NUL byte stays inside the log and the space is free
+/// (red-team finding, session 16: the `write` landed after 1 MiB of NULs).
+#[test]
+fn a_reservation_that_cannot_be_mapped_leaves_no_nul_in_the_log() {
+    let Ok(dir) = std::env::var("AUDIT_WRITER_AS_CHILD") else {
+        let tmp = tempfile::tempdir().unwrap();
+        let status = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "a_reservation_that_cannot_be_mapped_leaves_no_nul_in_the_log",
+                "--test-threads=1",
+            ])
+            .env("AUDIT_WRITER_AS_CHILD", tmp.path())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let keys = KeyStore::at(dir.join("state"));
+    let log = dir.join("srv.jsonl");
+    let mut w = AuditLog::open(&log, &keys).unwrap();
+    w.append(audit::RUN_STARTED, "R", None, json!({})).unwrap();
+    // Address space for what is mapped now and 256 KiB more: less than a reservation.
+    let vm_kb: u64 = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSize:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    let limit = rustix::process::getrlimit(rustix::process::Resource::As);
+    rustix::process::setrlimit(
+        rustix::process::Resource::As,
+        rustix::process::Rlimit {
+            current: Some((vm_kb + 256) * 1024),
+            maximum: limit.maximum,
+        },
+    )
+    .unwrap();
+    let flushed = w.flush();
+    rustix::process::setrlimit(rustix::process::Resource::As, limit).unwrap();
+    flushed.unwrap();
+    let bytes = std::fs::read(&log).unwrap();
+    assert!(!bytes.contains(&0), "{} bytes, NULs inside", bytes.len());
+    w.append(audit::TOOL_CALLED, "R", None, json!({"i": 2}))
+        .unwrap();
+    w.flush().unwrap();
+    drop(w);
+    let bytes = std::fs::read(&log).unwrap();
+    assert!(!bytes.contains(&0) && bytes.ends_with(b"\n"));
+    assert_eq!(verify(&log, &keys).unwrap().records, 2);
+    let (_, recovery) = open_for_run(&log, &keys).unwrap();
+    assert!(recovery.is_none(), "{recovery:?}");
 }

@@ -94,9 +94,12 @@
 //! spaced call paid for the log (issue 15). The file is longer than its records while the
 //! writer has it; the rest reads as NUL bytes, which readers ([`super::scan`]) stop at, and which
 //! [`AuditLog::release_reservation`] (exit, rotation, drop) cuts off. A writer that was killed
-//! leaves them behind: `open` cuts them off before judging the tail (a record never holds a NUL
-//! byte). Where the space cannot be reserved (no `fallocate` on the file system, a file size
-//! limit, not Linux) the writer cuts its reservation back and `write`s from then on.
+//! leaves them behind: `open` judges the records without them (a record never holds a NUL
+//! byte) and cuts them off only once the records pass (a log that is set aside keeps every
+//! byte). Readers read up to the end of the records as they find it, never into the space a
+//! copy is filling. Where the space cannot be reserved or mapped (no `fallocate` on the file
+//! system, no space, a file size or address-space limit, not Linux) the writer cuts the file
+//! back to its records (a failed attempt can have grown it) and `write`s from then on.
 //!
 //! # Segments
 //!
@@ -664,9 +667,13 @@ impl AuditLog {
                     self.mapped = Some(region);
                 }
                 Err(_) => {
-                    // No space to reserve, or a file system that cannot: `write` reports
-                    // what is wrong, if anything is, and is as safe.
+                    // No space to reserve, a file system that cannot, no address space for
+                    // the map: `write` reports what is wrong, if anything is, and is as safe.
+                    // The failed attempt may have grown the file all the same (`fallocate`
+                    // keeps what it allocated before ENOSPC, or the map failed after it): cut
+                    // back to the records, so the space is free and no `write` lands after it.
                     self.map_batches = false;
+                    self.reserved_to.get_or_insert(self.len);
                     if let Err(e) = self.release_reservation() {
                         return Some(Err(e));
                     }
@@ -820,21 +827,17 @@ impl AuditLog {
                 self.anchor_path.as_path().display()
             )));
         }
-        let len = self
+        let file_len = self
             .file
             .metadata()
             .map_err(AuditError::io("inspect audit log", &self.path))?
             .len();
-        // Space a writer reserved and did not release (it was killed): never records (a
-        // record has no NUL byte), cut off before anything else is judged.
-        let data = scan::data_end(&self.file, len)
+        // Space a writer reserved and did not release (it was killed) is never records (a
+        // record has no NUL byte): the records are judged without it, and it is cut off only
+        // once they pass (a log set aside keeps every byte it had).
+        let len = scan::data_end(&self.file, file_len)
             .map_err(AuditError::io("read audit log", &self.path))?;
-        if data < len {
-            self.file
-                .set_len(data)
-                .map_err(AuditError::io("release the reserved tail of", &self.path))?;
-        }
-        let len = data;
+        let leftover = (len < file_len).then_some(file_len);
         let segments = scan::list_segments(&self.path)
             .map_err(AuditError::io("list the segments of", &self.path))?;
         let mac = MacChecker::new(&self.key);
@@ -846,21 +849,23 @@ impl AuditLog {
                         last.display()
                     )));
                 }
-                return Ok(());
+                return self.cut_leftover(len, leftover);
             };
             // A crash between renaming the active file to a segment and writing the new
             // file's first record: continue from that segment if it ends at the anchor.
             if let Some((_, last)) = segments.last()
                 && segment_ends_at(last, &a, &mac)
             {
+                self.cut_leftover(len, leftover)?;
                 self.written = Some((a.seq, a.hash.clone()));
                 self.head = self.written.clone();
                 return self.start_segment(last);
             }
-            return Err(self.corrupt(format!(
-                "the log is empty but its anchor records head seq {}",
-                a.seq
-            )));
+            let what = match file_len {
+                0 => "the log is empty".to_string(),
+                n => format!("the log holds no record (only {n} NUL bytes)"),
+            };
+            return Err(self.corrupt(format!("{what} but its anchor records head seq {}", a.seq)));
         }
         let Some(a) = anchor else {
             // The last record's own problems first (a log sealed with another key says so).
@@ -913,6 +918,7 @@ impl AuditLog {
                 };
                 // After the anchored record: a crash's leftover, not damage.
                 self.refuse_torn(scanned.torn.as_ref(), seq)?;
+                self.cut_leftover(len, leftover)?;
                 self.finish_open(len, seq, hash, Some(a.seq));
                 return Ok(());
             }
@@ -981,6 +987,7 @@ impl AuditLog {
             }
         }
         self.refuse_torn(scanned.torn.as_ref(), seq)?;
+        self.cut_leftover(len, leftover)?;
         self.finish_open(len, seq, hash, None);
         // Upgrade the anchor (offset) now, so the next start reads only the tail.
         self.write_anchor()
@@ -1007,6 +1014,18 @@ impl AuditLog {
                 })
             }
         }
+    }
+
+    /// Cuts off the space a killed writer reserved past the records (`leftover`: the file's
+    /// length), once they have been judged: the only change `open` makes to a log before it
+    /// appends.
+    fn cut_leftover(&mut self, records_end: u64, leftover: Option<u64>) -> Result<(), AuditError> {
+        if leftover.is_some() {
+            self.file
+                .set_len(records_end)
+                .map_err(AuditError::io("release the reserved tail of", &self.path))?;
+        }
+        Ok(())
     }
 
     fn finish_open(&mut self, len: u64, seq: u64, hash: String, anchored: Option<u64>) {
@@ -1462,10 +1481,12 @@ mod tests {
     }
 
     /// What a killed writer leaves: its records, maybe a record cut short by the kill, then
-    /// the NUL bytes of its reservation. The NULs are cut off at open; what is before them is
-    /// judged as ever (a cut-short record after the anchored head is a torn tail).
+    /// the NUL bytes of its reservation. The records are judged without the NULs, and the NULs
+    /// are cut off only once the records pass: a cut-short record before them is a torn tail
+    /// (kept aside by recovery, NULs and all), and a log that does not pass keeps every byte
+    /// (red-team finding, session 16: open cut first, then judged what was left).
     #[test]
-    fn reserved_space_left_behind_is_cut_at_open() {
+    fn reserved_space_left_behind_is_cut_once_the_records_pass() {
         let (_tmp, keys, path) = setup();
         let mut log = AuditLog::open(&path, &keys).unwrap();
         log.append("x", "R", None, json!({})).unwrap();
@@ -1479,11 +1500,13 @@ mod tests {
                 .write_all(bytes)
                 .unwrap()
         };
+        let file_len = || std::fs::metadata(&path).unwrap().len();
         append(&[0u8; 5000]);
         let log = AuditLog::open(&path, &keys).unwrap();
         assert_eq!(log.len, whole);
+        assert_eq!(file_len(), whole, "cut once the records passed");
         drop(log);
-        assert_eq!(std::fs::metadata(&path).unwrap().len(), whole);
+        assert_eq!(file_len(), whole);
 
         append(b"{\"v\":1,\"se");
         append(&[0u8; 5000]);
@@ -1496,15 +1519,57 @@ mod tests {
             } => assert_eq!((after_seq, offset, len), (1, whole, 10)),
             other => panic!("expected a torn tail, got {other:?}"),
         }
-        assert_eq!(std::fs::metadata(&path).unwrap().len(), whole + 10);
+        assert_eq!(file_len(), whole + 5010, "nothing cut by a refused open");
+        let (log, recovery) = crate::audit::open_for_run(&path, &keys).unwrap();
+        match recovery {
+            Some(crate::audit::Recovery::TornTailKept(k)) => {
+                assert_eq!((k.offset, k.bytes), (whole, 10));
+                assert_eq!(std::fs::read(&k.kept_as).unwrap(), b"{\"v\":1,\"se");
+            }
+            other => panic!("expected the torn tail kept, got {other:?}"),
+        }
+        drop(log);
+        assert!(!std::fs::read(&path).unwrap().contains(&0));
 
-        // A NUL inside the records is damage, not reserved space.
+        // A NUL inside the (anchored) records is damage, not reserved space, and the file is
+        // left as it was (the NULs after it included).
         let mut bytes = std::fs::read(&path).unwrap();
-        bytes.truncate(whole as usize);
-        bytes[3] = 0;
+        let in_last_record = bytes.len() - 10;
+        bytes[in_last_record] = 0;
+        bytes.extend_from_slice(&[0u8; 100]);
         std::fs::write(&path, &bytes).unwrap();
         let err = AuditLog::open(&path, &keys).unwrap_err();
         assert!(matches!(err, AuditError::CorruptTail { .. }), "{err:?}");
+        assert_eq!(std::fs::read(&path).unwrap(), bytes);
+    }
+
+    /// The anchored records zeroed, or the whole log: the records do not pass, so nothing is
+    /// cut, and the message says what is there.
+    #[test]
+    fn zeroed_records_are_damage_and_keep_their_bytes() {
+        let (_tmp, keys, path) = setup();
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        for n in 0..3 {
+            log.append("x", "R", None, json!({"n": n})).unwrap();
+        }
+        drop(log);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let n = bytes.len();
+        bytes[n - 30..].fill(0);
+        std::fs::write(&path, &bytes).unwrap();
+        let err = AuditLog::open(&path, &keys).unwrap_err();
+        assert!(matches!(err, AuditError::CorruptTail { .. }), "{err:?}");
+        assert_eq!(std::fs::read(&path).unwrap(), bytes, "not cut");
+
+        bytes.fill(0);
+        std::fs::write(&path, &bytes).unwrap();
+        let err = AuditLog::open(&path, &keys).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains(&format!("holds no record (only {n} NUL bytes)")),
+            "{err}"
+        );
+        assert_eq!(std::fs::read(&path).unwrap().len(), n, "not cut");
     }
 
     /// An incomplete line is never appended after. After the anchored head it is a crash's

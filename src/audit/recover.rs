@@ -245,13 +245,16 @@ fn keep_torn_tail(path: &Path, torn: &Torn, stamp: &str) -> Result<TornTailKept,
     let meta = log
         .metadata()
         .map_err(AuditError::io("inspect audit log", path))?;
+    // The data's end: a killed writer's reservation (NUL bytes) may follow the torn bytes, and
+    // goes with them.
+    let data_len =
+        scan::data_end(&log, meta.len()).map_err(AuditError::io("read the torn tail of", path))?;
     let changed = if crate::sys::unix::file_id(&meta) != file_id {
         Some("it was replaced while it was opened".to_string())
-    } else if meta.len() != offset + len {
+    } else if data_len != offset + len {
         Some(format!(
-            "its length changed while it was opened ({} bytes, then {})",
+            "its length changed while it was opened ({} bytes, then {data_len})",
             offset + len,
-            meta.len()
         ))
     } else {
         None

@@ -19,7 +19,7 @@
 use super::chain::{FORMAT_VERSION, GENESIS_PREV, MacChecker, Record, is_digest_hex};
 use super::verify::VerifyFailure;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Seek, SeekFrom};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 /// Segment `n` of the log at `path`.
@@ -316,9 +316,16 @@ pub(crate) fn scan_file(
     mut each: impl FnMut(&Record, usize, u64) -> Result<(), VerifyFailure>,
 ) -> Result<Scanned, VerifyFailure> {
     let io = |e: std::io::Error| fail(0, None, format!("cannot read the log: {e}"));
+    // Up to the end of the data as it is now: past it a live writer's reservation (NULs) is
+    // being filled, and a read that went on would join the NULs it saw to records copied in
+    // after (see [`data_end`]).
+    let end = file
+        .metadata()
+        .and_then(|m| data_end(file, m.len()))
+        .map_err(io)?;
     let mut file = file;
     file.seek(SeekFrom::Start(from)).map_err(io)?;
-    let mut reader = BufReader::with_capacity(1 << 18, file);
+    let mut reader = BufReader::with_capacity(1 << 18, file.take(end.saturating_sub(from)));
     let mut buf = Vec::with_capacity(1024);
     let mut scratch = Scratch::default();
     let mut offset = from;
@@ -330,15 +337,6 @@ pub(crate) fn scan_file(
         if n == 0 {
             return Ok(Scanned { last, torn: None });
         }
-        if buf.last() != Some(&b'\n') {
-            // Reserved space past the records (see [`data_end`]) is not a line.
-            let data = buf.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-            if data == 0 {
-                return Ok(Scanned { last, torn: None });
-            }
-            buf.truncate(data);
-        }
-        let n = buf.len();
         line += 1;
         if buf.last() != Some(&b'\n') {
             let failure = match check_line(mac, &buf, false, line, &expect, &mut scratch) {
@@ -378,7 +376,8 @@ pub(crate) fn scan_file(
 /// Where the data of a file `len` bytes long ends: before the NUL bytes at its end, space a
 /// writer reserved past its records (see `sys::mapped`) and has not written yet. A record never
 /// holds a NUL byte (JSON escapes it), so those bytes are never part of one. Reads backwards in
-/// constant memory.
+/// constant memory. Everything before the end is written even while a writer copies: a copy
+/// is made in order (a NUL before the end is damage).
 pub(crate) fn data_end(file: &File, len: u64) -> std::io::Result<u64> {
     use std::os::unix::fs::FileExt;
     let mut end = len;

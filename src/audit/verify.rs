@@ -300,7 +300,22 @@ fn verify_once(
         };
         let file = match file {
             Some(f) => f,
-            None => open_log(&file_path).map_err(io)?,
+            None => {
+                let f = open_log(&file_path).map_err(io)?;
+                // A segment was cut back to its records before it was renamed: NUL bytes
+                // after them were put there later.
+                let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+                if scan::data_end(&f, len).ok() != Some(len) {
+                    return Err(fail(
+                        0,
+                        None,
+                        format!(
+                            "segment {name} ends in NUL bytes after its records (a segment is closed with its last record)"
+                        ),
+                    ));
+                }
+                f
+            }
         };
         let expect = match &prev {
             // Any seq here, so that a first file that continues a missing segment is named as
@@ -522,7 +537,14 @@ pub fn read_records(path: &Path) -> Result<Vec<Record>, AuditError> {
     files.push(path.to_owned());
     let mut out = Vec::new();
     for file_path in files {
-        let mut reader = BufReader::new(open_log(&file_path)?);
+        use std::io::Read;
+        let file = open_log(&file_path)?;
+        // Up to the end of the data as it is now (see `scan::data_end`: a live log).
+        let end = file
+            .metadata()
+            .and_then(|m| scan::data_end(&file, m.len()))
+            .map_err(AuditError::io("read audit log", &file_path))?;
+        let mut reader = BufReader::new(file.take(end));
         let mut line = Vec::new();
         for i in 0.. {
             line.clear();
