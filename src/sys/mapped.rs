@@ -159,8 +159,8 @@ mod tests {
         assert_eq!(&std::fs::read(&path).unwrap()[..9], b"head\nrec\n");
     }
 
-    #[test]
-    fn copies_of_any_length_at_any_alignment_land_whole() {
+    /// An empty file opened as the audit writer opens its log (read + append).
+    fn new_file() -> (tempfile::TempDir, std::path::PathBuf, File) {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("f");
         let file = std::fs::OpenOptions::new()
@@ -169,6 +169,12 @@ mod tests {
             .append(true)
             .open(&path)
             .unwrap();
+        (tmp, path, file)
+    }
+
+    #[test]
+    fn copies_of_any_length_at_any_alignment_land_whole() {
+        let (_tmp, path, file) = new_file();
         let mut region = MappedRegion::reserve(&file, 0, 8192).unwrap();
         let mut expect = vec![0u8; 8192];
         let mut at = 0usize;
@@ -184,14 +190,7 @@ mod tests {
 
     #[test]
     fn a_region_must_start_on_a_page_and_copies_stay_inside() {
-        let tmp = tempfile::tempdir().unwrap();
-        let path = tmp.path().join("f");
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .read(true)
-            .append(true)
-            .open(&path)
-            .unwrap();
+        let (_tmp, _path, file) = new_file();
         let err = MappedRegion::reserve(&file, 1, 4096).unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
         let mut region = MappedRegion::reserve(&file, 0, 4096).unwrap();
