@@ -443,6 +443,23 @@ pub enum AuditCommand {
     Verify(AuditPathArgs),
     /// Print the session journal (runs, epochs, grants) and the activity journal (calls and epochs).
     Show(AuditShowArgs),
+    /// Print the last records, one line each; with `--follow`, keep printing records as they
+    /// are written (`tail -f` cannot follow a live log: see README, "Audit log").
+    Tail(AuditTailArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AuditTailArgs {
+    #[command(flatten)]
+    pub log: AuditPathArgs,
+    /// How many of the last records to print first.
+    #[arg(short = 'n', long, value_name = "N", default_value_t = 10)]
+    pub lines: usize,
+    /// Keep printing records as they are written, across rotations, until interrupted
+    /// (Ctrl-C). Each is checked against the one before it (chain, hash, MAC); a record that
+    /// fails stops with an error. A log that does not exist yet is waited for.
+    #[arg(short, long)]
+    pub follow: bool,
 }
 
 #[derive(Debug, Args)]

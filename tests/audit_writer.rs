@@ -843,3 +843,140 @@ fn a_reservation_that_cannot_be_mapped_leaves_no_nul_in_the_log() {
     let (_, recovery) = open_for_run(&log, &keys).unwrap();
     assert!(recovery.is_none(), "{recovery:?}");
 }
+
+/// `audit tail`: the last records of a live log (which ends in the reserved NUL bytes `tail -f`
+/// cannot see past), then, with `--follow`, every record as it is written, across rotations,
+/// each once and in order; damage stops it with the verification exit code; text from the log
+/// reaches the terminal escaped; a missing log and a bad count are clear errors.
+#[test]
+fn tail_prints_the_last_records_and_follows_a_live_log_across_rotations() {
+    let (_tmp, state, keys, log) = setup();
+    let tail = |args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_cargo-mcp-dev"));
+        c.args(["mcp-dev", "audit", "tail"])
+            .args(args)
+            .arg(&log)
+            .env("CARGO_MCP_DEV_HOME", &state);
+        c
+    };
+    let seq_of = |line: &str| -> u64 {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        v["seq"].as_u64().unwrap()
+    };
+    // Missing log: an error naming it (with `--follow` it would be waited for).
+    let out = tail(&["-n", "3"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no audit log at"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = tail(&["-n", "three"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "a bad count is a usage error");
+
+    let opts = AuditOptions {
+        max_segment_bytes: 3_000,
+        ..AuditOptions::default()
+    };
+    let mut w = AuditLog::open_with(&log, &keys, &opts).unwrap();
+    for n in 0..5 {
+        w.append(
+            "tool_called",
+            "R",
+            Some("E1"),
+            json!({"n": n, "tool": "evil\u{9b}2J"}),
+        )
+        .unwrap();
+    }
+    w.flush().unwrap();
+    assert!(
+        std::fs::read(&log).unwrap().ends_with(&[0]),
+        "a live, mapped log"
+    );
+
+    let out = tail(&["-n", "3", "--json"]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let seqs: Vec<u64> = text.lines().map(seq_of).collect();
+    assert_eq!(seqs, [3, 4, 5]);
+    let out = tail(&["-n", "2"]).output().unwrap();
+    let human = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(human.lines().count(), 2, "{human}");
+    assert!(human.contains("#5  tool_called  E1"), "{human}");
+    assert!(
+        !human.contains('\u{9b}'),
+        "a C1 control reached the terminal: {human:?}"
+    );
+    assert!(human.contains("\\u{9b}"), "{human}");
+
+    // Following: the five, then every record written from now on, across rotations.
+    let mut follower = tail(&["--follow", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = follower.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            let _ = tx.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    let take_until = |last: u64, seen: &mut Vec<u64>| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while seen.last() != Some(&last) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = rx.recv_timeout(left).expect("a record within 20 s");
+            seen.push(seq_of(&line));
+        }
+    };
+    take_until(5, &mut seen);
+    for n in 5..40 {
+        w.append(
+            "tool_result",
+            "R",
+            Some("E1"),
+            json!({"n": n, "pad": "p".repeat(80)}),
+        )
+        .unwrap();
+        w.flush().unwrap();
+        if n % 9 == 0 {
+            std::thread::sleep(Duration::from_millis(150));
+        }
+    }
+    let head = w.append("run_ended", "R", None, json!({})).unwrap().seq;
+    w.flush().unwrap();
+    take_until(head, &mut seen);
+    let expected: Vec<u64> = (1..=head).collect();
+    assert_eq!(seen, expected, "each record once, in order");
+    assert!(
+        audit::scan::list_segments(&log).unwrap().len() >= 2,
+        "the follow crossed rotations"
+    );
+
+    // Damage after the records: the follower stops with the verification exit code.
+    drop(w);
+    let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    f.write_all(b"{\"v\":1,\"seq\":999}\n").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = follower.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = follower.kill();
+            panic!("the follower did not stop at a damaged record");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut follower.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(105), "{err}");
+    assert!(err.contains("failed verification"), "{err}");
+}

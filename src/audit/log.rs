@@ -14,7 +14,7 @@
 //! the file length in memory: an append costs no lock, no `fstat` and no read. A change made
 //! to the file behind the writer's back (not a writer: an editor, an attacker) is not noticed
 //! while it runs; it breaks the chain, and `audit verify` and the next start report it.
-//! Readers (`audit verify`, `audit show`) never take the lock (see [`super::verify()`]).
+//! Readers (`audit verify`, `audit show`, `audit tail`) never take the lock (see [`super::verify()`]).
 //!
 //! # Group commit: the caller's contract
 //!
@@ -93,7 +93,9 @@
 //! system call and no file-time update per batch: on a call's path that was most of what a
 //! spaced call paid for the log (issue 15). The file is longer than its records while the
 //! writer has it; the rest reads as NUL bytes, which readers ([`super::scan`]) stop at, and which
-//! [`AuditLog::release_reservation`] (exit, rotation, drop) cuts off. A writer that was killed
+//! [`AuditLog::release_reservation`] (exit, rotation, drop) cuts off. The next reservation is
+//! made ahead, when a quarter of the space is left, by [`AuditLog::reserve_ahead`], which `run`
+//! calls when no call is waiting (otherwise the flush that crosses the end would pay for it). A writer that was killed
 //! leaves them behind: `open` judges the records without them (a record never holds a NUL
 //! byte) and cuts them off only once the records pass (a log that is set aside keeps every
 //! byte). Readers read up to the end of the records as they find it, never into the space a
@@ -652,38 +654,68 @@ impl AuditLog {
             return None;
         }
         let end = self.len + self.batch.len() as u64;
-        if self.mapped.as_ref().is_none_or(|m| end > m.end()) {
-            // Unmapped before the next reservation: one region of the file mapped at a time.
-            self.mapped = None;
-            let page = mapped::page_size();
-            let start = self.len / page * page;
-            let len = (end - start).max(RESERVE_BYTES).next_multiple_of(page);
-            match usize::try_from(len)
-                .map_err(std::io::Error::other)
-                .and_then(|len| MappedRegion::reserve(&self.file, start, len))
-            {
-                Ok(region) => {
-                    self.reserved_to = Some(self.reserved_to.unwrap_or(0).max(region.end()));
-                    self.mapped = Some(region);
-                }
-                Err(_) => {
-                    // No space to reserve, a file system that cannot, no address space for
-                    // the map: `write` reports what is wrong, if anything is, and is as safe.
-                    // The failed attempt may have grown the file all the same (`fallocate`
-                    // keeps what it allocated before ENOSPC, or the map failed after it): cut
-                    // back to the records, so the space is free and no `write` lands after it.
-                    self.map_batches = false;
-                    self.reserved_to.get_or_insert(self.len);
-                    if let Err(e) = self.release_reservation() {
-                        return Some(Err(e));
-                    }
-                    return None;
-                }
-            }
+        if self.mapped.as_ref().is_none_or(|m| end > m.end())
+            && let Err(e) = self.reserve(end)
+        {
+            return e.map(Err);
         }
         let region = self.mapped.as_mut()?;
         region.copy_at(self.len, &self.batch);
         Some(Ok(self.batch.len()))
+    }
+
+    /// Reserves and maps the file from the page of the last record through `end` (at least
+    /// [`RESERVE_BYTES`]). On failure mapping stops for good: the reservation is cut back
+    /// (`Err(None)`: the caller `write`s; `Err(Some(e))`: the cut failed and the writer is
+    /// poisoned).
+    fn reserve(&mut self, end: u64) -> Result<(), Option<std::io::Error>> {
+        // Unmapped before the next reservation: one region of the file mapped at a time.
+        self.mapped = None;
+        let page = mapped::page_size();
+        let start = self.len / page * page;
+        let len = (end - start).max(RESERVE_BYTES).next_multiple_of(page);
+        match usize::try_from(len)
+            .map_err(std::io::Error::other)
+            .and_then(|len| MappedRegion::reserve(&self.file, start, len))
+        {
+            Ok(region) => {
+                self.reserved_to = Some(self.reserved_to.unwrap_or(0).max(region.end()));
+                self.mapped = Some(region);
+                Ok(())
+            }
+            Err(_) => {
+                // No space to reserve, a file system that cannot, no address space for the
+                // map: `write` reports what is wrong, if anything is, and is as safe. The
+                // failed attempt may have grown the file all the same (`fallocate` keeps what
+                // it allocated before ENOSPC, or the map failed after it): cut back to the
+                // records, so the space is free and no `write` lands after it.
+                self.map_batches = false;
+                self.reserved_to.get_or_insert(self.len);
+                self.release_reservation().map_err(Some)
+            }
+        }
+    }
+
+    /// Makes the next reservation now, while nothing waits on the log, when a quarter or less
+    /// of the mapped space is left and no record is pending: otherwise the flush that crosses
+    /// the end pays for `fallocate` and `mmap` (tens of µs, once per [`RESERVE_BYTES`]) on the
+    /// path of the call whose intent record it writes. `run` calls it after delivering an
+    /// answer, when no call is on its way to a server. A failure is the next flush's fallback
+    /// (`write`), reported only if cutting the reservation back failed too.
+    pub fn reserve_ahead(&mut self) -> Result<(), AuditError> {
+        let Some(end) = self.mapped.as_ref().map(MappedRegion::end) else {
+            return Ok(());
+        };
+        if !self.map_batches
+            || !self.batch.is_empty()
+            || end.saturating_sub(self.len) > RESERVE_BYTES / 4
+        {
+            return Ok(());
+        }
+        match self.reserve(self.len + 1) {
+            Ok(()) | Err(None) => Ok(()),
+            Err(Some(e)) => Err(AuditError::io("reserve audit log space", &self.path)(e)),
+        }
     }
 
     /// Unmaps the reservation and cuts the file back to its records (at exit, before a
@@ -1436,6 +1468,57 @@ mod tests {
     /// Batches are copied into space reserved past the records: the file is longer than its
     /// records while the writer has it, and ends with its last record once closed. With
     /// `write_through_map` off, or after a rotation, it never holds a NUL byte.
+    #[test]
+    fn the_next_reservation_can_be_made_ahead_of_the_flush_that_needs_it() {
+        let (_tmp, keys, path) = setup();
+        let size = |p: &Path| std::fs::metadata(p).unwrap().len();
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        log.append("x", "R", None, json!({"n": 1})).unwrap();
+        log.flush().unwrap();
+        // Most of the reservation is left: nothing to do ahead.
+        log.reserve_ahead().unwrap();
+        assert_eq!(size(&path), RESERVE_BYTES);
+        let fill = "f".repeat((RESERVE_BYTES * 4 / 5) as usize);
+        log.append("x", "R", None, json!({"fill": fill})).unwrap();
+        log.flush().unwrap();
+        assert_eq!(size(&path), RESERVE_BYTES, "still in the first reservation");
+        // A record waiting to be written: it is the flush's to place, not reserved around.
+        log.append("x", "R", None, json!({"n": 3})).unwrap();
+        log.reserve_ahead().unwrap();
+        assert_eq!(size(&path), RESERVE_BYTES);
+        log.flush().unwrap();
+        // Nothing pending and less than a quarter left: the next region is reserved now.
+        log.reserve_ahead().unwrap();
+        let ahead = size(&path);
+        let page = mapped::page_size();
+        assert!(
+            ahead >= log.len + RESERVE_BYTES - page,
+            "{ahead} for {}",
+            log.len
+        );
+        // The flush that would have crossed the old end finds the space ready.
+        let more = "m".repeat((RESERVE_BYTES / 4) as usize);
+        log.append("x", "R", None, json!({"more": more})).unwrap();
+        log.flush().unwrap();
+        assert_eq!(size(&path), ahead);
+        assert_eq!(lines(&path).len(), 4);
+        drop(log);
+        assert_eq!(size(&path), std::fs::read(&path).unwrap().len() as u64);
+        assert!(!std::fs::read(&path).unwrap().contains(&0));
+        assert_eq!(crate::audit::verify(&path, &keys).unwrap().records, 4);
+
+        // Written, not mapped: nothing is reserved, ahead or not.
+        let opts = AuditOptions {
+            write_through_map: false,
+            ..AuditOptions::default()
+        };
+        let mut log = AuditLog::open_with(&path, &keys, &opts).unwrap();
+        log.append("x", "R", None, json!({"n": 5})).unwrap();
+        log.flush().unwrap();
+        log.reserve_ahead().unwrap();
+        assert_eq!(size(&path), log.len);
+    }
+
     #[test]
     fn batches_go_into_reserved_space_that_is_given_back_at_close() {
         let (_tmp, keys, path) = setup();

@@ -22,6 +22,7 @@
 //! (append / flush / commit) and what each [`FsyncPolicy`] survives.
 
 pub mod chain;
+pub mod follow;
 pub mod journal;
 pub mod keys;
 pub mod log;

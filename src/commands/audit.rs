@@ -1,9 +1,13 @@
-//! `cargo mcp-dev audit verify|show`.
+//! `cargo mcp-dev audit verify|show|tail`.
 
+use std::collections::VecDeque;
+use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::time::Duration;
 
-use crate::audit::{JournalView, Journals, KeyStore, verify};
-use crate::cli::{AuditCommand, AuditPathArgs, CargoArgs, Journal};
+use crate::audit::follow::{Followed, Follower};
+use crate::audit::{JournalView, Journals, KeyStore, Record, verify};
+use crate::cli::{AuditCommand, AuditPathArgs, AuditTailArgs, CargoArgs, Journal};
 use crate::cycle::Prepared;
 use crate::error::{CmdResult, Failure};
 use crate::{exit_codes, output, status};
@@ -11,6 +15,7 @@ use crate::{exit_codes, output, status};
 pub fn execute(cmd: AuditCommand) -> CmdResult {
     match cmd {
         AuditCommand::Verify(a) => run_verify(&a),
+        AuditCommand::Tail(a) => run_tail(&a),
         AuditCommand::Show(a) => {
             let path = log_path(&a.log)?;
             let keys = KeyStore::from_env().map_err(|e| Failure::error(e.to_string()))?;
@@ -130,6 +135,125 @@ fn run_verify(a: &AuditPathArgs) -> CmdResult {
             ))
         }
     }
+}
+
+/// How often `tail --follow` looks for new records.
+const FOLLOW_POLL: Duration = Duration::from_millis(100);
+
+/// Characters of a record's data shown on its `tail` line.
+const DATA_SHOWN: usize = 200;
+
+fn run_tail(a: &AuditTailArgs) -> CmdResult {
+    let path = log_path(&a.log)?;
+    let keys = KeyStore::from_env().map_err(|e| Failure::error(e.to_string()))?;
+    if path.exists() {
+        // The whole log first (segments, anchor), as `audit verify` checks it: what is shown
+        // was verified, and the follower checks each record after against the one before.
+        verify(&path, &keys).map_err(|f| {
+            Failure::new(
+                exit_codes::AUDIT_INVALID,
+                format!("audit log {} failed verification: {f}", path.display()),
+            )
+        })?;
+    } else if !a.follow {
+        return Err(Failure::error(format!(
+            "no audit log at {} (`cargo mcp-dev run` writes it; `--follow` waits for it)",
+            path.display()
+        )));
+    } else {
+        status::line(&format!("waiting for {}", path.display()));
+    }
+    let key = keys.load_key().map_err(|e| Failure::error(e.to_string()))?;
+    let mut follower = Follower::new(&path, &key);
+    let failed = |e: crate::audit::follow::FollowError| {
+        Failure::new(exit_codes::AUDIT_INVALID, e.to_string())
+    };
+    // The last records of the active file (a rotated segment's are `audit show`'s).
+    let mut last = VecDeque::with_capacity(a.lines.min(4096));
+    follower
+        .poll(|item| {
+            if a.lines == 0 {
+                return;
+            }
+            if last.len() == a.lines {
+                last.pop_front();
+            }
+            last.push_back(item);
+        })
+        .map_err(failed)?;
+    let json = a.log.json;
+    let terminal = std::io::stdout().is_terminal();
+    // A closed pipe (`| head`) ends the command quietly, as it ends `tail`.
+    let closed = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::BrokenPipe => Ok(exit_codes::OK),
+        _ => Err(Failure::from(e)),
+    };
+    for item in last {
+        if let Err(e) = print_followed(item, json, terminal) {
+            return closed(e);
+        }
+    }
+    if !a.follow {
+        return Ok(exit_codes::OK);
+    }
+    loop {
+        std::thread::sleep(FOLLOW_POLL);
+        let mut printed = Ok(());
+        follower
+            .poll(|item| {
+                if printed.is_ok() {
+                    printed = print_followed(item, json, terminal);
+                }
+            })
+            .map_err(failed)?;
+        if let Err(e) = printed {
+            return closed(e);
+        }
+    }
+}
+
+/// One record on stdout: its line as stored (`--json`; escaped only on a terminal, where a
+/// control character in a tool name would act), or a summary line (escaped).
+fn print_followed(item: Followed, json: bool, terminal: bool) -> std::io::Result<()> {
+    match item {
+        Followed::NewChain { path } => {
+            status::warn(&format!(
+                "{} starts a new chain: the log followed so far was set aside (`audit verify` names why)",
+                path.display()
+            ));
+            Ok(())
+        }
+        Followed::Record { record, line } => {
+            if json {
+                let text = String::from_utf8_lossy(&line);
+                let text = if terminal {
+                    crate::sanitize::line(&text)
+                } else {
+                    text
+                };
+                output::stdout_line(&text)?;
+            } else {
+                output::stdout_text(&tail_line(&record))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `TIME  #SEQ  TYPE  EPOCH  DATA` (data as compact JSON, cut at [`DATA_SHOWN`] characters).
+fn tail_line(r: &Record) -> String {
+    let data = r.data.to_string();
+    let mut shown: String = data.chars().take(DATA_SHOWN).collect();
+    if shown.len() < data.len() {
+        shown.push('…');
+    }
+    format!(
+        "{}  #{}  {}  {}  {shown}",
+        r.time,
+        r.seq,
+        r.record_type,
+        r.epoch.as_deref().unwrap_or("-")
+    )
 }
 
 /// Every file of the log, oldest first, as JSON.

@@ -85,6 +85,11 @@ fn deliver_and_pump(me: &Weak<Mutex<Session<Shell>>>, events: Vec<Event>) -> Opt
     // lock) is already with the host. When a request was just forwarded, its answer's delivery
     // takes the rewrite instead: on a busy core, writing here would delay that answer.
     let anchor = if pumps.is_empty() {
+        // Likewise the next part of the log's reserved space, when it is nearly used up: here
+        // no call waits for it (see `AuditLog::reserve_ahead`).
+        if let Err(e) = shell.audit.reserve_ahead() {
+            shell.audit_warning(&e);
+        }
         shell.audit.take_anchor_update()
     } else {
         None

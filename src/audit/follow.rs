@@ -1,0 +1,466 @@
+//! Following a live audit log (`audit tail --follow`): each record as it is written, checked
+//! against the one before it (sequence, chain, hash, MAC), across rotations.
+//!
+//! `tail -f` cannot follow the log: on Linux `run` copies records into space it reserved past
+//! the last one, so the file does not grow and, while `run` holds it, ends in NUL bytes (see
+//! [`super::log`]). A [`Follower`] reads forward from where it stopped up to the first NUL byte
+//! (the copy is made in order: everything before it is written) and takes only whole lines; the
+//! bytes of a line still being copied wait for the next poll. When the path names another file
+//! (a rotation moved the active file into a segment, or `run` set a damaged log aside), the old
+//! file is read to its end first, then the new one from its start: a segment continues the
+//! chain, a new chain (seq 1) is reported as such.
+//!
+//! Owns the follower's own file handle and position; never writes, truncates, locks or renames
+//! anything (the writer's files are the writer's).
+
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use super::chain::{AuditKey, MacChecker, Record};
+use super::scan::{self, Expect, Scratch};
+
+/// Bytes read per `pread`.
+const CHUNK: usize = 64 << 10;
+
+/// A line longer than this is not waited for: no record is (the writer's own lines are far
+/// shorter); the bytes are damage, and reading them would grow without bound.
+const MAX_LINE: usize = 64 << 20;
+
+/// Files moved on to in one poll at most.
+const MAX_FILES_PER_POLL: usize = 64;
+
+/// What a poll found.
+#[derive(Debug)]
+pub enum Followed {
+    /// A record, checked, with its line as stored (without the `\n`).
+    Record { record: Box<Record>, line: Vec<u8> },
+    /// The path now names a log that starts a new chain (seq 1): the one followed so far was
+    /// set aside (or removed) and `run` started over. Its first record follows.
+    NewChain { path: PathBuf },
+}
+
+/// Why following stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum FollowError {
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{} failed verification at {failure}", path.display())]
+    Record {
+        path: PathBuf,
+        failure: super::VerifyFailure,
+    },
+    #[error(
+        "{} was cut shorter while it was followed ({len} bytes, {offset} already read)",
+        path.display()
+    )]
+    CutShorter {
+        path: PathBuf,
+        len: u64,
+        offset: u64,
+    },
+    #[error("{} holds a line longer than {} MiB with no end: not a record", path.display(), MAX_LINE >> 20)]
+    LineTooLong { path: PathBuf },
+}
+
+struct Open {
+    file: File,
+    id: (u64, u64),
+    /// Bytes of whole lines read.
+    offset: u64,
+    /// Lines read (for a failure's line number).
+    lines: usize,
+    /// No record read from this file yet: its first may start a new chain.
+    fresh: bool,
+}
+
+/// Reads a log's records as they are written (see the module doc).
+pub struct Follower {
+    path: PathBuf,
+    mac: MacChecker,
+    open: Option<Open>,
+    expect: Expect,
+    scratch: Scratch,
+    /// The bytes of the line being read (a line can span chunks).
+    carry: Vec<u8>,
+}
+
+impl Follower {
+    /// Follows `path` from its first record (the file need not exist yet).
+    pub fn new(path: &Path, key: &AuditKey) -> Follower {
+        Follower {
+            path: path.to_path_buf(),
+            mac: MacChecker::new(key),
+            open: None,
+            expect: Expect::default(),
+            scratch: Scratch::default(),
+            carry: Vec::new(),
+        }
+    }
+
+    /// Hands every whole record written since the last poll to `each`, in order.
+    pub fn poll(&mut self, mut each: impl FnMut(Followed)) -> Result<(), FollowError> {
+        if self.open.is_none() {
+            self.open = self.open_path()?;
+            if self.open.is_none() {
+                return Ok(());
+            }
+        }
+        // The path first, then the file being read to its end: once the path names another
+        // file the writer has left this one, so what is read after the check is all it holds.
+        // Then the next file: the segment after this one (several rotations may have happened
+        // since the last poll), or the path. Bounded: a writer that rotates faster than this
+        // reads is caught up with at the next poll.
+        for _ in 0..MAX_FILES_PER_POLL {
+            let moved = self.path_moved()?;
+            self.read_new(&mut each)?;
+            if !moved {
+                break;
+            }
+            let Some(next) = self.next_file()? else {
+                break;
+            };
+            self.open = Some(next);
+            self.carry.clear();
+        }
+        Ok(())
+    }
+
+    /// The file after the one being read: the segment numbered after it (a rotation made it a
+    /// segment) if there is one, else the path (a new active file, or a new chain).
+    fn next_file(&self) -> Result<Option<Open>, FollowError> {
+        let Some(open) = &self.open else {
+            return self.open_path();
+        };
+        let segments = scan::list_segments(&self.path).map_err(self.io())?;
+        let same = |p: &Path| {
+            std::fs::metadata(p)
+                .map(|m| (m.dev(), m.ino()) == open.id)
+                .unwrap_or(false)
+        };
+        match segments.iter().position(|(_, p)| same(p)) {
+            Some(i) if i + 1 < segments.len() => open_file(&segments[i + 1].1).map_err(self.io()),
+            _ => self.open_path(),
+        }
+    }
+
+    fn io(&self) -> impl FnOnce(std::io::Error) -> FollowError + '_ {
+        |source| FollowError::Io {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    fn open_path(&self) -> Result<Option<Open>, FollowError> {
+        open_file(&self.path).map_err(self.io())
+    }
+
+    /// Whether the path names another file than the one being read (absent: not yet, the
+    /// writer is between moving the old file and creating the new one).
+    fn path_moved(&self) -> Result<bool, FollowError> {
+        let Some(open) = &self.open else {
+            return Ok(false);
+        };
+        match std::fs::metadata(&self.path) {
+            Ok(m) => Ok((m.dev(), m.ino()) != open.id),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(self.io()(e)),
+        }
+    }
+
+    fn read_new(&mut self, each: &mut impl FnMut(Followed)) -> Result<(), FollowError> {
+        let Some(open) = self.open.as_mut() else {
+            return Ok(());
+        };
+        let len = open.file.metadata().map_err(|source| FollowError::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        let len = len.len();
+        let mut at = open.offset + self.carry.len() as u64;
+        if len < at {
+            return Err(FollowError::CutShorter {
+                path: self.path.clone(),
+                len,
+                offset: open.offset,
+            });
+        }
+        let mut buf = vec![0u8; CHUNK];
+        while at < len {
+            let n = (len - at).min(CHUNK as u64) as usize;
+            // The writer cuts its reservation at exit: a read past the new end sees less.
+            let got = match open.file.read_at(&mut buf[..n], at) {
+                Ok(0) => break,
+                Ok(got) => got,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(source) => {
+                    return Err(FollowError::Io {
+                        path: self.path.clone(),
+                        source,
+                    });
+                }
+            };
+            let chunk = &buf[..got];
+            let (data, at_nul) = match chunk.iter().position(|&b| b == 0) {
+                Some(i) => (&chunk[..i], true),
+                None => (chunk, false),
+            };
+            at += data.len() as u64;
+            let mut rest = data;
+            while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
+                self.carry.extend_from_slice(&rest[..nl]);
+                rest = &rest[nl + 1..];
+                let line = std::mem::take(&mut self.carry);
+                open.lines += 1;
+                open.offset += line.len() as u64 + 1;
+                let first = std::mem::replace(&mut open.fresh, false);
+                let (record, new_chain) = check(
+                    &self.mac,
+                    &line,
+                    open.lines,
+                    &self.expect,
+                    first,
+                    &mut self.scratch,
+                )
+                .map_err(|failure| FollowError::Record {
+                    path: self.path.clone(),
+                    failure,
+                })?;
+                if new_chain {
+                    each(Followed::NewChain {
+                        path: self.path.clone(),
+                    });
+                }
+                self.expect = Expect {
+                    seq: Some(record.seq + 1),
+                    prev: Some(record.hash.clone()),
+                };
+                each(Followed::Record {
+                    record: Box::new(record),
+                    line,
+                });
+            }
+            self.carry.extend_from_slice(rest);
+            if self.carry.len() > MAX_LINE {
+                return Err(FollowError::LineTooLong {
+                    path: self.path.clone(),
+                });
+            }
+            if at_nul {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Opens a file to read from its start (`None`: it does not exist).
+fn open_file(path: &Path) -> std::io::Result<Option<Open>> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let meta = file.metadata()?;
+    Ok(Some(Open {
+        file,
+        id: (meta.dev(), meta.ino()),
+        offset: 0,
+        lines: 0,
+        fresh: true,
+    }))
+}
+
+/// Checks a line against what the chain expects. The first line of a file that is not the
+/// first followed may instead start a new chain (`true`): seq 1 from the genesis `prev`.
+fn check(
+    mac: &MacChecker,
+    line: &[u8],
+    number: usize,
+    expect: &Expect,
+    first_of_file: bool,
+    scratch: &mut Scratch,
+) -> Result<(Record, bool), super::VerifyFailure> {
+    match scan::check_line(mac, line, true, number, expect, scratch) {
+        Ok(r) => Ok((r, false)),
+        Err(failure) => {
+            let continued = expect.seq.is_some();
+            if first_of_file
+                && continued
+                && let Ok(r) =
+                    scan::check_line(mac, line, true, number, &Expect::default(), scratch)
+                && r.seq == 1
+            {
+                return Ok((r, true));
+            }
+            Err(failure)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::{AuditLog, AuditOptions, KeyStore};
+    use serde_json::json;
+
+    fn setup() -> (tempfile::TempDir, KeyStore, PathBuf, AuditKey) {
+        let tmp = tempfile::tempdir().unwrap();
+        let keys = KeyStore::at(tmp.path().join("home"));
+        let path = tmp.path().join("audit").join("x.jsonl");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        // The key exists once a log was opened with it.
+        drop(AuditLog::open(&tmp.path().join("audit").join("keygen.jsonl"), &keys).unwrap());
+        let key = keys.load_key().unwrap();
+        (tmp, keys, path, key)
+    }
+
+    fn seqs(f: &mut Follower) -> Result<Vec<String>, FollowError> {
+        let mut out = Vec::new();
+        f.poll(|item| match item {
+            Followed::Record { record, .. } => {
+                out.push(format!("{}:{}", record.seq, record.record_type));
+            }
+            Followed::NewChain { .. } => out.push("new chain".into()),
+        })?;
+        Ok(out)
+    }
+
+    #[test]
+    fn records_are_read_as_they_are_written_never_a_partial_one() {
+        let (_tmp, keys, path, key) = setup();
+        let mut f = Follower::new(&path, &key);
+        assert!(
+            seqs(&mut f).unwrap().is_empty(),
+            "no log yet: nothing, no error"
+        );
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        log.append("a", "R", None, json!({"n": 1})).unwrap();
+        log.append("b", "R", None, json!({"n": 2})).unwrap();
+        log.flush().unwrap();
+        assert_eq!(seqs(&mut f).unwrap(), ["1:a", "2:b"]);
+        assert!(seqs(&mut f).unwrap().is_empty(), "each record once");
+        // Half a line copied (as a writer caught mid-copy leaves it): waited for, not read.
+        log.append("c", "R", None, json!({"n": 3})).unwrap();
+        log.flush().unwrap();
+        let whole = std::fs::read(&path).unwrap();
+        let end = whole.iter().position(|&b| b == 0).unwrap_or(whole.len());
+        let start = whole[..end - 1].iter().rposition(|&b| b == b'\n').unwrap() + 1;
+        let third = &whole[start..end];
+        let at = start as u64;
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.write_at(&vec![0u8; third.len()], at).unwrap();
+        file.write_at(&third[..third.len() / 2], at).unwrap();
+        assert!(seqs(&mut f).unwrap().is_empty());
+        file.write_at(third, at).unwrap();
+        assert_eq!(seqs(&mut f).unwrap(), ["3:c"]);
+        // The writer's exit cuts its reserved space: nothing new, no error.
+        drop(log);
+        assert!(seqs(&mut f).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_rotation_is_followed_into_the_next_file_and_the_chain_checked_across() {
+        let (_tmp, keys, path, key) = setup();
+        let opts = AuditOptions {
+            max_segment_bytes: 2_000,
+            ..AuditOptions::default()
+        };
+        let mut log = AuditLog::open_with(&path, &keys, &opts).unwrap();
+        let mut f = Follower::new(&path, &key);
+        let mut seen = Vec::new();
+        for n in 0..30 {
+            log.append("t", "R", None, json!({"n": n, "pad": "p".repeat(100)}))
+                .unwrap();
+            log.flush().unwrap();
+            if n % 7 == 0 {
+                seen.extend(seqs(&mut f).unwrap());
+            }
+        }
+        seen.extend(seqs(&mut f).unwrap());
+        assert!(crate::audit::scan::list_segments(&path).unwrap().len() > 2);
+        let numbers: Vec<u64> = seen
+            .iter()
+            .map(|s| s.split(':').next().unwrap().parse().unwrap())
+            .collect();
+        let expected: Vec<u64> = (1..=numbers.len() as u64).collect();
+        assert_eq!(numbers, expected, "every record once, in order: {seen:?}");
+        assert!(seen.iter().any(|s| s.ends_with(":segment_started")));
+        assert_eq!(seen.iter().filter(|s| s.ends_with(":t")).count(), 30);
+    }
+
+    #[test]
+    fn a_new_chain_at_the_path_is_reported_and_a_forged_continuation_refused() {
+        let (tmp, keys, path, key) = setup();
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        log.append("a", "R", None, json!({})).unwrap();
+        log.append("b", "R", None, json!({})).unwrap();
+        drop(log);
+        let mut f = Follower::new(&path, &key);
+        assert_eq!(seqs(&mut f).unwrap(), ["1:a", "2:b"]);
+        // The log set aside, a new one started at the path: a new chain, said so.
+        let fresh = tmp.path().join("fresh.jsonl");
+        let mut log = AuditLog::open(&fresh, &keys).unwrap();
+        log.append("c", "R", None, json!({})).unwrap();
+        drop(log);
+        std::fs::rename(&path, tmp.path().join("aside.jsonl")).unwrap();
+        std::fs::rename(&fresh, &path).unwrap();
+        assert_eq!(seqs(&mut f).unwrap(), ["new chain", "1:c"]);
+        // A file that claims to continue the chain but does not (seq 2 of another chain).
+        let other = tmp.path().join("other.jsonl");
+        let mut log = AuditLog::open(&other, &keys).unwrap();
+        log.append("x", "R", None, json!({})).unwrap();
+        log.append("y", "R", None, json!({})).unwrap();
+        drop(log);
+        let text = std::fs::read_to_string(&other).unwrap();
+        let second = text.lines().nth(1).unwrap();
+        std::fs::rename(&path, tmp.path().join("aside2.jsonl")).unwrap();
+        std::fs::write(&path, format!("{second}\n")).unwrap();
+        let err = seqs(&mut f).unwrap_err().to_string();
+        assert!(err.contains("broken chain"), "{err}");
+    }
+
+    #[test]
+    fn damage_is_an_error_not_a_record() {
+        let (_tmp, keys, path, key) = setup();
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        log.append("a", "R", None, json!({"tool": "echo"})).unwrap();
+        drop(log);
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, text.replace("echo", "ecHo")).unwrap();
+        let mut f = Follower::new(&path, &key);
+        let err = seqs(&mut f).unwrap_err().to_string();
+        assert!(err.contains("hash mismatch"), "{err}");
+        // A file cut shorter than what was read is an error too.
+        let mut log = AuditLog::open(&path.with_extension("b"), &keys).unwrap();
+        log.append("a", "R", None, json!({})).unwrap();
+        drop(log);
+        let b = path.with_extension("b");
+        let mut f = Follower::new(&b, &key);
+        assert_eq!(seqs(&mut f).unwrap(), ["1:a"]);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&b)
+            .unwrap()
+            .set_len(10)
+            .unwrap();
+        assert!(matches!(
+            f.poll(|_| {}),
+            Err(FollowError::CutShorter { .. })
+        ));
+    }
+
+    #[test]
+    fn a_line_with_no_end_is_not_waited_for_without_bound() {
+        let (_tmp, _keys, path, key) = setup();
+        std::fs::write(&path, vec![b'x'; MAX_LINE + CHUNK]).unwrap();
+        let mut f = Follower::new(&path, &key);
+        assert!(matches!(
+            f.poll(|_| {}),
+            Err(FollowError::LineTooLong { .. })
+        ));
+    }
+}
