@@ -873,6 +873,34 @@ fn tail_prints_the_last_records_and_follows_a_live_log_across_rotations() {
     );
     let out = tail(&["-n", "three"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2), "a bad count is a usage error");
+    let follow = |mut c: Command| {
+        let mut child = c
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(line);
+            }
+        });
+        (child, rx)
+    };
+    let take_until = |rx: &std::sync::mpsc::Receiver<String>, last: u64, seen: &mut Vec<u64>| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while seen.last() != Some(&last) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = rx.recv_timeout(left).expect("a record within 20 s");
+            seen.push(seq_of(&line));
+        }
+    };
+    // Started before `run` wrote anything (no log, no key yet): it waits, then follows.
+    let (mut early, early_rx) = follow(tail(&["--follow", "--json", "-n", "0"]));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(early.try_wait().unwrap().is_none(), "it waits for the log");
 
     let opts = AuditOptions {
         max_segment_bytes: 3_000,
@@ -914,29 +942,9 @@ fn tail_prints_the_last_records_and_follows_a_live_log_across_rotations() {
     assert!(human.contains("\\u{9b}"), "{human}");
 
     // Following: the five, then every record written from now on, across rotations.
-    let mut follower = tail(&["--follow", "--json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stdout = follower.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            let _ = tx.send(line);
-        }
-    });
+    let (mut follower, rx) = follow(tail(&["--follow", "--json"]));
     let mut seen = Vec::new();
-    let take_until = |last: u64, seen: &mut Vec<u64>| {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while seen.last() != Some(&last) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = rx.recv_timeout(left).expect("a record within 20 s");
-            seen.push(seq_of(&line));
-        }
-    };
-    take_until(5, &mut seen);
+    take_until(&rx, 5, &mut seen);
     for n in 5..40 {
         w.append(
             "tool_result",
@@ -952,9 +960,15 @@ fn tail_prints_the_last_records_and_follows_a_live_log_across_rotations() {
     }
     let head = w.append("run_ended", "R", None, json!({})).unwrap().seq;
     w.flush().unwrap();
-    take_until(head, &mut seen);
+    take_until(&rx, head, &mut seen);
     let expected: Vec<u64> = (1..=head).collect();
     assert_eq!(seen, expected, "each record once, in order");
+    let mut early_seen = Vec::new();
+    take_until(&early_rx, head, &mut early_seen);
+    assert_eq!(
+        early_seen, expected,
+        "the follower that waited saw them all"
+    );
     assert!(
         audit::scan::list_segments(&log).unwrap().len() >= 2,
         "the follow crossed rotations"
@@ -964,19 +978,21 @@ fn tail_prints_the_last_records_and_follows_a_live_log_across_rotations() {
     drop(w);
     let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
     f.write_all(b"{\"v\":1,\"seq\":999}\n").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(s) = follower.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = follower.kill();
-            panic!("the follower did not stop at a damaged record");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut follower.stderr.take().unwrap(), &mut err).unwrap();
-    assert_eq!(status.code(), Some(105), "{err}");
-    assert!(err.contains("failed verification"), "{err}");
+    for child in [&mut follower, &mut early] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("the follower did not stop at a damaged record");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        assert_eq!(status.code(), Some(105), "{err}");
+        assert!(err.contains("failed verification"), "{err}");
+    }
 }

@@ -82,6 +82,8 @@ pub struct Follower {
     path: PathBuf,
     mac: MacChecker,
     open: Option<Open>,
+    /// Nothing opened yet: start at the oldest segment, not at the active file.
+    from_oldest: bool,
     expect: Expect,
     scratch: Scratch,
     /// The bytes of the line being read (a line can span chunks).
@@ -89,22 +91,33 @@ pub struct Follower {
 }
 
 impl Follower {
-    /// Follows `path` from its first record (the file need not exist yet).
+    /// Follows `path` from the first record of the active file (the file need not exist yet).
     pub fn new(path: &Path, key: &AuditKey) -> Follower {
         Follower {
             path: path.to_path_buf(),
             mac: MacChecker::new(key),
             open: None,
+            from_oldest: false,
             expect: Expect::default(),
             scratch: Scratch::default(),
             carry: Vec::new(),
         }
     }
 
+    /// Follows `path` from the first record of its oldest file: for a log that did not exist
+    /// when following began, whose first segments may have been written (and rotated) before
+    /// the first poll.
+    pub fn from_oldest(path: &Path, key: &AuditKey) -> Follower {
+        Follower {
+            from_oldest: true,
+            ..Follower::new(path, key)
+        }
+    }
+
     /// Hands every whole record written since the last poll to `each`, in order.
     pub fn poll(&mut self, mut each: impl FnMut(Followed)) -> Result<(), FollowError> {
         if self.open.is_none() {
-            self.open = self.open_path()?;
+            self.open = self.first_file()?;
             if self.open.is_none() {
                 return Ok(());
             }
@@ -127,6 +140,18 @@ impl Follower {
             self.carry.clear();
         }
         Ok(())
+    }
+
+    fn first_file(&self) -> Result<Option<Open>, FollowError> {
+        if self.from_oldest {
+            let segments = scan::list_segments(&self.path).map_err(self.io())?;
+            if let Some((_, oldest)) = segments.first()
+                && let Some(open) = open_file(oldest).map_err(self.io())?
+            {
+                return Ok(Some(open));
+            }
+        }
+        self.open_path()
     }
 
     /// The file after the one being read: the segment numbered after it (a rotation made it a
@@ -390,6 +415,37 @@ mod tests {
         assert_eq!(numbers, expected, "every record once, in order: {seen:?}");
         assert!(seen.iter().any(|s| s.ends_with(":segment_started")));
         assert_eq!(seen.iter().filter(|s| s.ends_with(":t")).count(), 30);
+    }
+
+    #[test]
+    fn a_follower_from_the_oldest_file_reads_segments_rotated_before_its_first_poll() {
+        let (_tmp, keys, path, key) = setup();
+        let opts = AuditOptions {
+            max_segment_bytes: 1_500,
+            ..AuditOptions::default()
+        };
+        let mut from_oldest = Follower::from_oldest(&path, &key);
+        let mut from_active = Follower::new(&path, &key);
+        assert!(seqs(&mut from_oldest).unwrap().is_empty());
+        let mut log = AuditLog::open_with(&path, &keys, &opts).unwrap();
+        for n in 0..20 {
+            log.append("t", "R", None, json!({"n": n, "pad": "p".repeat(100)}))
+                .unwrap();
+        }
+        log.flush().unwrap();
+        let segments = crate::audit::scan::list_segments(&path).unwrap().len();
+        assert!(segments >= 2, "{segments}");
+        let all = seqs(&mut from_oldest).unwrap();
+        let numbers: Vec<u64> = all
+            .iter()
+            .map(|s| s.split(':').next().unwrap().parse().unwrap())
+            .collect();
+        assert_eq!(numbers, (1..=numbers.len() as u64).collect::<Vec<_>>());
+        assert_eq!(all.iter().filter(|s| s.ends_with(":t")).count(), 20);
+        // From the active file: only what it holds (the segments are `audit show`'s).
+        let active = seqs(&mut from_active).unwrap();
+        assert!(active[0].ends_with(":segment_started"), "{active:?}");
+        assert!(active.len() < all.len());
     }
 
     #[test]

@@ -146,41 +146,65 @@ const DATA_SHOWN: usize = 200;
 fn run_tail(a: &AuditTailArgs) -> CmdResult {
     let path = log_path(&a.log)?;
     let keys = KeyStore::from_env().map_err(|e| Failure::error(e.to_string()))?;
-    if path.exists() {
-        // The whole log first (segments, anchor), as `audit verify` checks it: what is shown
-        // was verified, and the follower checks each record after against the one before.
-        verify(&path, &keys).map_err(|f| {
+    let verify_all = || {
+        verify(&path, &keys).map(|_| ()).map_err(|f| {
             Failure::new(
                 exit_codes::AUDIT_INVALID,
                 format!("audit log {} failed verification: {f}", path.display()),
             )
-        })?;
-    } else if !a.follow {
+        })
+    };
+    let waiting = a.follow && !holds_a_record(&path);
+    if waiting {
+        // `run` has not written yet (the log, even the key, may not exist): the follower
+        // checks every record from the first.
+        status::line(&format!(
+            "waiting for the first record of {}",
+            path.display()
+        ));
+    } else if path.exists() {
+        // The whole log first (segments, anchor), as `audit verify` checks it: what is shown
+        // was verified, and the follower checks each record after against the one before.
+        verify_all()?;
+    } else {
         return Err(Failure::error(format!(
             "no audit log at {} (`cargo mcp-dev run` writes it; `--follow` waits for it)",
             path.display()
         )));
-    } else {
-        status::line(&format!("waiting for {}", path.display()));
     }
-    let key = keys.load_key().map_err(|e| Failure::error(e.to_string()))?;
-    let mut follower = Follower::new(&path, &key);
+    let key = loop {
+        match keys.load_key() {
+            Ok(key) => break key,
+            Err(crate::audit::AuditError::KeyMissing { .. }) if waiting => {
+                std::thread::sleep(FOLLOW_POLL);
+            }
+            Err(e) => return Err(Failure::error(e.to_string())),
+        }
+    };
+    let mut follower = if waiting {
+        Follower::from_oldest(&path, &key)
+    } else {
+        Follower::new(&path, &key)
+    };
     let failed = |e: crate::audit::follow::FollowError| {
         Failure::new(exit_codes::AUDIT_INVALID, e.to_string())
     };
-    // The last records of the active file (a rotated segment's are `audit show`'s).
+    // The last records of the active file (a rotated segment's are `audit show`'s). A log
+    // waited for held none when the command started: every record is new, none is skipped.
     let mut last = VecDeque::with_capacity(a.lines.min(4096));
-    follower
-        .poll(|item| {
-            if a.lines == 0 {
-                return;
-            }
-            if last.len() == a.lines {
-                last.pop_front();
-            }
-            last.push_back(item);
-        })
-        .map_err(failed)?;
+    if !waiting {
+        follower
+            .poll(|item| {
+                if a.lines == 0 {
+                    return;
+                }
+                if last.len() == a.lines {
+                    last.pop_front();
+                }
+                last.push_back(item);
+            })
+            .map_err(failed)?;
+    }
     let json = a.log.json;
     let terminal = std::io::stdout().is_terminal();
     // A closed pipe (`| head`) ends the command quietly, as it ends `tail`.
@@ -210,6 +234,22 @@ fn run_tail(a: &AuditTailArgs) -> CmdResult {
             return closed(e);
         }
     }
+}
+
+/// Whether the log's first line is complete: `run` has written a record (a file `run` just
+/// created may be empty or hold only reserved NUL bytes, which `audit verify` refuses).
+fn holds_a_record(path: &std::path::Path) -> bool {
+    use std::io::Read;
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    let mut head = Vec::new();
+    // A first record is far shorter; a longer first line is left to `verify` to judge.
+    if file.take(1 << 20).read_to_end(&mut head).is_err() {
+        return false;
+    }
+    let data = head.split(|&b| b == 0).next().unwrap_or_default();
+    data.contains(&b'\n') || (head.len() == 1 << 20 && !head.contains(&0))
 }
 
 /// One record on stdout: its line as stored (`--json`; escaped only on a terminal, where a
