@@ -35,9 +35,10 @@ pub fn stdout_line(line: &str) -> std::io::Result<()> {
 }
 
 /// Writes a block of text (human output of `identity`, `status`, `audit show`) to stdout.
-/// Control characters are escaped ([`crate::sanitize::lines`]): such text may quote the server
-/// (tool names in `audit show`).
+/// Control characters are escaped and invisible or bidi characters shown as `<U+XXXX>`
+/// ([`crate::sanitize::review_lines`]): such text may quote the server or the agent (tool names
+/// in `audit show`), and a human reads it to judge what happened.
 pub fn stdout_text(text: &str) -> std::io::Result<()> {
-    let text = crate::sanitize::lines(text);
+    let text = crate::sanitize::review_lines(text);
     stdout_line(text.strip_suffix('\n').unwrap_or(&text))
 }

@@ -92,12 +92,22 @@ pub fn bytes_line(bytes: &[u8]) -> String {
 /// Several lines of untrusted text (e.g. a block built from many pieces): each line is cleaned,
 /// the newlines between them are kept.
 pub fn lines(text: &str) -> String {
+    each_line(text, line)
+}
+
+/// [`lines`] with each line as [`review`] shows it: for command output a human reads to judge
+/// what happened (`audit show`, `status`, `identity`).
+pub fn review_lines(text: &str) -> String {
+    each_line(text, review)
+}
+
+fn each_line(text: &str, clean: fn(&str) -> Cow<'_, str>) -> String {
     let mut out = String::with_capacity(text.len());
     for (i, l) in text.split('\n').enumerate() {
         if i > 0 {
             out.push('\n');
         }
-        out.push_str(&line(l));
+        out.push_str(&clean(l));
     }
     out
 }
@@ -106,6 +116,27 @@ pub fn lines(text: &str) -> String {
 /// shown as `<U+XXXX>`, so the reviewer sees every character that will be granted.
 pub fn review(text: &str) -> Cow<'_, str> {
     clean(text, true)
+}
+
+/// JSON text (a line of it) with every control, invisible or bidi character written as a
+/// `\uXXXX` escape: the same JSON value, safe to show on a terminal. Valid JSON holds such
+/// characters only inside strings, where the escape means the same character.
+pub fn json_text(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(|c| is_control(c) || is_invisible(c)) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if is_control(c) || is_invisible(c) {
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                let _ = write!(out, "\\u{unit:04x}");
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
 }
 
 #[cfg(test)]
@@ -126,6 +157,20 @@ mod tests {
         assert_eq!(line("\x7f"), "\\x7f");
         assert_eq!(bytes_line(b"ok \xff\x1b[1m"), "ok \u{FFFD}\\x1b[1m");
         assert_eq!(lines("a\x1b\nb"), "a\\x1b\nb");
+        assert_eq!(review_lines("a\u{202E}\nb\x1b"), "a<U+202E>\nb\\x1b");
+    }
+
+    #[test]
+    fn json_text_escapes_what_a_terminal_would_act_on_and_keeps_the_value() {
+        let raw = "{\"tool\":\"a\u{9b}31m\u{202E}b\u{7f}\u{E0041}\u{200B}ü\"}";
+        let safe = json_text(raw);
+        assert_eq!(
+            safe,
+            "{\"tool\":\"a\\u009b31m\\u202eb\\u007f\\udb40\\udc41\\u200bü\"}"
+        );
+        let v = |t: &str| serde_json::from_str::<serde_json::Value>(t).unwrap();
+        assert_eq!(v(&safe), v(raw), "the same JSON value");
+        assert!(matches!(json_text("{\"a\":\"plain ü\"}"), Cow::Borrowed(_)));
     }
 
     #[test]

@@ -912,7 +912,7 @@ fn tail_prints_the_last_records_and_follows_a_live_log_across_rotations() {
             "tool_called",
             "R",
             Some("E1"),
-            json!({"n": n, "tool": "evil\u{9b}2J"}),
+            json!({"n": n, "tool": "evil\u{9b}2J\u{202E}txt"}),
         )
         .unwrap();
     }
@@ -939,7 +939,11 @@ fn tail_prints_the_last_records_and_follows_a_live_log_across_rotations() {
         !human.contains('\u{9b}'),
         "a C1 control reached the terminal: {human:?}"
     );
-    assert!(human.contains("\\u{9b}"), "{human}");
+    assert!(human.contains("\\u{9b}2J<U+202E>txt"), "{human}");
+    // `--json`: the same JSON value, with what a terminal would act on escaped.
+    let v: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(v["data"]["tool"], "evil\u{9b}2J\u{202E}txt");
+    assert!(text.contains("evil\\u009b2J\\u202etxt"), "{text}");
 
     // Following: the five, then every record written from now on, across rotations.
     let (mut follower, rx) = follow(tail(&["--follow", "--json"]));

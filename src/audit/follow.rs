@@ -4,8 +4,9 @@
 //! `tail -f` cannot follow the log: on Linux `run` copies records into space it reserved past
 //! the last one, so the file does not grow and, while `run` holds it, ends in NUL bytes (see
 //! [`super::log`]). A [`Follower`] reads forward from where it stopped up to the first NUL byte
-//! (the copy is made in order: everything before it is written) and takes only whole lines; the
-//! bytes of a line still being copied wait for the next poll. When the path names another file
+//! (the copy is made in order: everything before it is written) and takes only whole lines; a
+//! line still being copied is read again from its start at the next poll (never carried over:
+//! the next `run` cuts a killed writer's unfinished line and writes a record in its place). When the path names another file
 //! (a rotation moved the active file into a segment, or `run` set a damaged log aside), the old
 //! file is read to its end first, then the new one from its start: a segment continues the
 //! chain, a new chain (seq 1) is reported as such.
@@ -23,9 +24,10 @@ use super::scan::{self, Expect, Scratch};
 /// Bytes read per `pread`.
 const CHUNK: usize = 64 << 10;
 
-/// A line longer than this is not waited for: no record is (the writer's own lines are far
-/// shorter); the bytes are damage, and reading them would grow without bound.
-const MAX_LINE: usize = 64 << 20;
+/// A line longer than this is not waited for: no record is (a record holds at most what one
+/// host message held, [`crate::proxy::framing::DEFAULT_MAX_LINE`], and its own fields); the
+/// bytes are damage, and reading them would grow without bound.
+const MAX_LINE: usize = 2 * crate::proxy::framing::DEFAULT_MAX_LINE;
 
 /// Files moved on to in one poll at most.
 const MAX_FILES_PER_POLL: usize = 64;
@@ -36,8 +38,13 @@ pub enum Followed {
     /// A record, checked, with its line as stored (without the `\n`).
     Record { record: Box<Record>, line: Vec<u8> },
     /// The path now names a log that starts a new chain (seq 1): the one followed so far was
-    /// set aside (or removed) and `run` started over. Its first record follows.
-    NewChain { path: PathBuf },
+    /// set aside (or removed) and `run` started over. Its first record follows. `unseen`: the
+    /// records of the old chain this follower never read (it had fallen behind), as its first
+    /// record names them (`chain_restarted`): `(first, last)` seq.
+    NewChain {
+        path: PathBuf,
+        unseen: Option<(u64, u64)>,
+    },
 }
 
 /// Why following stopped.
@@ -62,8 +69,8 @@ pub enum FollowError {
         len: u64,
         offset: u64,
     },
-    #[error("{} holds a line longer than {} MiB with no end: not a record", path.display(), MAX_LINE >> 20)]
-    LineTooLong { path: PathBuf },
+    #[error("{} holds a line longer than {} MiB: not a record", path.display(), max >> 20)]
+    LineTooLong { path: PathBuf, max: usize },
 }
 
 struct Open {
@@ -86,8 +93,10 @@ pub struct Follower {
     from_oldest: bool,
     expect: Expect,
     scratch: Scratch,
-    /// The bytes of the line being read (a line can span chunks).
+    /// The bytes of the line being read within one poll (a line can span chunks).
     carry: Vec<u8>,
+    /// [`MAX_LINE`] (smaller in tests).
+    max_line: usize,
 }
 
 impl Follower {
@@ -101,15 +110,20 @@ impl Follower {
             expect: Expect::default(),
             scratch: Scratch::default(),
             carry: Vec::new(),
+            max_line: MAX_LINE,
         }
     }
 
-    /// Follows `path` from the first record of its oldest file: for a log that did not exist
-    /// when following began, whose first segments may have been written (and rotated) before
-    /// the first poll.
+    /// Follows `path` from the first record of its oldest file, which must be the chain's
+    /// first (seq 1): for a log that did not exist when following began, whose first segments
+    /// may have been written (and rotated) before the first poll.
     pub fn from_oldest(path: &Path, key: &AuditKey) -> Follower {
         Follower {
             from_oldest: true,
+            expect: Expect {
+                seq: Some(1),
+                prev: None,
+            },
             ..Follower::new(path, key)
         }
     }
@@ -144,18 +158,26 @@ impl Follower {
 
     fn first_file(&self) -> Result<Option<Open>, FollowError> {
         if self.from_oldest {
-            let segments = scan::list_segments(&self.path).map_err(self.io())?;
-            if let Some((_, oldest)) = segments.first()
-                && let Some(open) = open_file(oldest).map_err(self.io())?
-            {
-                return Ok(Some(open));
-            }
+            return self.oldest_file();
+        }
+        self.open_path()
+    }
+
+    /// The log's first file: its oldest segment, else the active file.
+    fn oldest_file(&self) -> Result<Option<Open>, FollowError> {
+        let segments = scan::list_segments(&self.path).map_err(self.io())?;
+        if let Some((_, oldest)) = segments.first()
+            && let Some(open) = open_file(oldest).map_err(self.io())?
+        {
+            return Ok(Some(open));
         }
         self.open_path()
     }
 
     /// The file after the one being read: the segment numbered after it (a rotation made it a
-    /// segment) if there is one, else the path (a new active file, or a new chain).
+    /// segment) if there is one, else the path (a new active file). A file that is no segment
+    /// of the log was set aside (or removed) with its chain: the next is the new chain's first
+    /// file, which may itself have been rotated into a segment already.
     fn next_file(&self) -> Result<Option<Open>, FollowError> {
         let Some(open) = &self.open else {
             return self.open_path();
@@ -168,7 +190,8 @@ impl Follower {
         };
         match segments.iter().position(|(_, p)| same(p)) {
             Some(i) if i + 1 < segments.len() => open_file(&segments[i + 1].1).map_err(self.io()),
-            _ => self.open_path(),
+            Some(_) => self.open_path(),
+            None => self.oldest_file(),
         }
     }
 
@@ -205,7 +228,10 @@ impl Follower {
             source,
         })?;
         let len = len.len();
-        let mut at = open.offset + self.carry.len() as u64;
+        // An unfinished line is read again from its start: its bytes may have been cut and
+        // replaced since (a killed writer's, by the next `run`).
+        self.carry.clear();
+        let mut at = open.offset;
         if len < at {
             return Err(FollowError::CutShorter {
                 path: self.path.clone(),
@@ -255,8 +281,16 @@ impl Follower {
                     failure,
                 })?;
                 if new_chain {
+                    let seen = self.expect.seq.map_or(0, |next| next - 1);
+                    let unseen = ["previousLastRecord", "previousHead"]
+                        .iter()
+                        .filter_map(|k| record.data[k]["seq"].as_u64())
+                        .max()
+                        .filter(|&last| last > seen)
+                        .map(|last| (seen + 1, last));
                     each(Followed::NewChain {
                         path: self.path.clone(),
+                        unseen,
                     });
                 }
                 self.expect = Expect {
@@ -269,9 +303,10 @@ impl Follower {
                 });
             }
             self.carry.extend_from_slice(rest);
-            if self.carry.len() > MAX_LINE {
+            if self.carry.len() > self.max_line {
                 return Err(FollowError::LineTooLong {
                     path: self.path.clone(),
+                    max: self.max_line,
                 });
             }
             if at_nul {
@@ -349,7 +384,11 @@ mod tests {
             Followed::Record { record, .. } => {
                 out.push(format!("{}:{}", record.seq, record.record_type));
             }
-            Followed::NewChain { .. } => out.push("new chain".into()),
+            Followed::NewChain { unseen: None, .. } => out.push("new chain".into()),
+            Followed::NewChain {
+                unseen: Some((a, b)),
+                ..
+            } => out.push(format!("new chain, {a}..{b} unseen")),
         })?;
         Ok(out)
     }
@@ -479,6 +518,128 @@ mod tests {
         assert!(err.contains("broken chain"), "{err}");
     }
 
+    /// What a writer killed inside a copy leaves: part of its next line, then reserved NULs.
+    fn leave_a_killed_writers_torn_line(path: &Path) {
+        let mut bytes = std::fs::read(path).unwrap();
+        bytes.extend_from_slice(br#"{"v":1,"seq":3,"time":"2026-12-05T16:20:11.0"#);
+        bytes.extend_from_slice(&[0; 8192]);
+        std::fs::write(path, bytes).unwrap();
+    }
+
+    #[test]
+    fn a_torn_line_cut_and_replaced_by_the_next_run_is_read_as_the_new_record() {
+        use crate::audit::{Recovery, open_for_run};
+        let (_tmp, keys, path, key) = setup();
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        log.append("a", "R", None, json!({"n": 1})).unwrap();
+        log.append("b", "R", None, json!({"n": 2})).unwrap();
+        drop(log);
+        leave_a_killed_writers_torn_line(&path);
+        let mut f = Follower::new(&path, &key);
+        assert_eq!(seqs(&mut f).unwrap(), ["1:a", "2:b"], "the torn line waits");
+        let (mut log, recovery) = open_for_run(&path, &keys).unwrap();
+        assert!(matches!(recovery, Some(Recovery::TornTailKept(_))));
+        log.append("c", "R", None, json!({"n": 4})).unwrap();
+        log.flush().unwrap();
+        assert_eq!(
+            seqs(&mut f).unwrap(),
+            ["3:torn_tail_set_aside", "4:c"],
+            "read from the line's start again, not joined to the torn bytes"
+        );
+    }
+
+    /// The anchor made unreadable: the next `run` sets the chain aside and starts a new one.
+    fn set_aside(path: &Path, keys: &KeyStore, opts: &AuditOptions) -> AuditLog {
+        use crate::audit::{Recovery, open_for_run_with};
+        std::fs::write(keys.anchor_path(path).unwrap(), b"{}").unwrap();
+        let (log, recovery) = open_for_run_with(path, keys, opts).unwrap();
+        assert!(
+            matches!(recovery, Some(Recovery::SetAside(_))),
+            "{recovery:?}"
+        );
+        log
+    }
+
+    fn numbers(items: &[String]) -> Vec<u64> {
+        items
+            .iter()
+            .filter_map(|s| s.split(':').next()?.parse().ok())
+            .collect()
+    }
+
+    #[test]
+    fn a_new_chain_already_rotated_is_followed_from_its_first_file() {
+        let (_tmp, keys, path, key) = setup();
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        for n in 0..3 {
+            log.append("a", "R", None, json!({"n": n})).unwrap();
+        }
+        drop(log);
+        let mut f = Follower::new(&path, &key);
+        assert_eq!(seqs(&mut f).unwrap().len(), 3);
+        let opts = AuditOptions {
+            max_segment_bytes: 2_000,
+            ..AuditOptions::default()
+        };
+        let mut log = set_aside(&path, &keys, &opts);
+        for n in 0..12 {
+            log.append("t", "R", None, json!({"n": n, "pad": "p".repeat(200)}))
+                .unwrap();
+            log.flush().unwrap();
+        }
+        drop(log);
+        assert!(!crate::audit::scan::list_segments(&path).unwrap().is_empty());
+        let head = crate::audit::verify(&path, &keys).unwrap().head_seq;
+        let mut after = Vec::new();
+        for _ in 0..3 {
+            after.extend(seqs(&mut f).unwrap());
+        }
+        assert_eq!(after[0], "new chain");
+        assert_eq!(numbers(&after[1..]), (1..=head).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn records_of_a_set_aside_chain_a_lagging_follower_never_read_are_named() {
+        let (_tmp, keys, path, key) = setup();
+        let opts = AuditOptions {
+            max_segment_bytes: 1_000,
+            ..AuditOptions::default()
+        };
+        let mut log = AuditLog::open_with(&path, &keys, &opts).unwrap();
+        log.append("a", "R", None, json!({"n": 0})).unwrap();
+        log.flush().unwrap();
+        let mut f = Follower::new(&path, &key);
+        let mut seen = seqs(&mut f).unwrap();
+        // More rotations than one poll moves through.
+        for n in 1..(MAX_FILES_PER_POLL as u64 * 3) {
+            log.append("a", "R", None, json!({"n": n, "pad": "p".repeat(200)}))
+                .unwrap();
+            log.flush().unwrap();
+        }
+        drop(log);
+        seen.extend(seqs(&mut f).unwrap());
+        let head = crate::audit::verify(&path, &keys).unwrap().head_seq;
+        let last_seen = *numbers(&seen).last().unwrap();
+        assert!(last_seen < head, "behind: {last_seen} of {head}");
+        drop(set_aside(&path, &keys, &opts));
+        let after = seqs(&mut f).unwrap();
+        // The rest of the file it held first (renamed with the chain), then the new chain.
+        let at = after
+            .iter()
+            .position(|s| s.starts_with("new chain"))
+            .unwrap();
+        seen.extend(after[..at].iter().cloned());
+        let last_seen = *numbers(&seen).last().unwrap();
+        assert_eq!(numbers(&seen), (1..=last_seen).collect::<Vec<_>>());
+        assert!(last_seen < head);
+        assert_eq!(
+            after[at],
+            format!("new chain, {}..{head} unseen", last_seen + 1),
+            "{after:?}"
+        );
+        assert_eq!(after[at + 1], "1:chain_restarted");
+    }
+
     #[test]
     fn damage_is_an_error_not_a_record() {
         let (_tmp, keys, path, key) = setup();
@@ -512,8 +673,9 @@ mod tests {
     #[test]
     fn a_line_with_no_end_is_not_waited_for_without_bound() {
         let (_tmp, _keys, path, key) = setup();
-        std::fs::write(&path, vec![b'x'; MAX_LINE + CHUNK]).unwrap();
         let mut f = Follower::new(&path, &key);
+        f.max_line = 1 << 20;
+        std::fs::write(&path, vec![b'x'; (1 << 20) + CHUNK]).unwrap();
         assert!(matches!(
             f.poll(|_| {}),
             Err(FollowError::LineTooLong { .. })

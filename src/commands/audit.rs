@@ -1,7 +1,6 @@
 //! `cargo mcp-dev audit verify|show|tail`.
 
 use std::collections::VecDeque;
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -206,14 +205,13 @@ fn run_tail(a: &AuditTailArgs) -> CmdResult {
             .map_err(failed)?;
     }
     let json = a.log.json;
-    let terminal = std::io::stdout().is_terminal();
     // A closed pipe (`| head`) ends the command quietly, as it ends `tail`.
     let closed = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::BrokenPipe => Ok(exit_codes::OK),
         _ => Err(Failure::from(e)),
     };
     for item in last {
-        if let Err(e) = print_followed(item, json, terminal) {
+        if let Err(e) = print_followed(item, json) {
             return closed(e);
         }
     }
@@ -226,7 +224,7 @@ fn run_tail(a: &AuditTailArgs) -> CmdResult {
         follower
             .poll(|item| {
                 if printed.is_ok() {
-                    printed = print_followed(item, json, terminal);
+                    printed = print_followed(item, json);
                 }
             })
             .map_err(failed)?;
@@ -252,30 +250,29 @@ fn holds_a_record(path: &std::path::Path) -> bool {
     data.contains(&b'\n') || (head.len() == 1 << 20 && !head.contains(&0))
 }
 
-/// One record on stdout: its line as stored (`--json`; escaped only on a terminal, where a
-/// control character in a tool name would act), or a summary line (escaped).
-fn print_followed(item: Followed, json: bool, terminal: bool) -> std::io::Result<()> {
+/// One record on stdout: its line as stored (`--json`, with control, invisible and bidi
+/// characters written as JSON escapes: the same JSON, safe on a terminal and after `grep`), or
+/// one summary line, escaped as the `approve` screen escapes text.
+fn print_followed(item: Followed, json: bool) -> std::io::Result<()> {
     match item {
-        Followed::NewChain { path } => {
+        Followed::NewChain { path, unseen } => {
             status::warn(&format!(
                 "{} starts a new chain: the log followed so far was set aside (`audit verify` names why)",
                 path.display()
             ));
+            if let Some((first, last)) = unseen {
+                status::detail(&format!(
+                    "records {first} to {last} of the set-aside chain were written before they could be shown; `audit show` on the set-aside log (named in the next record) lists them"
+                ));
+            }
             Ok(())
         }
         Followed::Record { record, line } => {
             if json {
-                let text = String::from_utf8_lossy(&line);
-                let text = if terminal {
-                    crate::sanitize::line(&text)
-                } else {
-                    text
-                };
-                output::stdout_line(&text)?;
+                output::stdout_line(&crate::sanitize::json_text(&String::from_utf8_lossy(&line)))
             } else {
-                output::stdout_text(&tail_line(&record))?;
+                output::stdout_line(&crate::sanitize::review(&tail_line(&record)))
             }
-            Ok(())
         }
     }
 }
@@ -345,4 +342,30 @@ fn log_path(a: &AuditPathArgs) -> Result<PathBuf, Failure> {
         .as_ref()
         .map(|p| t.resolved.package_root.join(p))
         .unwrap_or_else(|| t.layout().audit_log(&label)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_record_is_one_line_whatever_its_fields_hold() {
+        let record = Record {
+            v: 1,
+            seq: 7,
+            time: "2026-12-05T16:20:11.000Z".into(),
+            record_type: "tool_called".into(),
+            run: "R".into(),
+            epoch: Some("E1\n2026-01-01T00:00:00.000Z  #1  approval_granted".into()),
+            prev: String::new(),
+            data: serde_json::json!({"tool": "x".repeat(500)}),
+            hash: String::new(),
+            mac: String::new(),
+        };
+        let shown = crate::sanitize::review(&tail_line(&record)).into_owned();
+        assert!(!shown.contains('\n'), "{shown}");
+        assert!(shown.starts_with("2026-12-05T16:20:11.000Z  #7  tool_called  E1\\n"));
+        assert!(shown.ends_with('…'), "long data is cut: {shown}");
+        assert!(shown.chars().count() < 400);
+    }
 }
