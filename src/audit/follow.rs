@@ -29,6 +29,14 @@ const CHUNK: usize = 64 << 10;
 /// bytes are damage, and reading them would grow without bound.
 const MAX_LINE: usize = 2 * crate::proxy::framing::DEFAULT_MAX_LINE;
 
+/// Where a [`Follower`]'s first poll starts.
+#[derive(Debug, Clone, Copy)]
+enum Start {
+    ActiveFile,
+    OldestFile,
+    NewestSegment,
+}
+
 /// Files moved on to in one poll at most.
 const MAX_FILES_PER_POLL: usize = 64;
 
@@ -89,8 +97,8 @@ pub struct Follower {
     path: PathBuf,
     mac: MacChecker,
     open: Option<Open>,
-    /// Nothing opened yet: start at the oldest segment, not at the active file.
-    from_oldest: bool,
+    /// Where the first poll starts.
+    start: Start,
     expect: Expect,
     scratch: Scratch,
     /// The bytes of the line being read within one poll (a line can span chunks).
@@ -106,7 +114,7 @@ impl Follower {
             path: path.to_path_buf(),
             mac: MacChecker::new(key),
             open: None,
-            from_oldest: false,
+            start: Start::ActiveFile,
             expect: Expect::default(),
             scratch: Scratch::default(),
             carry: Vec::new(),
@@ -119,11 +127,21 @@ impl Follower {
     /// may have been written (and rotated) before the first poll.
     pub fn from_oldest(path: &Path, key: &AuditKey) -> Follower {
         Follower {
-            from_oldest: true,
+            start: Start::OldestFile,
             expect: Expect {
                 seq: Some(1),
                 prev: None,
             },
+            ..Follower::new(path, key)
+        }
+    }
+
+    /// Follows `path` from the first record of its newest segment (else of the active file):
+    /// the last records written before following began are then there to show even when a
+    /// rotation just left the active file with one record.
+    pub fn from_newest_segment(path: &Path, key: &AuditKey) -> Follower {
+        Follower {
+            start: Start::NewestSegment,
             ..Follower::new(path, key)
         }
     }
@@ -157,17 +175,26 @@ impl Follower {
     }
 
     fn first_file(&self) -> Result<Option<Open>, FollowError> {
-        if self.from_oldest {
-            return self.oldest_file();
+        match self.start {
+            Start::ActiveFile => self.open_path(),
+            Start::OldestFile => self.segment_else_path(|s| s.first()),
+            Start::NewestSegment => self.segment_else_path(|s| s.last()),
         }
-        self.open_path()
     }
 
     /// The log's first file: its oldest segment, else the active file.
     fn oldest_file(&self) -> Result<Option<Open>, FollowError> {
+        self.segment_else_path(|s| s.first())
+    }
+
+    /// The segment `pick` chooses, else the active file.
+    fn segment_else_path(
+        &self,
+        pick: impl FnOnce(&[(u64, PathBuf)]) -> Option<&(u64, PathBuf)>,
+    ) -> Result<Option<Open>, FollowError> {
         let segments = scan::list_segments(&self.path).map_err(self.io())?;
-        if let Some((_, oldest)) = segments.first()
-            && let Some(open) = open_file(oldest).map_err(self.io())?
+        if let Some((_, segment)) = pick(&segments)
+            && let Some(open) = open_file(segment).map_err(self.io())?
         {
             return Ok(Some(open));
         }
@@ -485,6 +512,13 @@ mod tests {
         let active = seqs(&mut from_active).unwrap();
         assert!(active[0].ends_with(":segment_started"), "{active:?}");
         assert!(active.len() < all.len());
+        // From the newest segment: its records, then the active file's, the chain checked
+        // across.
+        let mut from_newest = Follower::from_newest_segment(&path, &key);
+        let newest = seqs(&mut from_newest).unwrap();
+        assert!(newest.len() > active.len(), "{newest:?}");
+        assert!(newest.ends_with(&active), "{newest:?}");
+        assert_eq!(newest.last(), all.last());
     }
 
     #[test]

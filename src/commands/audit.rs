@@ -183,13 +183,14 @@ fn run_tail(a: &AuditTailArgs) -> CmdResult {
     let mut follower = if waiting {
         Follower::from_oldest(&path, &key)
     } else {
-        Follower::new(&path, &key)
+        Follower::from_newest_segment(&path, &key)
     };
     let failed = |e: crate::audit::follow::FollowError| {
         Failure::new(exit_codes::AUDIT_INVALID, e.to_string())
     };
-    // The last records of the active file (a rotated segment's are `audit show`'s). A log
-    // waited for held none when the command started: every record is new, none is skipped.
+    // The last records of the newest segment and the active file (older ones are `audit
+    // show`'s). A log waited for held none when the command started: every record is new, none
+    // is skipped.
     let mut last = VecDeque::with_capacity(a.lines.min(4096));
     if !waiting {
         follower
