@@ -87,6 +87,19 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// A log of two records whose writer was then killed inside the copy of a third (see
+/// [`leave_torn_tail_of_a_killed_writer`]).
+fn two_records_then_a_torn_line(log: &Path, keys: &KeyStore) {
+    let mut w = AuditLog::open(log, keys).unwrap();
+    w.append("tool_called", "R", Some("E1"), json!({"n": 1}))
+        .unwrap();
+    w.append("tool_result", "R", Some("E1"), json!({"n": 2}))
+        .unwrap();
+    w.flush().unwrap();
+    drop(w);
+    leave_torn_tail_of_a_killed_writer(log);
+}
+
 /// What `kill -9` in the middle of a mapped copy leaves: whole records, then a prefix of the
 /// next record's line, then the rest of the reservation (NUL bytes).
 fn leave_torn_tail_of_a_killed_writer(log: &Path) {
@@ -100,23 +113,15 @@ fn leave_torn_tail_of_a_killed_writer(log: &Path) {
 // Finding 1: a crash's torn tail, read by the follower, then set aside by the next `run`.
 // ---------------------------------------------------------------------------------------------
 
-/// A writer killed mid-copy leaves a prefix of its next line; the follower keeps those bytes
-/// in its carry. The next `run` (`open_for_run`) copies them aside, cuts the *same file* back
-/// to the last whole record and continues the chain there. The follower resumes reading at
-/// `offset + carry.len()` in a file whose bytes from `offset` on are now a different record:
-/// it glues the old prefix to the middle of the new record and reports tampering (or
-/// `CutShorter`), on a log `audit verify` accepts.
+/// A writer killed mid-copy leaves a prefix of its next line. The next `run` (`open_for_run`)
+/// copies it aside, cuts the *same file* back to the last whole record and continues the chain
+/// there. The follower must read the new record from its start: on 91288d9 it carried the old
+/// prefix over, glued it to the middle of the new record and reported tampering, on a log
+/// `audit verify` accepts.
 #[test]
 fn follower_survives_torn_tail_recovery() {
     let (_tmp, _state, keys, log) = setup();
-    let mut w = AuditLog::open(&log, &keys).unwrap();
-    w.append("tool_called", "R", Some("E1"), json!({"n": 1}))
-        .unwrap();
-    w.append("tool_result", "R", Some("E1"), json!({"n": 2}))
-        .unwrap();
-    w.flush().unwrap();
-    drop(w);
-    leave_torn_tail_of_a_killed_writer(&log);
+    two_records_then_a_torn_line(&log, &keys);
     verify(&log, &keys).expect("a torn tail after the anchor is accepted by verify");
 
     let key = keys.load_key().unwrap();
@@ -142,18 +147,11 @@ fn follower_survives_torn_tail_recovery() {
 }
 
 /// The same through the binary: `audit tail --follow` on a log whose writer was killed
-/// mid-copy exits with the verification failure code when the next `run` recovers the log.
+/// mid-copy keeps following when the next `run` recovers the log (it exited 105 on 91288d9).
 #[test]
 fn tail_follow_survives_restart_after_kill9() {
     let (_tmp, state, keys, log) = setup();
-    let mut w = AuditLog::open(&log, &keys).unwrap();
-    w.append("tool_called", "R", Some("E1"), json!({"n": 1}))
-        .unwrap();
-    w.append("tool_result", "R", Some("E1"), json!({"n": 2}))
-        .unwrap();
-    w.flush().unwrap();
-    drop(w);
-    leave_torn_tail_of_a_killed_writer(&log);
+    two_records_then_a_torn_line(&log, &keys);
 
     let (child, rx, erx) = spawn_follow(&state, &log);
     let mut child = KillOnDrop(child);
