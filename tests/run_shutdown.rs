@@ -79,7 +79,8 @@ fn host_dying_without_closing_stdin_stops_everything() {
     let host = rustix::process::Pid::from_raw(s.supervisor_pid() as i32).unwrap();
     rustix::process::kill_process(host, Signal::KILL).unwrap();
     let t = Instant::now();
-    // Parent check every 500 ms, then the same stop sequence as for a closed stdin.
+    // The parent watch wakes when the host exits (a pidfd on Linux; elsewhere it checks every
+    // 500 ms), then the same stop sequence as for a closed stdin.
     while alive(supervisor) && t.elapsed() < Duration::from_secs(4) {
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -192,6 +192,10 @@ pub const DEFAULT_MAX_SEGMENT_BYTES: u64 = 64 << 20;
 /// about 2,500 calls' records, and no more than that much of the file in this process's memory.
 pub const RESERVE_BYTES: u64 = 1 << 20;
 
+/// How far past the records [`AuditLog::reserve_ahead`] keeps the mapped pages writable: 32 KiB,
+/// the records of about thirty calls.
+pub const PREPARE_BYTES: u64 = 32 << 10;
+
 /// How a writer is opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditOptions {
@@ -702,20 +706,27 @@ impl AuditLog {
     /// path of the call whose intent record it writes. `run` calls it after delivering an
     /// answer, when no call is on its way to a server. A failure is the next flush's fallback
     /// (`write`), reported only if cutting the reservation back failed too.
+    /// Then the next [`PREPARE_BYTES`] past the records are made writable
+    /// ([`MappedRegion::prepare`]), so the copies of the next calls' records do not fault.
     pub fn reserve_ahead(&mut self) -> Result<(), AuditError> {
         let Some(end) = self.mapped.as_ref().map(MappedRegion::end) else {
             return Ok(());
         };
-        if !self.map_batches
-            || !self.batch.is_empty()
-            || end.saturating_sub(self.len) > RESERVE_BYTES / 4
-        {
+        if !self.map_batches || !self.batch.is_empty() {
             return Ok(());
         }
-        match self.reserve(self.len + 1) {
-            Ok(()) | Err(None) => Ok(()),
-            Err(Some(e)) => Err(AuditError::io("reserve audit log space", &self.path)(e)),
+        if end.saturating_sub(self.len) <= RESERVE_BYTES / 4 {
+            match self.reserve(self.len + 1) {
+                Ok(()) | Err(None) => {}
+                Err(Some(e)) => {
+                    return Err(AuditError::io("reserve audit log space", &self.path)(e));
+                }
+            }
         }
+        if let Some(region) = self.mapped.as_mut() {
+            region.prepare(self.len, PREPARE_BYTES);
+        }
+        Ok(())
     }
 
     /// Unmaps the reservation and cuts the file back to its records (at exit, before a
@@ -1475,17 +1486,30 @@ mod tests {
         let mut log = AuditLog::open(&path, &keys).unwrap();
         log.append("x", "R", None, json!({"n": 1})).unwrap();
         log.flush().unwrap();
-        // Most of the reservation is left: nothing to do ahead.
+        // Most of the reservation is left: nothing to reserve ahead, the next pages are
+        // prepared.
+        let prepared = |log: &AuditLog| log.mapped.as_ref().unwrap().prepared_to();
+        assert_eq!(prepared(&log), 0);
         log.reserve_ahead().unwrap();
         assert_eq!(size(&path), RESERVE_BYTES);
+        assert_eq!(
+            prepared(&log),
+            (log.len + PREPARE_BYTES).next_multiple_of(mapped::page_size())
+        );
         let fill = "f".repeat((RESERVE_BYTES * 4 / 5) as usize);
         log.append("x", "R", None, json!({"fill": fill})).unwrap();
         log.flush().unwrap();
         assert_eq!(size(&path), RESERVE_BYTES, "still in the first reservation");
         // A record waiting to be written: it is the flush's to place, not reserved around.
         log.append("x", "R", None, json!({"n": 3})).unwrap();
+        let before = prepared(&log);
         log.reserve_ahead().unwrap();
         assert_eq!(size(&path), RESERVE_BYTES);
+        assert_eq!(
+            prepared(&log),
+            before,
+            "nothing prepared while a record waits"
+        );
         log.flush().unwrap();
         // Nothing pending and less than a quarter left: the next region is reserved now.
         log.reserve_ahead().unwrap();

@@ -1342,18 +1342,14 @@ fn spawn_signal_watch(events: Sender<Event>) -> Result<(), Failure> {
 }
 
 /// Some hosts die without closing our stdin; when our parent changes, the host is gone.
+/// The thread sleeps until then (a pidfd on Linux: no periodic wake-ups while idle).
 fn spawn_parent_watch(events: Sender<Event>) {
     let parent = unix::parent_pid();
     let _ = std::thread::Builder::new()
         .name("parent-watch".into())
         .spawn(move || {
-            loop {
-                std::thread::sleep(Duration::from_millis(500));
-                if unix::parent_pid() != parent {
-                    let _ = events.send(Event::Shutdown("the host process exited".into()));
-                    return;
-                }
-            }
+            unix::wait_for_parent_exit(parent, Duration::from_millis(500));
+            let _ = events.send(Event::Shutdown("the host process exited".into()));
         });
 }
 

@@ -108,6 +108,36 @@ pub fn parent_pid() -> u32 {
         .unwrap_or(1)
 }
 
+/// Returns once `parent` (our parent when the caller read [`parent_pid`]) is no longer our
+/// parent: it exited and we were re-parented. On Linux this waits on a pidfd, so an idle
+/// supervisor is not woken at all; elsewhere, or on a kernel without pidfds (before 5.3), it
+/// checks every `every`.
+pub fn wait_for_parent_exit(parent: u32, every: std::time::Duration) {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    if let Some(pid) = Pid::from_raw(parent as i32)
+        && let Ok(pidfd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+    {
+        use rustix::event::{PollFd, PollFlags, poll};
+        // The parent may have exited, and its pid been reused, before the pidfd was opened:
+        // then we were re-parented already, and the pidfd names a stranger.
+        if parent_pid() != parent {
+            return;
+        }
+        loop {
+            let mut fds = [PollFd::new(&pidfd, PollFlags::IN)];
+            match poll(&mut fds, None) {
+                Ok(_) if !fds[0].revents().is_empty() => return,
+                Ok(_) | Err(rustix::io::Errno::INTR) => continue,
+                // Not expected from a pidfd; the check below still sees the exit.
+                Err(_) => break,
+            }
+        }
+    }
+    while parent_pid() == parent {
+        std::thread::sleep(every);
+    }
+}
+
 pub fn current_uid() -> u32 {
     rustix::process::getuid().as_raw()
 }
