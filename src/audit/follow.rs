@@ -24,10 +24,9 @@ use super::scan::{self, Expect, Scratch};
 /// Bytes read per `pread`.
 const CHUNK: usize = 64 << 10;
 
-/// A line longer than this is not waited for: no record is (a record holds at most what one
-/// host message held, [`crate::proxy::framing::DEFAULT_MAX_LINE`], and its own fields); the
-/// bytes are damage, and reading them would grow without bound.
-const MAX_LINE: usize = 2 * crate::proxy::framing::DEFAULT_MAX_LINE;
+/// A line longer than this is not waited for (see [`scan::MAX_RECORD_LINE`]): the bytes are
+/// damage, and reading them would grow without bound.
+const MAX_LINE: usize = scan::MAX_RECORD_LINE;
 
 /// Where a [`Follower`]'s first poll starts.
 #[derive(Debug, Clone, Copy)]

@@ -22,6 +22,32 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
+/// A line longer than this is no record (a record holds at most what one host message held,
+/// [`crate::proxy::framing::DEFAULT_MAX_LINE`], and its own fields): readers stop at it as
+/// damage instead of reading a line without bound (a log written by something else).
+pub(crate) const MAX_RECORD_LINE: usize = 2 * crate::proxy::framing::DEFAULT_MAX_LINE;
+
+/// `read_until(b'\n')` that reads at most `max + 1` bytes into `buf` (cleared first).
+/// `Err(n)` where the line is longer than `max` (`n`: the bytes read); `Ok(0)` at the end.
+pub(crate) fn read_line_within(
+    reader: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<Result<usize, usize>> {
+    buf.clear();
+    let n = reader.take(max as u64 + 1).read_until(b'\n', buf)?;
+    Ok(if n > max && buf.last() != Some(&b'\n') {
+        Err(n)
+    } else {
+        Ok(n)
+    })
+}
+
+/// The failure for a line longer than [`MAX_RECORD_LINE`].
+pub(crate) fn too_long(line: usize, max: usize) -> String {
+    format!("line {line} is longer than {max} bytes: no record is (damage)")
+}
+
 /// Segment `n` of the log at `path`.
 pub fn segment_path(path: &Path, n: u64) -> PathBuf {
     let (stem, ext) = stem_and_ext(path);
@@ -307,12 +333,26 @@ pub(crate) struct Scanned {
 /// Checks every line of `file` from byte `from` (the start of line `first_line`) to its end,
 /// in constant memory, calling `each` with every record, its line number and its end offset.
 /// An unterminated last line is returned as [`TornTail`], not checked as a record.
+/// A line longer than [`MAX_RECORD_LINE`] is a failure (damage), read no further.
 pub(crate) fn scan_file(
+    file: &File,
+    from: u64,
+    first_line: usize,
+    expect: Expect,
+    mac: &MacChecker,
+    each: impl FnMut(&Record, usize, u64) -> Result<(), VerifyFailure>,
+) -> Result<Scanned, VerifyFailure> {
+    scan_file_within(file, from, first_line, expect, mac, MAX_RECORD_LINE, each)
+}
+
+/// [`scan_file`] with another bound on a line (tests).
+fn scan_file_within(
     file: &File,
     from: u64,
     first_line: usize,
     mut expect: Expect,
     mac: &MacChecker,
+    max_line: usize,
     mut each: impl FnMut(&Record, usize, u64) -> Result<(), VerifyFailure>,
 ) -> Result<Scanned, VerifyFailure> {
     let io = |e: std::io::Error| fail(0, None, format!("cannot read the log: {e}"));
@@ -332,8 +372,10 @@ pub(crate) fn scan_file(
     let mut line = first_line;
     let mut last = None;
     loop {
-        buf.clear();
-        let n = reader.read_until(b'\n', &mut buf).map_err(io)?;
+        let n = match read_line_within(&mut reader, &mut buf, max_line).map_err(io)? {
+            Ok(n) => n,
+            Err(_) => return Err(fail(line + 1, None, too_long(line + 1, max_line))),
+        };
         if n == 0 {
             return Ok(Scanned { last, torn: None });
         }
@@ -420,5 +462,85 @@ pub(crate) fn line_ending_at(file: &File, end: u64) -> std::io::Result<Option<Ve
             return Ok(None);
         }
         chunk = (chunk * 2).min(end);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::keys::KeyStore;
+    use crate::audit::log::AuditLog;
+    use serde_json::json;
+    use std::io::Write;
+
+    #[test]
+    fn a_line_is_read_up_to_its_bound_and_no_further() {
+        let mut buf = Vec::new();
+        let read = |input: &[u8], buf: &mut Vec<u8>| {
+            read_line_within(&mut std::io::BufReader::new(input), buf, 4).unwrap()
+        };
+        assert_eq!(
+            read(b"abcd\nrest", &mut buf),
+            Ok(5),
+            "four bytes and the newline"
+        );
+        assert_eq!(buf, b"abcd\n");
+        assert_eq!(
+            read(b"abcd", &mut buf),
+            Ok(4),
+            "unterminated within the bound"
+        );
+        assert_eq!(read(b"abcde\n", &mut buf), Err(5), "five bytes: too long");
+        assert_eq!(buf.len(), 5, "no more than the bound and one byte was read");
+        assert_eq!(read(b"", &mut buf), Ok(0));
+    }
+
+    /// A log whose third line is longer than any record: the scan stops there with a failure
+    /// naming the line, after handing out the two records before it, and reads no further.
+    #[test]
+    fn an_overlong_line_is_damage_not_a_read_without_end() {
+        let tmp = tempfile::tempdir().unwrap();
+        let keys = KeyStore::at(tmp.path().join("state"));
+        let path = tmp.path().join("audit.jsonl");
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        for i in 0..2 {
+            log.append("x", "R", None, json!({ "i": i })).unwrap();
+        }
+        drop(log);
+        let longest = std::fs::read(&path)
+            .unwrap()
+            .split(|&b| b == b'\n')
+            .map(<[u8]>::len)
+            .max()
+            .unwrap();
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        let max = longest + 10;
+        file.write_all(&vec![b'x'; max + 1]).unwrap();
+        file.write_all(b"\n").unwrap();
+        let file = File::open(&path).unwrap();
+        let mac = MacChecker::new(&keys.load_key().unwrap());
+        let mut seen = Vec::new();
+        let scan = |max_line, seen: &mut Vec<u64>| {
+            scan_file_within(&file, 0, 0, Expect::default(), &mac, max_line, |r, _, _| {
+                seen.push(r.seq);
+                Ok(())
+            })
+        };
+        let failure = scan(max, &mut seen).unwrap_err();
+        assert_eq!(seen, [1, 2]);
+        assert_eq!(failure.line, 3);
+        assert!(failure.reason.contains("longer than"), "{}", failure.reason);
+        // Within a bound that admits it, the same line is judged as a line (not a record).
+        seen.clear();
+        let failure = scan(max + 1, &mut seen).unwrap_err();
+        assert_eq!(seen, [1, 2]);
+        assert!(
+            !failure.reason.contains("longer than"),
+            "{}",
+            failure.reason
+        );
     }
 }

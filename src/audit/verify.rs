@@ -528,7 +528,7 @@ fn check_segment_start(
 /// `audit show` of a log that fails verification). Fails at the first whole line that is not a
 /// record; an incomplete last line is left out.
 pub fn read_records(path: &Path) -> Result<Vec<Record>, AuditError> {
-    use std::io::{BufRead, BufReader};
+    use std::io::BufReader;
     let mut files: Vec<PathBuf> = scan::list_segments(path)
         .map_err(AuditError::io("list the segments of", path))?
         .into_iter()
@@ -547,10 +547,15 @@ pub fn read_records(path: &Path) -> Result<Vec<Record>, AuditError> {
         let mut reader = BufReader::new(file.take(end));
         let mut line = Vec::new();
         for i in 0.. {
-            line.clear();
-            reader
-                .read_until(b'\n', &mut line)
+            let read = scan::read_line_within(&mut reader, &mut line, scan::MAX_RECORD_LINE)
                 .map_err(AuditError::io("read audit log", &file_path))?;
+            if read.is_err() {
+                return Err(AuditError::InvalidRecord(format!(
+                    "{}: {}",
+                    file_path.display(),
+                    scan::too_long(i + 1, scan::MAX_RECORD_LINE)
+                )));
+            }
             // An unterminated last line is never a record (see `scan::TornTail`).
             if line.pop() != Some(b'\n') {
                 break;
