@@ -95,7 +95,9 @@
 //! writer has it; the rest reads as NUL bytes, which readers ([`super::scan`]) stop at, and which
 //! [`AuditLog::release_reservation`] (exit, rotation, drop) cuts off. The next reservation is
 //! made ahead, when a quarter of the space is left, by [`AuditLog::reserve_ahead`], which `run`
-//! calls when no call is waiting (otherwise the flush that crosses the end would pay for it). A writer that was killed
+//! calls when no call is waiting (otherwise the flush that crosses the end would pay for it);
+//! it also hands out the next [`PREPARE_BYTES`] of pages to make writable (a copy into a page
+//! not yet written faults while the file system readies it). A writer that was killed
 //! leaves them behind: `open` judges the records without them (a record never holds a NUL
 //! byte) and cuts them off only once the records pass (a log that is set aside keeps every
 //! byte). Readers read up to the end of the records as they find it, never into the space a
@@ -118,7 +120,7 @@ use super::chain::{
 };
 use super::keys::{self, Anchor, AnchorFile, KeyStore};
 use super::scan::{self, Expect, Last};
-use crate::sys::mapped::{self, MappedRegion};
+use crate::sys::mapped::{self, MappedRegion, PreparePages};
 use serde_json::json;
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{Read, Write};
@@ -706,14 +708,15 @@ impl AuditLog {
     /// path of the call whose intent record it writes. `run` calls it after delivering an
     /// answer, when no call is on its way to a server. A failure is the next flush's fallback
     /// (`write`), reported only if cutting the reservation back failed too.
-    /// Then the next [`PREPARE_BYTES`] past the records are made writable
-    /// ([`MappedRegion::prepare`]), so the copies of the next calls' records do not fault.
-    pub fn reserve_ahead(&mut self) -> Result<(), AuditError> {
+    /// Then, with `prepare`, it returns the pages of the next [`PREPARE_BYTES`] past the
+    /// records that are not writable yet ([`MappedRegion::prepare`]; the caller applies them
+    /// after releasing its own lock), so the copies of the next calls' records do not fault.
+    pub fn reserve_ahead(&mut self, prepare: bool) -> Result<Option<PreparePages>, AuditError> {
         let Some(end) = self.mapped.as_ref().map(MappedRegion::end) else {
-            return Ok(());
+            return Ok(None);
         };
         if !self.map_batches || !self.batch.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         if end.saturating_sub(self.len) <= RESERVE_BYTES / 4 {
             match self.reserve(self.len + 1) {
@@ -723,10 +726,11 @@ impl AuditLog {
                 }
             }
         }
-        if let Some(region) = self.mapped.as_mut() {
-            region.prepare(self.len, PREPARE_BYTES);
-        }
-        Ok(())
+        Ok(self
+            .mapped
+            .as_mut()
+            .filter(|_| prepare)
+            .and_then(|region| region.prepare(self.len, PREPARE_BYTES)))
     }
 
     /// Unmaps the reservation and cuts the file back to its records (at exit, before a
@@ -1489,8 +1493,16 @@ mod tests {
         // Most of the reservation is left: nothing to reserve ahead, the next pages are
         // prepared.
         let prepared = |log: &AuditLog| log.mapped.as_ref().unwrap().prepared_to();
+        assert!(
+            log.reserve_ahead(false).unwrap().is_none(),
+            "not asked to prepare"
+        );
         assert_eq!(prepared(&log), 0);
-        log.reserve_ahead().unwrap();
+        assert!(
+            log.reserve_ahead(true)
+                .unwrap()
+                .is_some_and(PreparePages::apply)
+        );
         assert_eq!(size(&path), RESERVE_BYTES);
         assert_eq!(
             prepared(&log),
@@ -1503,7 +1515,7 @@ mod tests {
         // A record waiting to be written: it is the flush's to place, not reserved around.
         log.append("x", "R", None, json!({"n": 3})).unwrap();
         let before = prepared(&log);
-        log.reserve_ahead().unwrap();
+        assert!(log.reserve_ahead(true).unwrap().is_none());
         assert_eq!(size(&path), RESERVE_BYTES);
         assert_eq!(
             prepared(&log),
@@ -1512,7 +1524,7 @@ mod tests {
         );
         log.flush().unwrap();
         // Nothing pending and less than a quarter left: the next region is reserved now.
-        log.reserve_ahead().unwrap();
+        log.reserve_ahead(true).unwrap();
         let ahead = size(&path);
         let page = mapped::page_size();
         assert!(
@@ -1539,7 +1551,7 @@ mod tests {
         let mut log = AuditLog::open_with(&path, &keys, &opts).unwrap();
         log.append("x", "R", None, json!({"n": 5})).unwrap();
         log.flush().unwrap();
-        log.reserve_ahead().unwrap();
+        log.reserve_ahead(true).unwrap();
         assert_eq!(size(&path), log.len);
     }
 

@@ -91,47 +91,28 @@ impl MappedRegion {
         self.offset + self.len as u64
     }
 
-    /// Makes the pages from `at` through `at + ahead` (within the region) writable now, unless
-    /// at least half of that is prepared already: a page's first store would otherwise fault
-    /// (the file system readies the page) on the path of the call whose record crosses into
-    /// it, about once per four calls. Prepared in windows, not a whole reservation at once: a
-    /// page written back before its records arrive is made read-only again, and a burst of
+    /// The pages from `at` through `at + ahead` (within the region) to make writable now,
+    /// unless at least half of that is prepared already: a page's first store would otherwise
+    /// fault (the file system readies the page) on the path of the call whose record crosses
+    /// into it, about once per four calls. Prepared in windows, not a whole reservation at once:
+    /// a page written back before its records arrive is made read-only again, and a burst of
     /// thousands of page preparations in one go measured slower than the faults it saves.
-    /// Best effort: a kernel without `MADV_POPULATE_WRITE` (before 5.14) or another system
-    /// does nothing, and the stores fault as before. Returns whether pages were prepared.
-    pub fn prepare(&mut self, at: u64, ahead: u64) -> bool {
+    /// The caller applies the [`PreparePages`] when it holds no lock a call waits for.
+    pub fn prepare(&mut self, at: u64, ahead: u64) -> Option<PreparePages> {
         let to = at.saturating_add(ahead).min(self.end());
         if self.prepared_to >= at.saturating_add(ahead / 2).min(to) {
-            return false;
+            return None;
         }
         let from = self.prepared_to.max(at) / page_size() * page_size();
         let to = to.next_multiple_of(page_size()).min(self.end());
-        let (Some(start), Some(Ok(len))) = (
-            from.checked_sub(self.offset),
-            to.checked_sub(from).filter(|&n| n > 0).map(usize::try_from),
-        ) else {
-            return false;
-        };
-        // Not tried again where it failed: the next window starts past it.
+        let start = from.checked_sub(self.offset)?;
+        let len = usize::try_from(to.checked_sub(from).filter(|&n| n > 0)?).ok()?;
+        // Not asked for again, whether or not the advice is taken.
         self.prepared_to = from + len as u64;
-        #[cfg(any(target_os = "linux", target_os = "android"))]
-        {
-            // SAFETY: the range lies inside this mapping (`start + len <= self.len`), and the
-            // advice changes no contents.
-            unsafe {
-                rustix::mm::madvise(
-                    self.ptr.as_ptr().add(start as usize).cast(),
-                    len,
-                    rustix::mm::Advice::LinuxPopulateWrite,
-                )
-            }
-            .is_ok()
-        }
-        #[cfg(not(any(target_os = "linux", target_os = "android")))]
-        {
-            let _ = start;
-            false
-        }
+        Some(PreparePages {
+            addr: self.ptr.as_ptr() as usize + start as usize,
+            len,
+        })
     }
 
     /// The file offset up to which pages were prepared ([`MappedRegion::prepare`]).
@@ -172,6 +153,41 @@ impl MappedRegion {
                 dst.add(i).write_volatile(bytes[i]);
                 i += 1;
             }
+        }
+    }
+}
+
+/// Pages of a [`MappedRegion`] to make writable ([`MappedRegion::prepare`]).
+#[derive(Debug)]
+#[must_use = "nothing is prepared until `apply`"]
+pub struct PreparePages {
+    addr: usize,
+    len: usize,
+}
+
+impl PreparePages {
+    /// Asks the kernel to make the pages writable now (`MADV_POPULATE_WRITE`). Best effort: a
+    /// kernel before 5.14 or another system does nothing, and the stores fault as before.
+    /// Returns whether the pages were prepared.
+    pub fn apply(self) -> bool {
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        {
+            // SAFETY: this advice never changes memory contents: it faults pages in as a write
+            // would, without writing. The region may have been unmapped since `prepare` (a new
+            // reservation): then the kernel refuses the range (`ENOMEM`); were the addresses
+            // reused by another mapping, its pages would only be faulted in.
+            unsafe {
+                rustix::mm::madvise(
+                    self.addr as *mut std::ffi::c_void,
+                    self.len,
+                    rustix::mm::Advice::LinuxPopulateWrite,
+                )
+            }
+            .is_ok()
+        }
+        #[cfg(not(any(target_os = "linux", target_os = "android")))]
+        {
+            false
         }
     }
 }
@@ -258,9 +274,12 @@ mod tests {
         let (_tmp, path, file) = new_file();
         let page = page_size();
         let mut region = MappedRegion::reserve(&file, 0, 32 * page as usize).unwrap();
-        let prepared = region.prepare(0, 16 * page);
+        let prepared = region.prepare(0, 16 * page).unwrap().apply();
         assert_eq!(region.prepared_to, 16 * page);
-        assert!(!region.prepare(3 * page, 16 * page), "11 of 16 pages ready");
+        assert!(
+            region.prepare(3 * page, 16 * page).is_none(),
+            "11 of 16 pages ready"
+        );
         // Each page's first store: the 16 prepared pages, then the 16 others.
         let touch = |region: &mut MappedRegion, pages: std::ops::Range<u64>| {
             let before = minor_faults();
@@ -279,10 +298,14 @@ mod tests {
             );
         }
         // The window moves on, and stops at the region's end.
-        assert!(region.prepare(28 * page + 5, 16 * page) || !prepared);
-        assert_eq!(region.prepared_to, 32 * page);
-        assert!(!region.prepare(30 * page, 16 * page));
-        assert!(!region.prepare(40 * page, 16 * page), "past the region");
+        let last = region.prepare(28 * page + 5, 16 * page).unwrap();
+        assert_eq!((last.len as u64, region.prepared_to), (4 * page, 32 * page));
+        assert_eq!(last.apply(), prepared);
+        assert!(region.prepare(30 * page, 16 * page).is_none());
+        assert!(
+            region.prepare(40 * page, 16 * page).is_none(),
+            "past the region"
+        );
         drop(region);
         let text = std::fs::read(&path).unwrap();
         assert_eq!(text.iter().filter(|&&b| b == b'x').count(), 32);
