@@ -126,9 +126,12 @@ pub fn wait_for_parent_exit(parent: u32, every: std::time::Duration) {
         loop {
             let mut fds = [PollFd::new(&pidfd, PollFlags::IN)];
             match poll(&mut fds, None) {
-                Ok(_) if !fds[0].revents().is_empty() => return,
+                // The kernel re-parents a process's children before it signals its pidfd, so
+                // the check below returns at once; it also keeps a pidfd that woke early (a
+                // leader thread that ended before its process did) from ending the session.
+                Ok(_) if !fds[0].revents().is_empty() => break,
                 Ok(_) | Err(rustix::io::Errno::INTR) => continue,
-                // Not expected from a pidfd; the check below still sees the exit.
+                // Not expected from a pidfd: the check below still sees the exit.
                 Err(_) => break,
             }
         }
