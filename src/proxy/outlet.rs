@@ -36,6 +36,8 @@ struct State {
     dropped: u64,
     /// The pipe was widened for a long line.
     widened: bool,
+    /// System calls that wrote lines (`write`, `writev`), from any thread.
+    write_calls: u64,
 }
 
 impl State {
@@ -143,6 +145,7 @@ impl Outlet {
                 queued_bytes: 0,
                 dropped: 0,
                 widened: false,
+                write_calls: 0,
             }),
             cond: Condvar::new(),
         });
@@ -225,26 +228,10 @@ impl Outlet {
             // Everything queued in one `writev` (a batch of 32 answers is one system call, not
             // 32), as far as the pipe takes it.
             while !st.queue.is_empty() {
-                let offset = st.offset;
-                let slices: Vec<std::io::IoSlice<'_>> = st
-                    .queue
-                    .iter()
-                    .take(WRITEV_LINES)
-                    .enumerate()
-                    .map(|(i, line)| {
-                        std::io::IoSlice::new(if i == 0 { &line[offset..] } else { line })
-                    })
-                    .collect();
-                let offered: usize = slices.iter().map(|s| s.len()).sum();
-                let written = loop {
-                    match rustix::io::writev(&*fd, &slices) {
-                        Err(Errno::INTR) => continue,
-                        other => break other,
-                    }
-                };
-                drop(slices);
+                let written = writev_lines(&fd, st.queue.iter(), st.offset);
+                st.write_calls += 1;
                 match written {
-                    Ok(n) => {
+                    Ok((n, offered)) => {
                         st.consume(n);
                         if n < offered {
                             break; // the pipe is full: the writer thread waits for it
@@ -290,7 +277,9 @@ impl Outlet {
             && !st.busy
             && let Some(fd) = st.fd.clone()
         {
-            match write_some(&fd, &bytes) {
+            let written = write_some(&fd, &bytes);
+            st.write_calls += 1;
+            match written {
                 Ok(n) if n == bytes.len() => return Ok(()),
                 Ok(n) => {
                     st.queued_bytes += bytes.len();
@@ -321,6 +310,12 @@ impl Outlet {
         self.inner.cond.notify_one();
     }
 
+    /// System calls that wrote this outlet's lines so far (tests and benchmarks: lines that
+    /// wait together go out together).
+    pub fn write_calls(&self) -> u64 {
+        self.inner.state.lock().map(|s| s.write_calls).unwrap_or(0)
+    }
+
     /// Number of lines waiting (for tests and status).
     pub fn backlog(&self) -> usize {
         self.inner.state.lock().map(|s| s.queue.len()).unwrap_or(0)
@@ -336,9 +331,36 @@ fn write_some(fd: &OwnedFd, bytes: &[u8]) -> Result<usize, Errno> {
     }
 }
 
-fn writer_loop(inner: &Inner) {
+/// One `writev` of the first [`WRITEV_LINES`] of `lines` (the first from byte `offset`),
+/// retried on `EINTR`: the bytes written and the bytes offered.
+fn writev_lines<'a>(
+    fd: &OwnedFd,
+    lines: impl Iterator<Item = &'a Vec<u8>>,
+    offset: usize,
+) -> Result<(usize, usize), Errno> {
+    let slices: Vec<std::io::IoSlice<'_>> = lines
+        .take(WRITEV_LINES)
+        .enumerate()
+        .map(|(i, line)| std::io::IoSlice::new(if i == 0 { &line[offset..] } else { line }))
+        .collect();
+    let offered = slices.iter().map(|s| s.len()).sum();
     loop {
-        let (buf, offset, fd) = {
+        match rustix::io::writev(fd, &slices) {
+            Err(Errno::INTR) => continue,
+            Ok(n) => return Ok((n, offered)),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The writer thread: waits for lines the pipe did not take at once, then writes everything
+/// waiting (up to [`WRITEV_LINES`] lines per `writev`), blocking until the pipe takes it. A
+/// peer that reads slowly (a server behind a pipelined burst) frees a little room at a time;
+/// a line per system call then cost one `write` per call on the burst's path.
+fn writer_loop(inner: &Inner) {
+    let mut batch: Vec<Vec<u8>> = Vec::with_capacity(WRITEV_LINES);
+    loop {
+        let (offset, fd) = {
             let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
             while st.queue.is_empty() && !st.close && !st.broken {
                 st = inner.cond.wait(st).unwrap_or_else(|e| e.into_inner());
@@ -350,15 +372,19 @@ fn writer_loop(inner: &Inner) {
             };
             st.busy = true;
             let offset = std::mem::take(&mut st.offset);
-            let buf = st.queue.pop_front().expect("non-empty");
-            // Counted until written: the buffer is still held by this thread.
-            (buf, offset, fd)
+            let n = st.queue.len().min(WRITEV_LINES);
+            batch.extend(st.queue.drain(..n));
+            // Counted until written: the buffers are still held by this thread.
+            (offset, fd)
         };
-        let ok = write_all(&fd, &buf[offset..]);
+        let (ok, calls) = write_all_lines(&fd, &batch, offset);
         drop(fd);
+        let bytes: usize = batch.iter().map(Vec::len).sum();
+        batch.clear();
         let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
         st.busy = false;
-        st.queued_bytes = st.queued_bytes.saturating_sub(buf.len());
+        st.write_calls += calls;
+        st.queued_bytes = st.queued_bytes.saturating_sub(bytes);
         if !ok {
             st.broken = true;
             st.queue.clear();
@@ -369,22 +395,44 @@ fn writer_loop(inner: &Inner) {
     }
 }
 
-/// Blocking write of a whole buffer on a possibly non-blocking descriptor.
-fn write_all(fd: &OwnedFd, mut bytes: &[u8]) -> bool {
-    while !bytes.is_empty() {
-        match write_some(fd, bytes) {
-            Ok(0) => return false,
-            Ok(n) => bytes = &bytes[n..],
+/// Blocking write of whole lines (the first from byte `offset`) on a possibly non-blocking
+/// descriptor: whether all of it went out, and the system calls that wrote.
+fn write_all_lines(fd: &OwnedFd, lines: &[Vec<u8>], mut offset: usize) -> (bool, u64) {
+    let mut first = 0;
+    let mut calls = 0;
+    loop {
+        // Past what is written, and past empty lines (a `writev` of nothing writes nothing).
+        while first < lines.len() && offset >= lines[first].len() {
+            first += 1;
+            offset = 0;
+        }
+        if first == lines.len() {
+            return (true, calls);
+        }
+        calls += 1;
+        match writev_lines(fd, lines[first..].iter(), offset) {
+            Ok((0, _)) => return (false, calls),
+            Ok((mut n, _)) => {
+                while n > 0 {
+                    let left = lines[first].len() - offset;
+                    if n < left {
+                        offset += n;
+                        break;
+                    }
+                    n -= left;
+                    first += 1;
+                    offset = 0;
+                }
+            }
             Err(Errno::AGAIN) => {
                 let mut fds = [PollFd::new(fd, PollFlags::OUT)];
                 if poll(&mut fds, None).is_err() {
-                    return false;
+                    return (false, calls);
                 }
             }
-            Err(_) => return false,
+            Err(_) => return (false, calls),
         }
     }
-    true
 }
 
 /// Our stdout as an owned descriptor (a duplicate of fd 1; same pipe to the host).
@@ -421,6 +469,38 @@ mod tests {
         assert_eq!(got, lines.concat());
         rx.recv_timeout(std::time::Duration::from_secs(5))
             .expect("on_closed ran");
+    }
+
+    /// Lines that wait for a slow reader go out together: the writer thread writes what is
+    /// queued with one `writev` per batch, not one `write` per line (issue 15: a pipelined
+    /// burst to a server that reads slowly cost a system call per call).
+    #[test]
+    fn waiting_lines_go_out_in_batches_not_one_write_each() {
+        let (mut reader, writer) = std::io::pipe().unwrap();
+        let out = Outlet::new("batch", OwnedFd::from(writer), || {});
+        // Fill the pipe while nobody reads, so that everything after waits for the writer.
+        let filler = vec![b'f'; 1 << 20];
+        out.send(filler.clone()).unwrap();
+        let before = out.write_calls();
+        let lines: Vec<Vec<u8>> = (0..2000)
+            .map(|i| format!("{i:06}:{}\n", "z".repeat(100)).into_bytes())
+            .collect();
+        for l in &lines {
+            out.send(l.clone()).unwrap();
+        }
+        out.close();
+        let mut got = Vec::new();
+        reader.read_to_end(&mut got).unwrap();
+        assert_eq!(
+            got,
+            [filler, lines.concat()].concat(),
+            "every line, in order"
+        );
+        let calls = out.write_calls() - before;
+        assert!(
+            calls <= 2000 / 8,
+            "{calls} system calls for 2000 waiting lines"
+        );
     }
 
     /// Queued lines wait for `pump`, keep their order with lines sent directly, and what a full
@@ -491,6 +571,7 @@ mod tests {
             queued_bytes: 13,
             dropped: 0,
             widened: false,
+            write_calls: 0,
         };
         st.consume(3); // the rest of "abc\n"
         assert_eq!((st.queue.len(), st.offset, st.queued_bytes), (2, 0, 9));
