@@ -37,7 +37,8 @@ pub fn ensure_dir(dir: &Path) -> io::Result<()> {
 
 fn temp_name(path: &Path) -> PathBuf {
     let mut nonce = [0u8; 6];
-    let _ = rustix::rand::getrandom(&mut nonce, rustix::rand::GetRandomFlags::empty());
+    // A name that another writer is unlikely to pick; the pid keeps it apart if this fails.
+    let _ = crate::sys::unix::fill_random(&mut nonce);
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())

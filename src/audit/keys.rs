@@ -392,15 +392,7 @@ pub(crate) fn ensure_private_dir(dir: &Path) -> Result<(), AuditError> {
 }
 
 fn fill_random(buf: &mut [u8]) -> std::io::Result<()> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        match rustix::rand::getrandom(&mut buf[filled..], rustix::rand::GetRandomFlags::empty()) {
-            Ok(n) => filled += n,
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
+    crate::sys::unix::fill_random(buf)
 }
 
 pub(crate) use crate::sys::unix::{is_symlink_refusal as is_eloop, nofollow_flags as nofollow};

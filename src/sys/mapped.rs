@@ -187,6 +187,7 @@ impl PreparePages {
         }
         #[cfg(not(any(target_os = "linux", target_os = "android")))]
         {
+            let _ = (self.addr, self.len); // no such advice here
             false
         }
     }

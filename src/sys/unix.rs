@@ -1,7 +1,7 @@
 //! The platform seam for processes (Linux first; macOS uses the same POSIX calls).
 //!
-//! Process groups, group signals, exit decoding, the parent-death check, a terminal's modes and
-//! a file's identity.
+//! Process groups, group signals, exit decoding, the parent-death check, a terminal's modes,
+//! a file's identity and random bytes from the operating system.
 //! Nothing here knows what the processes are for.
 
 use std::os::fd::AsFd;
@@ -16,6 +16,15 @@ use crate::supervisor::ExitInfo;
 pub enum Sig {
     Term,
     Kill,
+}
+
+/// Fills `buf` with random bytes from the operating system (`getrandom` on Linux,
+/// `getentropy` on macOS): audit keys and temporary-file nonces.
+pub fn fill_random(buf: &mut [u8]) -> std::io::Result<()> {
+    getrandom::fill(buf).map_err(|e| match e.raw_os_error() {
+        Some(code) => std::io::Error::from_raw_os_error(code),
+        None => std::io::Error::other(format!("no random bytes from the operating system: {e}")),
+    })
 }
 
 /// A file's identity, `(device, inode)`: whether a path still names the file that was judged
