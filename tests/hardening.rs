@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::session::Setup;
+use common::session::{Setup, alive};
 use serde_json::json;
 
 /// Critical finding "`id: null` bypasses approvals and the audit log": a `tools/call` with
@@ -494,6 +494,68 @@ fn a_foreign_lock_on_the_audit_log_does_not_block_calls() {
         "the session holds the writer lock"
     );
     drop(holder);
+    s.finish();
+}
+
+/// The audit log cut by another process while `run` writes it through its map (`: > log`, a
+/// log rotator's `copytruncate`): the next record used to land past the end of the file, and
+/// `SIGBUS` ended the supervisor without a word (the host lost its server). Now the call is
+/// refused and not forwarded (fail closed: nothing runs unrecorded), stderr says why, the
+/// session goes on answering, and the next `run` sets the cut log aside and starts a new chain.
+/// Linux: elsewhere the log is written with `write` (no map to fault).
+#[cfg(any(target_os = "linux", target_os = "android"))]
+#[test]
+fn an_audit_log_cut_while_running_refuses_calls_instead_of_killing_run() {
+    let setup = Setup::new().arg("--no-gating");
+    let log = setup
+        .project
+        .target_dir()
+        .join("mcp-dev/audit/fake-server.jsonl");
+    let mut s = setup.start();
+    s.ready_legacy();
+    let before = s.call("1", "write", json!({"marker": "before"}));
+    assert_eq!(
+        before.result()["structuredContent"]["args"],
+        json!({"marker": "before"}),
+        "{}",
+        before.raw
+    );
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&log)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let refused = s.call("2", "write", json!({"marker": "after"}));
+    let payload = refused.tool_error_payload();
+    assert_eq!(payload["error"], "audit_failed", "{}", refused.raw);
+    assert!(
+        payload["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("cut short by another process")),
+        "{}",
+        refused.raw
+    );
+    let line = s.wait_stderr("call refused: audit log unavailable");
+    assert!(line.contains("cut short"), "{line}");
+    assert!(
+        !s.fake_log_raw().iter().any(|l| l.contains("after")),
+        "the refused call never reached the server"
+    );
+    // Still serving: the supervisor is alive and answers what needs no record.
+    let listed = s.list_tools();
+    assert!(!listed.is_empty());
+    assert!(alive(s.supervisor_pid()));
+    assert_eq!(
+        std::fs::metadata(&log).unwrap().len(),
+        0,
+        "the cut log is not grown back"
+    );
+    // `audit verify` names the cut (the next `run` sets such a log aside and starts a new
+    // chain: `damaged_audit_log_is_set_aside_and_run_starts`).
+    let verified = s.cli(&["audit", "verify"]);
+    assert_ne!(verified.code, 0, "{}", verified.stderr);
+    verified.assert_stderr_has("failed verification");
     s.finish();
 }
 

@@ -13,7 +13,10 @@
 //! log and the other writer's pid. Because nobody else appends, the writer keeps the head and
 //! the file length in memory: an append costs no lock, no `fstat` and no read. A change made
 //! to the file behind the writer's back (not a writer: an editor, an attacker) is not noticed
-//! while it runs; it breaks the chain, and `audit verify` and the next start report it.
+//! while it runs; it breaks the chain, and `audit verify` and the next start report it. The
+//! one exception is a file cut shorter than the writer's records while it maps them: the copy
+//! past the cut is caught ([`crate::sys::mapped`]) and the writer fails closed from then on
+//! (see `AuditLog::cut_short`).
 //! Readers (`audit verify`, `audit show`, `audit tail`) never take the lock (see [`super::verify()`]).
 //!
 //! # Group commit: the caller's contract
@@ -644,6 +647,10 @@ impl AuditLog {
         // continue the chain from the last record on disk.
         self.batch.clear();
         self.head = self.written.clone();
+        if let Some(reason) = &self.poisoned {
+            // Cut short by someone else (`copy_to_map`): the file is left as they left it.
+            return Err(self.corrupt(reason.clone()));
+        }
         if let Err(cut) = self.file.set_len(before) {
             self.poisoned = Some(format!(
                 "a failed write ({error}) could not be cut back ({cut}): the file may end in a partial line"
@@ -667,7 +674,30 @@ impl AuditLog {
         }
         let region = self.mapped.as_mut()?;
         region.copy_at(self.len, &self.batch);
+        if region.cut_short() {
+            return Some(Err(self.cut_short()));
+        }
         Some(Ok(self.batch.len()))
+    }
+
+    /// The file was cut shorter than the records this writer put in it (someone truncated it
+    /// while it was mapped, see [`crate::sys::mapped`]): mapping stops, nothing is cut or
+    /// grown back (the file is not what this writer wrote any more), and the writer is
+    /// poisoned: every later append fails (fail closed: no call is forwarded unrecorded), and
+    /// the next start sets the log aside (shorter than its anchor).
+    fn cut_short(&mut self) -> std::io::Error {
+        self.mapped = None;
+        self.map_batches = false;
+        self.reserved_to = None;
+        let now = std::fs::metadata(&self.path).map(|m| m.len()).ok();
+        let reason = format!(
+            "cut short by another process while this run was writing it ({} bytes where {} were written); \
+             the records past the cut are lost; the next `cargo mcp-dev run` sets it aside and starts a new chain",
+            now.map_or_else(|| "?".to_string(), |n| n.to_string()),
+            self.len
+        );
+        self.poisoned = Some(reason.clone());
+        std::io::Error::other(reason)
     }
 
     /// Reserves and maps the file from the page of the last record through `end` (at least
@@ -675,6 +705,11 @@ impl AuditLog {
     /// (`Err(None)`: the caller `write`s; `Err(Some(e))`: the cut failed and the writer is
     /// poisoned).
     fn reserve(&mut self, end: u64) -> Result<(), Option<std::io::Error>> {
+        // Cut between two copies (no fault then): a reservation would grow the file back over
+        // the cut with NUL bytes and bury it.
+        if self.file.metadata().is_ok_and(|m| m.len() < self.len) {
+            return Err(Some(self.cut_short()));
+        }
         // Unmapped before the next reservation: one region of the file mapped at a time.
         self.mapped = None;
         let page = mapped::page_size();
@@ -1478,6 +1513,75 @@ mod tests {
         assert!(matches!(err, AuditError::CorruptTail { .. }), "{err:?}");
         assert!(err.to_string().contains("hash mismatch"), "{err}");
         assert_eq!(lines(&path).len(), 2, "nothing was appended");
+    }
+
+    /// Someone cuts the log while the writer has it mapped (`: > log`, a rotator's
+    /// `copytruncate`): the next copy past the cut would fault with `SIGBUS` and end the
+    /// process. It fails closed instead, with the cause, and stays failed; the file is left as
+    /// it was cut (not grown back over the cut); the next open refuses the shortened log.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    #[test]
+    fn a_log_cut_under_the_writer_fails_closed_instead_of_crashing() {
+        let (_tmp, keys, path) = setup();
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        for n in 0..3 {
+            log.append("x", "R", None, json!({"n": n})).unwrap();
+            log.commit().unwrap();
+        }
+        assert!(log.mapped.is_some(), "batches go through the map");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        log.append("x", "R", None, json!({"n": 3})).unwrap();
+        let err = log.flush().unwrap_err();
+        assert!(matches!(err, AuditError::CorruptTail { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains("cut short by another process"), "{text}");
+        assert!(text.contains("sets it aside"), "{text}");
+        // Stays failed: no later record is written onto what is left.
+        log.append("x", "R", None, json!({"n": 4})).unwrap_err();
+        log.commit().unwrap_err();
+        drop(log);
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            0,
+            "the file is left as it was cut"
+        );
+        let reopened = AuditLog::open(&path, &keys).unwrap_err();
+        assert!(
+            reopened
+                .to_string()
+                .contains("its anchor records head seq 3"),
+            "{reopened}"
+        );
+    }
+
+    /// Cut between two copies, to above the records' end: the copies still land (the records
+    /// are whole), but the next reservation would grow the file back over the cut: refused.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    #[test]
+    fn a_log_cut_between_copies_is_not_grown_back_by_the_next_reservation() {
+        let (_tmp, keys, path) = setup();
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        log.append("x", "R", None, json!({"n": 0})).unwrap();
+        log.flush().unwrap();
+        let records = log.len;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(records / 2)
+            .unwrap();
+        // The cut is inside the first page, which is still mapped: no copy faults there; the
+        // next reservation is what finds the cut.
+        let err = log.reserve(log.len + RESERVE_BYTES).unwrap_err().unwrap();
+        assert!(err.to_string().contains("cut short"), "{err}");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), records / 2);
+        let err = log.append("x", "R", None, json!({"n": 1})).unwrap_err();
+        assert!(err.to_string().contains("cut short"), "poisoned: {err}");
     }
 
     /// Batches are copied into space reserved past the records: the file is longer than its

@@ -9,9 +9,16 @@
 //! What a copy survives: the mapped pages are the file's pages in the kernel's page cache, so a
 //! record copied in is in the file for every other process at once and survives a crash of this
 //! one (`kill -9`, panic), exactly like the bytes of a finished `write`; `fdatasync` on the file
-//! puts them on disk. What it does not survive: the file cut shorter than the map by someone
-//! else while it is mapped makes the next copy fault (`SIGBUS`), which ends the process: the
-//! supervisor stops rather than forwarding calls it could not record.
+//! puts them on disk.
+//!
+//! The file cut shorter than the map by someone else (`: > log`, `truncate`, a log rotator's
+//! `copytruncate`) makes the next copy past the cut fault with `SIGBUS`, which would end the
+//! process without a word. A guard ([`cut_guard`]) catches the faults that land in a region it
+//! mapped: it puts a private zero page where the file's page was (the copy completes, into
+//! memory that is not the file) and marks the region [`MappedRegion::cut_short`]; the writer
+//! checks that after every copy and fails closed with a message. A `SIGBUS` anywhere else goes
+//! on to the handler that was there before (Rust's own, which ends the process), as if the guard
+//! were not installed.
 #![allow(unsafe_code)]
 
 use std::fs::File;
@@ -26,6 +33,9 @@ pub struct MappedRegion {
     offset: u64,
     /// File offset up to which [`MappedRegion::prepare`] made the pages writable.
     prepared_to: u64,
+    /// The region's slot in [`cut_guard`].
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    guard: cut_guard::Slot,
 }
 
 // SAFETY: the region is plain memory owned by this value; it is only written through `&mut self`.
@@ -70,13 +80,24 @@ impl MappedRegion {
                 offset,
             )?
         };
-        let ptr = std::ptr::NonNull::new(ptr.cast::<u8>())
-            .ok_or_else(|| std::io::Error::other("mmap returned a null address"))?;
+        let Some(ptr) = std::ptr::NonNull::new(ptr.cast::<u8>()) else {
+            return Err(std::io::Error::other("mmap returned a null address"));
+        };
+        let Some(guard) = cut_guard::watch(ptr.as_ptr() as usize, len) else {
+            // More regions than the guard watches (never one writer's case): not mapped, so
+            // that a cut file cannot end the process; the caller writes instead.
+            // SAFETY: the mapping just made, unmapped once.
+            let _ = unsafe { rustix::mm::munmap(ptr.as_ptr().cast(), len) };
+            return Err(std::io::Error::other(
+                "no free slot in the map's fault guard",
+            ));
+        };
         Ok(MappedRegion {
             ptr,
             len,
             offset,
             prepared_to: offset,
+            guard,
         })
     }
 
@@ -84,6 +105,20 @@ impl MappedRegion {
     #[cfg(not(any(target_os = "linux", target_os = "android")))]
     pub fn reserve(_file: &File, _offset: u64, _len: usize) -> std::io::Result<MappedRegion> {
         Err(std::io::Error::from(std::io::ErrorKind::Unsupported))
+    }
+
+    /// Whether a copy into the region found the file cut shorter than the map (someone else
+    /// truncated it): the bytes of that copy, and of every later one past the cut, are not in
+    /// the file. Checked by the writer after every copy.
+    pub fn cut_short(&self) -> bool {
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        {
+            self.guard.faulted()
+        }
+        #[cfg(not(any(target_os = "linux", target_os = "android")))]
+        {
+            false
+        }
     }
 
     /// The file offset just past the region.
@@ -195,8 +230,166 @@ impl PreparePages {
 
 impl Drop for MappedRegion {
     fn drop(&mut self) {
+        // Unwatched first: after the unmap the addresses may be reused by other mappings,
+        // whose faults are not the guard's.
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        self.guard.release();
         // SAFETY: the mapping made in `reserve`, unmapped once.
         let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// The `SIGBUS` guard of mapped regions (see the module doc). A fixed table of slots, so that
+/// the signal handler reads only atomics and calls only `mmap` (async-signal-safe on Linux),
+/// never allocates or locks.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub(crate) mod cut_guard {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    /// Regions watched at once: one per audit writer (tests open many at a time).
+    const SLOTS: usize = 256;
+
+    struct Watched {
+        /// Region start address; 0: the slot is free.
+        start: AtomicUsize,
+        /// Region end address; 0 while the slot is being claimed or released.
+        end: AtomicUsize,
+        faulted: AtomicBool,
+    }
+
+    static WATCHED: [Watched; SLOTS] = [const {
+        Watched {
+            start: AtomicUsize::new(0),
+            end: AtomicUsize::new(0),
+            faulted: AtomicBool::new(false),
+        }
+    }; SLOTS];
+    /// The `SIGBUS` disposition before the guard's (called for faults that are not ours).
+    static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
+    static PAGE: AtomicUsize = AtomicUsize::new(0);
+
+    /// A watched region (its index in the table).
+    #[derive(Debug)]
+    pub struct Slot(usize);
+
+    impl Slot {
+        pub fn faulted(&self) -> bool {
+            WATCHED[self.0].faulted.load(Ordering::Acquire)
+        }
+
+        pub fn release(&self) {
+            let w = &WATCHED[self.0];
+            w.end.store(0, Ordering::Release);
+            w.faulted.store(false, Ordering::Release);
+            w.start.store(0, Ordering::Release);
+        }
+    }
+
+    /// Watches `start..start + len` (installing the handler on first use). `None`: every
+    /// slot is taken, or the handler could not be installed.
+    pub fn watch(start: usize, len: usize) -> Option<Slot> {
+        if !install() {
+            return None;
+        }
+        for (i, w) in WATCHED.iter().enumerate() {
+            if w.start
+                .compare_exchange(0, start, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                w.faulted.store(false, Ordering::Release);
+                w.end.store(start + len, Ordering::Release);
+                return Some(Slot(i));
+            }
+        }
+        None
+    }
+
+    fn install() -> bool {
+        static INSTALLED: OnceLock<bool> = OnceLock::new();
+        *INSTALLED.get_or_init(|| {
+            PAGE.store(super::page_size() as usize, Ordering::Release);
+            // SAFETY: plain `sigaction` calls with initialised structures; the handler only
+            // reads atomics and a value set before it is installed, and calls `mmap`.
+            unsafe {
+                let mut previous: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut previous) != 0 {
+                    return false;
+                }
+                let _ = PREVIOUS.set(previous);
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = on_sigbus as *const () as usize;
+                action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+                libc::sigemptyset(&mut action.sa_mask);
+                libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut()) == 0
+            }
+        })
+    }
+
+    extern "C" fn on_sigbus(
+        sig: libc::c_int,
+        info: *mut libc::siginfo_t,
+        context: *mut libc::c_void,
+    ) {
+        // SAFETY: the kernel passes a valid siginfo for a SA_SIGINFO handler.
+        let addr = unsafe { (*info).si_addr() } as usize;
+        let page = PAGE.load(Ordering::Acquire);
+        for w in &WATCHED {
+            let start = w.start.load(Ordering::Acquire);
+            if start == 0 || addr < start || addr >= w.end.load(Ordering::Acquire) {
+                continue;
+            }
+            // SAFETY: the page is inside a region this process mapped and still watches (a
+            // region is unwatched before it is unmapped); a private zero page replaces the
+            // file's, so the faulting store completes into memory that is not the file.
+            let replaced = unsafe {
+                libc::mmap(
+                    (addr & !(page - 1)) as *mut libc::c_void,
+                    page,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                    -1,
+                    0,
+                )
+            };
+            if replaced != libc::MAP_FAILED {
+                w.faulted.store(true, Ordering::Release);
+                return;
+            }
+        }
+        // Not ours: what the previous disposition does.
+        match PREVIOUS.get() {
+            Some(previous)
+                if previous.sa_sigaction != libc::SIG_DFL
+                    && previous.sa_sigaction != libc::SIG_IGN =>
+            {
+                // SAFETY: the handler that was installed, called as it was registered.
+                unsafe {
+                    if previous.sa_flags & libc::SA_SIGINFO != 0 {
+                        let handler: extern "C" fn(
+                            libc::c_int,
+                            *mut libc::siginfo_t,
+                            *mut libc::c_void,
+                        ) = std::mem::transmute(previous.sa_sigaction);
+                        handler(sig, info, context);
+                    } else {
+                        let handler: extern "C" fn(libc::c_int) =
+                            std::mem::transmute(previous.sa_sigaction);
+                        handler(sig);
+                    }
+                }
+            }
+            _ => {
+                // The default action: restored, then the fault repeats and ends the process.
+                // SAFETY: a plain `sigaction` call.
+                unsafe {
+                    let mut default: libc::sigaction = std::mem::zeroed();
+                    default.sa_sigaction = libc::SIG_DFL;
+                    libc::sigemptyset(&mut default.sa_mask);
+                    libc::sigaction(libc::SIGBUS, &default, std::ptr::null_mut());
+                }
+            }
+        }
     }
 }
 
@@ -315,6 +508,89 @@ mod tests {
             32,
             "the rest reads as NUL"
         );
+    }
+
+    /// The file cut under the map: the copy past the cut completes (into memory that is not
+    /// the file) and the region says so, instead of `SIGBUS` ending the process.
+    #[test]
+    fn a_copy_past_a_cut_is_reported_not_fatal() {
+        let (_tmp, path, file) = new_file();
+        let page = page_size();
+        let mut region = MappedRegion::reserve(&file, 0, 4 * page as usize).unwrap();
+        region.copy_at(0, b"kept\n");
+        assert!(!region.cut_short());
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(page)
+            .unwrap();
+        region.copy_at(1, b"still in the file");
+        assert!(!region.cut_short(), "a copy before the cut lands");
+        region.copy_at(2 * page + 7, b"past the cut");
+        assert!(region.cut_short());
+        region.copy_at(3 * page, b"and again");
+        drop(region);
+        let text = std::fs::read(&path).unwrap();
+        assert_eq!(text.len() as u64, page, "the file is not grown back");
+        assert_eq!(&text[..18], b"kstill in the file");
+        // A region mapped later starts unmarked (slots are reused clean).
+        let (_tmp2, _path2, file2) = new_file();
+        let region2 = MappedRegion::reserve(&file2, 0, page as usize).unwrap();
+        assert!(!region2.cut_short());
+    }
+
+    /// A `SIGBUS` outside the guard's regions still ends the process, as it would without the
+    /// guard (run in a child process: this test binary, asked to run the helper below).
+    #[test]
+    fn a_fault_outside_watched_regions_still_ends_the_process() {
+        use std::os::unix::process::ExitStatusExt;
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "sys::mapped::tests::unwatched_fault_child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("CARGO_MCP_DEV_UNWATCHED_FAULT", "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGBUS), "{status:?}");
+    }
+
+    /// The child of the test above (does nothing unless asked): installs the guard with a
+    /// watched region, then faults in a mapping the guard does not watch.
+    #[test]
+    fn unwatched_fault_child() {
+        if std::env::var_os("CARGO_MCP_DEV_UNWATCHED_FAULT").is_none() {
+            return;
+        }
+        let (_tmp, _path, file) = new_file();
+        let _watched = MappedRegion::reserve(&file, 0, page_size() as usize).unwrap();
+        let (_tmp2, path2, file2) = new_file();
+        file2.set_len(page_size()).unwrap();
+        // SAFETY: a test mapping; the store below faults on purpose (the file is cut first).
+        unsafe {
+            let ptr = rustix::mm::mmap(
+                std::ptr::null_mut(),
+                page_size() as usize,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::SHARED,
+                &file2,
+                0,
+            )
+            .unwrap();
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path2)
+                .unwrap()
+                .set_len(0)
+                .unwrap();
+            ptr.cast::<u8>().write_volatile(1);
+        }
+        unreachable!("the store past the cut ends the process");
     }
 
     #[test]
