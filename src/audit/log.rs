@@ -528,7 +528,7 @@ impl AuditLog {
     /// lock. The anchor still only ever names records already written; one prepared earlier
     /// never replaces a newer one ([`AnchorUpdate::write`]); `commit` writes its own.
     pub fn take_anchor_update(&mut self) -> Option<AnchorUpdate> {
-        if !self.anchor_due() {
+        if self.poisoned.is_some() || !self.anchor_due() {
             return None;
         }
         let anchor = self.anchor_now()?;
@@ -696,6 +696,11 @@ impl AuditLog {
             now.map_or_else(|| "?".to_string(), |n| n.to_string()),
             self.len
         );
+        // The anchor names the last record this writer wrote, whatever it lagged: the next
+        // start then finds the log shorter than its anchor and sets it aside, instead of
+        // continuing the chain from an older anchored record that the cut happened to spare
+        // (which would hide the records lost after it).
+        let _ = self.write_anchor();
         self.poisoned = Some(reason.clone());
         std::io::Error::other(reason)
     }
@@ -1557,6 +1562,50 @@ mod tests {
                 .contains("its anchor records head seq 3"),
             "{reopened}"
         );
+    }
+
+    /// The anchor lags flushes (`ANCHOR_LAG`): a cut that spares the anchored record but takes
+    /// the records after it must not let the next start continue the chain from that record
+    /// (the loss would be hidden). The writer that finds the cut anchors its last record, so
+    /// the next start finds the log shorter than its anchor.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    #[test]
+    fn a_cut_that_spares_the_lagging_anchor_is_still_found_at_the_next_start() {
+        let (_tmp, keys, path) = setup();
+        let page = mapped::page_size();
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        let seq_of_anchor = || keys.read_anchor(&path).unwrap().map(|a| a.seq);
+        log.append("x", "R", None, json!({"n": 0})).unwrap();
+        log.commit().unwrap();
+        let anchored_end = log.len;
+        let mut n = 1;
+        while log.len < anchored_end + 2 * page {
+            log.append("x", "R", None, json!({"n": n, "pad": "p".repeat(200)}))
+                .unwrap();
+            log.flush().unwrap();
+            n += 1;
+        }
+        assert_eq!(
+            seq_of_anchor(),
+            Some(1),
+            "within ANCHOR_LAG the anchor lags"
+        );
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(anchored_end)
+            .unwrap();
+        log.append("x", "R", None, json!({"n": n})).unwrap();
+        log.flush().unwrap_err();
+        assert_eq!(
+            seq_of_anchor(),
+            Some(n),
+            "the last record written is anchored"
+        );
+        drop(log);
+        let err = AuditLog::open(&path, &keys).unwrap_err();
+        assert!(err.to_string().contains("truncated"), "{err}");
     }
 
     /// Cut between two copies, to above the records' end: the copies still land (the records
