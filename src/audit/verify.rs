@@ -251,11 +251,25 @@ fn verify_once(
         .map_err(|e| fail(0, None, format!("cannot inspect {}: {e}", path.display())))?
         .len();
     if active_len == 0 && segments.is_empty() {
-        return Err(fail(
-            0,
-            None,
-            format!("audit log {} is empty", path.display()),
-        ));
+        // An anchor that names records says where they went (cut to nothing while, or after,
+        // they were written); without one (or without the key) the log is simply empty.
+        let anchored = keys.load_key().ok().and_then(|key| {
+            let anchor_path = match anchor_override {
+                None => keys.anchor_path(path).ok()?,
+                Some(Some(p)) => p.to_owned(),
+                Some(None) => return None,
+            };
+            read_anchor_settled(&anchor_path, &key).ok().flatten()
+        });
+        let text = match anchored {
+            Some(a) => format!(
+                "audit log {} is empty, but its anchor records head seq {}: the log was truncated",
+                path.display(),
+                a.seq
+            ),
+            None => format!("audit log {} is empty", path.display()),
+        };
+        return Err(fail(0, None, text));
     }
     let key = keys.load_key().map_err(io)?;
     let mac = MacChecker::new(&key);
@@ -627,6 +641,14 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .ends_with("is empty")
+        );
+        // Emptied after records were anchored: said so.
+        let (_t, keys, path) = build(3);
+        std::fs::write(&path, b"").unwrap();
+        let f = verify(&path, &keys).unwrap_err().to_string();
+        assert!(
+            f.ends_with("is empty, but its anchor records head seq 3: the log was truncated"),
+            "{f}"
         );
     }
 
