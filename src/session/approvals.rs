@@ -505,6 +505,26 @@ impl<I: Io> Session<I> {
         }
     }
 
+    /// The code a prompt asked about is gone (its server was replaced or exited): the prompt
+    /// is withdrawn from the host (its form closes instead of asking about code that no longer
+    /// runs) and its call refused, saying why; an answer that still comes finds no open prompt
+    /// and grants nothing. Modern prompts (answered by the call's retry, not by a form the
+    /// supervisor holds open) are left to the retry, which is refused as void.
+    pub(super) fn withdraw_prompts_of(&mut self, epoch: &str, outcome: &str) {
+        let stale: Vec<String> = self
+            .prompts
+            .iter()
+            .filter(|(_, p)| !p.modern && p.epoch == epoch)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in stale {
+            if let Some(p) = self.prompts.remove(&id) {
+                self.withdraw_prompt(&id, outcome);
+                self.refuse_prompted(p, outcome);
+            }
+        }
+    }
+
     /// Tells the host a prompt is no longer wanted (`notifications/cancelled`), so its form
     /// closes; an answer that still comes finds no open prompt.
     fn withdraw_prompt(&mut self, id: &str, reason: &str) {

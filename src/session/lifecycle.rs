@@ -337,6 +337,13 @@ impl<I: Io> Session<I> {
         self.io.verbose(&format!("replacing server ({why})"));
         self.gate.server_exited(&child.epoch);
         self.answer_in_flight(&child.epoch, Some(&new_epoch), "replaced", None);
+        self.withdraw_prompts_of(
+            child.epoch.as_str(),
+            &format!(
+                "the server was rebuilt during the prompt (epoch {} is being replaced by {new_epoch}); call again to be asked about the new code",
+                child.epoch
+            ),
+        );
         self.record_exit(&child, "replaced", None);
         self.replacing = Some(Replacing {
             new_epoch,
@@ -388,6 +395,10 @@ impl<I: Io> Session<I> {
         self.record_exit(&child, &exit.to_string(), Some(&exit));
         self.gate.server_exited(epoch);
         self.answer_in_flight(epoch, None, "exited", Some(&exit.to_string()));
+        self.withdraw_prompts_of(
+            epoch,
+            &format!("the server exited during the prompt (epoch {epoch}: {exit}); call again once it is back"),
+        );
         self.io.reap(epoch); // grandchildren left in its group go too
         if self.lifecycle == Lifecycle::Stopping {
             return;

@@ -350,14 +350,33 @@ fn a_rebuild_during_the_prompt_voids_the_answer() {
     let pid = last_prompt(&mut h)["id"].clone();
     let new = h.rebuild("b");
     assert_ne!(old, new);
-    answer_prompt(&mut h, &pid, accept("tool"));
-    let a = h.answer(&call).expect("refused");
+    // At the rebuild, before any answer: the form is withdrawn and the call refused.
+    let withdrawn: Vec<Value> = h
+        .io()
+        .to_host
+        .iter()
+        .filter(|m| m["method"] == "notifications/cancelled")
+        .cloned()
+        .collect();
+    assert_eq!(withdrawn.len(), 1, "{withdrawn:?}");
+    assert_eq!(withdrawn[0]["params"]["requestId"], pid);
+    let reason = withdrawn[0]["params"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(&format!("{old} is being replaced by {new}")),
+        "{reason}"
+    );
+    let a = h.answer(&call).expect("refused at the rebuild");
     let outcome = a["result"]["_meta"]["dev.cargo-mcp-dev/error"]["approval"]["outcome"]
         .as_str()
         .unwrap()
         .to_string();
     assert!(outcome.contains("rebuilt during the prompt"), "{outcome}");
+    assert!(h.s.prompts.is_empty());
+    // The host's answer that still comes finds no open prompt: nothing is granted, and the
+    // call is not answered twice (`answer` checks).
+    answer_prompt(&mut h, &pid, accept("tool"));
     assert!(grants(&mut h).is_empty());
+    assert!(h.answer(&call).is_some());
     // The next call prompts for the new epoch and says what changed since... nothing was
     // approved yet, so it is the first approval; approve, rebuild, and look again.
     let c2 = h.call_with("write_item", json!({}));
@@ -374,6 +393,39 @@ fn a_rebuild_during_the_prompt_voids_the_answer() {
         text.contains("identity changed: executable only; tool definition unchanged"),
         "{text}"
     );
+}
+
+/// The server exits (crashes) while a call waits for the human: the form is withdrawn and
+/// the call refused at once, not left waiting for an answer that could no longer run it.
+#[test]
+fn a_server_exit_during_the_prompt_withdraws_it() {
+    let mut h = Harness::new(|_| {});
+    let epoch = ready_eliciting(&mut h);
+    let call = h.call_with("write_item", json!({}));
+    let pid = last_prompt(&mut h)["id"].clone();
+    assert_eq!(h.answer(&call), None, "waits for the human");
+    h.s.handle(Event::ChildExited {
+        epoch: epoch.clone(),
+        exit: ExitInfo {
+            code: Some(101),
+            signal: None,
+        },
+    });
+    assert_eq!(h.host_notes("notifications/cancelled"), 1);
+    let a = h.answer(&call).expect("refused at the exit");
+    let outcome = a["result"]["_meta"]["dev.cargo-mcp-dev/error"]["approval"]["outcome"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        outcome.contains(&format!(
+            "the server exited during the prompt (epoch {epoch}"
+        )),
+        "{outcome}"
+    );
+    answer_prompt(&mut h, &pid, accept("tool"));
+    assert!(grants(&mut h).is_empty());
+    assert!(h.s.prompts.is_empty(), "nothing stays open");
 }
 
 #[test]

@@ -140,7 +140,10 @@ fn accept_once_then_decline(name: &str, client: Client) {
     assert_audit_verifies(&s);
 }
 
-/// A rebuild while the prompt is open: the answer that arrives after it is void.
+/// A rebuild while the prompt is open. Legacy era (a form the supervisor holds open): the form
+/// is withdrawn (`notifications/cancelled`) and the call refused at the rebuild, without
+/// waiting for the human; an answer the client still sends is void. Modern era (the call was
+/// answered with the form): the retry's answer is void.
 fn rebuild_voids_the_answer(name: &str, client: Client) {
     let mut s = Scenario::new(name, secs(200));
     let mut d = driver_for(&mut s, client);
@@ -153,12 +156,25 @@ fn rebuild_voids_the_answer(name: &str, client: Client) {
         "arguments": {"sku": "during-rebuild", "qty": 1}, "timeoutMs": 120_000, "nowait": true}));
     prompt_shown(&mut d);
     let (_, epoch_b, _) = rebuild(&s, &d, &epoch_a, to_b);
-    let r = d.cmd(
-        json!({"op": "answer_elicitation", "action": "accept", "choice": "tool"}),
-        secs(10),
-    );
-    assert_eq!(r["ok"], json!(true), "{r}");
-    let r = d.result(&id, s.within(secs(30)));
+    // The TS client reads on while its form is open; the Python 1.x client's session awaits
+    // its elicitation callback before it reads the next message, so it sees the refusal (and
+    // the withdrawal) only once the human answered: for it, answer first.
+    let r = if client == Client::TsV1Elicit {
+        // Refused at the rebuild, while the form is still held unanswered.
+        let r = d.result(&id, s.within(secs(30)));
+        let _ = d.cmd(
+            json!({"op": "answer_elicitation", "action": "accept", "choice": "tool"}),
+            secs(10),
+        );
+        r
+    } else {
+        let r = d.cmd(
+            json!({"op": "answer_elicitation", "action": "accept", "choice": "tool"}),
+            secs(10),
+        );
+        assert_eq!(r["ok"], json!(true), "{r}");
+        d.result(&id, s.within(secs(30)))
+    };
     assert_eq!(r["ok"], json!(true), "a tool result, not a failure: {r}");
     let p = denial_payload(&r, "authorization_required", client);
     let outcome = host_outcome(&p);
