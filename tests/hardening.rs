@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::session::{Setup, alive};
+use common::session::Setup;
 use serde_json::json;
 
 /// Critical finding "`id: null` bypasses approvals and the audit log": a `tools/call` with
@@ -545,7 +545,7 @@ fn an_audit_log_cut_while_running_refuses_calls_instead_of_killing_run() {
     // Still serving: the supervisor is alive and answers what needs no record.
     let listed = s.list_tools();
     assert!(!listed.is_empty());
-    assert!(alive(s.supervisor_pid()));
+    assert!(common::session::alive(s.supervisor_pid()));
     assert_eq!(
         std::fs::metadata(&log).unwrap().len(),
         0,
@@ -557,6 +557,91 @@ fn an_audit_log_cut_while_running_refuses_calls_instead_of_killing_run() {
     assert_ne!(verified.code, 0, "{}", verified.stderr);
     verified.assert_stderr_has("is empty, but its anchor records head seq");
     verified.assert_stderr_has("the log was truncated");
+    s.finish();
+}
+
+/// Red-team, session 19: the log cut inside the page `run` is writing, just below the end of
+/// its records (no store faults there). The next call must not run unrecorded: it is refused
+/// (`audit_failed`) and never reaches the server.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+#[test]
+fn an_audit_log_cut_inside_the_page_being_written_refuses_the_next_call() {
+    let setup = Setup::new().arg("--no-gating");
+    let log = setup
+        .project
+        .target_dir()
+        .join("mcp-dev/audit/fake-server.jsonl");
+    let mut s = setup.start();
+    s.ready_legacy();
+    let records_len = |log: &std::path::Path| {
+        let bytes = std::fs::read(log).unwrap();
+        bytes.iter().position(|&c| c == 0).unwrap_or(bytes.len()) as u64
+    };
+    // Calls until the records end well inside a page (a cut 50 bytes back stays in it).
+    for n in 0.. {
+        assert!(n < 200, "the records never ended inside a page");
+        s.call(
+            &format!("{}", 100 + n),
+            "write",
+            json!({"marker": "before"}),
+        );
+        let in_page = records_len(&log) % 4096;
+        if (100..2500).contains(&in_page) {
+            break;
+        }
+    }
+    let cut = records_len(&log) - 50;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&log)
+        .unwrap()
+        .set_len(cut)
+        .unwrap();
+    let refused = s.call("99", "write", json!({"marker": "after-the-cut"}));
+    assert_eq!(
+        refused.tool_error_payload()["error"],
+        "audit_failed",
+        "{}",
+        refused.raw
+    );
+    assert!(
+        !s.fake_log_raw().iter().any(|l| l.contains("after-the-cut")),
+        "the call ran with no audit record"
+    );
+    s.finish();
+}
+
+/// Red-team, session 19: a stray `kill -BUS` used to reset the guard (Rust's handler restores
+/// the default disposition), and the next cut ended `run` again. A sent `SIGBUS` is ignored;
+/// the cut still refuses the call and `run` lives.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+#[test]
+fn a_stray_sigbus_leaves_the_audit_guard_in_place() {
+    let setup = Setup::new().arg("--no-gating");
+    let log = setup
+        .project
+        .target_dir()
+        .join("mcp-dev/audit/fake-server.jsonl");
+    let mut s = setup.start();
+    s.ready_legacy();
+    s.call("1", "write", json!({"marker": "before"}));
+    s.signal(rustix::process::Signal::BUS);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(common::session::alive(s.supervisor_pid()));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&log)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let refused = s.call("2", "write", json!({"marker": "after"}));
+    assert_eq!(
+        refused.tool_error_payload()["error"],
+        "audit_failed",
+        "{}",
+        refused.raw
+    );
+    assert!(common::session::alive(s.supervisor_pid()));
     s.finish();
 }
 

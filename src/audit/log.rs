@@ -673,6 +673,11 @@ impl AuditLog {
             return e.map(Err);
         }
         let region = self.mapped.as_mut()?;
+        // Cut inside the page being written, below the records' end: the kernel zeroed the
+        // rest of that page, and a copy into it would not fault (see `byte_before`).
+        if region.byte_before(self.len).is_some_and(|b| b != b'\n') || region.cut_short() {
+            return Some(Err(self.cut_short()));
+        }
         region.copy_at(self.len, &self.batch);
         if region.cut_short() {
             return Some(Err(self.cut_short()));
@@ -736,7 +741,8 @@ impl AuditLog {
                 // it allocated before ENOSPC, or the map failed after it): cut back to the
                 // records, so the space is free and no `write` lands after it.
                 self.map_batches = false;
-                self.reserved_to.get_or_insert(self.len);
+                // The failed attempt may have grown the file by any amount: all of it is ours.
+                self.reserved_to = Some(u64::MAX);
                 self.release_reservation().map_err(Some)
             }
         }
@@ -778,7 +784,19 @@ impl AuditLog {
     /// failure poisons the writer (a `write` would land past the reserved bytes).
     pub fn release_reservation(&mut self) -> std::io::Result<()> {
         self.mapped = None;
-        if self.reserved_to.is_some() {
+        if let Some(reserved_to) = self.reserved_to {
+            // Someone else may have changed the length behind the map. Shorter than the
+            // records: cut short (not grown back over the cut, which would bury it). Longer
+            // than the reservation: what lies past it is not ours to cut (the next open
+            // judges it). In between: the reservation's NUL bytes, cut off.
+            match self.file.metadata().map(|m| m.len()) {
+                Ok(size) if size < self.len => return Err(self.cut_short()),
+                Ok(size) if size > reserved_to => {
+                    self.reserved_to = None;
+                    return Ok(());
+                }
+                _ => {}
+            }
             if let Err(e) = self.file.set_len(self.len) {
                 self.poisoned = Some(format!(
                     "the space reserved past the last record could not be released ({e})"
@@ -1606,6 +1624,117 @@ mod tests {
         drop(log);
         let err = AuditLog::open(&path, &keys).unwrap_err();
         assert!(err.to_string().contains("truncated"), "{err}");
+    }
+
+    /// Cut inside the page being written, below the records' end (red-team, session 19): no
+    /// store faults there (the page is still part of the file), but the kernel zeroed the
+    /// rest of it, so the last record's newline is gone: the next flush finds that and fails
+    /// closed instead of acknowledging records copied past the end of the file.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    #[test]
+    fn a_cut_inside_the_page_being_written_is_found_by_the_next_flush() {
+        let (_tmp, keys, path) = setup();
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        for n in 0..3 {
+            log.append("x", "R", None, json!({"n": n})).unwrap();
+            log.flush().unwrap();
+        }
+        assert!(
+            log.len % mapped::page_size() > 10,
+            "the records end inside a page"
+        );
+        let cut = log.len - 10;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(cut)
+            .unwrap();
+        log.append("x", "R", None, json!({"n": 3})).unwrap();
+        let err = log.flush().unwrap_err();
+        assert!(err.to_string().contains("cut short"), "{err}");
+        drop(log);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), cut, "left as cut");
+    }
+
+    /// Cut while nothing was being copied, then closed (or rotated): the close used to cut
+    /// the file "back" to the records' length, growing it over the cut with NUL bytes and
+    /// burying it. Now it finds the cut (the file is shorter than the records) and leaves the
+    /// file alone; a rotation due at that point fails closed instead of renaming the cut file
+    /// into a segment.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    #[test]
+    fn closing_or_rotating_a_cut_log_does_not_grow_it_back() {
+        let (_tmp, keys, path) = setup();
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        for n in 0..3 {
+            log.append("x", "R", None, json!({"n": n})).unwrap();
+            log.commit().unwrap();
+        }
+        let cut_to = |len: u64| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_len(len)
+                .unwrap()
+        };
+        cut_to(0);
+        drop(log);
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            0,
+            "close grew it back"
+        );
+
+        let (_tmp, keys, path) = setup();
+        let opts = AuditOptions {
+            max_segment_bytes: 0,
+            ..AuditOptions::default()
+        };
+        let mut log = AuditLog::open_with(&path, &keys, &opts).unwrap();
+        for n in 0..3 {
+            log.append("x", "R", None, json!({"n": n})).unwrap();
+            log.commit().unwrap();
+        }
+        log.opts.max_segment_bytes = log.len + 10;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        let err = log
+            .append("x", "R", None, json!({"n": 3, "pad": "p".repeat(100)}))
+            .unwrap_err();
+        assert!(err.to_string().contains("cut short"), "{err}");
+        assert!(
+            scan::list_segments(&path).unwrap().is_empty(),
+            "the cut file was not rotated into a segment"
+        );
+        drop(log);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+    }
+
+    /// Grown past the writer's reservation by someone else: not the writer's to cut at close
+    /// (the next open judges what is there).
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    #[test]
+    fn bytes_past_the_reservation_are_not_cut_at_close() {
+        let (_tmp, keys, path) = setup();
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        log.append("x", "R", None, json!({"n": 0})).unwrap();
+        log.commit().unwrap();
+        let reserved = log.reserved_to.unwrap();
+        let grown = reserved + 100;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(grown)
+            .unwrap();
+        drop(log);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), grown);
     }
 
     /// Cut between two copies, to above the records' end: the copies still land (the records

@@ -55,11 +55,10 @@ impl State {
     }
 
     /// Drops the first `n` bytes of the queue (written): whole lines, then a partial front.
+    /// Lines with nothing left to write (empty ones) go too, even when `n` is 0: a `writev`
+    /// of only those writes nothing, and `pump` would offer them again forever.
     fn consume(&mut self, mut n: usize) {
-        while n > 0 {
-            let Some(front) = self.queue.front() else {
-                break;
-            };
+        while let Some(front) = self.queue.front() {
             let left = front.len() - self.offset;
             if n < left {
                 self.offset += n;
@@ -200,7 +199,9 @@ impl Outlet {
         if st.broken || st.close {
             return Ok(());
         }
-        if !st.queue.is_empty() && st.queued_bytes.saturating_add(bytes.len()) > bound {
+        // Lines the writer thread holds count as waiting too (they are in `queued_bytes`).
+        let waiting = !st.queue.is_empty() || st.busy;
+        if waiting && st.queued_bytes.saturating_add(bytes.len()) > bound {
             st.dropped += 1;
             return Err(Full {
                 dropped: st.dropped,
@@ -503,6 +504,62 @@ mod tests {
         );
     }
 
+    /// An empty line in the queue: `pump` writes what is before it and returns (a `writev` of
+    /// only empty lines writes nothing, and used to be offered again forever, under the lock).
+    #[test]
+    fn pump_passes_empty_lines_and_returns() {
+        let (mut reader, writer) = std::io::pipe().unwrap();
+        let out = Outlet::new("empty", OwnedFd::from(writer), || {});
+        // Let the writer thread park first: lines queued before it starts are its to write.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        out.queue(b"a\n".to_vec(), false).unwrap();
+        out.queue(Vec::new(), false).unwrap();
+        out.queue(b"b\n".to_vec(), false).unwrap();
+        out.queue(Vec::new(), false).unwrap();
+        let pumping = out.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            pumping.pump();
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(5))
+            .expect("pump returned");
+        assert_eq!(out.backlog(), 0);
+        let mut got = [0u8; 4];
+        reader.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"a\nb\n");
+    }
+
+    /// Lines the writer thread holds count against the bound of `queue` as they do for
+    /// `send_droppable`: with the queue empty but a batch in flight, a notification that would
+    /// pass the bound is refused, not queued.
+    #[test]
+    fn queue_counts_the_batch_in_flight_against_its_bound() {
+        let (reader, mut writer) = std::io::pipe().unwrap();
+        // A full pipe (its default 64 KiB, written before the outlet has it).
+        std::io::Write::write_all(&mut writer, &[b'f'; 64 << 10]).unwrap();
+        let out = Outlet::with_limit("busy", OwnedFd::from(writer), 64 << 10, || {});
+        // More than the bound, queued then pumped at once: the pump finds the pipe full and
+        // the writer thread takes them all (fewer than a batch's lines) and waits.
+        for _ in 0..10 {
+            out.queue(vec![b'm'; 16 << 10], false).unwrap();
+        }
+        out.pump();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while out.backlog() > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the writer took the lines"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(out.queued_bytes() > 64 << 10, "{}", out.queued_bytes());
+        let refused = out.queue(vec![b'n'; 1024], true).unwrap_err();
+        assert_eq!(refused.dropped, 1);
+        assert_eq!(out.send_droppable(vec![b'n'; 1024]).unwrap_err().dropped, 2);
+        drop(reader);
+    }
+
     /// Queued lines wait for `pump`, keep their order with lines sent directly, and what a full
     /// pipe does not take goes on through the writer thread.
     #[test]
@@ -581,6 +638,17 @@ mod tests {
         assert_eq!((st.queue.len(), st.offset, st.queued_bytes), (0, 0, 0));
         st.consume(1); // nothing left: no panic
         assert!(st.queue.is_empty());
+        // Empty lines have nothing to write: they go even when nothing was written.
+        st.queue = VecDeque::from([Vec::new(), Vec::new(), b"k\n".to_vec(), Vec::new()]);
+        st.queued_bytes = 2;
+        st.consume(0);
+        assert_eq!(
+            (st.queue.len(), st.offset),
+            (2, 0),
+            "up to the first line with bytes"
+        );
+        st.consume(2);
+        assert!(st.queue.is_empty(), "{:?}", st.queue);
     }
 
     #[test]

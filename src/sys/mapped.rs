@@ -121,6 +121,20 @@ impl MappedRegion {
         }
     }
 
+    /// The byte just before file offset `at`, read through the map (`None` when it is not in
+    /// the region). A file cut inside a page has the rest of that page zeroed by the kernel, so
+    /// the writer reads the last byte of its records (a newline) before each copy: a cut below
+    /// it in the page being written is found here, where no store would fault. A read in a
+    /// page wholly past the file's end faults like a store and is caught the same way
+    /// ([`MappedRegion::cut_short`]).
+    pub fn byte_before(&self, at: u64) -> Option<u8> {
+        let at = at.checked_sub(self.offset)?.checked_sub(1)?;
+        let at = usize::try_from(at).ok().filter(|&i| i < self.len)?;
+        // SAFETY: in bounds (checked above); a volatile read of the shared mapping, which
+        // another process may change (no reference to the mapped bytes is ever formed).
+        Some(unsafe { self.ptr.as_ptr().add(at).read_volatile() })
+    }
+
     /// The file offset just past the region.
     pub fn end(&self) -> u64 {
         self.offset + self.len as u64
@@ -332,11 +346,21 @@ pub(crate) mod cut_guard {
         context: *mut libc::c_void,
     ) {
         // SAFETY: the kernel passes a valid siginfo for a SA_SIGINFO handler.
-        let addr = unsafe { (*info).si_addr() } as usize;
+        let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
+        if code <= 0 {
+            // Sent (`kill`, `sigqueue`, `tgkill`), not a fault: nothing to repair, and its
+            // address is whatever the sender wrote (a forged one must not unmap a live page
+            // of the log). Not passed on either: Rust's handler would reset the disposition
+            // to the default and leave the log unguarded. Ignored.
+            return;
+        }
         let page = PAGE.load(Ordering::Acquire);
         for w in &WATCHED {
             let start = w.start.load(Ordering::Acquire);
-            if start == 0 || addr < start || addr >= w.end.load(Ordering::Acquire) {
+            let end = w.end.load(Ordering::Acquire);
+            // Read again: a slot released and claimed between the two loads is skipped.
+            if start == 0 || addr < start || addr >= end || w.start.load(Ordering::Acquire) != start
+            {
                 continue;
             }
             // SAFETY: the page is inside a region this process mapped and still watches (a
@@ -558,6 +582,70 @@ mod tests {
             .status()
             .unwrap();
         assert_eq!(status.signal(), Some(libc::SIGBUS), "{status:?}");
+    }
+
+    /// A `SIGBUS` sent rather than caused by a fault (`kill -BUS`, or `sigqueue` with a
+    /// forged address inside a watched region) changes nothing: the process goes on, the
+    /// page stays the file's, and the guard still catches a real cut afterwards (red-team,
+    /// session 19: passed on to Rust's handler, a sent one reset the disposition and the next
+    /// cut ended the process). In a child process, as that failure would end this one.
+    #[test]
+    fn a_sent_sigbus_is_ignored_and_the_guard_stays() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "sys::mapped::tests::sent_sigbus_child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("CARGO_MCP_DEV_SENT_SIGBUS", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{:?}: {text}", out.status);
+        assert!(text.contains("sent-sigbus-child: done"), "{text}");
+    }
+
+    #[test]
+    fn sent_sigbus_child() {
+        if std::env::var_os("CARGO_MCP_DEV_SENT_SIGBUS").is_none() {
+            return;
+        }
+        let (_tmp, path, file) = new_file();
+        let page = page_size();
+        let mut region = MappedRegion::reserve(&file, 0, 4 * page as usize).unwrap();
+        region.copy_at(0, b"first\n");
+        // SAFETY: signals to this process and thread; the handler ignores sent ones.
+        unsafe {
+            libc::raise(libc::SIGBUS);
+            // A queued SIGBUS naming an address inside the region (siginfo laid out by hand:
+            // signo, errno, code, then the address at byte 16).
+            let mut info = [0u64; 16];
+            let head = info.as_mut_ptr().cast::<i32>();
+            *head = libc::SIGBUS;
+            *head.add(2) = libc::SI_QUEUE;
+            info[2] = region.ptr.as_ptr() as u64 + 8;
+            let r = libc::syscall(
+                libc::SYS_rt_tgsigqueueinfo,
+                libc::getpid(),
+                libc::gettid(),
+                libc::SIGBUS,
+                info.as_ptr(),
+            );
+            assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+        }
+        assert!(!region.cut_short(), "a sent signal is not a cut");
+        region.copy_at(6, b"second\n");
+        assert_eq!(&std::fs::read(&path).unwrap()[..13], b"first\nsecond\n");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        region.copy_at(2 * page, b"past the cut");
+        assert!(region.cut_short(), "still guarded");
+        eprintln!("sent-sigbus-child: done");
     }
 
     /// The child of the test above (does nothing unless asked): installs the guard with a
