@@ -611,6 +611,48 @@ fn an_audit_log_cut_inside_the_page_being_written_refuses_the_next_call() {
     s.finish();
 }
 
+/// Red-team, session 19: the reservation's NUL bytes trimmed off a live log (the file cut
+/// exactly at the records' end: no store faults, no newline is lost). At a host's pace the
+/// next call's flush compares the file's length first: refused, never forwarded.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+#[test]
+fn trimming_the_nul_bytes_off_a_live_log_refuses_the_next_call() {
+    let setup = Setup::new().arg("--no-gating");
+    let log = setup
+        .project
+        .target_dir()
+        .join("mcp-dev/audit/fake-server.jsonl");
+    let mut s = setup.start();
+    s.ready_legacy();
+    s.call("1", "write", json!({"marker": "before"}));
+    let bytes = std::fs::read(&log).unwrap();
+    let records = bytes
+        .iter()
+        .position(|&c| c == 0)
+        .expect("a live log ends in NULs");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&log)
+        .unwrap()
+        .set_len(records as u64)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(5)); // a host's pace
+    let refused = s.call("2", "write", json!({"marker": "after-the-trim"}));
+    assert_eq!(
+        refused.tool_error_payload()["error"],
+        "audit_failed",
+        "{}",
+        refused.raw
+    );
+    assert!(
+        !s.fake_log_raw()
+            .iter()
+            .any(|l| l.contains("after-the-trim")),
+        "the call ran with no audit record"
+    );
+    s.finish();
+}
+
 /// Red-team, session 19: a stray `kill -BUS` used to reset the guard (Rust's handler restores
 /// the default disposition), and the next cut ended `run` again. A sent `SIGBUS` is ignored;
 /// the cut still refuses the call and `run` lives.

@@ -190,6 +190,13 @@ impl FromStr for FsyncPolicy {
 pub const WRITER_LOCK_WAIT: Duration = Duration::from_secs(3);
 /// The anchor is rewritten by `flush` when its last write is older than this.
 pub const ANCHOR_LAG: Duration = Duration::from_millis(200);
+
+/// A flush through the map compares the file's length with the end of the records it is about
+/// to copy (one `fstat`) when the last comparison is older than this: every flush at a host's
+/// pace, about one in forty back to back. A file cut at or past the records' end (its
+/// reservation's NUL bytes trimmed) neither faults nor loses a newline, so this is what finds
+/// it before the next call is forwarded (see `docs/SECURITY.md`).
+pub const LENGTH_CHECK_EVERY: Duration = Duration::from_millis(1);
 /// Default size at which the active file rotates into a segment (config
 /// `audit-max-segment-bytes`).
 pub const DEFAULT_MAX_SEGMENT_BYTES: u64 = 64 << 20;
@@ -260,6 +267,9 @@ pub struct AuditLog {
     /// Seq named by the anchor on disk, and when this writer last wrote it.
     anchored: Option<u64>,
     anchored_at: Instant,
+    /// When a flush last compared the file's length with the records' (see
+    /// [`LENGTH_CHECK_EVERY`]); `None`: not yet.
+    length_checked: Option<Instant>,
     /// The anchor was rewritten since its last fsync.
     anchor_unsynced: bool,
     /// Seq of the last [`AnchorUpdate`] handed out since the last commit.
@@ -389,6 +399,7 @@ impl AuditLog {
             anchored_at: Instant::now()
                 .checked_sub(ANCHOR_LAG)
                 .unwrap_or_else(Instant::now),
+            length_checked: None,
             rotatable: false,
             poisoned: None,
             clock: RecordClock::default(),
@@ -672,6 +683,17 @@ impl AuditLog {
         {
             return e.map(Err);
         }
+        // Not mapped: the reservation failed and was cut back, the caller writes.
+        self.mapped.as_ref()?;
+        if self
+            .length_checked
+            .is_none_or(|at| at.elapsed() >= LENGTH_CHECK_EVERY)
+        {
+            self.length_checked = Some(Instant::now());
+            if self.file.metadata().is_ok_and(|m| m.len() < end) {
+                return Some(Err(self.cut_short()));
+            }
+        }
         let region = self.mapped.as_mut()?;
         // Cut inside the page being written, below the records' end: the kernel zeroed the
         // rest of that page, and a copy into it would not fault (see `byte_before`).
@@ -696,10 +718,11 @@ impl AuditLog {
         self.reserved_to = None;
         let now = std::fs::metadata(&self.path).map(|m| m.len()).ok();
         let reason = format!(
-            "cut short by another process while this run was writing it ({} bytes where {} were written); \
+            "cut short by another process while this run was writing it (the file has {} bytes; \
+             the records this run wrote or was writing end at byte {}); \
              the records past the cut are lost; the next `cargo mcp-dev run` sets it aside and starts a new chain",
             now.map_or_else(|| "?".to_string(), |n| n.to_string()),
-            self.len
+            self.len + self.batch.len() as u64
         );
         // The anchor names the last record this writer wrote, whatever it lagged: the next
         // start then finds the log shorter than its anchor and sets it aside, instead of
@@ -815,6 +838,13 @@ impl AuditLog {
         self.file
             .sync_data()
             .map_err(AuditError::io("sync audit log", &self.path))?;
+        // Synced is on disk only if the file still holds the records (a cut that no copy
+        // noticed, see `LENGTH_CHECK_EVERY`): checked here, where it costs nothing beside the
+        // sync, so `audit-fsync = every` never acknowledges a record that is not in the file.
+        if self.file.metadata().is_ok_and(|m| m.len() < self.len) {
+            let _ = self.cut_short();
+            return Err(self.corrupt(self.poisoned.clone().unwrap_or_default()));
+        }
         self.synced_len = self.len;
         Ok(())
     }
@@ -1655,6 +1685,50 @@ mod tests {
         assert!(err.to_string().contains("cut short"), "{err}");
         drop(log);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), cut, "left as cut");
+    }
+
+    /// Cut exactly at the records' end (the reservation's NUL bytes trimmed off a live log;
+    /// red-team, session 19): no store faults and the last newline stays, so the length is
+    /// compared before the copy (at most every `LENGTH_CHECK_EVERY`; at a host's pace every
+    /// flush) and after every fsync: no record is acknowledged that is not in the file.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    #[test]
+    fn a_cut_at_the_records_end_is_found_before_a_record_is_acknowledged() {
+        let cut_at_records = |path: &Path, len: u64| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .unwrap()
+                .set_len(len)
+                .unwrap()
+        };
+        // At a host's pace.
+        let (_tmp, keys, path) = setup();
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        log.append("x", "R", None, json!({"n": 0})).unwrap();
+        log.commit().unwrap();
+        cut_at_records(&path, log.len);
+        std::thread::sleep(LENGTH_CHECK_EVERY);
+        log.append("x", "R", None, json!({"n": 1})).unwrap();
+        let err = log.flush().unwrap_err();
+        assert!(err.to_string().contains("cut short"), "{err}");
+        // Back to back under `audit-fsync = every`: the sync finds it, whatever the timing.
+        let (_tmp, keys, path) = setup();
+        let opts = AuditOptions {
+            fsync: FsyncPolicy::Every,
+            ..AuditOptions::default()
+        };
+        let mut log = AuditLog::open_with(&path, &keys, &opts).unwrap();
+        log.append("x", "R", None, json!({"n": 0})).unwrap();
+        log.flush().unwrap();
+        cut_at_records(&path, log.len + 5);
+        log.append("x", "R", None, json!({"n": 1})).unwrap();
+        let err = log.flush().unwrap_err();
+        assert!(err.to_string().contains("cut short"), "{err}");
+        assert!(
+            log.append("x", "R", None, json!({"n": 2})).is_err(),
+            "poisoned"
+        );
     }
 
     /// Cut while nothing was being copied, then closed (or rotated): the close used to cut
