@@ -734,9 +734,9 @@ impl AuditLog {
     }
 
     /// Reserves and maps the file from the page of the last record through `end` (at least
-    /// [`RESERVE_BYTES`]). On failure mapping stops for good: the reservation is cut back
-    /// (`Err(None)`: the caller `write`s; `Err(Some(e))`: the cut failed and the writer is
-    /// poisoned).
+    /// [`RESERVE_BYTES`]). On failure mapping stops for good and the reservation is cut back:
+    /// `Ok(())` with nothing mapped (the caller `write`s), or `Err(Some(e))` when the cut failed
+    /// (the writer is poisoned) or the file was found cut short by someone else.
     fn reserve(&mut self, end: u64) -> Result<(), Option<std::io::Error>> {
         // Cut between two copies (no fault then): a reservation would grow the file back over
         // the cut with NUL bytes and bury it.

@@ -16,9 +16,11 @@
 //! process without a word. A guard ([`cut_guard`]) catches the faults that land in a region it
 //! mapped: it puts a private zero page where the file's page was (the copy completes, into
 //! memory that is not the file) and marks the region [`MappedRegion::cut_short`]; the writer
-//! checks that after every copy and fails closed with a message. A `SIGBUS` anywhere else goes
-//! on to the handler that was there before (Rust's own, which ends the process), as if the guard
-//! were not installed.
+//! checks that after every copy and fails closed with a message. A fault anywhere else goes on
+//! to the handler that was there before (Rust's own, which ends the process), as if the guard
+//! were not installed; a `SIGBUS` that was sent rather than raised by a fault is ignored. A cut
+//! that no store faults on (inside the page being written) is for the writer to find: see
+//! [`MappedRegion::byte_before`] and `audit::log`'s length checks.
 #![allow(unsafe_code)]
 
 use std::fs::File;
