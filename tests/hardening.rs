@@ -497,6 +497,47 @@ fn a_foreign_lock_on_the_audit_log_does_not_block_calls() {
     s.finish();
 }
 
+/// A session on the fake server without gating, ready, and the path of its audit log (the
+/// tests of a log cut while `run` writes it).
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn ungated_session_and_log() -> (common::session::Session, std::path::PathBuf) {
+    let setup = Setup::new().arg("--no-gating");
+    let log = setup
+        .project
+        .target_dir()
+        .join("mcp-dev/audit/fake-server.jsonl");
+    let mut s = setup.start();
+    s.ready_legacy();
+    (s, log)
+}
+
+/// Cuts `path` to `len` bytes, as another process would.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn cut_file(path: &std::path::Path, len: u64) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+}
+
+/// `m` is an `audit_failed` refusal, and the call carrying `marker` never reached the server.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn assert_refused_unrecorded(
+    s: &common::session::Session,
+    m: &common::rpc::Msg,
+    marker: &str,
+) -> serde_json::Value {
+    let payload = m.tool_error_payload();
+    assert_eq!(payload["error"], "audit_failed", "{}", m.raw);
+    assert!(
+        !s.fake_log_raw().iter().any(|l| l.contains(marker)),
+        "the call ran with no audit record"
+    );
+    payload
+}
+
 /// The audit log cut by another process while `run` writes it through its map (`: > log`, a
 /// log rotator's `copytruncate`): the next record used to land past the end of the file, and
 /// `SIGBUS` ended the supervisor without a word (the host lost its server). Now the call is
@@ -506,13 +547,7 @@ fn a_foreign_lock_on_the_audit_log_does_not_block_calls() {
 #[cfg(any(target_os = "linux", target_os = "android"))]
 #[test]
 fn an_audit_log_cut_while_running_refuses_calls_instead_of_killing_run() {
-    let setup = Setup::new().arg("--no-gating");
-    let log = setup
-        .project
-        .target_dir()
-        .join("mcp-dev/audit/fake-server.jsonl");
-    let mut s = setup.start();
-    s.ready_legacy();
+    let (mut s, log) = ungated_session_and_log();
     let before = s.call("1", "write", json!({"marker": "before"}));
     assert_eq!(
         before.result()["structuredContent"]["args"],
@@ -520,15 +555,9 @@ fn an_audit_log_cut_while_running_refuses_calls_instead_of_killing_run() {
         "{}",
         before.raw
     );
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&log)
-        .unwrap()
-        .set_len(0)
-        .unwrap();
+    cut_file(&log, 0);
     let refused = s.call("2", "write", json!({"marker": "after"}));
-    let payload = refused.tool_error_payload();
-    assert_eq!(payload["error"], "audit_failed", "{}", refused.raw);
+    let payload = assert_refused_unrecorded(&s, &refused, "after");
     assert!(
         payload["reason"]
             .as_str()
@@ -538,10 +567,6 @@ fn an_audit_log_cut_while_running_refuses_calls_instead_of_killing_run() {
     );
     let line = s.wait_stderr("call refused: audit log unavailable");
     assert!(line.contains("cut short"), "{line}");
-    assert!(
-        !s.fake_log_raw().iter().any(|l| l.contains("after")),
-        "the refused call never reached the server"
-    );
     // Still serving: the supervisor is alive and answers what needs no record.
     let listed = s.list_tools();
     assert!(!listed.is_empty());
@@ -566,13 +591,7 @@ fn an_audit_log_cut_while_running_refuses_calls_instead_of_killing_run() {
 #[cfg(any(target_os = "linux", target_os = "android"))]
 #[test]
 fn an_audit_log_cut_inside_the_page_being_written_refuses_the_next_call() {
-    let setup = Setup::new().arg("--no-gating");
-    let log = setup
-        .project
-        .target_dir()
-        .join("mcp-dev/audit/fake-server.jsonl");
-    let mut s = setup.start();
-    s.ready_legacy();
+    let (mut s, log) = ungated_session_and_log();
     let records_len = |log: &std::path::Path| {
         let bytes = std::fs::read(log).unwrap();
         bytes.iter().position(|&c| c == 0).unwrap_or(bytes.len()) as u64
@@ -591,23 +610,9 @@ fn an_audit_log_cut_inside_the_page_being_written_refuses_the_next_call() {
         }
     }
     let cut = records_len(&log) - 50;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&log)
-        .unwrap()
-        .set_len(cut)
-        .unwrap();
+    cut_file(&log, cut);
     let refused = s.call("99", "write", json!({"marker": "after-the-cut"}));
-    assert_eq!(
-        refused.tool_error_payload()["error"],
-        "audit_failed",
-        "{}",
-        refused.raw
-    );
-    assert!(
-        !s.fake_log_raw().iter().any(|l| l.contains("after-the-cut")),
-        "the call ran with no audit record"
-    );
+    assert_refused_unrecorded(&s, &refused, "after-the-cut");
     s.finish();
 }
 
@@ -617,39 +622,17 @@ fn an_audit_log_cut_inside_the_page_being_written_refuses_the_next_call() {
 #[cfg(any(target_os = "linux", target_os = "android"))]
 #[test]
 fn trimming_the_nul_bytes_off_a_live_log_refuses_the_next_call() {
-    let setup = Setup::new().arg("--no-gating");
-    let log = setup
-        .project
-        .target_dir()
-        .join("mcp-dev/audit/fake-server.jsonl");
-    let mut s = setup.start();
-    s.ready_legacy();
+    let (mut s, log) = ungated_session_and_log();
     s.call("1", "write", json!({"marker": "before"}));
     let bytes = std::fs::read(&log).unwrap();
     let records = bytes
         .iter()
         .position(|&c| c == 0)
         .expect("a live log ends in NULs");
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&log)
-        .unwrap()
-        .set_len(records as u64)
-        .unwrap();
+    cut_file(&log, records as u64);
     std::thread::sleep(Duration::from_millis(5)); // a host's pace
     let refused = s.call("2", "write", json!({"marker": "after-the-trim"}));
-    assert_eq!(
-        refused.tool_error_payload()["error"],
-        "audit_failed",
-        "{}",
-        refused.raw
-    );
-    assert!(
-        !s.fake_log_raw()
-            .iter()
-            .any(|l| l.contains("after-the-trim")),
-        "the call ran with no audit record"
-    );
+    assert_refused_unrecorded(&s, &refused, "after-the-trim");
     s.finish();
 }
 
@@ -659,30 +642,14 @@ fn trimming_the_nul_bytes_off_a_live_log_refuses_the_next_call() {
 #[cfg(any(target_os = "linux", target_os = "android"))]
 #[test]
 fn a_stray_sigbus_leaves_the_audit_guard_in_place() {
-    let setup = Setup::new().arg("--no-gating");
-    let log = setup
-        .project
-        .target_dir()
-        .join("mcp-dev/audit/fake-server.jsonl");
-    let mut s = setup.start();
-    s.ready_legacy();
+    let (mut s, log) = ungated_session_and_log();
     s.call("1", "write", json!({"marker": "before"}));
     s.signal(rustix::process::Signal::BUS);
     std::thread::sleep(Duration::from_millis(300));
     assert!(common::session::alive(s.supervisor_pid()));
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&log)
-        .unwrap()
-        .set_len(0)
-        .unwrap();
+    cut_file(&log, 0);
     let refused = s.call("2", "write", json!({"marker": "after"}));
-    assert_eq!(
-        refused.tool_error_payload()["error"],
-        "audit_failed",
-        "{}",
-        refused.raw
-    );
+    assert_refused_unrecorded(&s, &refused, "after");
     assert!(common::session::alive(s.supervisor_pid()));
     s.finish();
 }

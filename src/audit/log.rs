@@ -1340,6 +1340,16 @@ mod tests {
         (tmp, keys, path)
     }
 
+    /// Cuts the file at `path` to `len` bytes, as another process would.
+    fn cut_file(path: &Path, len: u64) {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_len(len)
+            .unwrap();
+    }
+
     /// The records' lines (without the space an open writer reserved past them).
     fn lines(path: &Path) -> Vec<String> {
         std::fs::read_to_string(path)
@@ -1582,12 +1592,7 @@ mod tests {
             log.commit().unwrap();
         }
         assert!(log.mapped.is_some(), "batches go through the map");
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_len(0)
-            .unwrap();
+        cut_file(&path, 0);
         log.append("x", "R", None, json!({"n": 3})).unwrap();
         let err = log.flush().unwrap_err();
         assert!(matches!(err, AuditError::CorruptTail { .. }), "{err:?}");
@@ -1638,12 +1643,7 @@ mod tests {
             Some(1),
             "within ANCHOR_LAG the anchor lags"
         );
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_len(anchored_end)
-            .unwrap();
+        cut_file(&path, anchored_end);
         log.append("x", "R", None, json!({"n": n})).unwrap();
         log.flush().unwrap_err();
         assert_eq!(
@@ -1674,12 +1674,7 @@ mod tests {
             "the records end inside a page"
         );
         let cut = log.len - 10;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_len(cut)
-            .unwrap();
+        cut_file(&path, cut);
         log.append("x", "R", None, json!({"n": 3})).unwrap();
         let err = log.flush().unwrap_err();
         assert!(err.to_string().contains("cut short"), "{err}");
@@ -1694,20 +1689,12 @@ mod tests {
     #[cfg(any(target_os = "linux", target_os = "android"))]
     #[test]
     fn a_cut_at_the_records_end_is_found_before_a_record_is_acknowledged() {
-        let cut_at_records = |path: &Path, len: u64| {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(path)
-                .unwrap()
-                .set_len(len)
-                .unwrap()
-        };
         // At a host's pace.
         let (_tmp, keys, path) = setup();
         let mut log = AuditLog::open(&path, &keys).unwrap();
         log.append("x", "R", None, json!({"n": 0})).unwrap();
         log.commit().unwrap();
-        cut_at_records(&path, log.len);
+        cut_file(&path, log.len);
         std::thread::sleep(LENGTH_CHECK_EVERY);
         log.append("x", "R", None, json!({"n": 1})).unwrap();
         let err = log.flush().unwrap_err();
@@ -1721,7 +1708,7 @@ mod tests {
         let mut log = AuditLog::open_with(&path, &keys, &opts).unwrap();
         log.append("x", "R", None, json!({"n": 0})).unwrap();
         log.flush().unwrap();
-        cut_at_records(&path, log.len + 5);
+        cut_file(&path, log.len + 5);
         log.append("x", "R", None, json!({"n": 1})).unwrap();
         let err = log.flush().unwrap_err();
         assert!(err.to_string().contains("cut short"), "{err}");
@@ -1745,15 +1732,7 @@ mod tests {
             log.append("x", "R", None, json!({"n": n})).unwrap();
             log.commit().unwrap();
         }
-        let cut_to = |len: u64| {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .unwrap()
-                .set_len(len)
-                .unwrap()
-        };
-        cut_to(0);
+        cut_file(&path, 0);
         drop(log);
         assert_eq!(
             std::fs::metadata(&path).unwrap().len(),
@@ -1772,12 +1751,7 @@ mod tests {
             log.commit().unwrap();
         }
         log.opts.max_segment_bytes = log.len + 10;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_len(0)
-            .unwrap();
+        cut_file(&path, 0);
         let err = log
             .append("x", "R", None, json!({"n": 3, "pad": "p".repeat(100)}))
             .unwrap_err();
@@ -1801,12 +1775,7 @@ mod tests {
         log.commit().unwrap();
         let reserved = log.reserved_to.unwrap();
         let grown = reserved + 100;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_len(grown)
-            .unwrap();
+        cut_file(&path, grown);
         drop(log);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), grown);
     }
@@ -1821,12 +1790,7 @@ mod tests {
         log.append("x", "R", None, json!({"n": 0})).unwrap();
         log.flush().unwrap();
         let records = log.len;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_len(records / 2)
-            .unwrap();
+        cut_file(&path, records / 2);
         // The cut is inside the first page, which is still mapped: no copy faults there; the
         // next reservation is what finds the cut.
         let err = log.reserve(log.len + RESERVE_BYTES).unwrap_err().unwrap();
@@ -2076,12 +2040,7 @@ mod tests {
         assert_eq!(std::fs::metadata(&path).unwrap().len(), whole + 10);
 
         // The anchored record itself cut short.
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_len(whole - 5)
-            .unwrap();
+        cut_file(&path, whole - 5);
         let err = AuditLog::open(&path, &keys).unwrap_err();
         assert!(matches!(err, AuditError::CorruptTail { .. }), "{err:?}");
         assert!(err.to_string().contains("truncated"), "{err}");

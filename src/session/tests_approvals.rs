@@ -15,6 +15,14 @@ fn ready(h: &mut Harness) -> String {
     h.current_epoch().expect("running")
 }
 
+/// The `approval.outcome` a refused call's result carries.
+fn approval_outcome(answer: &Value) -> String {
+    answer["result"]["_meta"]["dev.cargo-mcp-dev/error"]["approval"]["outcome"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 #[test]
 fn approve_call_grants_exactly_the_denied_call_once() {
     let mut h = Harness::new(|_| {});
@@ -366,10 +374,7 @@ fn a_rebuild_during_the_prompt_voids_the_answer() {
         "{reason}"
     );
     let a = h.answer(&call).expect("refused at the rebuild");
-    let outcome = a["result"]["_meta"]["dev.cargo-mcp-dev/error"]["approval"]["outcome"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let outcome = approval_outcome(&a);
     assert!(outcome.contains("rebuilt during the prompt"), "{outcome}");
     assert!(h.s.prompts.is_empty());
     // The host's answer that still comes finds no open prompt: nothing is granted, and the
@@ -413,10 +418,7 @@ fn a_server_exit_during_the_prompt_withdraws_it() {
     });
     assert_eq!(h.host_notes("notifications/cancelled"), 1);
     let a = h.answer(&call).expect("refused at the exit");
-    let outcome = a["result"]["_meta"]["dev.cargo-mcp-dev/error"]["approval"]["outcome"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let outcome = approval_outcome(&a);
     assert!(
         outcome.contains(&format!(
             "the server exited during the prompt (epoch {epoch}"

@@ -450,6 +450,16 @@ mod tests {
         assert_eq!(&std::fs::read(&path).unwrap()[..9], b"head\nrec\n");
     }
 
+    /// Cuts the file at `path` to `len` bytes, as another process would.
+    fn cut_file(path: &std::path::Path, len: u64) {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_len(len)
+            .unwrap();
+    }
+
     /// An empty file opened as the audit writer opens its log (read + append).
     fn new_file() -> (tempfile::TempDir, std::path::PathBuf, File) {
         let tmp = tempfile::tempdir().unwrap();
@@ -561,12 +571,7 @@ mod tests {
         let mut region = MappedRegion::reserve(&file, 0, 4 * page as usize).unwrap();
         region.copy_at(0, b"kept\n");
         assert!(!region.cut_short());
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_len(page)
-            .unwrap();
+        cut_file(&path, page);
         region.copy_at(1, b"still in the file");
         assert!(!region.cut_short(), "a copy before the cut lands");
         region.copy_at(2 * page + 7, b"past the cut");
@@ -655,12 +660,7 @@ mod tests {
         assert!(!region.cut_short(), "a sent signal is not a cut");
         region.copy_at(6, b"second\n");
         assert_eq!(&std::fs::read(&path).unwrap()[..13], b"first\nsecond\n");
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_len(0)
-            .unwrap();
+        cut_file(&path, 0);
         region.copy_at(2 * page, b"past the cut");
         assert!(region.cut_short(), "still guarded");
         eprintln!("sent-sigbus-child: done");
@@ -688,12 +688,7 @@ mod tests {
                 0,
             )
             .unwrap();
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(&path2)
-                .unwrap()
-                .set_len(0)
-                .unwrap();
+            cut_file(&path2, 0);
             ptr.cast::<u8>().write_volatile(1);
         }
         unreachable!("the store past the cut ends the process");
