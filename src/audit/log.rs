@@ -690,14 +690,14 @@ impl AuditLog {
             .is_none_or(|at| at.elapsed() >= LENGTH_CHECK_EVERY)
         {
             self.length_checked = Some(Instant::now());
-            if self.file.metadata().is_ok_and(|m| m.len() < end) {
+            if self.file_shorter_than(end) {
                 return Some(Err(self.cut_short()));
             }
         }
         let region = self.mapped.as_mut()?;
         // Cut inside the page being written, below the records' end: the kernel zeroed the
         // rest of that page, and a copy into it would not fault (see `byte_before`).
-        if region.byte_before(self.len).is_some_and(|b| b != b'\n') || region.cut_short() {
+        if region.byte_before(self.len).is_some_and(|b| b != b'\n') {
             return Some(Err(self.cut_short()));
         }
         region.copy_at(self.len, &self.batch);
@@ -705,6 +705,11 @@ impl AuditLog {
             return Some(Err(self.cut_short()));
         }
         Some(Ok(self.batch.len()))
+    }
+
+    /// Whether the file is now shorter than `len` bytes: cut by someone else (one `fstat`).
+    fn file_shorter_than(&self, len: u64) -> bool {
+        self.file.metadata().is_ok_and(|m| m.len() < len)
     }
 
     /// The file was cut shorter than the records this writer put in it (someone truncated it
@@ -740,7 +745,7 @@ impl AuditLog {
     fn reserve(&mut self, end: u64) -> Result<(), Option<std::io::Error>> {
         // Cut between two copies (no fault then): a reservation would grow the file back over
         // the cut with NUL bytes and bury it.
-        if self.file.metadata().is_ok_and(|m| m.len() < self.len) {
+        if self.file_shorter_than(self.len) {
             return Err(Some(self.cut_short()));
         }
         // Unmapped before the next reservation: one region of the file mapped at a time.
@@ -841,7 +846,7 @@ impl AuditLog {
         // Synced is on disk only if the file still holds the records (a cut that no copy
         // noticed, see `LENGTH_CHECK_EVERY`): checked here, where it costs nothing beside the
         // sync, so `audit-fsync = every` never acknowledges a record that is not in the file.
-        if self.file.metadata().is_ok_and(|m| m.len() < self.len) {
+        if self.file_shorter_than(self.len) {
             let _ = self.cut_short();
             return Err(self.corrupt(self.poisoned.clone().unwrap_or_default()));
         }
