@@ -27,14 +27,14 @@ WORK="${WORK:-${TMPDIR:-/tmp}/cargo-mcp-dev-proxy-ab}"
 mkdir -p "$WORK"
 # Columns of the report's tables: variant, then the figure.
 pick() { # file, section start, section end, column
-  sed -n "/$2/,/$3/p" "$1" | grep -E '^\| (relay|run|audit-relay|mmap-relay|run-b) \|' \
+  sed -n "/$2/,/$3/p" "$1" | grep -E '^\| (relay|run|audit-relay|mmap-relay|seal-relay|run-b) \|' \
     | awk -F'|' -v c="$4" '{gsub(/ /, "", $2); gsub(/ /, "", $c); printf "%s %s  ", $2, $c}'
 }
 for r in $(seq "$ROUNDS"); do
   out="$WORK/ab-$r.md"
   taskset -c "$PIN_CPU" "$bench" --mcp-dev "$new" --mcp-dev-b "$old" \
     --fixture "$root/tests/fixtures/fake-server" --work "$WORK/w" \
-    --calls "$CALLS" --pipelined "$PIPELINED" --spaced "$SPACED" --spaced-gap-ms "$SPACED_GAP_MS" --mmap-relay \
+    --calls "$CALLS" --pipelined "$PIPELINED" --spaced "$SPACED" --spaced-gap-ms "$SPACED_GAP_MS" --mmap-relay --seal-relay \
     --phases latency,spaced,throughput > "$out"
   echo "round $r: p50 µs: $(pick "$out" '^## 1\.' 'On-CPU' 4)"
   echo "round $r: spaced p50 µs: $(pick "$out" '^## 1b' 'Spaced p50' 4)"

@@ -13,7 +13,9 @@
 # Caveat: under valgrind the CPU's SHA extensions are not offered, so `sha2` runs its portable
 # code (about 2,500 instructions per 64-byte block, where the SHA-NI code the real run uses
 # needs a small fraction of that); the report gives the figure with and without
-# `compress256`. Knobs: CALLS_A (1000), CALLS_B (4000), WORK ($TMPDIR/cargo-mcp-dev-instr).
+# `compress256`. seal-relay (`src/bin/relay.rs`) is the floor of sealing each message into
+# `run`'s chain: `run` minus it is the work beyond the two seals.
+# Knobs: CALLS_A (1000), CALLS_B (4000), WORK ($TMPDIR/cargo-mcp-dev-instr).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -33,13 +35,13 @@ exec valgrind --tool=callgrind --callgrind-out-file="$WORK/cg/run.%p" "$bin" "\$
 EOS
 cat > "$WORK/relay.sh" <<EOS
 #!/bin/sh
-exec valgrind --tool=callgrind --callgrind-out-file="$WORK/cg/relay\${AUDIT_RELAY_LOG:+-audit}.%p" "$relay" "\$@"
+exec valgrind --tool=callgrind --callgrind-out-file="$WORK/cg/relay\${AUDIT_RELAY_LOG:+-audit}\${AUDIT_RELAY_SEAL:+-seal}.%p" "$relay" "\$@"
 EOS
 chmod +x "$WORK/run.sh" "$WORK/relay.sh"
 for n in "$CALLS_A" "$CALLS_B"; do
   "$bench" --mcp-dev "$WORK/run.sh" --relay "$WORK/relay.sh" \
     --fixture "$root/tests/fixtures/fake-server" --work "$WORK/w" \
-    --calls "$n" --warmup 200 --phases latency > "$WORK/report-$n.md" 2> "$WORK/progress-$n.log"
+    --calls "$n" --warmup 200 --seal-relay --phases latency > "$WORK/report-$n.md" 2> "$WORK/progress-$n.log"
   mkdir -p "$WORK/cg/$n"
   mv "$WORK"/cg/run.* "$WORK"/cg/relay* "$WORK/cg/$n/"
 done
@@ -47,7 +49,7 @@ python3 - "$WORK/cg" "$CALLS_A" "$CALLS_B" <<'EOS'
 import re, subprocess, sys, glob
 cg, a, b = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 def costs(path):
-    out = subprocess.run(["callgrind_annotate", "--inclusive=no", "--threshold=100", path],
+    out = subprocess.run(["callgrind_annotate", "--auto=no", "--inclusive=no", "--threshold=100", path],
                          capture_output=True, text=True, check=True).stdout
     d = {}
     for line in out.splitlines():
@@ -63,7 +65,7 @@ def per_call(kind):
 print("| variant | instructions per call | without sha256 compress |")
 print("|---|---|---|")
 runs = {}
-for kind, name in [("relay", "relay"), ("relay-audit", "audit-relay"), ("run", "run")]:
+for kind, name in [("relay", "relay"), ("relay-audit", "audit-relay"), ("relay-audit-seal", "seal-relay"), ("run", "run")]:
     d = per_call(kind)
     runs[name] = d
     total = d.get("PROGRAM TOTALS", 0)

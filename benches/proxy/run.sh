@@ -37,7 +37,7 @@ PIN_CPU="${PIN_CPU:-$(( $(nproc) - 1 ))}"
 common=(--mcp-dev "$MCP_DEV_BIN" --fixture "$root/tests/fixtures/fake-server"
         --calls "$CALLS" --pipelined "$PIPELINED" --tp-rounds "$TP_ROUNDS"
         --list-calls "$LIST_CALLS" --list-big-calls "$LIST_BIG_CALLS" --list-spaced "$LIST_SPACED"
-        --spaced "$SPACED" --spaced-gap-ms "$SPACED_GAP_MS" --mmap-relay
+        --spaced "$SPACED" --spaced-gap-ms "$SPACED_GAP_MS" --mmap-relay --seal-relay
         --clk-tck "$(getconf CLK_TCK)")
 
 report="$root/target/bench-proxy/report.md"

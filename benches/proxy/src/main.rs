@@ -24,6 +24,8 @@
 //!
 //! `--mmap-relay` adds the audit-relay in its mapped mode (`src/bin/relay.rs`) as the variant
 //! `mmap-relay`: the floor of recording every message the way `run` writes its log on Linux.
+//! `--seal-relay` adds it sealing every message into a hash chain first (`seal-relay`): the floor
+//! of a proxy that seals each message with `run`'s hash and MAC before passing it on.
 //!
 //! `--mcp-dev-b OTHER` runs a second `cargo-mcp-dev` (say, the commit before a change) as the
 //! variant `run-b` in the latency, spaced and throughput phases, beside the first, in the same rotation:
@@ -53,6 +55,8 @@ struct Opts {
     mcp_dev_b: Option<PathBuf>,
     /// Also run the audit-relay writing through a shared map (`--mmap-relay`).
     mmap_relay: bool,
+    /// Also run the audit-relay sealing every message into a chain (`--seal-relay`).
+    seal_relay: bool,
     relay: PathBuf,
     hops: PathBuf,
     fixture: PathBuf,
@@ -86,6 +90,7 @@ fn parse_opts() -> Opts {
         mcp_dev: PathBuf::from("target/release/cargo-mcp-dev"),
         mcp_dev_b: None,
         mmap_relay: false,
+        seal_relay: false,
         relay: PathBuf::new(),
         hops: PathBuf::new(),
         fixture: PathBuf::from("tests/fixtures/fake-server"),
@@ -128,6 +133,7 @@ fn parse_opts() -> Opts {
             "--relay" => o.relay = val().into(),
             "--mcp-dev-b" => o.mcp_dev_b = Some(val().into()),
             "--mmap-relay" => o.mmap_relay = true,
+            "--seal-relay" => o.seal_relay = true,
             "--hops-relay" => o.hops = val().into(),
             "--fixture" => o.fixture = val().into(),
             "--work" => o.work = val().into(),
@@ -749,6 +755,19 @@ fn start_variants(
                 .env("AUDIT_RELAY_MMAP", "1");
             conns.push(Conn::spawn("mmap-relay", mmap_cmd, None, &home));
         }
+        if o.seal_relay {
+            // The mapped audit-relay sealing each line into a hash chain first.
+            let mut seal_cmd = with_env(Command::new(&o.relay));
+            seal_cmd
+                .arg(&srv.exe)
+                .env(
+                    "AUDIT_RELAY_LOG",
+                    o.work.join(format!("seal-relay-{tag}.log")),
+                )
+                .env("AUDIT_RELAY_MMAP", "1")
+                .env("AUDIT_RELAY_SEAL", "1");
+            conns.push(Conn::spawn("seal-relay", seal_cmd, None, &home));
+        }
         if let Some(b) = &o.mcp_dev_b {
             let mut b_cmd = with_env(run_command_of(b, srv));
             b_cmd
@@ -963,19 +982,33 @@ fn spaced_phase(o: &Opts, v: &mut Variants, out: &mut String) {
     out.push_str(&mmap_floor_line(v, &s));
 }
 
-/// With `--mmap-relay`: the floor of a proxy that records every message the way `run` writes its
-/// log on Linux (a copy into a mapped file), beside `run`.
+/// With `--mmap-relay` / `--seal-relay`: the floors of a proxy that records every message the
+/// way `run` writes its log on Linux (a copy into a mapped file), and that seals each one into a
+/// hash chain as well, beside `run`.
 fn mmap_floor_line(v: &Variants, s: &[Summary]) -> String {
-    let Some(m) = v.conns.iter().position(|c| c.name == "mmap-relay") else {
-        return String::new();
-    };
-    let floor = s[m].p50;
-    format!(
-        "The floor of a proxy that copies every message into a mapped file before passing it on (mmap-relay: how `run` writes its log on Linux): p50 {floor:.1} µs, {:.3}x the relay; run is {:.3}x that floor (run − mmap-relay: {:.1} µs).\n\n",
-        floor / s[RELAY].p50,
-        s[RUN].p50 / floor,
-        s[RUN].p50 - floor
-    )
+    let mut out = String::new();
+    for (name, what) in [
+        (
+            "mmap-relay",
+            "copies every message into a mapped file before passing it on (mmap-relay: how `run` writes its log on Linux)",
+        ),
+        (
+            "seal-relay",
+            "seals every message into a hash chain (SHA-256 of a canonical record, HMAC-SHA256 of the hash, `run`'s layout) and copies the record into a mapped file before passing it on (seal-relay)",
+        ),
+    ] {
+        let Some(m) = v.conns.iter().position(|c| c.name == name) else {
+            continue;
+        };
+        let floor = s[m].p50;
+        out.push_str(&format!(
+            "The floor of a proxy that {what}: p50 {floor:.1} µs, {:.3}x the relay; run is {:.3}x that floor (run − {name}: {:.1} µs).\n\n",
+            floor / s[RELAY].p50,
+            s[RUN].p50 / floor,
+            s[RUN].p50 - floor
+        ));
+    }
+    out
 }
 
 fn rss_line(label: &str, pid: u32) -> String {
@@ -1059,6 +1092,15 @@ fn throughput_phase(o: &Opts, v: &mut Variants, out: &mut String) {
     }
     let r = summarize(&rates[RUN]).p50 / d;
     let rr = summarize(&rates[RUN]).p50 / summarize(&rates[RELAY]).p50;
+    if let Some(m) = v.conns.iter().position(|c| c.name == "seal-relay") {
+        let floor = summarize(&rates[m]).p50;
+        out.push_str(&format!(
+            "\nThe floor of a proxy that seals every message before passing it on (seal-relay): {floor:.0} calls/s, {:.3}x the relay, {:.1} µs of its CPU per call; run is {:.3}x that floor.\n",
+            floor / summarize(&rates[RELAY]).p50,
+            cpu[m].0 as f64 / 1000.0 / calls,
+            summarize(&rates[RUN]).p50 / floor
+        ));
+    }
     out.push_str(&format!(
         "\nGOAL (issue 15) throughput run/relay >= 0.90: {rr:.3} -> {}\n\nGOAL throughput run/direct >= 0.9: {r:.3} -> {}\n\n",
         met(rr >= 0.9),
