@@ -44,7 +44,7 @@ pub use journal::{
 pub use keys::{Anchor, HOME_ENV, KeyStore};
 pub use log::{
     ANCHOR_LAG, AnchorUpdate, AppendedRecord, AuditLog, AuditOptions, DEFAULT_MAX_SEGMENT_BYTES,
-    FsyncPolicy, ParseFsyncPolicyError, WRITER_LOCK_WAIT,
+    FsyncPolicy, Moment, ParseFsyncPolicyError, WRITER_LOCK_WAIT,
 };
 pub use record_type::*;
 pub use recover::{Recovery, open_for_run, open_for_run_with};

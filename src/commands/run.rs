@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, unbounded};
 
 use crate::approval::{ApprovalMode, CredentialScope, Gating, Policy};
-use crate::audit::{AnchorUpdate, AuditLog, KeyStore};
+use crate::audit::{AnchorUpdate, AuditLog, KeyStore, Moment};
 use crate::cli::{FallbackMode, MessageFormat, RestartMode, RunArgs};
 use crate::config::{GateSetting, LoadedConfig};
 use crate::cycle::{self, Prepared};
@@ -69,6 +69,9 @@ fn deliver_and_pump(me: &Weak<Mutex<Session<Shell>>>, events: Vec<Event>) -> Opt
     let mut session = shared.lock().unwrap_or_else(|e| e.into_inner());
     // Lines for the server are queued under the lock and written after it is released: the
     // write wakes the server, and its answer must not find the session still locked by us.
+    // One reading of the clocks for everything done for these events (see `Moment`).
+    let moment = Moment::now();
+    session.io().begin_moment(moment);
     session.io().pump_later = true;
     if events.len() == 1 {
         // Alone, nothing is held: the intent record is written before the call goes out.
@@ -88,7 +91,7 @@ fn deliver_and_pump(me: &Weak<Mutex<Session<Shell>>>, events: Vec<Event>) -> Opt
         // Likewise the next part of the log's reserved space, when it is nearly used up, and
         // (at a host's pace) its next pages: here no call waits for them (see
         // `AuditLog::reserve_ahead` and [`HOST_PACE`]).
-        let now = Instant::now();
+        let now = moment.mono;
         let paced = shell
             .last_quiet_delivery
             .replace(now)
@@ -101,6 +104,7 @@ fn deliver_and_pump(me: &Weak<Mutex<Session<Shell>>>, events: Vec<Event>) -> Opt
     } else {
         (None, None)
     };
+    session.io().end_moment();
     let ended = session.exit_code().is_some();
     if ended {
         let _ = session.io().done.try_send(());
@@ -190,12 +194,26 @@ struct Shell {
     pumps: Vec<Outlet>,
     /// When the last delivery that sent nothing to a server ended (see [`HOST_PACE`]).
     last_quiet_delivery: Option<Instant>,
+    /// The time of the events a reader thread is delivering (`deliver_and_pump`): the
+    /// session's clocks read it instead of the system's while it is set.
+    moment: Option<Moment>,
     /// The identity file as it was when the running build started (`None`: no build yet;
     /// `Some(None)`: there was no file).
     identity_before: Option<Option<Vec<u8>>>,
 }
 
 impl Shell {
+    /// Everything done until [`Shell::end_moment`] happens at `moment` (records included).
+    fn begin_moment(&mut self, moment: Moment) {
+        self.moment = Some(moment);
+        self.audit.set_moment(moment);
+    }
+
+    fn end_moment(&mut self) {
+        self.moment = None;
+        self.audit.clear_moment();
+    }
+
     /// Writes the records the handled events appended (one `write`). The intent record of a
     /// call never waits for this: it is written before the call is forwarded. A due anchor
     /// rewrite is the caller's: `deliver_and_pump` does it after the session's lock, the event
@@ -710,12 +728,15 @@ impl Io for Shell {
     }
 
     fn now_ms(&mut self) -> u64 {
-        self.started.elapsed().as_millis() as u64
+        let now = self.moment.map_or_else(Instant::now, |m| m.mono);
+        now.saturating_duration_since(self.started).as_millis() as u64
     }
 
     fn wall_ms(&mut self) -> u64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
+        let now = self
+            .moment
+            .map_or_else(std::time::SystemTime::now, |m| m.wall);
+        now.duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0)
     }
@@ -1196,6 +1217,7 @@ pub fn execute(args: RunArgs) -> CmdResult {
         batch_error: None,
         pump_later: false,
         last_quiet_delivery: None,
+        moment: None,
         pumps: Vec::new(),
         identity_before: None,
     };
