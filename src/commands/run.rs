@@ -67,11 +67,12 @@ fn deliver(me: &Weak<Mutex<Session<Shell>>>, events: Vec<Event>) -> bool {
 fn deliver_and_pump(me: &Weak<Mutex<Session<Shell>>>, events: Vec<Event>) -> Option<Vec<Outlet>> {
     let shared = me.upgrade()?;
     let mut session = shared.lock().unwrap_or_else(|e| e.into_inner());
-    // Lines for the server are queued under the lock and written after it is released: the
-    // write wakes the server, and its answer must not find the session still locked by us.
-    // One reading of the clocks for everything done for these events (see `Moment`).
+    // One reading of the clocks for everything done for these events (see `Moment`), taken
+    // under the lock, so moments follow the order the session sees events in.
     let moment = Moment::now();
     session.io().begin_moment(moment);
+    // Lines for the server are queued under the lock and written after it is released: the
+    // write wakes the server, and its answer must not find the session still locked by us.
     session.io().pump_later = true;
     if events.len() == 1 {
         // Alone, nothing is held: the intent record is written before the call goes out.
