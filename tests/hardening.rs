@@ -498,8 +498,7 @@ fn a_foreign_lock_on_the_audit_log_does_not_block_calls() {
 }
 
 /// A session on the fake server without gating, ready, and the path of its audit log (the
-/// tests of a log cut while `run` writes it).
-#[cfg(any(target_os = "linux", target_os = "android"))]
+/// tests of a log cut or removed while `run` writes it).
 fn ungated_session_and_log() -> (common::session::Session, std::path::PathBuf) {
     let setup = Setup::new().arg("--no-gating");
     let log = setup
@@ -633,6 +632,62 @@ fn trimming_the_nul_bytes_off_a_live_log_refuses_the_next_call() {
     std::thread::sleep(Duration::from_millis(5)); // a host's pace
     let refused = s.call("2", "write", json!({"marker": "after-the-trim"}));
     assert_refused_unrecorded(&s, &refused, "after-the-trim");
+    s.finish();
+}
+
+/// `cargo clean` while `run` serves (a Rust developer's everyday command): it takes the audit
+/// log and its lock with the target directory, and `run` went on writing every record into the
+/// removed file: calls were forwarded with no record anyone could read. Now the next flush puts
+/// the log back from the open file, says so on stderr, and the calls after the clean are in it
+/// with a `log_restored` record; `audit verify` passes.
+#[test]
+fn cargo_clean_while_running_keeps_every_record() {
+    let (mut s, log) = ungated_session_and_log();
+    s.call("1", "write", json!({"marker": "before"}));
+    let out = std::process::Command::new("cargo")
+        .args(["clean", "--offline", "--manifest-path"])
+        .arg(s.project.root.join("Cargo.toml"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!log.exists(), "cargo clean took the log");
+    std::thread::sleep(Duration::from_millis(5)); // a host's pace
+    let after = s.call("2", "write", json!({"marker": "after-the-clean"}));
+    assert_eq!(
+        after.result()["structuredContent"]["args"],
+        json!({"marker": "after-the-clean"}),
+        "{}",
+        after.raw
+    );
+    let line = s.wait_stderr_matching("the log put back", |l| {
+        l.contains("was removed while this run was writing it")
+    });
+    assert!(line.contains("the chain continues"), "{line}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let types: Vec<String> = text
+        .trim_end_matches('\0')
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["type"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let restored = types
+        .iter()
+        .position(|t| t == "log_restored")
+        .expect("a log_restored record");
+    let calls = types.iter().filter(|t| *t == "tool_called").count();
+    assert_eq!(calls, 2, "both calls recorded: {types:?}");
+    assert!(restored > 0 && types[0] != "chain_restarted", "{types:?}");
+    // The same chain, whole: the records before the clean are in it too.
+    let verified = s.cli(&["audit", "verify"]);
+    assert_eq!(verified.code, 0, "{}", verified.stderr);
     s.finish();
 }
 

@@ -16,7 +16,10 @@
 //! while it runs; it breaks the chain, and `audit verify` and the next start report it. The
 //! one exception is a file cut shorter than the writer's records while it maps them: the copy
 //! past the cut is caught ([`crate::sys::mapped`]) and the writer fails closed from then on
-//! (see `AuditLog::cut_short`).
+//! (see `AuditLog::cut_short`). Another is a file removed while the writer has it open
+//! (`cargo clean`, `rm`): the records would go on into a file nobody can read, so the writer
+//! puts the file back at its path from its open descriptor and the chain continues (see
+//! `AuditLog::restore_removed`).
 //! Readers (`audit verify`, `audit show`, `audit tail`) never take the lock (see [`super::verify()`]).
 //!
 //! # Group commit: the caller's contract
@@ -286,6 +289,9 @@ pub struct AuditLog {
     moment: Option<Moment>,
     /// Scratch space for the hashed body of the record being sealed.
     body: Vec<u8>,
+    /// What the writer did by itself that its user should be told (one status line), until
+    /// [`AuditLog::take_notice`].
+    notice: Option<String>,
 }
 
 /// The `time` of records: RFC 3339, UTC, milliseconds. The text up to the second is kept and
@@ -421,6 +427,7 @@ impl AuditLog {
             clock: RecordClock::default(),
             moment: None,
             body: Vec::with_capacity(1 << 10),
+            notice: None,
         };
         match log.read_tail() {
             Ok(()) => Ok(log),
@@ -651,6 +658,10 @@ impl AuditLog {
         let before = self.len;
         let result = match self.copy_to_map() {
             Some(copied) => copied,
+            None if self.length_check_due() && self.file_state(0) == FileState::Removed => {
+                self.restore_removed()?;
+                return self.write_batch();
+            }
             None => loop {
                 match (&self.file).write(&self.batch) {
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -717,14 +728,17 @@ impl AuditLog {
         }
         // Not mapped: the reservation failed and was cut back, the caller writes.
         self.mapped.as_ref()?;
-        let now = self.mono_now();
-        if self
-            .length_checked
-            .is_none_or(|at| now.saturating_duration_since(at) >= LENGTH_CHECK_EVERY)
-        {
-            self.length_checked = Some(now);
-            if self.file_shorter_than(end) {
-                return Some(Err(self.cut_short()));
+        if self.length_check_due() {
+            match self.file_state(end) {
+                FileState::Linked => {}
+                FileState::Shorter => return Some(Err(self.cut_short())),
+                FileState::Removed => {
+                    if let Err(e) = self.restore_removed() {
+                        return Some(Err(std::io::Error::other(e.to_string())));
+                    }
+                    // Into the file put back (its own reservation), with the new record.
+                    return self.copy_to_map();
+                }
             }
         }
         let region = self.mapped.as_mut()?;
@@ -742,7 +756,141 @@ impl AuditLog {
 
     /// Whether the file is now shorter than `len` bytes: cut by someone else (one `fstat`).
     fn file_shorter_than(&self, len: u64) -> bool {
-        self.file.metadata().is_ok_and(|m| m.len() < len)
+        self.file_state(len) == FileState::Shorter
+    }
+
+    /// Whether the file is still linked and at least `len` bytes long (one `fstat`).
+    fn file_state(&self, len: u64) -> FileState {
+        use std::os::unix::fs::MetadataExt;
+        match self.file.metadata() {
+            Ok(m) if m.nlink() == 0 => FileState::Removed,
+            Ok(m) if m.len() < len => FileState::Shorter,
+            _ => FileState::Linked,
+        }
+    }
+
+    /// Whether a flush compares the file with the records now: at most once per
+    /// [`LENGTH_CHECK_EVERY`] (this takes the turn).
+    fn length_check_due(&mut self) -> bool {
+        let now = self.mono_now();
+        let due = self
+            .length_checked
+            .is_none_or(|at| now.saturating_duration_since(at) >= LENGTH_CHECK_EVERY);
+        if due {
+            self.length_checked = Some(now);
+        }
+        due
+    }
+
+    /// The active file was removed while this writer had it open (`cargo clean` takes the
+    /// whole target directory): every record would go on into a file nobody can read, and
+    /// the calls they record would be forwarded all the same. The file is put back at its
+    /// path from the open descriptor (this writer's records are the whole file, read back
+    /// with `pread`), under the writer lock (taken again where it went too), synced, and a
+    /// sealed [`super::record_type::LOG_RESTORED`] record joins the batch: the chain and the
+    /// anchor go on unchanged. Segments already rotated out were closed files and are gone
+    /// with the directory; `audit verify` reports the first one missing.
+    /// What cannot be done fails closed (poisoned): a file or another writer already at the
+    /// path (never overwritten), a directory that cannot be made.
+    fn restore_removed(&mut self) -> Result<(), AuditError> {
+        let restored = (|| {
+            let lock = if self.lock_still_linked() {
+                None
+            } else {
+                let opts = AuditOptions {
+                    lock_wait: Duration::ZERO,
+                    ..self.opts.clone()
+                };
+                Some(Self::lock(&self.path, &opts)?)
+            };
+            let file = open_active(&self.path, true)?;
+            let copy = |file: &File| -> std::io::Result<()> {
+                let mut buf = vec![0u8; 64 << 10];
+                let mut at = 0;
+                while at < self.len {
+                    let want = buf.len().min((self.len - at) as usize);
+                    let n = self.file.read_at(&mut buf[..want], at)?;
+                    if n == 0 {
+                        return Err(std::io::ErrorKind::UnexpectedEof.into());
+                    }
+                    (&*file).write_all(&buf[..n])?;
+                    at += n as u64;
+                }
+                file.sync_all()?;
+                if let Some(dir) = self.path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    File::open(dir)?.sync_all()?;
+                }
+                Ok(())
+            };
+            if let Err(e) = copy(&file) {
+                // Not left half-copied at the path: the next start would take it for a log.
+                let _ = std::fs::remove_file(&self.path);
+                return Err(AuditError::io("put back the removed audit log", &self.path)(e));
+            }
+            Ok((lock, file))
+        })();
+        let (lock, file) = match restored {
+            Ok(r) => r,
+            Err(e) => {
+                self.mapped = None;
+                self.map_batches = false;
+                self.reserved_to = None;
+                let reason = format!(
+                    "removed while this run was writing it (cargo clean?), and it could not be \
+                     put back ({e}); restart `cargo mcp-dev run` to start a new chain"
+                );
+                self.poisoned = Some(reason.clone());
+                return Err(self.corrupt(reason));
+            }
+        };
+        // The removed file's map and reservation go with it.
+        self.mapped = None;
+        self.reserved_to = None;
+        self.file = file;
+        if let Some(lock) = lock {
+            self.lock = Some(lock);
+        }
+        self.synced_len = self.len;
+        let last_seq = self.written.as_ref().map_or(0, |w| w.0);
+        let reason = "the active file was removed while this run was writing it (cargo clean?); put back from the writer's open file";
+        let mut data = Vec::with_capacity(256);
+        crate::audit::canonical_json(
+            &json!({"reason": reason, "bytes": self.len, "lastSeq": last_seq}),
+            &mut data,
+        )?;
+        let (seq, hash) = self.seal(
+            super::record_type::LOG_RESTORED,
+            super::recover::TOOL_RUN,
+            None,
+            &data,
+        );
+        self.set_head(seq, hash.as_str());
+        self.notice = Some(format!(
+            "audit log {} was removed while this run was writing it (cargo clean?): put back from the open file ({} bytes, through record {last_seq}); the chain continues",
+            self.path.display(),
+            self.len
+        ));
+        Ok(())
+    }
+
+    /// Whether `<log>.lock` is still the file this writer holds locked.
+    fn lock_still_linked(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let Some(WriterLock(held)) = &self.lock else {
+            return false;
+        };
+        match (
+            held.metadata(),
+            std::fs::symlink_metadata(lock_path(&self.path)),
+        ) {
+            (Ok(h), Ok(p)) => h.nlink() > 0 && h.dev() == p.dev() && h.ino() == p.ino(),
+            _ => false,
+        }
+    }
+
+    /// A status line about what the writer did by itself (a removed file put back), once.
+    pub fn take_notice(&mut self) -> Option<String> {
+        self.notice.take()
     }
 
     /// The file was cut shorter than the records this writer put in it (someone truncated it
@@ -1305,7 +1453,15 @@ impl Drop for AuditLog {
 /// The writer lock of a log: an exclusive `flock` on `<log>.lock`, held until drop (the file
 /// is closed then, which releases it). The file holds the holder's pid.
 #[derive(Debug)]
-pub(crate) struct WriterLock(#[allow(dead_code)] File);
+pub(crate) struct WriterLock(File);
+
+/// What one `fstat` says of the active file against the records (see `AuditLog::file_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FileState {
+    Linked,
+    Shorter,
+    Removed,
+}
 
 /// Where the writer lock of `log` lives.
 pub fn lock_path(log: &Path) -> PathBuf {
@@ -1785,6 +1941,140 @@ mod tests {
             log.append("x", "R", None, json!({"n": 2})).is_err(),
             "poisoned"
         );
+    }
+
+    /// `cargo clean` while `run` writes: the whole directory goes, log and lock. The next
+    /// flush puts the file back from the open descriptor (map and `write` alike), the chain
+    /// and the anchor go on, a sealed `log_restored` record says so, and the lock is taken
+    /// again (a second writer is still refused).
+    #[test]
+    fn a_log_removed_while_written_is_put_back_and_the_chain_continues() {
+        for through_map in [true, false] {
+            let (tmp, keys, path) = setup();
+            let opts = AuditOptions {
+                write_through_map: through_map,
+                ..AuditOptions::default()
+            };
+            let mut log = AuditLog::open_with(&path, &keys, &opts).unwrap();
+            for n in 0..3 {
+                log.append("x", "R", Some("E"), json!({"n": n})).unwrap();
+                log.commit().unwrap();
+            }
+            std::fs::remove_dir_all(tmp.path().join("logs")).unwrap();
+            std::thread::sleep(LENGTH_CHECK_EVERY);
+            log.append("x", "R", Some("E"), json!({"n": 3})).unwrap();
+            log.flush().unwrap();
+            let notice = log.take_notice().expect("a status line");
+            assert!(
+                notice.contains("was removed") && notice.contains("through record 3"),
+                "{notice}"
+            );
+            assert_eq!(log.take_notice(), None, "told once");
+            log.append("x", "R", Some("E"), json!({"n": 4})).unwrap();
+            log.commit().unwrap();
+            let types: Vec<String> = lines(&path)
+                .iter()
+                .map(|l| Record::from_line(l).unwrap().record_type)
+                .collect();
+            assert_eq!(
+                types,
+                [
+                    "x",
+                    "x",
+                    "x",
+                    "x",
+                    super::super::record_type::LOG_RESTORED,
+                    "x"
+                ],
+                "map {through_map}"
+            );
+            let busy = AuditLog::open_with(
+                &path,
+                &keys,
+                &AuditOptions {
+                    lock_wait: Duration::ZERO,
+                    ..AuditOptions::default()
+                },
+            );
+            assert!(
+                matches!(busy, Err(AuditError::WriterBusy { .. })),
+                "{busy:?}"
+            );
+            drop(log);
+            let report = crate::audit::verify(&path, &keys).unwrap();
+            assert_eq!(
+                (report.records, report.head_seq),
+                (6, 6),
+                "map {through_map}"
+            );
+            // The next writer continues the same chain.
+            let mut next = AuditLog::open(&path, &keys).unwrap();
+            assert_eq!(next.head().map(|h| h.0), Some(6));
+            next.append("x", "R", None, json!({"n": 5})).unwrap();
+            next.commit().unwrap();
+            assert_eq!(crate::audit::verify(&path, &keys).unwrap().head_seq, 7);
+        }
+    }
+
+    /// `rm` of the log alone: the lock file is still the one this writer holds, and is kept
+    /// (taking it again from a second descriptor would find it locked by this very writer).
+    #[test]
+    fn a_log_file_removed_alone_is_put_back_under_the_lock_it_has() {
+        let (_tmp, keys, path) = setup();
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        log.append("x", "R", None, json!({"n": 0})).unwrap();
+        log.commit().unwrap();
+        std::fs::remove_file(&path).unwrap();
+        std::thread::sleep(LENGTH_CHECK_EVERY);
+        log.append("x", "R", None, json!({"n": 1})).unwrap();
+        log.flush().unwrap();
+        assert!(log.take_notice().is_some());
+        assert_eq!(lines(&path).len(), 3);
+        drop(log);
+        assert_eq!(crate::audit::verify(&path, &keys).unwrap().head_seq, 3);
+    }
+
+    /// Fails closed where the file cannot be put back: another file already at the path is
+    /// never overwritten, and a directory that cannot be made stops the writer; no record is
+    /// acknowledged after that.
+    #[test]
+    fn a_removed_log_that_cannot_be_put_back_fails_closed() {
+        // Another file at the path by the next flush.
+        let (_tmp, keys, path) = setup();
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        log.append("x", "R", None, json!({"n": 0})).unwrap();
+        log.commit().unwrap();
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, b"someone else's\n").unwrap();
+        std::thread::sleep(LENGTH_CHECK_EVERY);
+        log.append("x", "R", None, json!({"n": 1})).unwrap();
+        let err = log.flush().unwrap_err();
+        assert!(err.to_string().contains("could not be put back"), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"someone else's\n");
+        assert!(
+            log.append("x", "R", None, json!({"n": 2})).is_err(),
+            "poisoned"
+        );
+        // A file where the directory was.
+        let (tmp, keys, path) = setup();
+        let mut log = AuditLog::open_with(
+            &path,
+            &keys,
+            &AuditOptions {
+                write_through_map: false,
+                ..AuditOptions::default()
+            },
+        )
+        .unwrap();
+        log.append("x", "R", None, json!({"n": 0})).unwrap();
+        log.commit().unwrap();
+        std::fs::remove_dir_all(tmp.path().join("logs")).unwrap();
+        std::fs::write(tmp.path().join("logs"), b"").unwrap();
+        std::thread::sleep(LENGTH_CHECK_EVERY);
+        log.append("x", "R", None, json!({"n": 1})).unwrap();
+        let err = log.flush().unwrap_err();
+        assert!(err.to_string().contains("could not be put back"), "{err}");
+        assert!(log.take_notice().is_none());
     }
 
     /// Cut while nothing was being copied, then closed (or rotated): the close used to cut

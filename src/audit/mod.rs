@@ -102,6 +102,10 @@ pub mod record_type {
     /// anchored head was moved out of the log, and the chain continues from the last whole
     /// record. `{afterSeq, offset, bytes, sha256, keptAs: path}`
     pub const TORN_TAIL_SET_ASIDE: &str = "torn_tail_set_aside";
+    /// The active file was removed while a writer had it open (`cargo clean`, `rm`), and the
+    /// writer put it back at its path from its open descriptor; the chain continues (see
+    /// `AuditLog::restore_removed`). `{reason, bytes, lastSeq}`
+    pub const LOG_RESTORED: &str = "log_restored";
 
     /// Every type above, in the order listed.
     pub const ALL: &[&str] = &[
@@ -123,6 +127,7 @@ pub mod record_type {
         CHAIN_RESTARTED,
         SEGMENT_STARTED,
         TORN_TAIL_SET_ASIDE,
+        LOG_RESTORED,
     ];
 }
 

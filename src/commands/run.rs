@@ -220,11 +220,18 @@ impl Shell {
     /// rewrite is the caller's: `deliver_and_pump` does it after the session's lock, the event
     /// loop with [`Shell::flush_audit_anchored`].
     fn flush_audit(&mut self) {
-        if self.audit.pending_bytes() == 0 {
-            return;
-        }
-        if let Err(e) = self.audit.write_pending() {
+        if self.audit.pending_bytes() > 0
+            && let Err(e) = self.audit.write_pending()
+        {
             self.audit_warning(&e);
+        }
+        self.audit_notice();
+    }
+
+    /// What the log did by itself (a removed file put back), as a status line.
+    fn audit_notice(&mut self) {
+        if let Some(notice) = self.audit.take_notice() {
+            self.sink.emit(&format!("warning: {notice}"));
         }
     }
 
@@ -350,6 +357,7 @@ impl Shell {
     /// and everything else is sent.
     fn release_deferred(&mut self) -> Result<(), EffectError> {
         let r = self.audit.write_pending().map_err(EffectError::new);
+        self.audit_notice();
         for (epoch, line, droppable) in std::mem::take(&mut self.deferred) {
             if r.is_err() && is_call_request(&line) {
                 continue;
@@ -384,6 +392,7 @@ impl Shell {
         if let Err(e) = self.audit.commit() {
             self.audit_warning(&e);
         }
+        self.audit_notice();
         if let Some(s) = &self.syncer {
             s.request();
         }
@@ -691,7 +700,9 @@ impl Io for Shell {
             .map_err(EffectError::new)?;
         if kind == crate::audit::record_type::TOOL_CALLED && !self.batching {
             // The records only: the anchor waits until the call has gone out.
-            self.audit.write_pending().map_err(EffectError::new)?;
+            let written = self.audit.write_pending().map_err(EffectError::new);
+            self.audit_notice();
+            written?;
         }
         Ok(())
     }
