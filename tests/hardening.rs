@@ -691,6 +691,42 @@ fn cargo_clean_while_running_keeps_every_record() {
     s.finish();
 }
 
+/// `cargo clean` also takes the stored copy of the server `run` executes: when the server then
+/// exits, it could not be started again, and every later call was refused as "starting" for
+/// good. Now `run` builds again and starts the fresh copy; the next call is answered.
+#[test]
+fn a_server_that_exits_after_cargo_clean_is_built_and_started_again() {
+    let (mut s, _log) = ungated_session_and_log();
+    let before = s.call("1", "write", json!({"marker": "before"}));
+    let server = before.result()["structuredContent"]["pid"]
+        .as_i64()
+        .unwrap();
+    let out = std::process::Command::new("cargo")
+        .args(["clean", "--offline", "--manifest-path"])
+        .arg(s.project.root.join("Cargo.toml"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let server = rustix::process::Pid::from_raw(server as i32).unwrap();
+    rustix::process::kill_process(server, rustix::process::Signal::KILL).unwrap();
+    let line = s.wait_stderr("server failed to start");
+    assert!(line.contains("is missing"), "{line}");
+    s.wait_stderr("building again to start it from a fresh copy");
+    s.wait_stderr_within("server started", Duration::from_secs(120));
+    let after = s.call("2", "write", json!({"marker": "after-the-rebuild"}));
+    assert_eq!(
+        after.result()["structuredContent"]["args"],
+        json!({"marker": "after-the-rebuild"}),
+        "{}",
+        after.raw
+    );
+    s.finish();
+}
+
 /// Red-team, session 19: a stray `kill -BUS` used to reset the guard (Rust's handler restores
 /// the default disposition), and the next cut ended `run` again. A sent `SIGBUS` is ignored;
 /// the cut still refuses the call and `run` lives.

@@ -270,6 +270,21 @@ impl<I: Io> Session<I> {
             Ok(pid) => pid,
             Err(e) => {
                 self.io.status(&format!("server failed to start: {e}"));
+                // Its stored copy may be gone (`cargo clean` takes the target directory, store
+                // included) or changed: a build captures it again. Once per identity, and not
+                // while a build runs (that build's result is started anyway).
+                if self.rebuilt_for_start.as_deref() != Some(record.identity_digest.as_str())
+                    && self.builds == Builds::Idle
+                    && self.lifecycle != Lifecycle::Stopping
+                {
+                    self.rebuilt_for_start = Some(record.identity_digest.clone());
+                    self.io
+                        .status("building again to start it from a fresh copy (was the target directory cleaned?)");
+                    self.request_build();
+                    self.fail_held();
+                    self.publish();
+                    return;
+                }
                 if self.catalog.current().is_none() {
                     self.lifecycle = Lifecycle::BuildBroken {
                         message: format!("the server failed to start: {e}"),
@@ -280,6 +295,8 @@ impl<I: Io> Session<I> {
                 return;
             }
         };
+        // Started: a later failure to start may have a cause a build fixes again.
+        self.rebuilt_for_start = None;
         let started_ms = self.io.now_ms();
         let started_at = self.io.timestamp();
         let mut launch = LaunchRecord::new(&epoch, pid, &record, started_at, replaced.clone());

@@ -356,6 +356,7 @@ pub struct Session<I: Io> {
     latest: Option<IdentityRecord>,
     /// Manual mode: a newer build waits for `cargo mcp-dev restart`.
     pending_apply: bool,
+    rebuilt_for_start: Option<String>, // the identity a failed start was rebuilt for, once
     /// Supervise mode: the old child is stopping; this epoch starts when it has stopped.
     replacing: Option<Replacing>,
     pending: HashMap<u64, Pending, OurIds>,
@@ -368,9 +369,8 @@ pub struct Session<I: Io> {
     host: HostConnection,
     listens: Vec<Listen>,
     known_list: Option<KnownList>,
-    /// The last `tools/list` answer the host was sent, as the server wrote it (the server's
-    /// id): the same answer again with another id is recognised by comparison instead of a
-    /// parse ([`Message::with_other_id`]).
+    /// The last `tools/list` answer the host was sent, as the server wrote it (its id): the
+    /// same answer with another id is compared, not parsed ([`Message::with_other_id`]).
     list_answer: Option<crate::proxy::envelope::Message>,
     /// Inside [`Session::handle_batch`]: calls forwarded (our ids), still only held by the shell.
     in_batch: bool,
@@ -384,10 +384,9 @@ pub struct Session<I: Io> {
     /// The epoch, identity and catalog of the last approval (what `approve` diffs against).
     approved_baseline: Option<(String, IdentityRecord, Option<crate::catalog::Catalog>)>,
     recorded: RecordedFacts,
-    /// Calls refused for lack of a grant, newest last (bounded by [`state::DENIED_CALLS`]).
+    /// Calls refused for lack of a grant, newest last (bounded: [`state::DENIED_CALLS`]).
     denied_calls: VecDeque<DeniedCallRecord>,
-    /// Approval prompts open in the host, by their request id (bounded by
-    /// `cfg.max_open_prompts`).
+    /// Approval prompts open in the host, by request id (bounded by `cfg.max_open_prompts`).
     prompts: std::collections::BTreeMap<String, Prompt>,
 }
 
@@ -409,6 +408,7 @@ impl<I: Io> Session<I> {
             child: None,
             latest: None,
             pending_apply: false,
+            rebuilt_for_start: None,
             replacing: None,
             pending: HashMap::default(),
             next_id: 1,

@@ -378,6 +378,48 @@ fn server_exit_is_recorded_with_its_status() {
     assert_eq!((r.status.as_str(), r.code), ("exit code 3", Some(3)));
 }
 
+/// `cargo clean` takes the stored copy of the running server with the target directory: when
+/// the server exits, starting it again fails (its copy is missing) and used to leave the
+/// session refusing calls as "starting" for good. Now the session builds again, once per
+/// identity, and starts what that build captured; a copy that cannot start after its rebuild
+/// is reported, not rebuilt in a loop.
+#[test]
+fn a_server_that_cannot_start_from_its_stored_copy_is_built_again_once() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    let builds = h.io().builds_started;
+    let epoch = h.current_epoch().unwrap();
+    h.io().spawn_error = Some("executable `store/sha256-a` is missing".into());
+    h.s.handle(Event::ChildExited {
+        epoch,
+        exit: ExitInfo {
+            code: None,
+            signal: Some(9),
+        },
+    });
+    h.advance(10_000);
+    let io = h.io();
+    assert_eq!(io.builds_started, builds + 1, "{:?}", io.status);
+    assert!(io.status.iter().any(|l| l.contains("building again")));
+    // The rebuilt copy cannot start either: reported, no further build.
+    h.build(complete("a"));
+    h.advance(10_000);
+    let io = h.io();
+    assert_eq!(io.builds_started, builds + 1, "{:?}", io.status);
+    assert!(h.current_epoch().is_none());
+    // Fixed (the next change builds a copy that starts): served again.
+    h.io().spawn_error = None;
+    h.s.handle(Event::SourcesChanged {
+        paths: vec!["src/main.rs".into()],
+        changed_after_leading_edge: false,
+    });
+    h.build(complete("b"));
+    assert!(h.current_epoch().is_some(), "{:?}", h.io().status);
+    let answer = h.call("list_items");
+    assert_eq!(Harness::tool_error(&answer), None, "{answer}");
+}
+
 #[test]
 fn the_core_imports_no_io() {
     // Mechanical check of the module contract (see mod.rs).
