@@ -217,8 +217,58 @@ impl Follower {
         match segments.iter().position(|(_, p)| same(p)) {
             Some(i) if i + 1 < segments.len() => open_file(&segments[i + 1].1).map_err(self.io()),
             Some(_) => self.open_path(),
-            None => self.oldest_file(),
+            None => match self.restored_copy(open, &segments)? {
+                Some(copy) => Ok(Some(copy)),
+                None => self.oldest_file(),
+            },
         }
+    }
+
+    /// The file its writer put back from the one being read, if there is one (it was removed
+    /// while `run` wrote it: `cargo clean`, see `AuditLog::restore_removed`): the file at the
+    /// path, or a segment (the copy may have been rotated since), holding the same bytes up to
+    /// where this follower is, ending in the last record read. Following goes on there, not
+    /// from a first file (which would read every record again). Compared over the last
+    /// [`CHUNK`] bytes read; the next record's chain check holds the rest to the last record
+    /// read, as in any file.
+    fn restored_copy(
+        &self,
+        open: &Open,
+        segments: &[(u64, PathBuf)],
+    ) -> Result<Option<Open>, FollowError> {
+        let Some(prev) = &self.expect.prev else {
+            return Ok(None);
+        };
+        let from = open.offset.saturating_sub(CHUNK as u64);
+        let mut ours = vec![0u8; (open.offset - from) as usize];
+        if open.file.read_exact_at(&mut ours, from).is_err() {
+            return Ok(None);
+        }
+        let last_line = ours
+            .strip_suffix(b"\n")
+            .map(|l| l.rsplit(|&b| b == b'\n').next().unwrap_or(l));
+        let hash = format!("\"hash\":\"{prev}\"");
+        if !last_line.is_some_and(|l| l.windows(hash.len()).any(|w| w == hash.as_bytes())) {
+            return Ok(None);
+        }
+        let mut theirs = vec![0u8; ours.len()];
+        let candidates = segments.iter().map(|(_, p)| p.as_path());
+        for candidate in candidates.chain(std::iter::once(self.path.as_path())) {
+            let Some(mut copy) = open_file(candidate).map_err(self.io())? else {
+                continue;
+            };
+            if copy.id == open.id
+                || copy.file.read_exact_at(&mut theirs, from).is_err()
+                || ours != theirs
+            {
+                continue;
+            }
+            copy.offset = open.offset;
+            copy.lines = open.lines;
+            copy.fresh = false;
+            return Ok(Some(copy));
+        }
+        Ok(None)
     }
 
     fn io(&self) -> impl FnOnce(std::io::Error) -> FollowError + '_ {
@@ -480,6 +530,54 @@ mod tests {
         assert_eq!(numbers, expected, "every record once, in order: {seen:?}");
         assert!(seen.iter().any(|s| s.ends_with(":segment_started")));
         assert_eq!(seen.iter().filter(|s| s.ends_with(":t")).count(), 30);
+    }
+
+    /// `cargo clean` while `run` writes and `audit tail --follow` reads: the writer puts the
+    /// log back from its open file; the follower goes on in the file put back, every record
+    /// once, in order, no new chain (a removed log alone, with its segments left, likewise).
+    #[test]
+    fn a_log_put_back_by_its_writer_is_followed_on_not_read_again() {
+        for whole_dir in [true, false] {
+            let (tmp, keys, path, key) = setup();
+            let opts = AuditOptions {
+                max_segment_bytes: 2_000,
+                ..AuditOptions::default()
+            };
+            let mut log = AuditLog::open_with(&path, &keys, &opts).unwrap();
+            let mut f = Follower::new(&path, &key);
+            let mut seen = Vec::new();
+            for n in 0..12 {
+                log.append("t", "R", None, json!({"n": n, "pad": "p".repeat(100)}))
+                    .unwrap();
+                log.flush().unwrap();
+                if n % 5 == 0 {
+                    seen.extend(seqs(&mut f).unwrap());
+                }
+            }
+            if whole_dir {
+                std::fs::remove_dir_all(tmp.path().join("audit")).unwrap();
+            } else {
+                std::fs::remove_file(&path).unwrap();
+            }
+            std::thread::sleep(crate::audit::log::LENGTH_CHECK_EVERY);
+            for n in 12..15 {
+                log.append("t", "R", None, json!({"n": n})).unwrap();
+                log.flush().unwrap();
+            }
+            assert!(log.take_notice().is_some(), "put back");
+            seen.extend(seqs(&mut f).unwrap());
+            let numbers: Vec<u64> = seen
+                .iter()
+                .map(|s| s.split(':').next().unwrap().parse().unwrap())
+                .collect();
+            let expected: Vec<u64> = (1..=numbers.len() as u64).collect();
+            assert_eq!(numbers, expected, "every record once, in order: {seen:?}");
+            assert!(
+                seen.iter().any(|s| s.ends_with(":log_restored")),
+                "{seen:?}"
+            );
+            assert_eq!(seen.iter().filter(|s| s.ends_with(":t")).count(), 15);
+        }
     }
 
     #[test]
