@@ -594,6 +594,12 @@ impl AuditLog {
     /// anchor and fsync it: the caller's epoch boundaries and exit.
     pub fn commit(&mut self) -> Result<(), AuditError> {
         self.check_poisoned()?;
+        // Not rate-limited here: a commit is rare (epoch boundary, rotation, exit), and a file
+        // removed since the last flush must be put back before it is synced, renamed into a
+        // segment or closed (its records would go with it).
+        if self.file_state(0) == FileState::Removed {
+            self.restore_removed()?;
+        }
         if !self.batch.is_empty() {
             self.write_batch()?;
         }
@@ -794,29 +800,35 @@ impl AuditLog {
     /// path (never overwritten), a directory that cannot be made.
     fn restore_removed(&mut self) -> Result<(), AuditError> {
         let restored = (|| {
+            if let Some(parent) = self.path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(parent)
+                    .map_err(AuditError::io("create directory", parent))?;
+                // The directories made again must be where they were: a link planted in their
+                // place (by whoever can write the target directory) is not followed.
+                let now = std::fs::canonicalize(parent)
+                    .map_err(AuditError::io("resolve the path of", parent))?;
+                if Some(now.as_path()) != Path::new(&self.canonical_path).parent() {
+                    return Err(
+                        AuditError::io("put back the removed audit log", &self.path)(
+                            std::io::Error::other(format!(
+                                "its directory now resolves to {} (a link?)",
+                                now.display()
+                            )),
+                        ),
+                    );
+                }
+            }
             let lock = if self.lock_still_linked() {
                 None
             } else {
-                let opts = AuditOptions {
-                    lock_wait: Duration::ZERO,
-                    ..self.opts.clone()
-                };
-                Some(Self::lock(&self.path, &opts)?)
+                Some(WriterLock::acquire(&self.path, Duration::ZERO)?)
             };
             let file = open_active(&self.path, true)?;
             let copy = |file: &File| -> std::io::Result<()> {
-                let mut buf = vec![0u8; 64 << 10];
-                let mut at = 0;
-                while at < self.len {
-                    let want = buf.len().min((self.len - at) as usize);
-                    let n = self.file.read_at(&mut buf[..want], at)?;
-                    if n == 0 {
-                        return Err(std::io::ErrorKind::UnexpectedEof.into());
-                    }
-                    (&*file).write_all(&buf[..n])?;
-                    at += n as u64;
-                }
-                file.sync_all()?;
+                self.copy_records_to(file)?;
                 if let Some(dir) = self.path.parent().filter(|p| !p.as_os_str().is_empty()) {
                     File::open(dir)?.sync_all()?;
                 }
@@ -835,9 +847,19 @@ impl AuditLog {
                 self.mapped = None;
                 self.map_batches = false;
                 self.reserved_to = None;
+                // Its records are still only in the removed file: kept beside the anchor (the
+                // user's state directory, outside the target directory) before the writer stops.
+                let kept = match self.keep_removed_records() {
+                    Ok(at) => format!(
+                        "its {} bytes of records are kept in {}",
+                        self.len,
+                        at.display()
+                    ),
+                    Err(k) => format!("its records could not be kept ({k})"),
+                };
                 let reason = format!(
                     "removed while this run was writing it (cargo clean?), and it could not be \
-                     put back ({e}); restart `cargo mcp-dev run` to start a new chain"
+                     put back ({e}); {kept}; restart `cargo mcp-dev run` to start a new chain"
                 );
                 self.poisoned = Some(reason.clone());
                 return Err(self.corrupt(reason));
@@ -870,6 +892,48 @@ impl AuditLog {
             self.path.display(),
             self.len
         ));
+        Ok(())
+    }
+
+    /// Copies the records of a removed log that cannot be put back to a new file beside its
+    /// anchor: `<anchor name>.removed-<pid>-<ms>.jsonl` (never an existing file).
+    fn keep_removed_records(&self) -> std::io::Result<PathBuf> {
+        let ms = SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis();
+        let mut name = self
+            .anchor_path
+            .file_stem()
+            .unwrap_or_default()
+            .to_os_string();
+        name.push(format!(".removed-{}-{ms}.jsonl", std::process::id()));
+        let at = self.anchor_path.with_file_name(name);
+        let out = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(keys::nofollow())
+            .open(&at)?;
+        self.copy_records_to(&out)?;
+        Ok(at)
+    }
+
+    /// Writes this writer's records (the first `len` bytes of its open file, read with
+    /// `pread`) to `out` and syncs it and its directory.
+    fn copy_records_to(&self, out: &File) -> std::io::Result<()> {
+        let mut buf = vec![0u8; 64 << 10];
+        let mut at = 0;
+        while at < self.len {
+            let want = buf.len().min((self.len - at) as usize);
+            let n = self.file.read_at(&mut buf[..want], at)?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            (&*out).write_all(&buf[..n])?;
+            at += n as u64;
+        }
+        out.sync_all()?;
         Ok(())
     }
 
@@ -1419,7 +1483,23 @@ fn open_active(path: &Path, create_new: bool) -> Result<File, AuditError> {
             path: path.to_owned(),
         });
     }
-    Ok(file)
+    // The file itself is locked too, not only `<log>.lock`: with the lock file removed (by
+    // hand, or by a cleanup that spared the log), a second writer would otherwise take a new
+    // lock file and write over this writer's records at the same offsets.
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(file),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(AuditError::WriterBusy {
+            path: path.to_owned(),
+            // The lock file's pid, unless it is ours (this writer took a new lock file
+            // after the old one was removed: the log's holder is then unknown).
+            pid: std::fs::read_to_string(lock_path(path))
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+                .filter(|&p| p != std::process::id()),
+            waited_ms: 0,
+        }),
+        Err(e) => Err(AuditError::io("lock audit log", path)(e.into())),
+    }
 }
 
 /// A due anchor rewrite, prepared under the caller's lock by
@@ -2075,6 +2155,153 @@ mod tests {
         let err = log.flush().unwrap_err();
         assert!(err.to_string().contains("could not be put back"), "{err}");
         assert!(log.take_notice().is_none());
+    }
+
+    /// Red-team, session 20: removed, then a rotation before any flush checked (the batch
+    /// already written, so the rotation's commit wrote nothing): the rename failed on every
+    /// later append, every call was refused and the records were lost. A commit (rotation,
+    /// epoch boundary, exit) now checks without the rate limit: put back, then rotated.
+    #[test]
+    fn a_log_removed_just_before_a_rotation_is_put_back_then_rotated() {
+        for through_map in [true, false] {
+            let (tmp, keys, path) = setup();
+            let opts = AuditOptions {
+                write_through_map: through_map,
+                max_segment_bytes: 2_000,
+                ..AuditOptions::default()
+            };
+            let mut log = AuditLog::open_with(&path, &keys, &opts).unwrap();
+            let pad = "p".repeat(100);
+            let mut n = 0;
+            while log.len + 400 <= 2_000 {
+                log.append("x", "R", Some("E"), json!({"n": n, "pad": pad}))
+                    .unwrap();
+                log.flush().unwrap();
+                n += 1;
+            }
+            std::fs::remove_dir_all(tmp.path().join("logs")).unwrap();
+            // Within the flush's rate limit: only the rotation's commit can notice.
+            log.set_moment(Moment {
+                mono: log.length_checked.unwrap(),
+                wall: SystemTime::now(),
+            });
+            for _ in 0..4 {
+                log.append("x", "R", Some("E"), json!({"n": n, "pad": pad}))
+                    .unwrap();
+                log.flush().unwrap();
+                n += 1;
+            }
+            log.clear_moment();
+            assert!(log.take_notice().is_some(), "map {through_map}");
+            drop(log);
+            assert!(!scan::list_segments(&path).unwrap().is_empty(), "rotated");
+            let report = crate::audit::verify(&path, &keys).unwrap();
+            // Every record: the n appended, the restore's and the segments' first ones.
+            let segments = scan::list_segments(&path).unwrap().len() as u64;
+            assert_eq!(report.records, report.head_seq, "map {through_map}");
+            assert_eq!(report.head_seq, n + 1 + segments, "map {through_map}");
+        }
+    }
+
+    /// Red-team, session 20: an exit's commit under a moment whose check was already used
+    /// (`run_ended` in the same delivery as the last call) left the removed file removed.
+    #[test]
+    fn a_log_removed_before_the_last_commit_is_put_back() {
+        let (_tmp, keys, path) = setup();
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        log.append("x", "R", None, json!({"n": 0})).unwrap();
+        log.commit().unwrap();
+        std::thread::sleep(LENGTH_CHECK_EVERY * 2);
+        log.set_moment(Moment::now());
+        log.append("x", "R", None, json!({"n": 1})).unwrap();
+        log.flush().unwrap();
+        std::fs::remove_file(&path).unwrap();
+        log.append("run_ended", "R", None, json!({})).unwrap();
+        log.commit().unwrap();
+        log.clear_moment();
+        drop(log);
+        assert_eq!(crate::audit::verify(&path, &keys).unwrap().head_seq, 4);
+    }
+
+    /// Red-team, session 20: when the file cannot be put back, its records (only in the
+    /// removed file, intent records of forwarded calls among them) are kept beside the anchor,
+    /// and the refusal names where; a link planted where the directory was is not followed.
+    #[test]
+    fn records_that_cannot_be_put_back_are_kept_and_a_planted_link_is_not_followed() {
+        let (_tmp, keys, path) = setup();
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        for n in 0..3 {
+            log.append("tool_called", "R", None, json!({"n": n}))
+                .unwrap();
+            log.flush().unwrap();
+        }
+        let len = log.len;
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, b"").unwrap();
+        std::thread::sleep(LENGTH_CHECK_EVERY * 2);
+        log.append("x", "R", None, json!({"n": 9})).unwrap();
+        let err = log.flush().unwrap_err().to_string();
+        let kept = err
+            .split("are kept in ")
+            .nth(1)
+            .and_then(|rest| rest.split(';').next())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| panic!("{err}"));
+        assert_eq!(std::fs::metadata(&kept).unwrap().len(), len);
+        assert!(kept.starts_with(keys.anchor_path(&path).unwrap().parent().unwrap()));
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            b"",
+            "the other file is left alone"
+        );
+        // A link in the directory's place.
+        let (tmp, keys, path) = setup();
+        let mut log = AuditLog::open(&path, &keys).unwrap();
+        log.append("x", "R", None, json!({"n": 0})).unwrap();
+        log.commit().unwrap();
+        std::fs::remove_dir_all(tmp.path().join("logs")).unwrap();
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::create_dir_all(elsewhere.join("deep")).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, tmp.path().join("logs")).unwrap();
+        std::thread::sleep(LENGTH_CHECK_EVERY * 2);
+        log.append("x", "R", None, json!({"n": 1})).unwrap();
+        let err = log.flush().unwrap_err().to_string();
+        assert!(
+            err.contains("a link?") && err.contains("are kept in"),
+            "{err}"
+        );
+        assert_eq!(
+            std::fs::read_dir(elsewhere.join("deep")).unwrap().count(),
+            0
+        );
+    }
+
+    /// Red-team, session 20: with `<log>.lock` removed, a second writer took a new lock file
+    /// and wrote over the first one's records at the same offsets (`audit verify` passed on
+    /// the survivor). The log file is locked too: the second writer is refused.
+    #[test]
+    fn a_removed_lock_file_does_not_let_a_second_writer_in() {
+        let (_tmp, keys, path) = setup();
+        let mut first = AuditLog::open(&path, &keys).unwrap();
+        first.append("x", "R", None, json!({"n": 0})).unwrap();
+        first.commit().unwrap();
+        std::fs::remove_file(lock_path(&path)).unwrap();
+        let second = AuditLog::open_with(
+            &path,
+            &keys,
+            &AuditOptions {
+                lock_wait: Duration::ZERO,
+                ..AuditOptions::default()
+            },
+        );
+        assert!(
+            matches!(second, Err(AuditError::WriterBusy { .. })),
+            "{second:?}"
+        );
+        first.append("x", "R", None, json!({"n": 1})).unwrap();
+        first.commit().unwrap();
+        drop(first);
+        assert_eq!(crate::audit::verify(&path, &keys).unwrap().head_seq, 2);
     }
 
     /// Cut while nothing was being copied, then closed (or rotated): the close used to cut

@@ -184,7 +184,7 @@ pub enum AuditError {
     #[error("invalid audit record: {0}")]
     InvalidRecord(String),
     #[error(
-        "audit log {} is in use by another cargo mcp-dev process{} (waited {waited_ms} ms): a log \
+        "audit log {} is in use by another process{} (waited {waited_ms} ms): a log \
          has one writer at a time. Stop the other supervisor, or give this one its own log with \
          `--audit-log <path>` or its own label with `--label <name>`",
         path.display(),

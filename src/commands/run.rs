@@ -1317,6 +1317,9 @@ fn event_loop(shared: &Shared, events: &Receiver<Event>, done: &Receiver<()>) ->
             recv(events) -> event => {
                 let Ok(event) = event else { return exit_codes::OK };
                 let mut session = shared.lock().unwrap_or_else(|e| e.into_inner());
+                // A reader thread that panicked mid-delivery left its moment set: these events
+                // read the clocks.
+                session.io().end_moment();
                 session.handle(event);
                 session.io().flush_audit_anchored();
                 if let Some(code) = session.exit_code() {
