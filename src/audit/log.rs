@@ -5,9 +5,11 @@
 //!
 //! # One writer per log
 //!
-//! [`AuditLog::open`] takes an exclusive `flock` on `<log>.lock` (beside the log; it holds the
-//! writer's pid, for the error a second writer gets) and keeps it for as long as the
-//! [`AuditLog`] lives. A second writer waits up to [`WRITER_LOCK_WAIT`] (a host that starts the
+//! [`AuditLog::open`] takes an exclusive `flock` on `<log>.lock` (beside the log) and on a guard
+//! beside the log's anchor (keyed by its canonical path, outside the target directory, so
+//! `cargo clean` cannot take it away; see `WriterLock`), and keeps both for as long as the
+//! [`AuditLog`] lives. Both hold the writer's pid, for the error a second writer gets. The log
+//! file itself is never locked: a reader's lock on it does not stop a writer. A second writer waits up to [`WRITER_LOCK_WAIT`] (a host that starts the
 //! server command twice in quick succession — a probe, then the real session — may still have
 //! the probe's supervisor exiting) and then fails with [`AuditError::WriterBusy`], naming the
 //! log and the other writer's pid. Because nobody else appends, the writer keeps the head and
@@ -357,22 +359,37 @@ impl AuditLog {
         keys: &KeyStore,
         opts: &AuditOptions,
     ) -> Result<AuditLog, AuditError> {
-        let lock = Self::lock(path, opts)?;
+        let lock = Self::lock(path, keys, opts)?;
         Self::open_locked(path, keys, opts, lock).map_err(|(e, _)| e)
     }
 
     /// Takes the writer lock of `path` (creating its directory): the first half of
     /// [`AuditLog::open_with`], for a caller that must keep the log to itself across a failed
     /// open (recovery sets the log aside under the lock).
-    pub(crate) fn lock(path: &Path, opts: &AuditOptions) -> Result<WriterLock, AuditError> {
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(parent)
-                .map_err(AuditError::io("create directory", parent))?;
-        }
-        WriterLock::acquire(path, opts.lock_wait)
+    pub(crate) fn lock(
+        path: &Path,
+        keys: &KeyStore,
+        opts: &AuditOptions,
+    ) -> Result<WriterLock, AuditError> {
+        let parent = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)
+            .map_err(AuditError::io("create directory", parent))?;
+        // The log's canonical path as it will resolve once the file exists (its last
+        // component is never followed: `open_active` refuses a link there).
+        let canonical = std::fs::canonicalize(parent)
+            .map_err(AuditError::io("resolve the path of", parent))?
+            .join(path.file_name().unwrap_or_default());
+        keys.ensure_anchor_dir()?;
+        let guard = keys
+            .anchor_path_for_canonical(&canonical)
+            .with_extension("writer.lock");
+        WriterLock::acquire(path, &guard, opts.lock_wait)
     }
 
     /// The second half of [`AuditLog::open_with`]; a failure hands the lock back.
@@ -597,7 +614,8 @@ impl AuditLog {
         // Not rate-limited here: a commit is rare (epoch boundary, rotation, exit), and a file
         // removed since the last flush must be put back before it is synced, renamed into a
         // segment or closed (its records would go with it).
-        if self.file_state(0) == FileState::Removed {
+        // (Without the lock, this is a failed open being dropped: it has no records to keep.)
+        if self.lock.is_some() && self.file_state(0) == FileState::Removed {
             self.restore_removed()?;
         }
         if !self.batch.is_empty() {
@@ -821,10 +839,13 @@ impl AuditLog {
                     );
                 }
             }
-            let lock = if self.lock_still_linked() {
+            // `<log>.lock` went with the directory: taken again where it is now, if nobody
+            // holds it (a second writer that took it meanwhile stops at the guard, which this
+            // writer still holds: it lives beside the anchor, outside the target directory).
+            let lock_file = if self.lock_still_linked() {
                 None
             } else {
-                Some(WriterLock::acquire(&self.path, Duration::ZERO)?)
+                WriterLock::lock_file(&self.path, Duration::ZERO).ok()
             };
             let file = open_active(&self.path, true)?;
             let copy = |file: &File| -> std::io::Result<()> {
@@ -839,9 +860,9 @@ impl AuditLog {
                 let _ = std::fs::remove_file(&self.path);
                 return Err(AuditError::io("put back the removed audit log", &self.path)(e));
             }
-            Ok((lock, file))
+            Ok((lock_file, file))
         })();
-        let (lock, file) = match restored {
+        let (lock_file, file) = match restored {
             Ok(r) => r,
             Err(e) => {
                 self.mapped = None;
@@ -869,8 +890,8 @@ impl AuditLog {
         self.mapped = None;
         self.reserved_to = None;
         self.file = file;
-        if let Some(lock) = lock {
-            self.lock = Some(lock);
+        if let (Some(new), Some(lock)) = (lock_file, self.lock.as_mut()) {
+            lock.file = new;
         }
         self.synced_len = self.len;
         let last_seq = self.written.as_ref().map_or(0, |w| w.0);
@@ -940,11 +961,11 @@ impl AuditLog {
     /// Whether `<log>.lock` is still the file this writer holds locked.
     fn lock_still_linked(&self) -> bool {
         use std::os::unix::fs::MetadataExt;
-        let Some(WriterLock(held)) = &self.lock else {
+        let Some(lock) = &self.lock else {
             return false;
         };
         match (
-            held.metadata(),
+            lock.file.metadata(),
             std::fs::symlink_metadata(lock_path(&self.path)),
         ) {
             (Ok(h), Ok(p)) => h.nlink() > 0 && h.dev() == p.dev() && h.ino() == p.ino(),
@@ -1483,23 +1504,7 @@ fn open_active(path: &Path, create_new: bool) -> Result<File, AuditError> {
             path: path.to_owned(),
         });
     }
-    // The file itself is locked too, not only `<log>.lock`: with the lock file removed (by
-    // hand, or by a cleanup that spared the log), a second writer would otherwise take a new
-    // lock file and write over this writer's records at the same offsets.
-    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-        Ok(()) => Ok(file),
-        Err(rustix::io::Errno::WOULDBLOCK) => Err(AuditError::WriterBusy {
-            path: path.to_owned(),
-            // The lock file's pid, unless it is ours (this writer took a new lock file
-            // after the old one was removed: the log's holder is then unknown).
-            pid: std::fs::read_to_string(lock_path(path))
-                .ok()
-                .and_then(|t| t.trim().parse().ok())
-                .filter(|&p| p != std::process::id()),
-            waited_ms: 0,
-        }),
-        Err(e) => Err(AuditError::io("lock audit log", path)(e.into())),
-    }
+    Ok(file)
 }
 
 /// A due anchor rewrite, prepared under the caller's lock by
@@ -1530,10 +1535,18 @@ impl Drop for AuditLog {
     }
 }
 
-/// The writer lock of a log: an exclusive `flock` on `<log>.lock`, held until drop (the file
-/// is closed then, which releases it). The file holds the holder's pid.
+/// The writer lock of a log, held until drop (closing the files releases it): an exclusive
+/// `flock` on `<log>.lock` beside the log, and one on its guard, `<anchor name>.writer.lock`
+/// beside the anchor (keyed by the log's canonical path, in the user's state directory).
+/// The guard is what survives `cargo clean`: with the target directory gone, a second writer
+/// takes a new `<log>.lock` but not the guard. `<log>.lock` still excludes a writer that reaches
+/// the same directory by another path (a bind mount). Both files hold the holder's pid. The log
+/// file itself is never locked: a reader's lock on it (`flock -s`) must not stop `run`.
 #[derive(Debug)]
-pub(crate) struct WriterLock(File);
+pub(crate) struct WriterLock {
+    file: File,
+    _guard: File,
+}
 
 /// What one `fstat` says of the active file against the records (see `AuditLog::file_state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1551,54 +1564,73 @@ pub fn lock_path(log: &Path) -> PathBuf {
 }
 
 impl WriterLock {
-    /// Non-blocking attempts with a short back-off until `wait` has passed.
-    fn acquire(log: &Path, wait: Duration) -> Result<WriterLock, AuditError> {
-        let path = lock_path(log);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(keys::nofollow())
-            .open(&path)
-            .map_err(|e| {
-                if keys::is_eloop(&e) {
-                    AuditError::Symlink { path: path.clone() }
-                } else {
-                    AuditError::io("open the writer lock", &path)(e)
-                }
-            })?;
+    /// Both locks, each with non-blocking attempts and a short back-off, within `wait` in all.
+    fn acquire(log: &Path, guard: &Path, wait: Duration) -> Result<WriterLock, AuditError> {
         let start = Instant::now();
-        let mut pause = Duration::from_millis(1);
-        loop {
-            match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-                Ok(()) => break,
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(rustix::io::Errno::WOULDBLOCK) => {
-                    let waited = start.elapsed();
-                    if waited >= wait {
-                        let mut text = String::new();
-                        let _ = (&file).read_to_string(&mut text);
-                        return Err(AuditError::WriterBusy {
-                            path: log.to_owned(),
-                            pid: text.trim().parse().ok(),
-                            waited_ms: waited.as_millis() as u64,
-                        });
-                    }
-                    std::thread::sleep(pause.min(wait - waited));
-                    pause = (pause * 2).min(Duration::from_millis(50));
-                }
-                Err(e) => return Err(AuditError::io("lock audit log", &path)(e.into())),
-            }
-        }
-        // Best effort: the pid only makes the second writer's error more helpful. Overwritten in
-        // place at a fixed width, never truncated: on ext4 truncate-then-write forces the data
-        // out at close (`auto_da_alloc`), which cost milliseconds per start.
-        let pid = format!("{:<20}\n", std::process::id());
-        let _ = file.write_all_at(pid.as_bytes(), 0);
-        Ok(WriterLock(file))
+        let file = Self::lock_file(log, wait)?;
+        let guard = lock_at(log, guard, wait.saturating_sub(start.elapsed()), start)?;
+        Ok(WriterLock {
+            file,
+            _guard: guard,
+        })
     }
+
+    /// `<log>.lock` alone (taken again after `cargo clean` took it).
+    fn lock_file(log: &Path, wait: Duration) -> Result<File, AuditError> {
+        lock_at(log, &lock_path(log), wait, Instant::now())
+    }
+}
+
+/// Opens `path` (never through a link) and takes an exclusive `flock` on it within `wait`,
+/// then writes this process's pid into it. Busy: [`AuditError::WriterBusy`] with the holder's
+/// pid as it wrote it there, and the time waited since `since`.
+fn lock_at(log: &Path, path: &Path, wait: Duration, since: Instant) -> Result<File, AuditError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(keys::nofollow())
+        .open(path)
+        .map_err(|e| {
+            if keys::is_eloop(&e) {
+                AuditError::Symlink {
+                    path: path.to_owned(),
+                }
+            } else {
+                AuditError::io("open the writer lock", path)(e)
+            }
+        })?;
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => break,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                let waited = start.elapsed();
+                if waited >= wait {
+                    let mut text = String::new();
+                    let _ = (&file).read_to_string(&mut text);
+                    return Err(AuditError::WriterBusy {
+                        path: log.to_owned(),
+                        pid: text.trim().parse().ok(),
+                        waited_ms: since.elapsed().as_millis() as u64,
+                    });
+                }
+                std::thread::sleep(pause.min(wait - waited));
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            Err(e) => return Err(AuditError::io("lock audit log", path)(e.into())),
+        }
+    }
+    // Best effort: the pid only makes the second writer's error more helpful. Overwritten in
+    // place at a fixed width, never truncated: on ext4 truncate-then-write forces the data
+    // out at close (`auto_da_alloc`), which cost milliseconds per start.
+    let pid = format!("{:<20}\n", std::process::id());
+    let _ = file.write_all_at(pid.as_bytes(), 0);
+    Ok(file)
 }
 
 #[cfg(test)]
@@ -2278,7 +2310,7 @@ mod tests {
 
     /// Red-team, session 20: with `<log>.lock` removed, a second writer took a new lock file
     /// and wrote over the first one's records at the same offsets (`audit verify` passed on
-    /// the survivor). The log file is locked too: the second writer is refused.
+    /// the survivor). The guard beside the anchor refuses it.
     #[test]
     fn a_removed_lock_file_does_not_let_a_second_writer_in() {
         let (_tmp, keys, path) = setup();
@@ -2301,6 +2333,77 @@ mod tests {
         first.append("x", "R", None, json!({"n": 1})).unwrap();
         first.commit().unwrap();
         drop(first);
+        assert_eq!(crate::audit::verify(&path, &keys).unwrap().head_seq, 2);
+    }
+
+    /// `cargo clean` takes the log and `<log>.lock`; a second writer that starts before the
+    /// first one notices takes a new `<log>.lock` and stops at the guard (outside the target
+    /// directory), and the first one puts its log back even while that lock file is held.
+    #[test]
+    fn with_the_directory_removed_a_second_writer_stops_at_the_guard() {
+        let (_tmp, keys, path) = setup();
+        let mut first = AuditLog::open(&path, &keys).unwrap();
+        first.append("x", "R", None, json!({"n": 0})).unwrap();
+        first.commit().unwrap();
+        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+        let busy = AuditOptions {
+            lock_wait: Duration::from_millis(30),
+            ..AuditOptions::default()
+        };
+        let second = AuditLog::open_with(&path, &keys, &busy);
+        match &second {
+            Err(AuditError::WriterBusy { pid, waited_ms, .. }) => {
+                assert_eq!(*pid, Some(std::process::id()), "the guard names its holder");
+                assert!(*waited_ms >= 30, "{waited_ms}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!path.exists(), "the refused writer created no log");
+        // A writer holding the new `<log>.lock` does not keep the first from going on.
+        let squatter = WriterLock::lock_file(&path, Duration::ZERO).unwrap();
+        std::thread::sleep(LENGTH_CHECK_EVERY);
+        first.append("x", "R", None, json!({"n": 1})).unwrap();
+        first.flush().unwrap();
+        assert!(first.take_notice().is_some());
+        drop(squatter);
+        first.append("x", "R", None, json!({"n": 2})).unwrap();
+        first.commit().unwrap();
+        assert!(matches!(
+            AuditLog::open_with(&path, &keys, &busy),
+            Err(AuditError::WriterBusy { .. })
+        ));
+        drop(first);
+        assert_eq!(crate::audit::verify(&path, &keys).unwrap().head_seq, 4);
+        // Free again once the first writer is gone.
+        drop(AuditLog::open_with(&path, &keys, &busy).unwrap());
+    }
+
+    /// Red-team, session 21: the log file itself used to be locked, so a reader holding a
+    /// lock on it (`flock -s log cp …`) kept `run` from starting, blamed on "another
+    /// supervisor". Only `<log>.lock` and the guard are locked now.
+    #[test]
+    fn a_readers_lock_on_the_log_does_not_stop_a_writer() {
+        let (_tmp, keys, path) = setup();
+        drop(AuditLog::open(&path, &keys).unwrap());
+        for op in [
+            rustix::fs::FlockOperation::NonBlockingLockShared,
+            rustix::fs::FlockOperation::NonBlockingLockExclusive,
+        ] {
+            let reader = File::open(&path).unwrap();
+            rustix::fs::flock(&reader, op).unwrap();
+            let mut log = AuditLog::open_with(
+                &path,
+                &keys,
+                &AuditOptions {
+                    lock_wait: Duration::ZERO,
+                    ..AuditOptions::default()
+                },
+            )
+            .unwrap();
+            log.append("x", "R", None, json!({"op": format!("{op:?}")}))
+                .unwrap();
+            log.commit().unwrap();
+        }
         assert_eq!(crate::audit::verify(&path, &keys).unwrap().head_seq, 2);
     }
 

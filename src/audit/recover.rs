@@ -150,7 +150,7 @@ pub fn open_for_run_with(
 ) -> Result<(AuditLog, Option<Recovery>), AuditError> {
     // The writer lock is held from the check through the set-aside to the new chain: no other
     // writer can append to, or set aside, the same log in between.
-    let lock = AuditLog::lock(path, opts)?;
+    let lock = AuditLog::lock(path, keys, opts)?;
     let (problem, lock) = match AuditLog::open_locked(path, keys, opts, lock) {
         Ok(log) => return Ok((log, None)),
         Err((

@@ -90,6 +90,7 @@ impl<I: Io> Session<I> {
         });
         let why = match &self.lifecycle {
             Lifecycle::BuildBroken { .. } => "the build failed",
+            Lifecycle::StartFailed { .. } => "the server failed to start",
             _ if self.child.is_some() => "the server is starting",
             _ => "the server is building",
         };
@@ -298,6 +299,12 @@ impl<I: Io> Session<I> {
                 ),
                 json!({"error": "build_failed", "firstError": message,
                        "retry": "fix the build; the server starts as soon as a build succeeds"}),
+            ),
+            Lifecycle::StartFailed { message } => (
+                format!(
+                    "the MCP server failed to start: {message}; it starts again with the next successful build (save a change) or on `cargo mcp-dev restart`"
+                ),
+                json!({"error": "server_unavailable", "reason": "start failed", "detail": message}),
             ),
             Lifecycle::CrashLoop => (
                 "the MCP server keeps exiting; it restarts when the sources change or on `cargo mcp-dev restart`".into(),

@@ -13,6 +13,9 @@ use crate::audit::records::ServerExited;
 use crate::epoch::LaunchRecord;
 use crate::hashing::short;
 
+/// A server that fails to start is built again at most this often (see `spawn_child_as`).
+const START_REBUILD_INTERVAL_MS: u64 = 60_000;
+
 impl<I: Io> Session<I> {
     /// A burst of changes began: with no build running, build at once (see [`EarlyBuild`]).
     pub(super) fn on_sources_changing(&mut self) {
@@ -150,7 +153,10 @@ impl<I: Io> Session<I> {
                            "executableSha256": record.executable.sha256,
                            "changed": changed}),
                 );
-                if matches!(self.lifecycle, Lifecycle::BuildBroken { .. }) {
+                if matches!(
+                    self.lifecycle,
+                    Lifecycle::BuildBroken { .. } | Lifecycle::StartFailed { .. }
+                ) {
                     self.lifecycle = if self.catalog.current().is_some() {
                         Lifecycle::Serving
                     } else {
@@ -271,13 +277,22 @@ impl<I: Io> Session<I> {
             Err(e) => {
                 self.io.status(&format!("server failed to start: {e}"));
                 // Its stored copy may be gone (`cargo clean` takes the target directory, store
-                // included) or changed: a build captures it again. Once per identity, and not
-                // while a build runs (that build's result is started anyway).
-                if self.rebuilt_for_start.as_deref() != Some(record.identity_digest.as_str())
+                // included) or changed: a build captures it again. Once per identity and at most
+                // once a minute (a build whose identity changes every time must not loop), and
+                // not while a build runs (that build's result is started anyway).
+                let now = self.io.now_ms();
+                let may_rebuild = match &self.rebuilt_for_start {
+                    None => true,
+                    Some((digest, at)) => {
+                        *digest != record.identity_digest
+                            && now.saturating_sub(*at) >= START_REBUILD_INTERVAL_MS
+                    }
+                };
+                if may_rebuild
                     && self.builds == Builds::Idle
                     && self.lifecycle != Lifecycle::Stopping
                 {
-                    self.rebuilt_for_start = Some(record.identity_digest.clone());
+                    self.rebuilt_for_start = Some((record.identity_digest.clone(), now));
                     self.io
                         .status("building again to start it from a fresh copy (was the target directory cleaned?)");
                     self.request_build();
@@ -285,9 +300,11 @@ impl<I: Io> Session<I> {
                     self.publish();
                     return;
                 }
-                if self.catalog.current().is_none() {
-                    self.lifecycle = Lifecycle::BuildBroken {
-                        message: format!("the server failed to start: {e}"),
+                // No server runs now, whether or not one ran before: calls are answered with
+                // why (held calls would wait for a start that is not coming).
+                if self.lifecycle != Lifecycle::Stopping {
+                    self.lifecycle = Lifecycle::StartFailed {
+                        message: e.to_string(),
                     };
                 }
                 self.fail_held();
@@ -297,6 +314,13 @@ impl<I: Io> Session<I> {
         };
         // Started: a later failure to start may have a cause a build fixes again.
         self.rebuilt_for_start = None;
+        if matches!(self.lifecycle, Lifecycle::StartFailed { .. }) {
+            self.lifecycle = if self.catalog.current().is_some() {
+                Lifecycle::Serving
+            } else {
+                Lifecycle::FirstStart
+            };
+        }
         let started_ms = self.io.now_ms();
         let started_at = self.io.timestamp();
         let mut launch = LaunchRecord::new(&epoch, pid, &record, started_at, replaced.clone());

@@ -46,7 +46,10 @@ impl<I: Io> Session<I> {
         if self.current_epoch().is_none()
             && matches!(
                 self.lifecycle,
-                Lifecycle::BuildBroken { .. } | Lifecycle::CrashLoop | Lifecycle::Stopping
+                Lifecycle::BuildBroken { .. }
+                    | Lifecycle::StartFailed { .. }
+                    | Lifecycle::CrashLoop
+                    | Lifecycle::Stopping
             )
         {
             return self.refuse_unavailable_call(&host_id, &tool, &call_id);

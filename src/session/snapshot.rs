@@ -25,7 +25,8 @@ pub struct StatusSnapshot {
     pub state: String,
     pub restart: String,
     pub gating: String,
-    /// `first-start`, `serving`, `build-failed`, `crash-loop` or `stopping`.
+    /// `first-start`, `serving`, `build-failed`, `start-failed`, `crash-loop` or
+    /// `stopping`.
     pub lifecycle: String,
     pub era: Option<String>,
     pub server: Option<ServerSnapshot>,
@@ -131,6 +132,7 @@ impl<I: Io> Session<I> {
                 Lifecycle::FirstStart => "first-start",
                 Lifecycle::Serving => "serving",
                 Lifecycle::BuildBroken { .. } => "build-failed",
+                Lifecycle::StartFailed { .. } => "start-failed",
                 Lifecycle::CrashLoop => "crash-loop",
                 Lifecycle::Stopping => "stopping",
             }

@@ -28,6 +28,9 @@ pub enum Lifecycle {
     /// The newest build failed and no server runs: requests are answered with the compiler's
     /// first error until a build succeeds.
     BuildBroken { message: String },
+    /// The newest build was built but could not be started (its executable is gone or will
+    /// not run) and no server runs: requests are answered with why until a start succeeds.
+    StartFailed { message: String },
     /// The server exited too often: no automatic restarts until the sources change.
     CrashLoop,
     /// The session is ending.

@@ -402,12 +402,22 @@ fn a_server_that_cannot_start_from_its_stored_copy_is_built_again_once() {
     let io = h.io();
     assert_eq!(io.builds_started, builds + 1, "{:?}", io.status);
     assert!(io.status.iter().any(|l| l.contains("building again")));
-    // The rebuilt copy cannot start either: reported, no further build.
+    // The rebuilt copy cannot start either: reported, no further build, and calls are
+    // answered with why (not held for a start that is not coming).
     h.build(complete("a"));
     h.advance(10_000);
     let io = h.io();
     assert_eq!(io.builds_started, builds + 1, "{:?}", io.status);
     assert!(h.current_epoch().is_none());
+    assert!(matches!(h.s.lifecycle(), Lifecycle::StartFailed { .. }));
+    let id = h.call("list_items");
+    let refused = h.answer(&id).expect("answered at once, not held");
+    assert_eq!(
+        Harness::tool_error(&refused).as_deref(),
+        Some("server_unavailable"),
+        "{refused}"
+    );
+    assert!(refused.to_string().contains("is missing"), "{refused}");
     // Fixed (the next change builds a copy that starts): served again.
     h.io().spawn_error = None;
     h.s.handle(Event::SourcesChanged {
@@ -416,8 +426,45 @@ fn a_server_that_cannot_start_from_its_stored_copy_is_built_again_once() {
     });
     h.build(complete("b"));
     assert!(h.current_epoch().is_some(), "{:?}", h.io().status);
-    let answer = h.call("list_items");
+    assert_eq!(h.s.lifecycle(), &Lifecycle::Serving);
+    let id = h.call("list_items");
+    let answer = h.answer(&id).expect("answered by the server");
+    assert!(answer.get("result").is_some(), "{answer}");
     assert_eq!(Harness::tool_error(&answer), None, "{answer}");
+}
+
+#[test]
+fn a_build_that_never_starts_is_not_rebuilt_in_a_loop() {
+    // Each build has a new identity (a build script that stamps the time) and none starts:
+    // one rebuild for the failed start, then none for a minute.
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    let epoch = h.current_epoch().unwrap();
+    h.io().spawn_error = Some("exec failed: Permission denied".into());
+    let builds = h.io().builds_started;
+    h.s.handle(Event::ChildExited {
+        epoch,
+        exit: ExitInfo {
+            code: None,
+            signal: Some(9),
+        },
+    });
+    h.advance(1_000);
+    assert_eq!(h.io().builds_started, builds + 1);
+    for i in 0..20 {
+        h.build(complete(&format!("v{i}")));
+        h.advance(1_000);
+    }
+    let io = h.io();
+    assert_eq!(io.builds_started, builds + 1, "{:?}", io.status);
+    assert!(matches!(h.s.lifecycle(), Lifecycle::StartFailed { .. }));
+    // A minute after the last one, a new identity that fails to start is rebuilt once more.
+    h.advance(60_000);
+    h.build(complete("later"));
+    h.advance(1_000);
+    let io = h.io();
+    assert_eq!(io.builds_started, builds + 2, "{:?}", io.status);
 }
 
 #[test]
