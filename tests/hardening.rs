@@ -660,6 +660,22 @@ fn cargo_clean_while_running_keeps_every_record() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!log.exists(), "cargo clean took the log");
+    // A second `run` started now finds no log and no `<log>.lock`: it is refused all the same
+    // (the guard beside the anchor survives the clean) and creates no log of its own.
+    let first_pid = s.supervisor_pid();
+    let second = s
+        .project
+        .command(["run"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        stderr.contains(&format!("(pid {first_pid})")) && stderr.contains("one writer at a time"),
+        "{stderr}"
+    );
+    assert!(!second.status.success());
+    assert!(!log.exists(), "the refused run made no log");
     std::thread::sleep(Duration::from_millis(5)); // a host's pace
     let after = s.call("2", "write", json!({"marker": "after-the-clean"}));
     assert_eq!(
