@@ -5,10 +5,10 @@
 //!
 //! # One writer per log
 //!
-//! [`AuditLog::open`] takes an exclusive `flock` on `<log>.lock` (beside the log) and on a guard
-//! beside the log's anchor (keyed by its canonical path, outside the target directory, so
-//! `cargo clean` cannot take it away; see `WriterLock`), and keeps both for as long as the
-//! [`AuditLog`] lives. Both hold the writer's pid, for the error a second writer gets. The log
+//! [`AuditLog::open`] takes an exclusive `flock` on a guard beside the log's anchor (keyed by
+//! its canonical path, outside the target directory, so `cargo clean` cannot take it away),
+//! then on `<log>.lock` (beside the log; see `WriterLock`), and keeps both for as long as the
+//! [`AuditLog`] lives. The open refuses a log that no longer resolves where the guard was keyed. Both hold the writer's pid, for the error a second writer gets. The log
 //! file itself is never locked: a reader's lock on it does not stop a writer. A second writer waits up to [`WRITER_LOCK_WAIT`] (a host that starts the
 //! server command twice in quick succession — a probe, then the real session — may still have
 //! the probe's supervisor exiting) and then fails with [`AuditError::WriterBusy`], naming the
@@ -389,7 +389,7 @@ impl AuditLog {
         let guard = keys
             .anchor_path_for_canonical(&canonical)
             .with_extension("writer.lock");
-        WriterLock::acquire(path, &guard, opts.lock_wait)
+        WriterLock::acquire(path, &guard, canonical, opts.lock_wait)
     }
 
     /// The second half of [`AuditLog::open_with`]; a failure hands the lock back.
@@ -405,6 +405,15 @@ impl AuditLog {
             keys.ensure_anchor_dir()?;
             let canonical =
                 std::fs::canonicalize(path).map_err(AuditError::io("resolve the path of", path))?;
+            if canonical != lock.canonical {
+                return Err(AuditError::io("open", path)(std::io::Error::other(
+                    format!(
+                        "it now resolves to {}, not {} where its writer lock was taken (a link?)",
+                        canonical.display(),
+                        lock.canonical.display()
+                    ),
+                )));
+            }
             let canonical_path = canonical.to_string_lossy().into_owned();
             let anchor =
                 AnchorFile::open(&keys.anchor_path_for_canonical(&canonical), &canonical_path)?;
@@ -839,13 +848,14 @@ impl AuditLog {
                     );
                 }
             }
-            // `<log>.lock` went with the directory: taken again where it is now, if nobody
-            // holds it (a second writer that took it meanwhile stops at the guard, which this
-            // writer still holds: it lives beside the anchor, outside the target directory).
+            // `<log>.lock` went with the directory: taken again. A writer sharing this one's
+            // guard never takes it (the guard comes first), so whoever holds it reached the
+            // log another way (another state directory, a bind mount): a second writer, and
+            // the file is not put back under it.
             let lock_file = if self.lock_still_linked() {
                 None
             } else {
-                WriterLock::lock_file(&self.path, Duration::ZERO).ok()
+                Some(WriterLock::lock_file(&self.path, Duration::ZERO)?)
             };
             let file = open_active(&self.path, true)?;
             let copy = |file: &File| -> std::io::Result<()> {
@@ -1542,10 +1552,18 @@ impl Drop for AuditLog {
 /// takes a new `<log>.lock` but not the guard. `<log>.lock` still excludes a writer that reaches
 /// the same directory by another path (a bind mount). Both files hold the holder's pid. The log
 /// file itself is never locked: a reader's lock on it (`flock -s`) must not stop `run`.
+///
+/// The guard is taken first: a second writer that shares it waits there and never touches
+/// `<log>.lock`, so after `cargo clean` it cannot hold the new lock file while the first
+/// writer puts its log back (red-team, session 21).
 #[derive(Debug)]
 pub(crate) struct WriterLock {
     file: File,
     _guard: File,
+    /// The log's canonical path the guard is keyed by, as it resolved when the lock was taken:
+    /// the open must find the log at the same place, or the anchor it loads would be keyed by
+    /// another path than the guard (a parent swapped for a link in between).
+    canonical: PathBuf,
 }
 
 /// What one `fstat` says of the active file against the records (see `AuditLog::file_state`).
@@ -1565,13 +1583,24 @@ pub fn lock_path(log: &Path) -> PathBuf {
 
 impl WriterLock {
     /// Both locks, each with non-blocking attempts and a short back-off, within `wait` in all.
-    fn acquire(log: &Path, guard: &Path, wait: Duration) -> Result<WriterLock, AuditError> {
+    fn acquire(
+        log: &Path,
+        guard: &Path,
+        canonical: PathBuf,
+        wait: Duration,
+    ) -> Result<WriterLock, AuditError> {
         let start = Instant::now();
-        let file = Self::lock_file(log, wait)?;
-        let guard = lock_at(log, guard, wait.saturating_sub(start.elapsed()), start)?;
+        let guard = lock_at(log, guard, wait, start)?;
+        let file = lock_at(
+            log,
+            &lock_path(log),
+            wait.saturating_sub(start.elapsed()),
+            start,
+        )?;
         Ok(WriterLock {
             file,
             _guard: guard,
+            canonical,
         })
     }
 
@@ -2337,45 +2366,101 @@ mod tests {
     }
 
     /// `cargo clean` takes the log and `<log>.lock`; a second writer that starts before the
-    /// first one notices takes a new `<log>.lock` and stops at the guard (outside the target
-    /// directory), and the first one puts its log back even while that lock file is held.
+    /// first one notices stops at the guard (outside the target directory) without taking the
+    /// new `<log>.lock`, so the first one puts its log back and holds `<log>.lock` again even
+    /// while the second is still waiting. Red-team, session 21: the second writer took
+    /// `<log>.lock` before the guard and held it while it waited; the first one's restore
+    /// then went on without it, and once the second gave up nobody held `<log>.lock` for the
+    /// rest of the run (a writer with another guard would have got in).
     #[test]
-    fn with_the_directory_removed_a_second_writer_stops_at_the_guard() {
+    fn with_the_directory_removed_a_waiting_second_writer_leaves_the_lock_file_to_the_first() {
         let (_tmp, keys, path) = setup();
         let mut first = AuditLog::open(&path, &keys).unwrap();
         first.append("x", "R", None, json!({"n": 0})).unwrap();
         first.commit().unwrap();
         std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
-        let busy = AuditOptions {
-            lock_wait: Duration::from_millis(30),
-            ..AuditOptions::default()
-        };
-        let second = AuditLog::open_with(&path, &keys, &busy);
-        match &second {
-            Err(AuditError::WriterBusy { pid, waited_ms, .. }) => {
-                assert_eq!(*pid, Some(std::process::id()), "the guard names its holder");
-                assert!(*waited_ms >= 30, "{waited_ms}");
+        let second = std::thread::spawn({
+            let (path, keys) = (path.clone(), keys.clone());
+            move || {
+                let busy = AuditOptions {
+                    lock_wait: Duration::from_millis(400),
+                    ..AuditOptions::default()
+                };
+                AuditLog::open_with(&path, &keys, &busy).map(drop)
             }
-            other => panic!("{other:?}"),
-        }
-        assert!(!path.exists(), "the refused writer created no log");
-        // A writer holding the new `<log>.lock` does not keep the first from going on.
-        let squatter = WriterLock::lock_file(&path, Duration::ZERO).unwrap();
-        std::thread::sleep(LENGTH_CHECK_EVERY);
+        });
+        // The second writer is waiting at the guard while the first notices and restores.
+        std::thread::sleep(Duration::from_millis(100));
         first.append("x", "R", None, json!({"n": 1})).unwrap();
         first.flush().unwrap();
         assert!(first.take_notice().is_some());
-        drop(squatter);
+        match second.join().unwrap() {
+            Err(AuditError::WriterBusy { pid, waited_ms, .. }) => {
+                assert_eq!(pid, Some(std::process::id()), "the guard names its holder");
+                assert!(waited_ms >= 400, "{waited_ms}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // `<log>.lock` is the first writer's for the rest of its run.
+        let probe = File::open(lock_path(&path)).unwrap();
+        assert_eq!(
+            rustix::fs::flock(&probe, rustix::fs::FlockOperation::NonBlockingLockExclusive),
+            Err(rustix::io::Errno::WOULDBLOCK),
+            "nobody holds <log>.lock after the refused writer gave up"
+        );
         first.append("x", "R", None, json!({"n": 2})).unwrap();
         first.commit().unwrap();
-        assert!(matches!(
-            AuditLog::open_with(&path, &keys, &busy),
-            Err(AuditError::WriterBusy { .. })
-        ));
         drop(first);
         assert_eq!(crate::audit::verify(&path, &keys).unwrap().head_seq, 4);
         // Free again once the first writer is gone.
-        drop(AuditLog::open_with(&path, &keys, &busy).unwrap());
+        drop(AuditLog::open(&path, &keys).unwrap());
+    }
+
+    /// A `<log>.lock` held by someone when the removed log is to be put back belongs to a
+    /// writer that reached the log another way (its own guard): the file is not put back under
+    /// it; the records are kept beside the anchor and the writer fails closed.
+    #[test]
+    fn a_removed_log_is_not_put_back_under_another_writers_lock_file() {
+        let (_tmp, keys, path) = setup();
+        let mut first = AuditLog::open(&path, &keys).unwrap();
+        first.append("x", "R", None, json!({"n": 0})).unwrap();
+        first.commit().unwrap();
+        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let other = WriterLock::lock_file(&path, Duration::ZERO).unwrap();
+        std::thread::sleep(LENGTH_CHECK_EVERY);
+        first.append("x", "R", None, json!({"n": 1})).unwrap();
+        let err = first.flush().unwrap_err().to_string();
+        assert!(
+            err.contains("could not be put back") && err.contains("are kept in"),
+            "{err}"
+        );
+        assert!(!path.exists(), "put back under another writer's lock");
+        assert!(first.append("x", "R", None, json!({"n": 2})).is_err());
+        drop(other);
+    }
+
+    /// Red-team, session 21: the log's directory swapped for a link between taking the lock
+    /// (guard keyed by where it resolved then) and opening (anchor keyed by where it resolves
+    /// now) left the log under an anchor whose guard nobody held. The open now refuses.
+    #[test]
+    fn a_parent_swapped_for_a_link_after_the_lock_is_refused_at_open() {
+        let (tmp, keys, path) = setup();
+        drop(AuditLog::open(&path, &keys).unwrap());
+        let opts = AuditOptions::default();
+        let lock = AuditLog::lock(&path, &keys, &opts).unwrap();
+        let parent = path.parent().unwrap();
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::rename(parent, &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, parent).unwrap();
+        let err = match AuditLog::open_locked(&path, &keys, &opts, lock) {
+            Err((e, back)) => {
+                assert!(back.is_some(), "the lock is handed back");
+                e.to_string()
+            }
+            Ok(_) => panic!("opened through a swapped parent"),
+        };
+        assert!(err.contains("a link?"), "{err}");
     }
 
     /// Red-team, session 21: the log file itself used to be locked, so a reader holding a

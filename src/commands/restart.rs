@@ -13,6 +13,10 @@ pub fn execute(args: ControlArgs) -> CmdResult {
         status::line(
             "restart requested: the running server is being replaced with the latest build",
         );
+    } else if answer.get("building").is_some() {
+        status::line(
+            "restart requested: the server could not start from its stored copy; it is being built again and starts when the build succeeds",
+        );
     } else {
         status::line("restart requested: the server is starting");
     }

@@ -81,8 +81,16 @@ impl<I: Io> Session<I> {
                 }
                 Some(record) => {
                     self.leave_crash_loop();
+                    // Asked for by the human: a copy that cannot start gets its rebuild again.
+                    self.rebuilt_for_start = None;
                     self.spawn_child(record, None, None);
-                    Ok(json!({"started": true}))
+                    if self.child.is_some() {
+                        Ok(json!({"started": true}))
+                    } else if self.start_rebuild_pending() {
+                        Ok(json!({"building": true}))
+                    } else {
+                        Err(self.unavailable_reason().0)
+                    }
                 }
                 None => Err("no successful build yet".to_string()),
             },

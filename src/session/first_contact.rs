@@ -88,14 +88,14 @@ impl<I: Io> Session<I> {
             capabilities: result["capabilities"].clone(),
             announced: true,
         });
-        let why = match &self.lifecycle {
-            Lifecycle::BuildBroken { .. } => "the build failed",
-            Lifecycle::StartFailed { .. } => "the server failed to start",
-            _ if self.child.is_some() => "the server is starting",
-            _ => "the server is building",
+        let list = if self.hold_budget().is_some() {
+            "tools/list waits for the server"
+        } else {
+            "tools/list is answered with why until a server runs"
         };
         self.io.status(&format!(
-            "handshake answered by the supervisor while {why} (protocol {version}, as the host asked); tools/list waits for the server"
+            "handshake answered by the supervisor while {} (protocol {version}, as the host asked); {list}",
+            self.absent_why()
         ));
         self.io.to_host(envelope::result_line(&host_id, &result));
     }
@@ -132,6 +132,25 @@ impl<I: Io> Session<I> {
         self.io.schedule(wait, Timer::HeldDeadline);
     }
 
+    /// Why no ready server answers now, as the end of "… while {why}".
+    fn absent_why(&self) -> &'static str {
+        match &self.lifecycle {
+            Lifecycle::BuildBroken { .. } => "the build failed",
+            Lifecycle::StartFailed { .. } => "the server failed to start",
+            Lifecycle::CrashLoop => "the server keeps exiting",
+            Lifecycle::Stopping => "the connection is closing",
+            _ if self.child.is_some() => "the server is starting",
+            _ if self.start_rebuild_pending() => "the server is being built again",
+            Lifecycle::Serving => "no server is running",
+            _ => "the server is being built",
+        }
+    }
+
+    /// A build is on its way because a server could not start from its stored copy.
+    pub(super) fn start_rebuild_pending(&self) -> bool {
+        self.child.is_none() && self.rebuilt_for_start.as_ref().is_some_and(|r| r.pending)
+    }
+
     /// How long a request may wait for the server in the current state, if it may wait.
     pub(super) fn hold_budget(&self) -> Option<Duration> {
         match self.lifecycle {
@@ -141,6 +160,8 @@ impl<I: Io> Session<I> {
                 Some(self.cfg.restart_hold)
             }
             Lifecycle::Serving if self.restart_scheduled => Some(self.cfg.restart_hold),
+            // Its stored copy could not start and is being built again: a build, like the first.
+            Lifecycle::Serving if self.start_rebuild_pending() => Some(self.cfg.first_start_budget),
             _ => None,
         }
     }
@@ -224,11 +245,15 @@ impl<I: Io> Session<I> {
             self.host.era = None;
             self.host.modern_meta = None;
         }
+        let building = self.hold_budget().is_some();
         self.io.to_host(envelope::error_line(
             Some(&id),
             -32601,
-            "server/discover is not available while the server is being built; use initialize",
-            json!({"error": "server_building"}),
+            &format!(
+                "server/discover is not available while {}; use initialize",
+                self.absent_why()
+            ),
+            json!({"error": if building { "server_building" } else { "server_unavailable" }}),
         ));
     }
 
@@ -265,7 +290,9 @@ impl<I: Io> Session<I> {
     /// What the server is doing while requests wait: `building` (first start, no server yet)
     /// or `starting` (a server process exists, or a restart is under way).
     fn starting_word(&self) -> &'static str {
-        if self.lifecycle == Lifecycle::FirstStart && self.child.is_none() {
+        if self.child.is_none()
+            && (self.lifecycle == Lifecycle::FirstStart || self.start_rebuild_pending())
+        {
             "building"
         } else {
             "starting"
@@ -313,6 +340,11 @@ impl<I: Io> Session<I> {
             Lifecycle::Stopping => (
                 "the connection is closing".into(),
                 json!({"error": "server_unavailable", "reason": "closing"}),
+            ),
+            _ if self.start_rebuild_pending() => (
+                "the MCP server could not start from its stored copy and is being built again (was the target directory cleaned?); retry when the build is done".into(),
+                json!({"error": "server_building", "reason": "rebuilding to start",
+                       "retry": "retry the request when the build is done"}),
             ),
             _ => (
                 "no MCP server is running (restart mode manual: `cargo mcp-dev restart`)".into(),

@@ -16,6 +16,15 @@ use crate::hashing::short;
 /// A server that fails to start is built again at most this often (see `spawn_child_as`).
 const START_REBUILD_INTERVAL_MS: u64 = 60_000;
 
+/// The last build requested because a server could not start from its stored copy.
+#[derive(Debug, Clone)]
+pub(super) struct StartRebuild {
+    identity: String,
+    at_ms: u64,
+    /// Its result has not come yet: no server runs, and one is on its way (requests may wait).
+    pub(super) pending: bool,
+}
+
 impl<I: Io> Session<I> {
     /// A burst of changes began: with no build running, build at once (see [`EarlyBuild`]).
     pub(super) fn on_sources_changing(&mut self) {
@@ -101,6 +110,9 @@ impl<I: Io> Session<I> {
         }
         let follow_up = self.builds == Builds::RunningWithFollowUp;
         self.builds = Builds::Idle;
+        if let Some(rebuild) = self.rebuilt_for_start.as_mut() {
+            rebuild.pending = false;
+        }
         if self.lifecycle == Lifecycle::Stopping {
             return;
         }
@@ -283,20 +295,25 @@ impl<I: Io> Session<I> {
                 let now = self.io.now_ms();
                 let may_rebuild = match &self.rebuilt_for_start {
                     None => true,
-                    Some((digest, at)) => {
-                        *digest != record.identity_digest
-                            && now.saturating_sub(*at) >= START_REBUILD_INTERVAL_MS
+                    Some(last) => {
+                        last.identity != record.identity_digest
+                            && now.saturating_sub(last.at_ms) >= START_REBUILD_INTERVAL_MS
                     }
                 };
                 if may_rebuild
                     && self.builds == Builds::Idle
                     && self.lifecycle != Lifecycle::Stopping
                 {
-                    self.rebuilt_for_start = Some((record.identity_digest.clone(), now));
+                    self.rebuilt_for_start = Some(StartRebuild {
+                        identity: record.identity_digest.clone(),
+                        at_ms: now,
+                        pending: true,
+                    });
                     self.io
                         .status("building again to start it from a fresh copy (was the target directory cleaned?)");
                     self.request_build();
-                    self.fail_held();
+                    // Held requests keep waiting, within their own deadlines: a server is on
+                    // its way (see `hold_budget`).
                     self.publish();
                     return;
                 }

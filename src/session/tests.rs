@@ -467,6 +467,146 @@ fn a_build_that_never_starts_is_not_rebuilt_in_a_loop() {
     assert_eq!(io.builds_started, builds + 2, "{:?}", io.status);
 }
 
+/// Serving, then the server exits and its stored copy cannot start: a rebuild is on its way.
+fn exited_and_rebuilding(h: &mut Harness) {
+    h.connect_legacy();
+    h.build(complete("a"));
+    let epoch = h.current_epoch().unwrap();
+    h.io().spawn_error = Some("executable `store/sha256-a` is missing".into());
+    let builds = h.io().builds_started;
+    h.s.handle(Event::ChildExited {
+        epoch,
+        exit: ExitInfo {
+            code: None,
+            signal: Some(9),
+        },
+    });
+    h.advance(10_000);
+    let io = h.io();
+    assert_eq!(io.builds_started, builds + 1, "{:?}", io.status);
+    assert!(h.current_epoch().is_none());
+}
+
+/// No answer to the host (so far) blames a restart mode this session is not in.
+fn assert_no_manual_mode_blame(h: &mut Harness) {
+    let blamed: Vec<_> = h
+        .io()
+        .to_host
+        .iter()
+        .filter(|m| m.to_string().contains("restart mode manual"))
+        .cloned()
+        .collect();
+    assert!(blamed.is_empty(), "{blamed:?}");
+}
+
+#[test]
+fn requests_during_the_rebuild_for_a_failed_start_wait_for_it() {
+    // Red-team, session 21: in this window (no server, a build on its way) requests were
+    // refused at once as "no MCP server is running (restart mode manual …)".
+    let mut h = Harness::ungated(|_| {});
+    exited_and_rebuilding(&mut h);
+    let list = h.request("tools/list", json!({}));
+    let other = h.request("resources/list", json!({}));
+    h.advance(5_000);
+    assert_eq!(
+        h.answer(&list),
+        None,
+        "held while the server is built again"
+    );
+    assert_eq!(h.answer(&other), None);
+    let status = h.control(json!({"op": "status"}));
+    assert_eq!(status["result"]["server"], Value::Null, "{status}");
+    // Past the budget (as at first start): the answer says what is going on, and the list
+    // gets the catalog a real server of this package returned.
+    h.advance(25_000);
+    let other = h.answer(&other).expect("answered at its deadline");
+    assert!(other.to_string().contains("still building"), "{other}");
+    let list = h.answer(&list).expect("answered at its deadline");
+    assert_eq!(Harness::names(&list), ["list_items", "write_item"]);
+    assert!(
+        h.io()
+            .status
+            .iter()
+            .any(|l| l.contains("still building: tools/list answered with the catalog recorded")),
+        "{:?}",
+        h.io().status
+    );
+    h.io().spawn_error = None;
+    h.build(complete("a"));
+    let call = h.call("list_items");
+    let epoch = h.current_epoch().expect("served again");
+    assert_eq!(
+        call_result_text(&h.answer(&call).expect("forwarded")),
+        format!("ran in {epoch}")
+    );
+    assert_no_manual_mode_blame(&mut h);
+}
+
+#[test]
+fn a_refusal_during_the_rebuild_for_a_failed_start_says_why() {
+    let mut h = Harness::ungated(|_| {});
+    exited_and_rebuilding(&mut h);
+    let discover = h.request("server/discover", json!({}));
+    h.advance(30_000);
+    let discover = h.answer(&discover).expect("answered at its deadline");
+    let text = discover.to_string();
+    assert!(text.contains("being built again"), "{text}");
+    assert_no_manual_mode_blame(&mut h);
+}
+
+#[test]
+fn a_held_list_at_first_start_survives_the_rebuild_for_a_failed_start() {
+    // Red-team, session 21: the first build's copy could not start; the rebuild branch
+    // answered every held request at once with the manual-mode reason.
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    let list = h.request("tools/list", json!({}));
+    h.io().spawn_error = Some("executable `store/sha256-a` is missing".into());
+    let builds = h.io().builds_started;
+    h.build(complete("a"));
+    let io = h.io();
+    assert_eq!(io.builds_started, builds + 1, "{:?}", io.status);
+    assert_eq!(h.answer(&list), None, "still held: a server is on its way");
+    h.io().spawn_error = None;
+    h.build(complete("a"));
+    let list = h.answer(&list).expect("answered by the real server");
+    assert_eq!(Harness::names(&list), ["list_items", "write_item"]);
+    assert_no_manual_mode_blame(&mut h);
+}
+
+#[test]
+fn restart_says_what_happened_when_the_server_cannot_start() {
+    // Red-team, session 21: `cargo mcp-dev restart` answered `started` though the spawn failed.
+    let mut h = Harness::ungated(|_| {});
+    exited_and_rebuilding(&mut h);
+    h.build(complete("a"));
+    assert!(matches!(h.s.lifecycle(), Lifecycle::StartFailed { .. }));
+    // Asked for by the human: the copy is built once more, and the answer says so.
+    let builds = h.io().builds_started;
+    let answer = h.control(json!({"op": "restart"}));
+    assert_eq!(answer["result"], json!({"building": true}), "{answer}");
+    assert_eq!(h.io().builds_started, builds + 1);
+    h.build(complete("a"));
+    assert!(matches!(h.s.lifecycle(), Lifecycle::StartFailed { .. }));
+    // With a build already running, the start fails and the answer is an error that says why.
+    h.s.handle(Event::SourcesChanged {
+        paths: vec!["src/main.rs".into()],
+        changed_after_leading_edge: false,
+    });
+    let answer = h.control(json!({"op": "restart"}));
+    assert_eq!(answer["ok"], json!(false), "{answer}");
+    let error = answer["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("failed to start") && error.contains("is missing"),
+        "{answer}"
+    );
+    // Startable again: restart answers `started` and a server runs.
+    h.io().spawn_error = None;
+    let answer = h.control(json!({"op": "restart"}));
+    assert_eq!(answer["result"], json!({"started": true}), "{answer}");
+    assert!(h.current_epoch().is_some());
+}
+
 #[test]
 fn the_core_imports_no_io() {
     // Mechanical check of the module contract (see mod.rs).
