@@ -837,7 +837,13 @@ impl AuditLog {
                 // place (by whoever can write the target directory) is not followed.
                 let now = std::fs::canonicalize(parent)
                     .map_err(AuditError::io("resolve the path of", parent))?;
-                if Some(now.as_path()) != Path::new(&self.canonical_path).parent() {
+                // The path, not its lossy text: a directory name that is not UTF-8 must
+                // match itself (red-team, session 22).
+                let was = self.lock.as_ref().map_or_else(
+                    || PathBuf::from(&self.canonical_path),
+                    |l| l.canonical.clone(),
+                );
+                if Some(now.as_path()) != was.parent() {
                     return Err(
                         AuditError::io("put back the removed audit log", &self.path)(
                             std::io::Error::other(format!(
@@ -2930,6 +2936,86 @@ mod tests {
             "append: median {:?}, p99 {:?}",
             times[times.len() / 2],
             times[times.len() * 99 / 100]
+        );
+    }
+
+    // ----- red-team, session 22 ---------------------------------------------------------------
+
+    /// Two paths to one log file (a hard link in another directory) get different guards and
+    /// `<log>.lock`s, but the second `run` finds no anchor for its path, sets its link aside
+    /// and starts a new file: the first writer's file is not interleaved.
+    #[test]
+    fn a_hard_link_to_the_log_in_another_directory_is_not_interleaved() {
+        let (tmp, keys, path) = setup();
+        let mut first = AuditLog::open(&path, &keys).unwrap();
+        first.append("x", "R", None, json!({"n": 0})).unwrap();
+        first.commit().unwrap();
+        let other_dir = tmp.path().join("other");
+        std::fs::create_dir_all(&other_dir).unwrap();
+        let other = other_dir.join("audit.jsonl");
+        std::fs::hard_link(&path, &other).unwrap();
+        let busy = AuditOptions {
+            lock_wait: Duration::from_millis(30),
+            ..AuditOptions::default()
+        };
+        let (mut second, recovery) =
+            crate::audit::recover::open_for_run_with(&other, &keys, &busy).unwrap();
+        assert!(recovery.is_some(), "the link was set aside, not continued");
+        second
+            .append("x", "R2", None, json!({"second": true}))
+            .unwrap();
+        second.commit().unwrap();
+        first.append("x", "R", None, json!({"n": 1})).unwrap();
+        first.commit().unwrap();
+        drop(first);
+        assert!(!std::fs::read_to_string(&path).unwrap().contains("R2"));
+        assert!(crate::audit::verify(&path, &keys).is_ok());
+    }
+
+    /// A log under a directory whose name is not UTF-8: the restore compared the directory
+    /// now with the lossy text of the canonical path, which never matched, so the restore
+    /// after `cargo clean` failed closed (writer poisoned) though nothing was wrong.
+    #[test]
+    fn a_removed_log_under_a_non_utf8_directory_is_put_back() {
+        use std::os::unix::ffi::OsStrExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let keys = KeyStore::at(tmp.path().join("state"));
+        let dir = tmp
+            .path()
+            .join(std::ffi::OsStr::from_bytes(b"target-\xff"))
+            .join("mcp-dev");
+        let path = dir.join("audit.jsonl");
+        let mut first = AuditLog::open(&path, &keys).unwrap();
+        first.append("x", "R", None, json!({"n": 0})).unwrap();
+        first.commit().unwrap();
+        std::fs::remove_dir_all(dir.parent().unwrap()).unwrap();
+        std::thread::sleep(LENGTH_CHECK_EVERY);
+        first.append("x", "R", None, json!({"n": 1})).unwrap();
+        first.flush().expect("put back where it was");
+        assert!(first.take_notice().is_some());
+        drop(first);
+        assert_eq!(crate::audit::verify(&path, &keys).unwrap().head_seq, 3);
+    }
+
+    /// A stale, unheld `<log>.lock` left at the path is taken by the restore, which does not
+    /// fail closed, and held from then on.
+    #[test]
+    fn a_stale_unheld_lock_file_does_not_stop_the_restore() {
+        let (_tmp, keys, path) = setup();
+        let mut first = AuditLog::open(&path, &keys).unwrap();
+        first.append("x", "R", None, json!({"n": 0})).unwrap();
+        first.commit().unwrap();
+        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        drop(WriterLock::lock_file(&path, Duration::ZERO).unwrap());
+        std::thread::sleep(LENGTH_CHECK_EVERY);
+        first.append("x", "R", None, json!({"n": 1})).unwrap();
+        first.flush().unwrap();
+        assert!(first.take_notice().is_some());
+        let probe = File::open(lock_path(&path)).unwrap();
+        assert_eq!(
+            rustix::fs::flock(&probe, rustix::fs::FlockOperation::NonBlockingLockExclusive),
+            Err(rustix::io::Errno::WOULDBLOCK)
         );
     }
 }

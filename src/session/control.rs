@@ -79,6 +79,10 @@ impl<I: Io> Session<I> {
                     self.begin_replace(record, "cargo mcp-dev restart");
                     Ok(json!({"restarting": true}))
                 }
+                // The old server is stopping; its replacement starts with the latest build.
+                Some(_) if self.replacing.is_some() => Ok(json!({"restarting": true})),
+                // The rebuild for a copy that could not start runs; its result starts it.
+                Some(_) if self.start_rebuild_pending() => Ok(json!({"building": true})),
                 Some(record) => {
                     self.leave_crash_loop();
                     // Asked for by the human: a copy that cannot start gets its rebuild again.

@@ -141,7 +141,7 @@ impl<I: Io> Session<I> {
             Lifecycle::Stopping => "the connection is closing",
             _ if self.child.is_some() => "the server is starting",
             _ if self.start_rebuild_pending() => "the server is being built again",
-            Lifecycle::Serving => "no server is running",
+            Lifecycle::Serving if self.builds == Builds::Idle => "no server is running",
             _ => "the server is being built",
         }
     }
@@ -160,8 +160,14 @@ impl<I: Io> Session<I> {
                 Some(self.cfg.restart_hold)
             }
             Lifecycle::Serving if self.restart_scheduled => Some(self.cfg.restart_hold),
-            // Its stored copy could not start and is being built again: a build, like the first.
-            Lifecycle::Serving if self.start_rebuild_pending() => Some(self.cfg.first_start_budget),
+            // No server, and a build runs whose result starts one (its stored copy could not
+            // start and is being built again, or a change after a crash loop): like the first.
+            Lifecycle::Serving
+                if self.child.is_none()
+                    && (self.start_rebuild_pending() || self.builds != Builds::Idle) =>
+            {
+                Some(self.cfg.first_start_budget)
+            }
             _ => None,
         }
     }
@@ -291,7 +297,9 @@ impl<I: Io> Session<I> {
     /// or `starting` (a server process exists, or a restart is under way).
     fn starting_word(&self) -> &'static str {
         if self.child.is_none()
-            && (self.lifecycle == Lifecycle::FirstStart || self.start_rebuild_pending())
+            && (self.lifecycle == Lifecycle::FirstStart
+                || self.start_rebuild_pending()
+                || self.builds != Builds::Idle)
         {
             "building"
         } else {
@@ -346,8 +354,21 @@ impl<I: Io> Session<I> {
                 json!({"error": "server_building", "reason": "rebuilding to start",
                        "retry": "retry the request when the build is done"}),
             ),
-            _ => (
+            // Only when a request could have waited: more than `HELD_LIMIT` already do.
+            _ if self.hold_budget().is_some() => (
+                format!(
+                    "no MCP server can answer yet ({}), and {HELD_LIMIT} requests already wait for it; retry in a moment",
+                    self.absent_why()
+                ),
+                json!({"error": "server_building", "reason": "too many waiting",
+                       "retry": "retry the request in a moment"}),
+            ),
+            _ if self.cfg.restart == Restart::Manual => (
                 "no MCP server is running (restart mode manual: `cargo mcp-dev restart`)".into(),
+                json!({"error": "server_unavailable"}),
+            ),
+            _ => (
+                "no MCP server is running; it starts with the next successful build (save a change) or on `cargo mcp-dev restart`".into(),
                 json!({"error": "server_unavailable"}),
             ),
         }

@@ -311,6 +311,8 @@ impl<I: Io> Session<I> {
                     });
                     self.io
                         .status("building again to start it from a fresh copy (was the target directory cleaned?)");
+                    // A server is on its way again (a restart asked for from `StartFailed`).
+                    self.leave_start_failed();
                     self.request_build();
                     // Held requests keep waiting, within their own deadlines: a server is on
                     // its way (see `hold_budget`).
@@ -331,13 +333,7 @@ impl<I: Io> Session<I> {
         };
         // Started: a later failure to start may have a cause a build fixes again.
         self.rebuilt_for_start = None;
-        if matches!(self.lifecycle, Lifecycle::StartFailed { .. }) {
-            self.lifecycle = if self.catalog.current().is_some() {
-                Lifecycle::Serving
-            } else {
-                Lifecycle::FirstStart
-            };
-        }
+        self.leave_start_failed();
         let started_ms = self.io.now_ms();
         let started_at = self.io.timestamp();
         let mut launch = LaunchRecord::new(&epoch, pid, &record, started_at, replaced.clone());
@@ -501,6 +497,17 @@ impl<I: Io> Session<I> {
             )),
         }
         self.publish();
+    }
+
+    /// Out of `StartFailed`: a server runs or is on its way (first start if none ever did).
+    fn leave_start_failed(&mut self) {
+        if matches!(self.lifecycle, Lifecycle::StartFailed { .. }) {
+            self.lifecycle = if self.catalog.current().is_some() {
+                Lifecycle::Serving
+            } else {
+                Lifecycle::FirstStart
+            };
+        }
     }
 
     pub(super) fn restart_due(&mut self) {

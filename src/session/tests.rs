@@ -1323,3 +1323,136 @@ fn a_batch_whose_records_cannot_be_written_answers_its_calls_as_unaudited() {
     // The calls of the earlier batch are still the server's to answer.
     assert!(h.answer(&json!(100)).is_none());
 }
+
+// ----- red-team, session 22 -----------------------------------------------------------------
+
+/// `cargo mcp-dev restart` while the rebuild for a failed start is already running: the
+/// restart used to drop that rebuild's record and spawn again, which failed, and the session
+/// turned `StartFailed`, answering held requests at once with "failed to start … (save a
+/// change)", though the running rebuild was about to start the server.
+#[test]
+fn restart_during_the_rebuild_for_a_failed_start_keeps_held_requests_waiting() {
+    let mut h = Harness::ungated(|_| {});
+    exited_and_rebuilding(&mut h);
+    let list = h.request("tools/list", json!({}));
+    h.advance(1_000);
+    assert_eq!(
+        h.answer(&list),
+        None,
+        "held while the server is built again"
+    );
+    let answer = h.control(json!({"op": "restart"}));
+    assert_eq!(
+        answer["result"],
+        json!({"building": true}),
+        "a rebuild is running and will start the server: {answer}"
+    );
+    assert_eq!(
+        h.answer(&list),
+        None,
+        "held request failed at once although the rebuild is still on its way"
+    );
+}
+
+/// After a failed start (`StartFailed`), `cargo mcp-dev restart` requests a rebuild and answers
+/// `{"building": true}`; the lifecycle used to stay `StartFailed`, so requests in that window
+/// were refused at once with the old failure instead of waiting for the promised build.
+#[test]
+fn after_restart_answers_building_requests_wait_for_that_build() {
+    let mut h = Harness::ungated(|_| {});
+    exited_and_rebuilding(&mut h);
+    h.build(complete("a"));
+    assert!(matches!(h.s.lifecycle(), Lifecycle::StartFailed { .. }));
+    let answer = h.control(json!({"op": "restart"}));
+    assert_eq!(answer["result"], json!({"building": true}), "{answer}");
+    let list = h.request("tools/list", json!({}));
+    let got = h.answer(&list);
+    assert_eq!(
+        got, None,
+        "restart said a build is on its way, yet the list was refused at once"
+    );
+}
+
+/// `cargo mcp-dev restart` in the gap of a supervise-mode replacement (old server stopping,
+/// `child` empty, `replacing` set): the control path used to spawn a server at once, then the
+/// old server's stop spawned the replacement over it, and the first was never stopped.
+#[test]
+fn restart_during_a_replacement_leaves_no_server_unsupervised() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    let old = h.current_epoch().unwrap();
+    h.build(complete("b")); // replacing: the old server is told to stop
+    assert!(h.current_epoch().is_none());
+    let answer = h.control(json!({"op": "restart"}));
+    h.s.handle(Event::ChildStopped { epoch: old.clone() });
+    h.serve();
+    let current = h.current_epoch().expect("a server runs");
+    let io = h.io();
+    let orphans: Vec<_> = io
+        .spawned
+        .iter()
+        .map(|(e, _)| e.clone())
+        .filter(|e| *e != current && !io.stopped.contains(e))
+        .collect();
+    assert!(
+        orphans.is_empty(),
+        "spawned, never stopped, no longer the session's child: {orphans:?} (restart answered {answer})"
+    );
+}
+
+/// Supervise mode, after a crash loop a source change starts a build (lifecycle `Serving`, no
+/// child, nothing scheduled): requests in that window were refused at once with "restart mode
+/// manual: `cargo mcp-dev restart`", a mode this session is not in. They wait for the build.
+#[test]
+fn requests_during_the_build_after_a_crash_loop_wait_for_it() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    for _ in 0..CRASH_LIMIT {
+        let epoch = h.current_epoch().expect("restarted");
+        h.s.handle(Event::ChildExited {
+            epoch,
+            exit: ExitInfo {
+                code: Some(1),
+                signal: None,
+            },
+        });
+        h.advance(5_000);
+    }
+    let status = h.io().status.clone();
+    assert_eq!(h.s.lifecycle(), &Lifecycle::CrashLoop, "{status:?}");
+    h.s.handle(Event::SourcesChanged {
+        paths: vec!["src/main.rs".into()],
+        changed_after_leading_edge: false,
+    });
+    let list = h.request("tools/list", json!({}));
+    assert_eq!(
+        h.answer(&list),
+        None,
+        "held: the build's result starts a server"
+    );
+    h.build(complete("b"));
+    let list = h.answer(&list).expect("answered by the real server");
+    assert_eq!(Harness::names(&list), ["list_items", "write_item"]);
+    assert_no_manual_mode_blame(&mut h);
+}
+
+/// At first start, once `HELD_LIMIT` requests wait, the next is answered at once: it used to
+/// say "no MCP server is running (restart mode manual …)", not this session's mode nor why.
+#[test]
+fn a_full_hold_queue_at_first_start_says_why() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    for _ in 0..HELD_LIMIT {
+        h.request("resources/list", json!({}));
+    }
+    let over = h.request("resources/list", json!({}));
+    let a = h.answer(&over).expect("answered at once past the limit");
+    let text = a.to_string();
+    assert!(
+        text.contains("requests already wait") && text.contains("being built"),
+        "first start, supervise mode: {a}"
+    );
+    assert_no_manual_mode_blame(&mut h);
+}
