@@ -629,3 +629,39 @@ fn a_build_that_a_later_save_overtook_is_set_aside() {
     );
     s.finish();
 }
+
+#[test]
+fn restart_during_a_replacement_starts_no_second_server() {
+    // The old server ignores the end of its stdin and SIGTERM, so the replacement's gap lasts
+    // until its SIGKILL. Red-team, session 22: `restart` in that gap started a server at once
+    // ("the server is starting"), which the replacement then started over: two servers ran,
+    // one of them unsupervised (its answers ignored) until the session ended.
+    let mut s = Setup::new()
+        .arg("--no-gating")
+        .env("FAKE_IGNORE_STDIN_EOF", "1")
+        .env("FAKE_IGNORE_SIGTERM", "1")
+        .timeout(Duration::from_secs(90))
+        .start();
+    let (_, e1) = s.ready_legacy();
+    s.set_revision("r2");
+    s.wait_stderr("build complete: ");
+    let out = s.cli(&["restart"]);
+    out.expect_code(0);
+    assert!(
+        out.stderr.contains("the running server is being replaced"),
+        "{}",
+        out.stderr
+    );
+    let (_, e2, was) = s.server_replaced();
+    assert_eq!(was, e1);
+    wait_ready(&mut s, &e2);
+    let m = s.call("2", "echo", json!({}));
+    assert_eq!(m.result()["structuredContent"]["revision"], json!("r2"));
+    assert_eq!(
+        s.count_stderr("server started: "),
+        1,
+        "{:?}",
+        s.stderr_lines()
+    );
+    s.finish();
+}
