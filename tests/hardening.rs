@@ -714,10 +714,16 @@ fn cargo_clean_while_running_keeps_every_record() {
 
 /// `cargo clean` also takes the stored copy of the server `run` executes: when the server then
 /// exits, it could not be started again, and every later call was refused as "starting" for
-/// good. Now `run` builds again and starts the fresh copy; the next call is answered.
+/// good. Now `run` builds again and starts the fresh copy; a call sent while it builds waits
+/// for it (red-team, session 21: it was refused as "restart mode manual") and is answered.
 #[test]
 fn a_server_that_exits_after_cargo_clean_is_built_and_started_again() {
-    let (mut s, _log) = ungated_session_and_log();
+    // The rebuild after `cargo clean` is a cold build: the wait is sized for a slow machine.
+    let mut s = Setup::new()
+        .args(&["--no-gating", "--first-start-budget", "150s"])
+        .timeout(Duration::from_secs(200))
+        .start();
+    s.ready_legacy();
     let before = s.call("1", "write", json!({"marker": "before"}));
     let server = before.result()["structuredContent"]["pid"]
         .as_i64()
@@ -737,8 +743,14 @@ fn a_server_that_exits_after_cargo_clean_is_built_and_started_again() {
     let line = s.wait_stderr("server failed to start");
     assert!(line.contains("is missing"), "{line}");
     s.wait_stderr("building again to start it from a fresh copy");
-    s.wait_stderr_within("server started", Duration::from_secs(120));
-    let after = s.call("2", "write", json!({"marker": "after-the-rebuild"}));
+    // Sent during the rebuild, as a host that calls at once would.
+    s.request(
+        "2",
+        "tools/call",
+        Some(json!({"name": "write", "arguments": {"marker": "after-the-rebuild"}})),
+    );
+    s.wait_stderr_within("server started", Duration::from_secs(150));
+    let after = s.response_within("2", Duration::from_secs(30));
     assert_eq!(
         after.result()["structuredContent"]["args"],
         json!({"marker": "after-the-rebuild"}),
