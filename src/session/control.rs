@@ -90,7 +90,8 @@ impl<I: Io> Session<I> {
                     self.spawn_child(record, None, None);
                     if self.child.is_some() {
                         Ok(json!({"started": true}))
-                    } else if self.start_rebuild_pending() {
+                    } else if self.hold_budget().is_some() {
+                        // It could not start, and a build under way starts it (requests wait).
                         Ok(json!({"building": true}))
                     } else {
                         Err(self.unavailable_reason().0)

@@ -20,6 +20,16 @@ impl<I: Io> Session<I> {
     /// Legacy `initialize` from the host.
     pub(super) fn on_host_initialize(&mut self, msg: Message) {
         let host_id = msg.id().expect("request").to_owned();
+        if self.host.waiting_initialize.is_some() {
+            // The first one still waits for the server's own answer: it keeps its place (and
+            // its params); this one is refused rather than left unanswered.
+            return self.io.to_host(envelope::error_line(
+                Some(&host_id),
+                -32600,
+                "initialize is already in progress on this connection",
+                json!({"error": "initialize_in_progress"}),
+            ));
+        }
         let params = msg.params_value();
         self.host.era = Some(Era::Legacy);
         self.host.client_info = params.get("clientInfo").cloned();
@@ -106,7 +116,20 @@ impl<I: Io> Session<I> {
             self.io.status(&format!(
                 "more than {HELD_LIMIT} requests wait for the server; answering the newest at once"
             ));
-            return self.answer_unavailable(msg);
+            if msg.method() == Some("tools/call") {
+                return self.on_host_call(msg); // judged now: refused without a server
+            }
+            let id = msg.id().expect("request").to_owned();
+            return self.io.to_host(envelope::error_line(
+                Some(&id),
+                codes::SERVER_UNAVAILABLE,
+                &format!(
+                    "no MCP server can answer yet ({}), and {HELD_LIMIT} requests already wait for it; retry in a moment",
+                    self.absent_why()
+                ),
+                json!({"error": "server_building", "reason": "too many waiting",
+                       "retry": "retry the request in a moment"}),
+            ));
         }
         let now = self.now();
         let deadline_ms = now + wait.as_millis() as u64;
@@ -141,9 +164,20 @@ impl<I: Io> Session<I> {
             Lifecycle::Stopping => "the connection is closing",
             _ if self.child.is_some() => "the server is starting",
             _ if self.start_rebuild_pending() => "the server is being built again",
-            Lifecycle::Serving if self.builds == Builds::Idle => "no server is running",
-            _ => "the server is being built",
+            _ if self.builds != Builds::Idle => "the server is being built",
+            _ if self.replacing.is_some() || self.restart_scheduled => "the server is restarting",
+            _ => "no server is running",
         }
+    }
+
+    /// A server runs, or one is on its way: a replacement, a scheduled restart, or a build
+    /// whose result is started.
+    fn server_on_its_way(&self) -> bool {
+        self.child.is_some()
+            || self.replacing.is_some()
+            || self.restart_scheduled
+            || self.builds != Builds::Idle
+            || self.start_rebuild_pending()
     }
 
     /// A build is on its way because a server could not start from its stored copy.
@@ -154,7 +188,9 @@ impl<I: Io> Session<I> {
     /// How long a request may wait for the server in the current state, if it may wait.
     pub(super) fn hold_budget(&self) -> Option<Duration> {
         match self.lifecycle {
-            Lifecycle::FirstStart => Some(self.cfg.first_start_budget),
+            // Only for a server that is coming (a first server that exited in manual mode is
+            // not): requests never wait for nothing.
+            Lifecycle::FirstStart if self.server_on_its_way() => Some(self.cfg.first_start_budget),
             // A restart's gap: the next server is on its way.
             Lifecycle::Serving if self.replacing.is_some() || self.child.is_some() => {
                 Some(self.cfg.restart_hold)
@@ -353,15 +389,6 @@ impl<I: Io> Session<I> {
                 "the MCP server could not start from its stored copy and is being built again (was the target directory cleaned?); retry when the build is done".into(),
                 json!({"error": "server_building", "reason": "rebuilding to start",
                        "retry": "retry the request when the build is done"}),
-            ),
-            // Only when a request could have waited: more than `HELD_LIMIT` already do.
-            _ if self.hold_budget().is_some() => (
-                format!(
-                    "no MCP server can answer yet ({}), and {HELD_LIMIT} requests already wait for it; retry in a moment",
-                    self.absent_why()
-                ),
-                json!({"error": "server_building", "reason": "too many waiting",
-                       "retry": "retry the request in a moment"}),
             ),
             _ if self.cfg.restart == Restart::Manual => (
                 "no MCP server is running (restart mode manual: `cargo mcp-dev restart`)".into(),

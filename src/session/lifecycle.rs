@@ -169,11 +169,7 @@ impl<I: Io> Session<I> {
                     self.lifecycle,
                     Lifecycle::BuildBroken { .. } | Lifecycle::StartFailed { .. }
                 ) {
-                    self.lifecycle = if self.catalog.current().is_some() {
-                        Lifecycle::Serving
-                    } else {
-                        Lifecycle::FirstStart
-                    };
+                    self.lifecycle = self.serving_or_first_start();
                 }
                 self.apply_build(*record);
             }
@@ -293,6 +289,15 @@ impl<I: Io> Session<I> {
                 // once a minute (a build whose identity changes every time must not loop), and
                 // not while a build runs (that build's result is started anyway).
                 let now = self.io.now_ms();
+                if self.builds != Builds::Idle && self.lifecycle != Lifecycle::Stopping {
+                    // A build is under way and its result is started (a fresh copy): nothing
+                    // has failed for good, and held requests keep waiting for it.
+                    self.io
+                        .status("the build under way starts the server when it is done");
+                    self.leave_start_failed();
+                    self.publish();
+                    return;
+                }
                 let may_rebuild = match &self.rebuilt_for_start {
                     None => true,
                     Some(last) => {
@@ -300,10 +305,7 @@ impl<I: Io> Session<I> {
                             && now.saturating_sub(last.at_ms) >= START_REBUILD_INTERVAL_MS
                     }
                 };
-                if may_rebuild
-                    && self.builds == Builds::Idle
-                    && self.lifecycle != Lifecycle::Stopping
-                {
+                if may_rebuild && self.lifecycle != Lifecycle::Stopping {
                     self.rebuilt_for_start = Some(StartRebuild {
                         identity: record.identity_digest.clone(),
                         at_ms: now,
@@ -334,6 +336,10 @@ impl<I: Io> Session<I> {
         // Started: a later failure to start may have a cause a build fixes again.
         self.rebuilt_for_start = None;
         self.leave_start_failed();
+        if matches!(self.lifecycle, Lifecycle::BuildBroken { .. }) {
+            // The last good build, started by `cargo mcp-dev restart`: requests wait for it.
+            self.lifecycle = self.serving_or_first_start();
+        }
         let started_ms = self.io.now_ms();
         let started_at = self.io.timestamp();
         let mut launch = LaunchRecord::new(&epoch, pid, &record, started_at, replaced.clone());
@@ -490,7 +496,10 @@ impl<I: Io> Session<I> {
                 self.io.status(
                     "restart mode manual: run `cargo mcp-dev restart` to start the server again",
                 );
-                self.fail_held();
+                // Unless a build under way starts the next server: held requests wait for it.
+                if self.hold_budget().is_none() {
+                    self.fail_held();
+                }
             }
             Restart::Disconnect => self.close_connection(&format!(
                 "server exited ({exit}) in restart mode disconnect"
@@ -499,14 +508,20 @@ impl<I: Io> Session<I> {
         self.publish();
     }
 
-    /// Out of `StartFailed`: a server runs or is on its way (first start if none ever did).
+    /// Out of `StartFailed`: a server runs or is on its way.
     fn leave_start_failed(&mut self) {
         if matches!(self.lifecycle, Lifecycle::StartFailed { .. }) {
-            self.lifecycle = if self.catalog.current().is_some() {
-                Lifecycle::Serving
-            } else {
-                Lifecycle::FirstStart
-            };
+            self.lifecycle = self.serving_or_first_start();
+        }
+    }
+
+    /// Where a session with a server (running or on its way) is: first start if none ever
+    /// served a catalog.
+    pub(super) fn serving_or_first_start(&self) -> Lifecycle {
+        if self.catalog.current().is_some() {
+            Lifecycle::Serving
+        } else {
+            Lifecycle::FirstStart
         }
     }
 

@@ -588,23 +588,32 @@ fn restart_says_what_happened_when_the_server_cannot_start() {
     assert_eq!(h.io().builds_started, builds + 1);
     h.build(complete("a"));
     assert!(matches!(h.s.lifecycle(), Lifecycle::StartFailed { .. }));
-    // With a build already running, the start fails and the answer is an error that says why.
+    // With a build already running (a save), the start fails and that build will start the
+    // server: the answer says so, and requests wait for it.
     h.s.handle(Event::SourcesChanged {
         paths: vec!["src/main.rs".into()],
         changed_after_leading_edge: false,
     });
+    let builds = h.io().builds_started;
     let answer = h.control(json!({"op": "restart"}));
-    assert_eq!(answer["ok"], json!(false), "{answer}");
-    let error = answer["error"].as_str().unwrap_or_default();
-    assert!(
-        error.contains("failed to start") && error.contains("is missing"),
-        "{answer}"
+    assert_eq!(answer["result"], json!({"building": true}), "{answer}");
+    assert_eq!(h.io().builds_started, builds, "no second build");
+    assert_eq!(
+        h.s.builds,
+        Builds::Running,
+        "the build under way is enough: no follow-up"
     );
-    // Startable again: restart answers `started` and a server runs.
+    let list = h.request("tools/list", json!({}));
+    assert_eq!(h.answer(&list), None, "held for the build under way");
+    // The build starts a copy that runs.
     h.io().spawn_error = None;
-    let answer = h.control(json!({"op": "restart"}));
-    assert_eq!(answer["result"], json!({"started": true}), "{answer}");
+    h.build(complete("b"));
     assert!(h.current_epoch().is_some());
+    let list = h.answer(&list).expect("answered by the real server");
+    assert_eq!(Harness::names(&list), ["list_items", "write_item"]);
+    // Running: restart replaces it.
+    let answer = h.control(json!({"op": "restart"}));
+    assert_eq!(answer["result"], json!({"restarting": true}), "{answer}");
 }
 
 #[test]
@@ -1455,4 +1464,313 @@ fn a_full_hold_queue_at_first_start_says_why() {
         "first start, supervise mode: {a}"
     );
     assert_no_manual_mode_blame(&mut h);
+}
+
+// ----- red-team, session 22, round 2 ---------------------------------------------------------
+
+/// A host request delivered without the fake server answering anything (the server stays in
+/// its handshake).
+fn send_unserved(h: &mut Harness, method: &str) -> Value {
+    let id = json!(h.next_host_id);
+    h.next_host_id += 1;
+    let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": {}});
+    h.s.handle(Event::HostLine(msg.to_string().into_bytes()));
+    id
+}
+
+fn exit_child(h: &mut Harness, epoch: String) {
+    h.s.handle(Event::ChildExited {
+        epoch,
+        exit: ExitInfo {
+            code: Some(1),
+            signal: None,
+        },
+    });
+}
+
+/// Manual mode, first start: the first server exits before its handshake. The request that
+/// waited for it was refused with "1024 requests already wait for it": one did (the overflow
+/// wording was picked whenever `hold_budget()` was `Some`). Only the overflow says that now.
+#[test]
+fn manual_first_server_exit_does_not_claim_a_full_hold_queue() {
+    let mut h = Harness::ungated(|c| c.restart = Restart::Manual);
+    h.connect_legacy();
+    let list = send_unserved(&mut h, "resources/list");
+    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    let epoch = h.current_epoch().expect("the first server started");
+    exit_child(&mut h, epoch);
+    let a = h.answer(&list).expect("refused: no server is coming");
+    assert!(
+        !a.to_string().contains("already wait"),
+        "one held request, answered as a full hold queue: {a}"
+    );
+}
+
+/// Manual mode, first start: after the first server exits (nothing restarts it, no build
+/// runs), new requests were held for the whole first-start budget and then told the server
+/// "is still building", with nothing on its way. They are answered at once now.
+#[test]
+fn manual_first_start_exit_holds_no_request_for_nothing() {
+    let mut h = Harness::ungated(|c| c.restart = Restart::Manual);
+    h.connect_legacy();
+    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    let epoch = h.current_epoch().expect("the first server started");
+    exit_child(&mut h, epoch);
+    let builds = h.io().builds_started;
+    let list = send_unserved(&mut h, "resources/list");
+    let held = h.answer(&list).is_none();
+    h.advance(25_000);
+    let a = h.answer(&list).expect("answered by the deadline");
+    assert_eq!(
+        h.io().builds_started,
+        builds,
+        "no build was started meanwhile"
+    );
+    assert!(
+        !held,
+        "held {} s with no build, no server and no restart on its way, then: {a}",
+        25
+    );
+}
+
+/// Manual mode, a server in its handshake (after `restart`) exits while a build runs: the
+/// request that waited was refused at once ("1024 requests already wait"), while a request
+/// sent a moment later waited for that same build. Both wait for it now.
+#[test]
+fn manual_exit_during_a_build_keeps_held_requests_for_it() {
+    let mut h = Harness::ungated(|c| c.restart = Restart::Manual);
+    h.connect_legacy();
+    h.build(complete("a"));
+    let old = h.current_epoch().expect("a runs");
+    let answer = h.control(json!({"op": "restart"}));
+    assert_eq!(answer["result"], json!({"restarting": true}), "{answer}");
+    h.s.handle(Event::ChildStopped { epoch: old });
+    let new = h
+        .current_epoch()
+        .expect("the replacement started (handshaking)");
+    let early = send_unserved(&mut h, "resources/list");
+    assert!(h.answer(&early).is_none(), "held in the restart gap");
+    h.s.handle(Event::SourcesChanged {
+        paths: vec!["src/main.rs".into()],
+        changed_after_leading_edge: false,
+    });
+    exit_child(&mut h, new);
+    let late = send_unserved(&mut h, "resources/list");
+    assert!(
+        h.answer(&late).is_none(),
+        "a new request waits for the build"
+    );
+    let early_answer = h.answer(&early);
+    assert!(
+        early_answer.is_none(),
+        "the earlier request was refused though the same build is on its way: {early_answer:?}"
+    );
+}
+
+/// Supervise mode, crash loop then a source change: a build runs and requests wait for it.
+/// `cargo mcp-dev restart` in that window (no start-rebuild pending) tries the old copy, which
+/// cannot start; the session used to turn `StartFailed` and refuse the held requests with
+/// "save a change", though the running build was on its way and starts the server.
+#[test]
+fn restart_while_a_build_runs_keeps_held_requests_waiting() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    for _ in 0..CRASH_LIMIT {
+        let epoch = h.current_epoch().expect("restarted");
+        exit_child(&mut h, epoch);
+        h.advance(5_000);
+    }
+    assert_eq!(h.s.lifecycle(), &Lifecycle::CrashLoop);
+    h.s.handle(Event::SourcesChanged {
+        paths: vec!["src/main.rs".into()],
+        changed_after_leading_edge: false,
+    });
+    let list = h.request("resources/list", json!({}));
+    assert!(h.answer(&list).is_none(), "held for the build");
+    h.io().spawn_error = Some("executable `store/sha256-a` is missing".into());
+    let answer = h.control(json!({"op": "restart"}));
+    let got = h.answer(&list);
+    assert!(
+        got.is_none(),
+        "held request refused while the build that starts the server still runs: {got:?} (restart answered {answer})"
+    );
+}
+
+/// Manual mode: the server exited and the next build failed (`BuildBroken`). `restart` starts
+/// the last successful build and answers `started`; the lifecycle used to stay `BuildBroken`
+/// until the catalog arrived, so a request in the server's handshake was refused at once with
+/// "the build failed …", though a server was starting.
+#[test]
+fn restart_in_build_broken_holds_requests_for_the_starting_server() {
+    let mut h = Harness::ungated(|c| c.restart = Restart::Manual);
+    h.connect_legacy();
+    h.build(complete("a"));
+    let epoch = h.current_epoch().unwrap();
+    exit_child(&mut h, epoch);
+    h.build(failed(None));
+    assert!(matches!(h.s.lifecycle(), Lifecycle::BuildBroken { .. }));
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    h.s.handle(Event::Control {
+        request: json!({"op": "restart"}),
+        reply: tx,
+    });
+    let answer = rx.try_recv().unwrap();
+    assert_eq!(answer["result"], json!({"started": true}), "{answer}");
+    let list = send_unserved(&mut h, "resources/list");
+    let got = h.answer(&list);
+    assert!(
+        got.is_none(),
+        "a server was just started, yet the request was refused at once: {got:?} (lifecycle {:?})",
+        h.s.lifecycle()
+    );
+}
+
+#[derive(Debug, Clone)]
+enum ModeStep {
+    Init,
+    List,
+    Other,
+    Call,
+    /// A build result, delivered only while a build runs (as the shell does).
+    BuildOk(u8),
+    BuildFail(bool),
+    ChildExit,
+    Stopped,
+    Advance(u16),
+    Restart,
+    SpawnFails(bool),
+    Changing,
+    Changed(bool),
+    /// The server in its handshake answers (else it stays silent until the next `Serve`).
+    Serve,
+}
+
+fn mode_step() -> impl Strategy<Value = ModeStep> {
+    prop_oneof![
+        Just(ModeStep::Init),
+        Just(ModeStep::List),
+        Just(ModeStep::Other),
+        Just(ModeStep::Call),
+        (0u8..3).prop_map(ModeStep::BuildOk),
+        any::<bool>().prop_map(ModeStep::BuildFail),
+        Just(ModeStep::ChildExit),
+        Just(ModeStep::Stopped),
+        (0u16..30_000).prop_map(ModeStep::Advance),
+        Just(ModeStep::Restart),
+        any::<bool>().prop_map(ModeStep::SpawnFails),
+        Just(ModeStep::Changing),
+        any::<bool>().prop_map(ModeStep::Changed),
+        Just(ModeStep::Serve),
+    ]
+}
+
+fn deliver_maybe_served(h: &mut Harness, serve: bool, ev: Event) {
+    h.s.handle(ev);
+    if serve {
+        h.serve();
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+    /// The random sequences of `session_invariants` miss control `restart`, spawn errors, early
+    /// builds, the restart modes, the fallback and a server slow to handshake. Over those:
+    /// at most one server process is live and it is the session's child; every held request
+    /// has an armed deadline; a request is held only while a server or a build is on its way;
+    /// every request is answered exactly once by the end.
+    #[test]
+    fn session_invariants_with_restart_spawn_errors_and_modes(
+        steps in prop::collection::vec(mode_step(), 1..48),
+        mode in 0u8..3,
+        last_good in any::<bool>(),
+        warm in any::<bool>(),
+    ) {
+        let mut h = Harness::ungated(|c| {
+            c.restart = [Restart::Supervise, Restart::Manual, Restart::Disconnect][mode as usize];
+            if last_good { c.fallback = Fallback::LastGood; }
+            c.warm = warm;
+        });
+        let mut requests = Vec::new();
+        let mut serve = true;
+        for step in steps {
+            if h.s.exit_code().is_some() { break; }
+            match step {
+                ModeStep::Init => { requests.push(h.initialize(V)); h.initialized(); }
+                ModeStep::List => requests.push(send_unserved(&mut h, "tools/list")),
+                ModeStep::Other => requests.push(send_unserved(&mut h, "resources/list")),
+                ModeStep::Call => requests.push(h.call("list_items")),
+                ModeStep::BuildOk(_) | ModeStep::BuildFail(_) if h.s.builds == Builds::Idle
+                    || h.s.early_build.as_ref().is_some_and(|e| e.held.is_some()) => {}
+                ModeStep::BuildOk(n) => deliver_maybe_served(&mut h, serve, Event::BuildFinished(Box::new(complete(&format!("e{n}"))))),
+                ModeStep::BuildFail(good) => deliver_maybe_served(&mut h, serve, Event::BuildFinished(Box::new(failed(good.then_some("e0"))))),
+                ModeStep::ChildExit => if let Some(epoch) = h.current_epoch() {
+                    deliver_maybe_served(&mut h, serve, Event::ChildExited { epoch, exit: ExitInfo { code: Some(1), signal: None } });
+                },
+                ModeStep::Stopped => {
+                    let stopped = h.io().stopped.last().cloned();
+                    if let Some(epoch) = stopped { deliver_maybe_served(&mut h, serve, Event::ChildStopped { epoch }); }
+                }
+                ModeStep::Advance(ms) => h.advance(ms as u64),
+                ModeStep::Restart => {
+                    let (tx, _rx) = crossbeam_channel::bounded(1);
+                    deliver_maybe_served(&mut h, serve, Event::Control { request: json!({"op": "restart"}), reply: tx });
+                }
+                ModeStep::SpawnFails(f) => h.io().spawn_error = f.then(|| "executable missing".to_string()),
+                ModeStep::Changing => if !h.s.burst_open { deliver_maybe_served(&mut h, serve, Event::SourcesChanging) },
+                ModeStep::Changed(after) => {
+                    let after = after && h.s.burst_open;
+                    deliver_maybe_served(&mut h, serve, Event::SourcesChanged {
+                        paths: vec!["src/main.rs".into()], changed_after_leading_edge: after });
+                }
+                ModeStep::Serve => { serve = !serve; h.serve(); }
+            }
+            if h.s.exit_code().is_some() { break; }
+            // At most one live server process, and it is the session's child.
+            let io = h.s.io();
+            let live: Vec<String> = io.spawned.iter().map(|(e, _)| e.clone())
+                .filter(|e| !io.stopped.contains(e) && !io.reaped.contains(e)).collect();
+            let child = h.s.child.as_ref().map(|c| c.epoch.to_string());
+            prop_assert!(live.len() <= 1, "two live servers: {:?}", live);
+            if let Some(e) = live.first() {
+                prop_assert_eq!(Some(e), child.as_ref(), "a live server that is not the session's child");
+            }
+            // Every held request has an armed deadline.
+            if !h.s.held.is_empty() {
+                let armed = h.s.io().timers.iter().any(|(_, t)| matches!(t, Timer::HeldDeadline));
+                prop_assert!(armed, "held requests with no deadline timer");
+                // ... and waits for something on its way.
+                let on_its_way = h.s.child.is_some() || h.s.replacing.is_some()
+                    || h.s.restart_scheduled || h.s.builds != Builds::Idle;
+                prop_assert!(on_its_way, "{} request(s) held with no server, build or restart on its way (lifecycle {:?}, mode {:?})",
+                    h.s.held.len(), h.s.lifecycle, h.s.cfg.restart);
+            }
+        }
+        h.s.handle(Event::HostEof);
+        for id in &requests {
+            let answers = h.io().to_host.iter().filter(|m| m.get("id") == Some(id) && m.get("method").is_none()).count();
+            prop_assert_eq!(answers, 1, "request {} answered {} times", id, answers);
+        }
+    }
+}
+
+/// Warm start: a host that sends `initialize` again while the first waits for the server's
+/// own answer (a retry after its own short timeout, a second client on a shared pipe) used to
+/// replace `waiting_initialize`: the first was never answered. The second is refused now.
+#[test]
+fn warm_second_initialize_leaves_neither_unanswered() {
+    let mut h = Harness::ungated(|c| c.warm = true);
+    let first = h.initialize(V);
+    let second = h.initialize(V);
+    let refused = h.answer(&second).expect("the second is answered at once");
+    assert_eq!(
+        refused["error"]["data"]["error"],
+        json!("initialize_in_progress")
+    );
+    h.advance(10_000);
+    h.s.handle(Event::HostEof);
+    assert!(
+        h.answer(&first).is_some(),
+        "the first initialize was never answered"
+    );
 }
