@@ -90,8 +90,8 @@ impl<I: Io> Session<I> {
                     self.spawn_child(record, None, None);
                     if self.child.is_some() {
                         Ok(json!({"started": true}))
-                    } else if self.hold_budget().is_some() {
-                        // It could not start, and a build under way starts it (requests wait).
+                    } else if self.hold_budget().is_some() || self.start_rebuild_pending() {
+                        // It could not start, and a build under way starts it if it succeeds.
                         Ok(json!({"building": true}))
                     } else {
                         Err(self.unavailable_reason().0)
@@ -274,9 +274,12 @@ impl<I: Io> Session<I> {
         json!({"epoch": epoch, "identity": identity, "catalog": catalog_lines})
     }
 
-    fn leave_crash_loop(&mut self) {
+    /// Out of the crash loop (new code, or asked for): its crash history goes with it, so the
+    /// next server gets its restarts and backoff afresh.
+    pub(super) fn leave_crash_loop(&mut self) {
         if self.lifecycle == Lifecycle::CrashLoop {
             self.lifecycle = Lifecycle::Serving;
+            self.crashes.clear();
         }
     }
 }

@@ -54,7 +54,8 @@ impl<I: Io> Session<I> {
             }
             None if self.cfg.warm
                 && self.lifecycle == Lifecycle::FirstStart
-                && self.replacing.is_none() =>
+                && self.replacing.is_none()
+                && self.server_on_its_way() =>
             {
                 // Warm start: the server is moments away; wait (bounded) for its own answer.
                 self.host.waiting_initialize = Some(WaitingInitialize { host_id });
@@ -231,11 +232,13 @@ impl<I: Io> Session<I> {
                 kept.push_back(h);
                 continue;
             }
-            if h.msg.method() == Some("server/discover") && self.child.is_some() {
-                // The server is up and handshaking: its own answer is close; wait out the budget.
-                let wait = self.cfg.first_start_budget;
+            let budget_end = h.since_ms + self.cfg.first_start_budget.as_millis() as u64;
+            if h.msg.method() == Some("server/discover") && self.child.is_some() && budget_end > now
+            {
+                // The server is up and handshaking: its own answer is close; wait out the
+                // budget (once: past it, the host falls back to `initialize`).
                 kept.push_back(Held {
-                    deadline_ms: h.since_ms + wait.as_millis() as u64,
+                    deadline_ms: budget_end,
                     since_ms: h.since_ms,
                     msg: h.msg,
                 });

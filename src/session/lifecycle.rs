@@ -13,18 +13,6 @@ use crate::audit::records::ServerExited;
 use crate::epoch::LaunchRecord;
 use crate::hashing::short;
 
-/// A server that fails to start is built again at most this often (see `spawn_child_as`).
-const START_REBUILD_INTERVAL_MS: u64 = 60_000;
-
-/// The last build requested because a server could not start from its stored copy.
-#[derive(Debug, Clone)]
-pub(super) struct StartRebuild {
-    identity: String,
-    at_ms: u64,
-    /// Its result has not come yet: no server runs, and one is on its way (requests may wait).
-    pub(super) pending: bool,
-}
-
 impl<I: Io> Session<I> {
     /// A burst of changes began: with no build running, build at once (see [`EarlyBuild`]).
     pub(super) fn on_sources_changing(&mut self) {
@@ -44,7 +32,7 @@ impl<I: Io> Session<I> {
         self.io
             .verbose(&format!("change detected: {}", shown.join(", ")));
         if self.lifecycle == Lifecycle::CrashLoop {
-            self.lifecycle = Lifecycle::Serving;
+            self.leave_crash_loop();
         }
         let Some(mut early) = self.early_build.take() else {
             return self.request_build();
@@ -211,7 +199,7 @@ impl<I: Io> Session<I> {
     }
 
     fn apply_build(&mut self, record: IdentityRecord) {
-        self.latest = Some(record.clone());
+        let previous = self.latest.replace(record.clone());
         let running_digest = self
             .child
             .as_ref()
@@ -219,6 +207,13 @@ impl<I: Io> Session<I> {
         match running_digest {
             None if self.replacing.is_some() => {} // the restart in progress picks up `latest`
             None => {
+                // New code, built from a change saved before the loop began (its build ran
+                // while the old code crashed): it is what the loop waits for.
+                if self.lifecycle == Lifecycle::CrashLoop
+                    && previous.is_some_and(|p| p.identity_digest != record.identity_digest)
+                {
+                    self.leave_crash_loop();
+                }
                 if self.lifecycle == Lifecycle::CrashLoop {
                     self.io.status(
                         "server not restarted: it is in a crash loop (waiting for a source change)",
@@ -557,7 +552,10 @@ impl<I: Io> Session<I> {
     /// The session ends while its first build runs and no server ever came up: the shell
     /// lets that build finish in the background for the host's retry.
     pub fn first_build_abandoned(&self) -> bool {
-        self.builds != Builds::Idle && self.catalog.current().is_none()
+        // An early build whose result waits for its burst to settle is over, not running.
+        self.builds != Builds::Idle
+            && self.catalog.current().is_none()
+            && self.early_build.as_ref().is_none_or(|e| e.held.is_none())
     }
 
     pub fn shutdown(&mut self, why: &str) {

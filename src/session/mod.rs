@@ -356,7 +356,7 @@ pub struct Session<I: Io> {
     latest: Option<IdentityRecord>,
     /// Manual mode: a newer build waits for `cargo mcp-dev restart`.
     pending_apply: bool,
-    rebuilt_for_start: Option<lifecycle::StartRebuild>, // the last rebuild for a failed start
+    rebuilt_for_start: Option<StartRebuild>, // the last rebuild for a failed start
     /// Supervise mode: the old child is stopping; this epoch starts when it has stopped.
     replacing: Option<Replacing>,
     pending: HashMap<u64, Pending, OurIds>,

@@ -1219,9 +1219,13 @@ fn lifecycle_transitions() {
     assert_eq!(after("crash-loop", "sources changed"), Lifecycle::Serving);
     assert_eq!(
         after("crash-loop", "build ok"),
-        Lifecycle::CrashLoop,
-        "no restart until a change"
+        Lifecycle::Serving,
+        "new code (its change saved before the loop began) is what the loop waits for"
     );
+    // The same code built again (an unrelated change): no restart until a change.
+    let mut h = in_state("crash-loop");
+    h.build(complete("a"));
+    assert_eq!(h.s.lifecycle(), &Lifecycle::CrashLoop);
     for state in STATES {
         assert_eq!(after(state, "host eof"), Lifecycle::Stopping, "{state}");
         assert_eq!(after(state, "shutdown"), Lifecycle::Stopping, "{state}");
@@ -1695,6 +1699,10 @@ proptest! {
         let mut serve = true;
         for step in steps {
             if h.s.exit_code().is_some() { break; }
+            // Requests held when a build result arrives: a server is started for them, or they
+            // are answered.
+            let held_before_build = matches!(step, ModeStep::BuildOk(_)) && !h.s.held.is_empty()
+                && h.s.builds != Builds::Idle && h.s.early_build.is_none();
             match step {
                 ModeStep::Init => { requests.push(h.initialize(V)); h.initialized(); }
                 ModeStep::List => requests.push(send_unserved(&mut h, "tools/list")),
@@ -1726,6 +1734,15 @@ proptest! {
                 ModeStep::Serve => { serve = !serve; h.serve(); }
             }
             if h.s.exit_code().is_some() { break; }
+            if held_before_build && h.s.builds == Builds::Idle && h.s.early_build.is_none() {
+                prop_assert!(h.s.child.is_some() || h.s.replacing.is_some() || h.s.restart_scheduled || h.s.held.is_empty(),
+                    "a build finished while requests waited for it, and no server was started (lifecycle {:?})", h.s.lifecycle);
+            }
+            // A request is held only while the state allows holding one.
+            if !h.s.held.is_empty() {
+                prop_assert!(h.s.hold_budget().is_some(), "{} request(s) held in a state that holds none (lifecycle {:?}, mode {:?})",
+                    h.s.held.len(), h.s.lifecycle, h.s.cfg.restart);
+            }
             // At most one live server process, and it is the session's child.
             let io = h.s.io();
             let live: Vec<String> = io.spawned.iter().map(|(e, _)| e.clone())
@@ -1772,5 +1789,163 @@ fn warm_second_initialize_leaves_neither_unanswered() {
     assert!(
         h.answer(&first).is_some(),
         "the first initialize was never answered"
+    );
+}
+
+// ----- red-team, session 22, round 3 ---------------------------------------------------------
+
+fn send_unserved_with(h: &mut Harness, method: &str, params: Value) -> Value {
+    let id = json!(h.next_host_id);
+    h.next_host_id += 1;
+    let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    h.s.handle(Event::HostLine(msg.to_string().into_bytes()));
+    id
+}
+
+fn exit_current(h: &mut Harness) {
+    let epoch = h.current_epoch().expect("a server runs");
+    h.s.handle(Event::ChildExited {
+        epoch,
+        exit: ExitInfo {
+            code: Some(1),
+            signal: None,
+        },
+    });
+}
+
+/// Fires due timers one at a time (without serving), at most `limit` of them, up to `until`.
+/// Returns how many fired.
+fn fire_timers(h: &mut Harness, until: u64, limit: usize) -> usize {
+    let mut fired = 0;
+    while fired < limit {
+        let io = h.io();
+        let next = io
+            .timers
+            .iter()
+            .enumerate()
+            .filter(|(_, (at, _))| *at <= until)
+            .min_by_key(|(_, (at, _))| *at)
+            .map(|(i, _)| i);
+        let Some(i) = next else { break };
+        let (at, timer) = io.timers.remove(i);
+        io.now_ms = io.now_ms.max(at);
+        h.s.handle(Event::Timer(timer));
+        fired += 1;
+    }
+    h.io().now_ms = h.io().now_ms.max(until);
+    fired
+}
+
+/// A modern host's `server/discover` held while the server's own handshake never answers:
+/// at the handshake wait it is kept "until since + first_start_budget"; at that deadline it
+/// used to be kept again with the same (past) deadline, the held timer re-armed with 0 ms,
+/// forever: the shell spun and the host was never answered. Now it is refused at the budget.
+#[test]
+fn a_discover_held_for_a_silent_server_is_answered_once_its_budget_ends() {
+    let mut h = Harness::ungated(|_| {});
+    let meta = json!({"_meta": {protocol::PROTOCOL_VERSION: protocol::MODERN_VERSION}});
+    let d = send_unserved_with(&mut h, "server/discover", meta);
+    // The build ends; the server starts and is sent our discover, which it never answers.
+    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    assert!(h.current_epoch().is_some());
+    let fired = fire_timers(&mut h, 60_000, 500);
+    let answered = h.answer(&d).is_some();
+    assert!(
+        fired < 50 && answered,
+        "{fired} timers fired in 60 s (a zero-delay loop); discover answered: {answered}"
+    );
+}
+
+/// Crashes until the crash loop while the build of a saved fix runs (a server that dies at
+/// start, restarted at 250/500/1000/2000 ms, loops within ~4 s; a build takes longer). The
+/// fix's build then finished and was not started ("waiting for a source change"), though it
+/// is the change the loop waits for. New code is started now.
+#[test]
+fn a_fix_built_during_the_crash_loop_is_started() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    // The developer saves a fix; its build starts.
+    h.s.handle(Event::SourcesChanged {
+        paths: vec!["src/main.rs".into()],
+        changed_after_leading_edge: false,
+    });
+    assert_ne!(h.s.builds, Builds::Idle);
+    for _ in 0..CRASH_LIMIT {
+        exit_current(&mut h);
+        h.advance(5_000);
+    }
+    assert_eq!(h.s.lifecycle(), &Lifecycle::CrashLoop);
+    let spawned = h.io().spawned.len();
+    h.build(complete("b"));
+    assert!(
+        h.io().spawned.len() > spawned,
+        "the build of the change made after the crashing server started is not run: {:?}",
+        h.io().status.last()
+    );
+}
+
+/// After a crash loop, a source change and a new build, the crash history used to be kept:
+/// the new code's first exit put the session straight back in the crash loop (no restart, no
+/// backoff). Leaving the loop clears it.
+#[test]
+fn new_code_after_a_crash_loop_starts_with_no_crash_history() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    for _ in 0..CRASH_LIMIT {
+        exit_current(&mut h);
+        h.advance(5_000);
+    }
+    assert_eq!(h.s.lifecycle(), &Lifecycle::CrashLoop);
+    h.s.handle(Event::SourcesChanged {
+        paths: vec!["src/main.rs".into()],
+        changed_after_leading_edge: false,
+    });
+    h.build(complete("b"));
+    assert!(h.current_epoch().is_some(), "b runs");
+    exit_current(&mut h);
+    assert_ne!(
+        h.s.lifecycle(),
+        &Lifecycle::CrashLoop,
+        "one exit of the new build is a crash loop (crash history of the old build kept)"
+    );
+}
+
+/// Warm start, manual mode: the first server exited before any host came (nothing restarts
+/// it, no build runs). A host `initialize` used to wait the whole warm-start wait for a server
+/// that was not coming (held requests in the same state are answered at once).
+#[test]
+fn a_warm_initialize_waits_for_nothing_after_a_manual_exit() {
+    let mut h = Harness::ungated(|c| {
+        c.restart = Restart::Manual;
+        c.warm = true;
+    });
+    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    exit_current(&mut h);
+    assert_eq!(h.s.lifecycle(), &Lifecycle::FirstStart);
+    assert!(h.s.hold_budget().is_none(), "nothing is on its way");
+    let init = h.initialize("2025-06-18");
+    assert!(
+        h.answer(&init).is_some(),
+        "initialize waits {} ms for a server nothing will start",
+        DEFAULT_HANDSHAKE_WAIT.as_millis()
+    );
+}
+
+/// The first build failed; a burst's early build finished and its result waits for the
+/// burst to settle (`builds` stays `Running`). The host leaves: `first_build_abandoned` used
+/// to say a build was still running, so the shell started cargo again in the background and
+/// said "the build goes on in the background", though no build ran.
+#[test]
+fn a_finished_early_build_is_not_reported_as_abandoned() {
+    let mut h = Harness::ungated(|_| {});
+    h.build(failed(None));
+    h.s.handle(Event::SourcesChanging);
+    h.s.handle(Event::BuildFinished(Box::new(failed(None))));
+    h.s.handle(Event::HostEof);
+    assert!(
+        !h.s.first_build_abandoned(),
+        "no build runs (its result is held), yet the first build is reported abandoned"
     );
 }
