@@ -219,8 +219,7 @@ impl<I: Io> Session<I> {
             bytes.push(b'\n');
             self.io.to_host(bytes);
         }
-        self.io
-            .schedule(self.cfg.approval_timeout, Timer::ApprovalDeadline);
+        self.arm_prompt_timer();
         self.io.status(&format!(
             "approval asked in the host: {} for epoch {} (call {}, waits up to {}s)",
             sanitize::review(&tool),
@@ -535,7 +534,21 @@ impl<I: Io> Session<I> {
     }
 
     /// Timer: prompts past their deadline are closed and their calls refused.
+    /// One timer for all open prompts, armed for the earliest deadline (like held requests).
+    fn arm_prompt_timer(&mut self) {
+        let Some(earliest) = self.prompts.values().map(|p| p.deadline_ms).min() else {
+            return;
+        };
+        if self.armed.prompts.is_some_and(|armed| armed <= earliest) {
+            return;
+        }
+        self.armed.prompts = Some(earliest);
+        let wait = std::time::Duration::from_millis(earliest.saturating_sub(self.now()));
+        self.io.schedule(wait, Timer::ApprovalDeadline);
+    }
+
     pub(super) fn expire_prompts(&mut self) {
+        self.armed.prompts = None;
         let now = self.now();
         let due: Vec<String> = self
             .prompts
@@ -554,6 +567,7 @@ impl<I: Io> Session<I> {
                 self.refuse_prompted(p, &format!("timed out in the host after {secs}s"));
             }
         }
+        self.arm_prompt_timer();
     }
 
     /// The host cancelled a call that waits for a prompt: the prompt is closed (a later answer

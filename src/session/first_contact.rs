@@ -51,6 +51,9 @@ impl<I: Io> Session<I> {
                 self.set_phase(ChildPhase::Handshaking);
                 self.io
                     .to_child(&epoch, envelope::request_line(id, "initialize", &params));
+                // Bounded like the warm wait: a silent server's handshake is answered by us.
+                self.io
+                    .schedule(self.cfg.handshake_wait, Timer::HandshakeWait);
             }
             None if self.cfg.warm
                 && self.lifecycle == Lifecycle::FirstStart
@@ -71,13 +74,31 @@ impl<I: Io> Session<I> {
         if let Some(w) = self.host.waiting_initialize.take() {
             self.announce_initialize(w.host_id);
         }
+        // The host's `initialize` handed to a server's handshake that has not answered yet
+        // (it started during the wait, or was up and is silent): answered by us now; the
+        // handshake goes on without it (see `on_handshake_result`).
+        let waiting: Vec<RawId> = self
+            .pending
+            .values_mut()
+            .filter_map(|p| match p {
+                Pending::Handshake {
+                    answer,
+                    modern: false,
+                    ..
+                } => answer.take(),
+                _ => None,
+            })
+            .collect();
+        for host_id in waiting {
+            self.announce_initialize(host_id);
+        }
     }
 
     /// Answers `initialize` before a server is up: the version the host asked for (when we
     /// know it), capabilities a real server of this package reported (else tools only), and
     /// the package's own name. The first server is initialized with the host's own params;
     /// only if it answers another version is the connection closed.
-    fn announce_initialize(&mut self, host_id: RawId) {
+    pub(super) fn announce_initialize(&mut self, host_id: RawId) {
         let params = self.host.init_params.clone().unwrap_or(json!({}));
         let requested = params
             .get("protocolVersion")
@@ -148,10 +169,10 @@ impl<I: Io> Session<I> {
         let Some(earliest) = self.held.iter().map(|h| h.deadline_ms).min() else {
             return;
         };
-        if self.held_timer.is_some_and(|armed| armed <= earliest) {
+        if self.armed.held.is_some_and(|armed| armed <= earliest) {
             return;
         }
-        self.held_timer = Some(earliest);
+        self.armed.held = Some(earliest);
         let wait = std::time::Duration::from_millis(earliest.saturating_sub(now));
         self.io.schedule(wait, Timer::HeldDeadline);
     }
@@ -221,7 +242,7 @@ impl<I: Io> Session<I> {
 
     /// Held requests whose deadline passed get their answer now.
     pub(super) fn expire_held(&mut self) {
-        self.held_timer = None;
+        self.armed.held = None;
         if self.child_ready() {
             return self.flush_held();
         }

@@ -96,6 +96,18 @@ impl<I: Io> Session<I> {
                 self.io
                     .to_host(envelope::error_line(Some(&id), -32600, &why, json!({})));
             }
+            // One stream per id, whoever serves it: a reused id would orphan the server's
+            // stream and its pending entry, outside `LISTEN_LIMIT`.
+            Method::Listen
+                if msg
+                    .id()
+                    .is_some_and(|id| self.listens.iter().any(|l| l.host_id.get() == id.get())) =>
+            {
+                let id = msg.id().expect("request").to_owned();
+                let why = "a subscriptions/listen stream with this id is already open";
+                self.io
+                    .to_host(envelope::error_line(Some(&id), -32600, why, json!({})));
+            }
             Method::Listen
                 if self.era() == Some(Era::Modern)
                     && protocol::ListenFilter::of(&msg.params_value()).supervisor_only() =>
@@ -227,6 +239,10 @@ impl<I: Io> Session<I> {
                 &epoch,
                 envelope::notification_line("notifications/cancelled", Some(&params)),
             );
+            // The host expects no answer now, and a server that follows the spec sends none:
+            // kept, the entry would stay for the whole epoch (and be answered at its end). A
+            // late answer finds nothing and is dropped.
+            self.pending.remove(&id);
             return;
         }
         // A held request the host gave up on is dropped (never forwarded later).

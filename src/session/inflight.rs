@@ -86,6 +86,13 @@ impl<I: Io> Session<I> {
                         ));
                     }
                 }
+                // The host's `initialize` is answered by us (as at a cold start) while the
+                // session goes on: the next server is initialized with the host's params.
+                Pending::Handshake {
+                    answer: Some(host_id),
+                    modern: false,
+                    ..
+                } if self.lifecycle != Lifecycle::Stopping => self.announce_initialize(host_id),
                 Pending::Handshake {
                     answer: Some(host_id),
                     ..

@@ -364,8 +364,8 @@ pub struct Session<I: Io> {
     /// Child-to-host requests: our host-facing id → (epoch, the child's own id).
     child_requests: HashMap<u64, (EpochId, RawIdText)>,
     held: VecDeque<Held>,
-    /// The deadline the one held-request timer is armed for.
-    held_timer: Option<u64>,
+    /// The deadlines the one held-request timer and the one prompt timer are armed for.
+    armed: ArmedTimers,
     host: HostConnection,
     listens: Vec<Listen>,
     known_list: Option<KnownList>,
@@ -414,7 +414,7 @@ impl<I: Io> Session<I> {
             next_id: 1,
             child_requests: HashMap::new(),
             held: VecDeque::new(),
-            held_timer: None,
+            armed: ArmedTimers::default(),
             host: HostConnection::default(),
             listens: Vec::new(),
             known_list: None,

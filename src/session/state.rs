@@ -84,6 +84,14 @@ pub struct ChildState {
     pub pages_fetched: usize,
 }
 
+/// Timers shared by everything that waits on them: armed once for the earliest deadline (a
+/// flood of held requests or prompts costs one timer, not one each).
+#[derive(Debug, Default)]
+pub struct ArmedTimers {
+    pub held: Option<u64>,
+    pub prompts: Option<u64>,
+}
+
 /// A server that fails to start is built again at most this often (see `spawn_child_as`).
 pub const START_REBUILD_INTERVAL_MS: u64 = 60_000;
 

@@ -1949,3 +1949,192 @@ fn a_finished_early_build_is_not_reported_as_abandoned() {
         "no build runs (its result is held), yet the first build is reported abandoned"
     );
 }
+
+// ----- red-team, session 22, round 4 (timers, handshakes, bounds) -----------------------------
+
+/// The host's legacy `initialize` as raw JSON, without letting the fake server answer anything.
+fn initialize_unserved(h: &mut Harness) -> Value {
+    send_unserved_with(
+        h,
+        "initialize",
+        json!({"protocolVersion": V, "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}),
+    )
+}
+
+/// Warm start: the host's `initialize` waits at most `handshake_wait` for the server's own
+/// answer. But when the build ends inside that wait, the waiting initialize is handed to the
+/// new server's handshake (`advance_child` takes `waiting_initialize`), and the HandshakeWait
+/// timer used to find nothing to answer: a slow or silent server left the host's initialize
+/// unanswered for good. The timer now answers an initialize still in a handshake.
+#[test]
+fn a_warm_initialize_is_bounded_even_when_the_server_starts_during_the_wait() {
+    let mut h = Harness::ungated(|c| c.warm = true);
+    let init = initialize_unserved(&mut h);
+    assert_eq!(h.answer(&init), None, "warm: waits for the server");
+    h.io().now_ms = 300;
+    // The build ends; the server starts and is sent the host's initialize: it never answers.
+    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    assert!(h.current_epoch().is_some());
+    h.io().to_child.clear();
+    let fired = fire_timers(&mut h, 120_000, 500);
+    assert!(
+        h.answer(&init).is_some(),
+        "initialize still unanswered 120 s after it was sent ({fired} timers fired; handshake_wait is {} ms)",
+        DEFAULT_HANDSHAKE_WAIT.as_millis()
+    );
+}
+
+/// The same with a server that was up before the host spoke (a fast build): the host's
+/// `initialize` used to be forwarded to it with no deadline at all, unlike a held
+/// `server/discover` or a warm initialize. It is answered at `handshake_wait` now.
+#[test]
+fn an_initialize_forwarded_to_a_silent_fresh_server_is_answered_in_bounded_time() {
+    let mut h = Harness::ungated(|_| {});
+    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    assert!(
+        h.current_epoch().is_some(),
+        "the server runs before the host speaks"
+    );
+    let init = initialize_unserved(&mut h);
+    h.io().to_child.clear(); // the server never reads its stdin
+    let list = send_unserved_with(&mut h, "tools/list", json!({}));
+    let fired = fire_timers(&mut h, 120_000, 500);
+    assert!(
+        h.answer(&list).is_some(),
+        "the held list is answered at its budget"
+    );
+    assert!(
+        h.answer(&init).is_some(),
+        "initialize still unanswered after 120 s ({fired} timers fired); tools/list sent after it was answered"
+    );
+}
+
+/// A host that cancels its calls (every SDK does on its own request timeout) and a server that
+/// does what the spec asks of it on `notifications/cancelled` (no response): each cancelled
+/// call's `pending` entry used to be kept for the life of the epoch: the map grew without
+/// bound, and when the server exited each cancelled call was "answered" with
+/// `epoch_transition`, long after the host gave it up. The entry goes with the cancel now.
+#[test]
+fn cancelled_calls_do_not_pile_up_in_pending() {
+    let mut h = Harness::ungated(|_| {});
+    h.build(complete("a"));
+    h.connect_legacy().expect("initialized");
+    let list = h.request("tools/list", json!({}));
+    assert!(h.answer(&list).is_some());
+    h.answer_calls = false; // the server drops cancelled work without answering
+    let before = h.s.pending.len();
+    let mut ids = Vec::new();
+    for _ in 0..500 {
+        let id = h.call("list_items");
+        h.host(
+            json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                      "params": {"requestId": id, "reason": "timeout"}}),
+        );
+        ids.push(id);
+    }
+    let grown = h.s.pending.len() - before;
+    exit_current(&mut h);
+    let late = ids.iter().filter(|id| h.answer(id).is_some()).count();
+    assert!(
+        grown < 64 && late == 0,
+        "{grown} pending entries kept for 500 cancelled calls; {late} cancelled calls answered when the server exited"
+    );
+}
+
+/// Every approval prompt arms its own `ApprovalDeadline` (the shell: one sleeping thread per
+/// timer, for `approval_timeout`, 45 s), and a prompt answered at once leaves its timer armed.
+/// Open prompts were bounded (`max_open_prompts`), armed timers were not: a host that declined
+/// at once and an agent that retried armed one timer (thread) per call. One timer serves all
+/// prompts now, armed for the earliest deadline.
+#[test]
+fn approval_deadline_timers_are_bounded_like_the_prompts() {
+    let mut h = Harness::new(|_| {});
+    h.build(complete("a"));
+    let init = h.request(
+        "initialize",
+        json!({"protocolVersion": V, "capabilities": {"elicitation": {}},
+               "clientInfo": {"name": "test", "version": "1"}}),
+    );
+    h.initialized();
+    assert!(h.answer(&init).is_some());
+    let list = h.request("tools/list", json!({}));
+    assert!(h.answer(&list).is_some());
+    for i in 0..200 {
+        let call = h.call_with("write_item", json!({"n": i}));
+        let prompt = h
+            .io()
+            .to_host
+            .iter()
+            .rev()
+            .find(|m| m["method"] == "elicitation/create")
+            .cloned()
+            .expect("a prompt");
+        h.host(json!({"jsonrpc": "2.0", "id": prompt["id"], "result": {"action": "decline"}}));
+        assert!(h.answer(&call).is_some(), "declined: the call is refused");
+    }
+    let open = h.s.prompts.len();
+    let armed = h
+        .io()
+        .timers
+        .iter()
+        .filter(|(_, t)| matches!(t, Timer::ApprovalDeadline))
+        .count();
+    assert!(
+        armed <= DEFAULT_MAX_OPEN_PROMPTS,
+        "{armed} approval timers armed for {open} open prompts"
+    );
+}
+
+/// `LISTEN_LIMIT` bounds open streams by the host's ids, and the supervisor-only path refuses
+/// an id already open; the forwarded path did not: a host that sent `subscriptions/listen`
+/// again and again under one id opened a new stream at the server each time, the earlier ones
+/// orphaned. Both paths refuse an id already open now.
+#[test]
+fn a_reused_listen_id_does_not_open_unbounded_server_streams() {
+    let meta = json!({protocol::PROTOCOL_VERSION: protocol::MODERN_VERSION,
+                      protocol::CLIENT_CAPABILITIES: {}});
+    let mut h = Harness::ungated(|c| c.warm = true);
+    h.listen = ListenReply::Acknowledge(json!({"resourcesListChanged": true}));
+    let d = h.request("server/discover", json!({"_meta": meta}));
+    h.build(complete("a"));
+    assert!(h.answer(&d).unwrap().get("result").is_some());
+    let before = h.s.pending.len();
+    for _ in 0..(LISTEN_LIMIT * 4) {
+        h.host(
+            json!({"jsonrpc": "2.0", "id": "L", "method": "subscriptions/listen",
+                      "params": {"_meta": meta, "notifications": {"resourcesListChanged": true}}}),
+        );
+    }
+    let at_server = h
+        .server_saw
+        .iter()
+        .filter(|m| *m == "subscriptions/listen")
+        .count();
+    let grown = h.s.pending.len() - before;
+    assert!(
+        at_server <= LISTEN_LIMIT && grown <= LISTEN_LIMIT,
+        "{at_server} listen streams opened at the server and {grown} pending entries for one host stream id (limit {LISTEN_LIMIT}); {} listens counted",
+        h.s.listens.len()
+    );
+}
+
+/// A legacy host's `initialize` handed to the first server's handshake (warm start) used to
+/// be answered with an `epoch_transition` error when that server exited before answering,
+/// although a restart was scheduled: one early crash cost the host its connection. The
+/// supervisor answers it now (as at a cold start), and the next server gets the host's params.
+#[test]
+fn a_crash_during_the_first_handshake_does_not_fail_the_hosts_initialize() {
+    let mut h = Harness::ungated(|c| c.warm = true);
+    let init = initialize_unserved(&mut h);
+    h.io().now_ms = 300;
+    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.io().to_child.clear(); // the server dies before reading its stdin
+    exit_current(&mut h);
+    assert!(h.s.restart_scheduled, "a restart is on its way");
+    h.advance(1_000); // the restart; the new server answers
+    let answer = h.answer(&init).expect("answered");
+    assert!(
+        answer.get("result").is_some(),
+        "initialize failed although the server was back within 250 ms: {answer}"
+    );
+}
