@@ -199,6 +199,7 @@ impl<I: Io> Session<I> {
             return;
         };
         let Some(p) = self.pending.remove(&id) else {
+            self.record_cancelled_call_result(epoch, id, &msg);
             return;
         };
         if p.epoch() != epoch {
@@ -468,6 +469,28 @@ impl<I: Io> Session<I> {
 /// A `tool_result` record's data: encoded directly; a call id the chain cannot encode (never
 /// produced here: ids are kept as their JSON text) falls back to the tree, whose append then
 /// reports it.
+impl<I: Io> Session<I> {
+    /// The late answer of a call the host cancelled: it ran, so its outcome is recorded; the
+    /// host, which gave it up, is not told.
+    fn record_cancelled_call_result(&mut self, epoch: &str, id: u64, msg: &Message) {
+        let kept = &mut self.host.cancelled_calls;
+        let Some(at) = kept.iter().position(|(i, e, _)| *i == id && e == epoch) else {
+            return;
+        };
+        let Some((_, _, call)) = kept.remove(at) else {
+            return;
+        };
+        let now = self.now();
+        let record = tool_result(records::ToolResult {
+            call_id: json!(call.call_id),
+            tool: call.tool,
+            is_error: msg.is_error() || envelope::result_is_error(msg.result()),
+            duration_ms: Some(now.saturating_sub(call.started_ms)),
+        });
+        self.audit_record(audit::TOOL_RESULT, Some(epoch), record);
+    }
+}
+
 fn tool_result(r: records::ToolResult) -> RecordData {
     r.canonical()
         .unwrap_or_else(|_| RecordData::Tree(records::data(&r)))

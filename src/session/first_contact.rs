@@ -48,12 +48,12 @@ impl<I: Io> Session<I> {
                     answer: Some(host_id),
                     modern: false,
                 });
+                // No deadline of ours: the host gets this running server's own answer however
+                // slow (answering for it would commit to a version it may not speak); the
+                // host's own `initialize` timeout bounds a silent one.
                 self.set_phase(ChildPhase::Handshaking);
                 self.io
                     .to_child(&epoch, envelope::request_line(id, "initialize", &params));
-                // Bounded like the warm wait: a silent server's handshake is answered by us.
-                self.io
-                    .schedule(self.cfg.handshake_wait, Timer::HandshakeWait);
             }
             None if self.cfg.warm
                 && self.lifecycle == Lifecycle::FirstStart

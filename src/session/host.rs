@@ -90,7 +90,7 @@ impl<I: Io> Session<I> {
                 let id = msg.id().expect("request").to_owned();
                 self.io.to_host(envelope::result_line(&id, &json!({})));
             }
-            Method::Listen if self.listens.len() >= LISTEN_LIMIT => {
+            Method::Listen if self.listens.len() + self.held_listens() >= LISTEN_LIMIT => {
                 let id = msg.id().expect("request").to_owned();
                 let why = format!("more than {LISTEN_LIMIT} subscriptions/listen streams are open");
                 self.io
@@ -98,11 +98,7 @@ impl<I: Io> Session<I> {
             }
             // One stream per id, whoever serves it: a reused id would orphan the server's
             // stream and its pending entry, outside `LISTEN_LIMIT`.
-            Method::Listen
-                if msg
-                    .id()
-                    .is_some_and(|id| self.listens.iter().any(|l| l.host_id.get() == id.get())) =>
-            {
+            Method::Listen if msg.id().is_some_and(|id| self.listen_id_taken(id.get())) => {
                 let id = msg.id().expect("request").to_owned();
                 let why = "a subscriptions/listen stream with this id is already open";
                 self.io
@@ -209,6 +205,23 @@ impl<I: Io> Session<I> {
         }
     }
 
+    /// `subscriptions/listen` requests held for the server (they open streams once released).
+    fn held_listens(&self) -> usize {
+        self.held
+            .iter()
+            .filter(|h| h.msg.method() == Some("subscriptions/listen"))
+            .count()
+    }
+
+    /// A stream with this id is open, or a listen with it waits for the server.
+    fn listen_id_taken(&self, id: &str) -> bool {
+        self.listens.iter().any(|l| l.host_id.get() == id)
+            || self.held.iter().any(|h| {
+                h.msg.method() == Some("subscriptions/listen")
+                    && h.msg.id().is_some_and(|i| i.get() == id)
+            })
+    }
+
     fn on_host_cancel(&mut self, msg: &Message) {
         let params = msg.params_value();
         let Some(req) = params.get("requestId") else {
@@ -241,8 +254,19 @@ impl<I: Io> Session<I> {
             );
             // The host expects no answer now, and a server that follows the spec sends none:
             // kept, the entry would stay for the whole epoch (and be answered at its end). A
-            // late answer finds nothing and is dropped.
-            self.pending.remove(&id);
+            // call's late answer is still recorded (bounded: the newest `CANCELLED_KEPT`).
+            if let Some(Pending::Host {
+                call: Some(call),
+                epoch,
+                ..
+            }) = self.pending.remove(&id)
+            {
+                let kept = &mut self.host.cancelled_calls;
+                if kept.len() >= CANCELLED_KEPT {
+                    kept.pop_front();
+                }
+                kept.push_back((id, epoch, call));
+            }
             return;
         }
         // A held request the host gave up on is dropped (never forwarded later).

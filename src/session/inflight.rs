@@ -92,7 +92,11 @@ impl<I: Io> Session<I> {
                     answer: Some(host_id),
                     modern: false,
                     ..
-                } if self.lifecycle != Lifecycle::Stopping => self.announce_initialize(host_id),
+                } if self.lifecycle != Lifecycle::Stopping
+                    && self.cfg.restart != Restart::Disconnect =>
+                {
+                    self.announce_initialize(host_id)
+                }
                 Pending::Handshake {
                     answer: Some(host_id),
                     ..
@@ -111,6 +115,8 @@ impl<I: Io> Session<I> {
             l.child_id = None;
         }
         self.child_requests.retain(|_, (e, _)| e != epoch);
+        // Cancelled calls of this server get no late answer now.
+        self.host.cancelled_calls.retain(|(_, e, _)| e != epoch);
         self.host.list_pages.clear();
     }
 }

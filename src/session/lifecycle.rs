@@ -537,12 +537,13 @@ impl<I: Io> Session<I> {
         if self.exit_code.is_some() {
             return;
         }
+        // Stopping first: what is in flight is answered as a closing connection's.
+        self.lifecycle = Lifecycle::Stopping;
         if let Some(c) = &self.child {
             let e = c.epoch.clone();
             self.answer_in_flight(&e, None, "replaced", None);
         }
         self.io.status(&format!("connection closed: {why}"));
-        self.lifecycle = Lifecycle::Stopping;
         self.fail_held();
         self.fail_prompts("the supervisor is shutting down");
         self.io.close_host();

@@ -4,6 +4,8 @@
 //! Owns: data only. Must not touch: I/O, decisions (the other rooms decide; this file names).
 
 use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+
 use serde_json::Value;
 
 pub use crate::epoch::{AgentRunId, EpochId};
@@ -229,7 +231,13 @@ pub struct HostConnection {
     pub notified_revision: Option<u64>,
     /// The "host has not refetched" status line was printed for this revision.
     pub stale_notice_revision: Option<u64>,
+    /// Calls the host cancelled after they were forwarded: (our id, epoch, call), the newest
+    /// [`CANCELLED_KEPT`]. A late answer is recorded (the call ran) but not forwarded.
+    pub cancelled_calls: VecDeque<(u64, EpochId, CallInfo)>,
 }
+
+/// Cancelled calls whose late answers are still recorded (see `HostConnection`).
+pub const CANCELLED_KEPT: usize = 64;
 
 /// What real servers of this package said before: kept by the shell between runs and used
 /// only with its provenance (which epoch and identity produced it).
