@@ -1681,6 +1681,14 @@ mod tests {
         (tmp, keys, path)
     }
 
+    /// A writer of `path` with one record committed.
+    fn writer_with_one_record(path: &Path, keys: &KeyStore) -> AuditLog {
+        let mut log = AuditLog::open(path, keys).unwrap();
+        log.append("x", "R", None, json!({"n": 0})).unwrap();
+        log.commit().unwrap();
+        log
+    }
+
     /// Cuts the file at `path` to `len` bytes, as another process would.
     fn cut_file(path: &Path, len: u64) {
         std::fs::OpenOptions::new()
@@ -2349,9 +2357,7 @@ mod tests {
     #[test]
     fn a_removed_lock_file_does_not_let_a_second_writer_in() {
         let (_tmp, keys, path) = setup();
-        let mut first = AuditLog::open(&path, &keys).unwrap();
-        first.append("x", "R", None, json!({"n": 0})).unwrap();
-        first.commit().unwrap();
+        let mut first = writer_with_one_record(&path, &keys);
         std::fs::remove_file(lock_path(&path)).unwrap();
         let second = AuditLog::open_with(
             &path,
@@ -2381,9 +2387,7 @@ mod tests {
     #[test]
     fn with_the_directory_removed_a_waiting_second_writer_leaves_the_lock_file_to_the_first() {
         let (_tmp, keys, path) = setup();
-        let mut first = AuditLog::open(&path, &keys).unwrap();
-        first.append("x", "R", None, json!({"n": 0})).unwrap();
-        first.commit().unwrap();
+        let mut first = writer_with_one_record(&path, &keys);
         std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
         let second = std::thread::spawn({
             let (path, keys) = (path.clone(), keys.clone());
@@ -2428,9 +2432,7 @@ mod tests {
     #[test]
     fn a_removed_log_is_not_put_back_under_another_writers_lock_file() {
         let (_tmp, keys, path) = setup();
-        let mut first = AuditLog::open(&path, &keys).unwrap();
-        first.append("x", "R", None, json!({"n": 0})).unwrap();
-        first.commit().unwrap();
+        let mut first = writer_with_one_record(&path, &keys);
         std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         let other = WriterLock::lock_file(&path, Duration::ZERO).unwrap();
@@ -2947,9 +2949,7 @@ mod tests {
     #[test]
     fn a_hard_link_to_the_log_in_another_directory_is_not_interleaved() {
         let (tmp, keys, path) = setup();
-        let mut first = AuditLog::open(&path, &keys).unwrap();
-        first.append("x", "R", None, json!({"n": 0})).unwrap();
-        first.commit().unwrap();
+        let mut first = writer_with_one_record(&path, &keys);
         let other_dir = tmp.path().join("other");
         std::fs::create_dir_all(&other_dir).unwrap();
         let other = other_dir.join("audit.jsonl");
@@ -2985,9 +2985,7 @@ mod tests {
             .join(std::ffi::OsStr::from_bytes(b"target-\xff"))
             .join("mcp-dev");
         let path = dir.join("audit.jsonl");
-        let mut first = AuditLog::open(&path, &keys).unwrap();
-        first.append("x", "R", None, json!({"n": 0})).unwrap();
-        first.commit().unwrap();
+        let mut first = writer_with_one_record(&path, &keys);
         std::fs::remove_dir_all(dir.parent().unwrap()).unwrap();
         std::thread::sleep(LENGTH_CHECK_EVERY);
         first.append("x", "R", None, json!({"n": 1})).unwrap();
@@ -3002,9 +3000,7 @@ mod tests {
     #[test]
     fn a_stale_unheld_lock_file_does_not_stop_the_restore() {
         let (_tmp, keys, path) = setup();
-        let mut first = AuditLog::open(&path, &keys).unwrap();
-        first.append("x", "R", None, json!({"n": 0})).unwrap();
-        first.commit().unwrap();
+        let mut first = writer_with_one_record(&path, &keys);
         std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         drop(WriterLock::lock_file(&path, Duration::ZERO).unwrap());

@@ -330,9 +330,11 @@ impl<I: Io> Session<I> {
         };
         // Started: a later failure to start may have a cause a build fixes again.
         self.rebuilt_for_start = None;
-        self.leave_start_failed();
-        if matches!(self.lifecycle, Lifecycle::BuildBroken { .. }) {
-            // The last good build, started by `cargo mcp-dev restart`: requests wait for it.
+        // A server runs (after `BuildBroken`: the last good build, by `cargo mcp-dev restart`).
+        if matches!(
+            self.lifecycle,
+            Lifecycle::StartFailed { .. } | Lifecycle::BuildBroken { .. }
+        ) {
             self.lifecycle = self.serving_or_first_start();
         }
         let started_ms = self.io.now_ms();

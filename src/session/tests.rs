@@ -420,10 +420,7 @@ fn a_server_that_cannot_start_from_its_stored_copy_is_built_again_once() {
     assert!(refused.to_string().contains("is missing"), "{refused}");
     // Fixed (the next change builds a copy that starts): served again.
     h.io().spawn_error = None;
-    h.s.handle(Event::SourcesChanged {
-        paths: vec!["src/main.rs".into()],
-        changed_after_leading_edge: false,
-    });
+    save(&mut h);
     h.build(complete("b"));
     assert!(h.current_epoch().is_some(), "{:?}", h.io().status);
     assert_eq!(h.s.lifecycle(), &Lifecycle::Serving);
@@ -465,6 +462,24 @@ fn a_build_that_never_starts_is_not_rebuilt_in_a_loop() {
     h.advance(1_000);
     let io = h.io();
     assert_eq!(io.builds_started, builds + 2, "{:?}", io.status);
+}
+
+/// The developer saves `src/main.rs` (the quiet period over).
+fn save(h: &mut Harness) {
+    h.s.handle(Event::SourcesChanged {
+        paths: vec!["src/main.rs".into()],
+        changed_after_leading_edge: false,
+    });
+}
+
+/// The running server exits `CRASH_LIMIT` times, each restart due: the session is in its
+/// crash loop.
+fn crash_until_the_loop(h: &mut Harness) {
+    for _ in 0..CRASH_LIMIT {
+        let epoch = h.current_epoch().expect("restarted");
+        exit_child(h, epoch);
+        h.advance(5_000);
+    }
 }
 
 /// Serving, then the server exits and its stored copy cannot start: a rebuild is on its way.
@@ -590,10 +605,7 @@ fn restart_says_what_happened_when_the_server_cannot_start() {
     assert!(matches!(h.s.lifecycle(), Lifecycle::StartFailed { .. }));
     // With a build already running (a save), the start fails and that build will start the
     // server: the answer says so, and requests wait for it.
-    h.s.handle(Event::SourcesChanged {
-        paths: vec!["src/main.rs".into()],
-        changed_after_leading_edge: false,
-    });
+    save(&mut h);
     let builds = h.io().builds_started;
     let answer = h.control(json!({"op": "restart"}));
     assert_eq!(answer["result"], json!({"building": true}), "{answer}");
@@ -1422,23 +1434,10 @@ fn requests_during_the_build_after_a_crash_loop_wait_for_it() {
     let mut h = Harness::ungated(|_| {});
     h.connect_legacy();
     h.build(complete("a"));
-    for _ in 0..CRASH_LIMIT {
-        let epoch = h.current_epoch().expect("restarted");
-        h.s.handle(Event::ChildExited {
-            epoch,
-            exit: ExitInfo {
-                code: Some(1),
-                signal: None,
-            },
-        });
-        h.advance(5_000);
-    }
+    crash_until_the_loop(&mut h);
     let status = h.io().status.clone();
     assert_eq!(h.s.lifecycle(), &Lifecycle::CrashLoop, "{status:?}");
-    h.s.handle(Event::SourcesChanged {
-        paths: vec!["src/main.rs".into()],
-        changed_after_leading_edge: false,
-    });
+    save(&mut h);
     let list = h.request("tools/list", json!({}));
     assert_eq!(
         h.answer(&list),
@@ -1475,11 +1474,7 @@ fn a_full_hold_queue_at_first_start_says_why() {
 /// A host request delivered without the fake server answering anything (the server stays in
 /// its handshake).
 fn send_unserved(h: &mut Harness, method: &str) -> Value {
-    let id = json!(h.next_host_id);
-    h.next_host_id += 1;
-    let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": {}});
-    h.s.handle(Event::HostLine(msg.to_string().into_bytes()));
-    id
+    send_unserved_with(h, method, json!({}))
 }
 
 fn exit_child(h: &mut Harness, epoch: String) {
@@ -1554,10 +1549,7 @@ fn manual_exit_during_a_build_keeps_held_requests_for_it() {
         .expect("the replacement started (handshaking)");
     let early = send_unserved(&mut h, "resources/list");
     assert!(h.answer(&early).is_none(), "held in the restart gap");
-    h.s.handle(Event::SourcesChanged {
-        paths: vec!["src/main.rs".into()],
-        changed_after_leading_edge: false,
-    });
+    save(&mut h);
     exit_child(&mut h, new);
     let late = send_unserved(&mut h, "resources/list");
     assert!(
@@ -1580,16 +1572,9 @@ fn restart_while_a_build_runs_keeps_held_requests_waiting() {
     let mut h = Harness::ungated(|_| {});
     h.connect_legacy();
     h.build(complete("a"));
-    for _ in 0..CRASH_LIMIT {
-        let epoch = h.current_epoch().expect("restarted");
-        exit_child(&mut h, epoch);
-        h.advance(5_000);
-    }
+    crash_until_the_loop(&mut h);
     assert_eq!(h.s.lifecycle(), &Lifecycle::CrashLoop);
-    h.s.handle(Event::SourcesChanged {
-        paths: vec!["src/main.rs".into()],
-        changed_after_leading_edge: false,
-    });
+    save(&mut h);
     let list = h.request("resources/list", json!({}));
     assert!(h.answer(&list).is_none(), "held for the build");
     h.io().spawn_error = Some("executable `store/sha256-a` is missing".into());
@@ -1804,13 +1789,7 @@ fn send_unserved_with(h: &mut Harness, method: &str, params: Value) -> Value {
 
 fn exit_current(h: &mut Harness) {
     let epoch = h.current_epoch().expect("a server runs");
-    h.s.handle(Event::ChildExited {
-        epoch,
-        exit: ExitInfo {
-            code: Some(1),
-            signal: None,
-        },
-    });
+    exit_child(h, epoch);
 }
 
 /// Fires due timers one at a time (without serving), at most `limit` of them, up to `until`.
@@ -1866,15 +1845,9 @@ fn a_fix_built_during_the_crash_loop_is_started() {
     h.connect_legacy();
     h.build(complete("a"));
     // The developer saves a fix; its build starts.
-    h.s.handle(Event::SourcesChanged {
-        paths: vec!["src/main.rs".into()],
-        changed_after_leading_edge: false,
-    });
+    save(&mut h);
     assert_ne!(h.s.builds, Builds::Idle);
-    for _ in 0..CRASH_LIMIT {
-        exit_current(&mut h);
-        h.advance(5_000);
-    }
+    crash_until_the_loop(&mut h);
     assert_eq!(h.s.lifecycle(), &Lifecycle::CrashLoop);
     let spawned = h.io().spawned.len();
     h.build(complete("b"));
@@ -1893,15 +1866,9 @@ fn new_code_after_a_crash_loop_starts_with_no_crash_history() {
     let mut h = Harness::ungated(|_| {});
     h.connect_legacy();
     h.build(complete("a"));
-    for _ in 0..CRASH_LIMIT {
-        exit_current(&mut h);
-        h.advance(5_000);
-    }
+    crash_until_the_loop(&mut h);
     assert_eq!(h.s.lifecycle(), &Lifecycle::CrashLoop);
-    h.s.handle(Event::SourcesChanged {
-        paths: vec!["src/main.rs".into()],
-        changed_after_leading_edge: false,
-    });
+    save(&mut h);
     h.build(complete("b"));
     assert!(h.current_epoch().is_some(), "b runs");
     exit_current(&mut h);
