@@ -404,6 +404,107 @@ fn notification_flood_while_the_host_does_not_read_is_bounded() {
     assert!(seen < 256000, "{seen}");
 }
 
+/// Every queue is bounded: a real server that sends the host 3,000 requests nobody answers.
+/// The host is sent the first 1,024 (the session keeps no more open); each request past them is
+/// answered to the server at once with `-31005` (the server's own log shows them), one status
+/// line says so, and the call that sent them is still answered. Once the host answers one,
+/// the server's next request reaches it again.
+#[test]
+fn a_server_flooding_the_host_with_requests_is_answered_past_the_limit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = tmp.path().join("server-received.log");
+    let mut h = raw_host::Host::start(
+        &["flood_requests"],
+        &[
+            ("FAKE_FLOOD_LINES", "3000"),
+            ("FAKE_LOG", log.to_str().unwrap()),
+        ],
+    );
+    h.ready();
+    let flood = |h: &mut raw_host::Host, id: &str| -> Vec<serde_json::Value> {
+        h.send(&format!(
+            r#"{{"jsonrpc":"2.0","id":"{id}","method":"tools/call","params":{{"name":"flood_requests","arguments":{{}}}}}}"#
+        ));
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut requests = Vec::new();
+        loop {
+            assert!(std::time::Instant::now() < deadline, "no answer to {id}");
+            let mut line = String::new();
+            use std::io::BufRead;
+            assert!(h.stdout.read_line(&mut line).unwrap() > 0, "stdout closed");
+            let v: serde_json::Value = serde_json::from_str(line.trim_end()).unwrap();
+            if v["id"] == json!(id) && v.get("method").is_none() {
+                assert_eq!(v["result"]["structuredContent"]["requests"], json!(3000));
+                return requests;
+            }
+            if v["method"] == "roots/list" {
+                requests.push(v["id"].clone());
+            }
+        }
+    };
+    let requests = flood(&mut h, "flood-1");
+    assert_eq!(requests.len(), 1024, "requests that reached the host");
+    h.wait_stderr(
+        "requests the host has not answered",
+        Duration::from_secs(10),
+    );
+    let refused = |log: &std::path::Path| {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("-31005") && l.contains("\"flood-"))
+            .count()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while refused(&log) < 3000 - 1024 {
+        let n = refused(&log);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{n} refusals seen by the server"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let told = |h: &raw_host::Host| {
+        let lines = h.stderr.lock().unwrap();
+        lines
+            .iter()
+            .filter(|l| l.contains("requests the host has not answered"))
+            .count()
+    };
+    assert_eq!(told(&h), 1, "one status line for the overflow");
+
+    // The host answers one: it reaches the server under the server's own id, and a second
+    // flood finds room for exactly one request at the host.
+    h.send(&format!(
+        r#"{{"jsonrpc":"2.0","id":{},"result":{{"roots":[]}}}}"#,
+        requests[0]
+    ));
+    let answered = |log: &std::path::Path| {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.contains(r#""id":"flood-0""#) && l.contains("roots"))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !answered(&log) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the host's answer never reached the server"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        flood(&mut h, "flood-2").len(),
+        1,
+        "room for exactly one more"
+    );
+    h.wait_stderr(
+        "requests the host has not answered",
+        Duration::from_secs(10),
+    );
+    assert_eq!(told(&h), 2, "a new overflow is told again");
+}
+
 /// Medium finding "unbounded memory" (1 MiB host requests while the server stalls): requests
 /// that no longer fit the server's queue (64 MiB) are answered with `server_not_reading` instead
 /// of being held; every request gets exactly one answer.

@@ -32,9 +32,13 @@ impl<I: Io> Session<I> {
             Kind::Response => self.on_child_response(epoch, msg),
             Kind::Request => {
                 let child_id = msg.id().expect("request").to_owned();
+                if self.child_requests.open.len() >= OPEN_AT_HOST_LIMIT {
+                    return self.refuse_server_request(epoch, &child_id);
+                }
                 let host_id = self.next_id;
                 self.next_id += 1;
                 self.child_requests
+                    .open
                     .insert(host_id, (EpochId::from(epoch), child_id));
                 let mut msg = msg;
                 msg.set_id(envelope::numeric_id(host_id));
@@ -42,6 +46,27 @@ impl<I: Io> Session<I> {
             }
             Kind::Notification => self.on_child_notification(msg),
         }
+    }
+
+    /// The server has [`OPEN_AT_HOST_LIMIT`] requests the host has not answered: this one is
+    /// answered to the server at once and never reaches the host (a server that floods the
+    /// host with requests cannot grow the session without bound).
+    fn refuse_server_request(&mut self, epoch: &str, child_id: &RawIdText) {
+        if !std::mem::replace(&mut self.child_requests.overflow_told, true) {
+            self.io.status(&format!(
+                "server sent more than {OPEN_AT_HOST_LIMIT} requests the host has not answered; answering the next ones itself with an error ({} epoch {})",
+                self.label(),
+                crate::epoch::short(epoch)
+            ));
+        }
+        let why = format!("more than {OPEN_AT_HOST_LIMIT} requests to the host are unanswered");
+        let line = envelope::error_line(
+            Some(child_id),
+            codes::TOO_MANY_OPEN,
+            &why,
+            json!({"error": "too_many_open", "limit": OPEN_AT_HOST_LIMIT}),
+        );
+        self.io.to_child(epoch, line);
     }
 
     /// Not JSON-RPC (a stray `println!`, invalid UTF-8): never forwarded. If it names one of
@@ -149,11 +174,12 @@ impl<I: Io> Session<I> {
             let req_text = req.to_string();
             let ours = self
                 .child_requests
+                .open
                 .iter()
                 .find(|(_, (_, child_id))| child_id.get() == req_text)
                 .map(|(host_id, _)| *host_id);
             if let Some(host_facing) = ours {
-                self.child_requests.remove(&host_facing);
+                self.child_requests.open.remove(&host_facing);
                 let mut params = params.clone();
                 params["requestId"] = json!(host_facing);
                 msg.set_params(&params);

@@ -128,6 +128,10 @@ impl<I: Io> Session<I> {
 
     /// Sends a host request to the ready server under our own id.
     pub(super) fn route_host_request(&mut self, msg: Message) {
+        if self.pending.len() >= OPEN_AT_SERVER_LIMIT {
+            return self.refuse_over_open_limit(msg);
+        }
+        self.host.overflow_told = false;
         if msg.method() == Some("tools/call") {
             return self.on_host_call(msg);
         }
@@ -287,12 +291,13 @@ impl<I: Io> Session<I> {
                 .status("host answered a request nobody sent; dropped");
             return;
         };
-        let Some((epoch, child_id)) = self.child_requests.remove(&id) else {
+        let Some((epoch, child_id)) = self.child_requests.open.remove(&id) else {
             self.io.verbose(&format!(
                 "host answered request {id} of a replaced server; dropped"
             ));
             return;
         };
+        self.child_requests.overflow_told = false;
         if self.current_epoch() != Some(epoch.as_str()) {
             return;
         }

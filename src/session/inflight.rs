@@ -114,7 +114,8 @@ impl<I: Io> Session<I> {
         for l in &mut self.listens {
             l.child_id = None;
         }
-        self.child_requests.retain(|_, (e, _)| e != epoch);
+        self.child_requests.open.retain(|_, (e, _)| e != epoch);
+        self.child_requests.overflow_told = false;
         // Cancelled calls of this server get no late answer now.
         self.host.cancelled_calls.retain(|(_, e, _)| e != epoch);
         self.host.list_pages.clear();

@@ -70,18 +70,7 @@ use crate::supervisor::ExitInfo;
 use protocol::Era;
 use state::*;
 
-/// JSON-RPC error codes of cargo mcp-dev's own errors (outside −32768..−32000, and never in
-/// MCP's reserved −32020..−32099).
-pub mod codes {
-    /// The request was in flight when its server was replaced or exited.
-    pub const EPOCH_TRANSITION: i64 = -31001;
-    /// No server is available (still building, build failed, crash loop, shutting down).
-    pub const SERVER_UNAVAILABLE: i64 = -31002;
-    /// The host sent a response to a request nobody is waiting for.
-    pub const UNKNOWN_RESPONSE: i64 = -31003;
-    /// The request could not be audited, so it was not forwarded.
-    pub const AUDIT_FAILED: i64 = -31004;
-}
+pub mod codes;
 
 /// Timers the session asks its shell for; each comes back as [`Event::Timer`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -362,7 +351,7 @@ pub struct Session<I: Io> {
     pending: HashMap<u64, Pending, OurIds>,
     next_id: u64,
     /// Child-to-host requests: our host-facing id → (epoch, the child's own id).
-    child_requests: HashMap<u64, (EpochId, RawIdText)>,
+    child_requests: ServerRequests,
     held: VecDeque<Held>,
     /// The deadlines the one held-request timer and the one prompt timer are armed for.
     armed: ArmedTimers,
@@ -412,7 +401,7 @@ impl<I: Io> Session<I> {
             replacing: None,
             pending: HashMap::default(),
             next_id: 1,
-            child_requests: HashMap::new(),
+            child_requests: ServerRequests::default(),
             held: VecDeque::new(),
             armed: ArmedTimers::default(),
             host: HostConnection::default(),

@@ -214,6 +214,36 @@ impl<I: Io> Session<I> {
         ));
     }
 
+    /// [`OPEN_AT_SERVER_LIMIT`] requests are open at the server (one that reads and never
+    /// answers): this one is answered at once and not forwarded; a call is recorded as refused.
+    pub(super) fn refuse_over_open_limit(&mut self, msg: Message) {
+        let host_id = msg.id().expect("request").to_owned();
+        if !std::mem::replace(&mut self.host.overflow_told, true) {
+            self.io.status(&format!(
+                "{OPEN_AT_SERVER_LIMIT} requests are open at the server and none answered since; answering the next ones at once with an error"
+            ));
+        }
+        let why = format!("more than {OPEN_AT_SERVER_LIMIT} requests are open at the server");
+        let payload = json!({"error": "too_many_open", "limit": OPEN_AT_SERVER_LIMIT});
+        if msg.method() != Some("tools/call") {
+            let line = envelope::error_line(Some(&host_id), codes::TOO_MANY_OPEN, &why, payload);
+            return self.io.to_host(line);
+        }
+        let tool = envelope::call_target(msg.params()).map(|(tool, _)| tool);
+        self.audit_record(
+            audit::AUTHORIZATION_DENIED,
+            self.current_epoch().map(str::to_string).as_deref(),
+            records::data(&records::AuthorizationDenied {
+                call_id: json!(host_id.get()),
+                tool: tool.unwrap_or_default(),
+                reason: "too_many_open".into(),
+                ..Default::default()
+            }),
+        );
+        let result = self.tool_error(&payload, &format!("{why}; the call was not run."));
+        self.io.to_host(envelope::result_line(&host_id, &result));
+    }
+
     /// No server will answer soon (build broken, crash loop, closing): a tool error that says
     /// why, recorded as a refused call.
     fn refuse_unavailable_call(&mut self, host_id: &RawId, tool: &str, call_id: &str) {

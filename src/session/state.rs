@@ -4,7 +4,7 @@
 //! Owns: data only. Must not touch: I/O, decisions (the other rooms decide; this file names).
 
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use serde_json::Value;
 
@@ -210,6 +210,9 @@ pub struct WaitingInitialize {
 #[derive(Debug, Default)]
 pub struct HostConnection {
     pub era: Option<Era>,
+    /// A request was refused for [`OPEN_AT_SERVER_LIMIT`] and the status line said so; cleared
+    /// when a request is forwarded again (one line per overflow).
+    pub overflow_told: bool,
     pub init_params: Option<Value>,
     pub initialized: bool,
     pub negotiated: Option<Negotiated>,
@@ -234,6 +237,16 @@ pub struct HostConnection {
     /// Calls the host cancelled after they were forwarded: (our id, epoch, call), the newest
     /// [`CANCELLED_KEPT`]. A late answer is recorded (the call ran) but not forwarded.
     pub cancelled_calls: VecDeque<(u64, EpochId, CallInfo)>,
+}
+
+/// The server's requests the host has not answered yet, at most [`OPEN_AT_HOST_LIMIT`].
+#[derive(Debug, Default)]
+pub struct ServerRequests {
+    /// Our host-facing id → (epoch, the server's own id).
+    pub open: HashMap<u64, (EpochId, RawIdText)>,
+    /// A request was refused for the limit and the status line said so; cleared once the
+    /// host answers one (one line per overflow, not one per refused request).
+    pub overflow_told: bool,
 }
 
 /// Cancelled calls whose late answers are still recorded (see `HostConnection`).
@@ -272,6 +285,11 @@ pub const HELD_LIMIT: usize = 1024;
 pub const STOP_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 /// The same for a server that never answered its handshake.
 pub const STOP_GRACE_UNANSWERED: std::time::Duration = std::time::Duration::from_millis(50);
+/// Host requests open at the server at once (a server that reads and never answers cannot
+/// grow the session without bound); more are answered at once with `TOO_MANY_OPEN`.
+pub const OPEN_AT_SERVER_LIMIT: usize = 65_536;
+/// The server's own requests open at the host at once; more are answered to the server.
+pub const OPEN_AT_HOST_LIMIT: usize = 1024;
 /// Open `subscriptions/listen` streams one host connection may hold.
 pub const LISTEN_LIMIT: usize = 64;
 /// `tools/list` pages fetched for one catalog; a server that pages forever is cut off here.

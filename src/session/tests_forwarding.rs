@@ -1,7 +1,7 @@
 //! What the supervisor forwards, and how: droppable lines are the session's word, and a tool list
 //! it cannot read never reaches the host.
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::testing::*;
 use super::*;
@@ -149,4 +149,151 @@ fn a_call_without_one_tool_name_is_refused_not_forwarded() {
     assert!(answer.get("result").is_some(), "{answer}");
     assert_eq!(h.audit_kinds("tool_called").len(), 1);
     assert_eq!(h.audit_kinds("authorization_denied").len(), denied_before);
+}
+
+/// The host's request `line` as the session reads it.
+fn host_line(h: &mut Harness, line: String) {
+    h.s.handle(Event::HostLine(line.into_bytes()));
+}
+
+/// Every queue is bounded: a server that reads requests and never answers cannot grow the
+/// session's open requests without bound. At `OPEN_AT_SERVER_LIMIT` the next request is answered
+/// at once with `TOO_MANY_OPEN` and not forwarded (a call as a refused, recorded tool error), with
+/// one status line per overflow; once the server answers one, requests go through again.
+#[test]
+fn a_server_that_never_answers_cannot_grow_the_open_requests_without_bound() {
+    let (mut h, epoch) = serving_a_host();
+    h.io().to_host.clear();
+    let room = OPEN_AT_SERVER_LIMIT - h.s.pending.len();
+    let mut first_forwarded = None;
+    for i in 0..room {
+        host_line(
+            &mut h,
+            format!(
+                r#"{{"jsonrpc":"2.0","id":{},"method":"resources/list"}}"#,
+                1000 + i
+            ),
+        );
+        let sent = std::mem::take(&mut h.io().to_child);
+        assert_eq!(sent.len(), 1, "request {i} not forwarded: {sent:?}");
+        first_forwarded.get_or_insert_with(|| sent[0].1["id"].clone());
+    }
+    assert!(h.io().to_host.is_empty(), "{:?}", h.io().to_host.first());
+    let overflow = "requests are open at the server";
+    let told = |h: &mut Harness| {
+        h.io()
+            .status
+            .iter()
+            .filter(|l| l.contains(overflow))
+            .count()
+    };
+    assert_eq!(told(&mut h), 0);
+
+    for id in ["\"over-1\"", "\"over-2\""] {
+        host_line(
+            &mut h,
+            format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"resources/list"}}"#),
+        );
+        let answer = h
+            .answer(&serde_json::from_str(id).unwrap())
+            .expect("answered");
+        assert_eq!(answer["error"]["code"], codes::TOO_MANY_OPEN, "{answer}");
+        assert_eq!(answer["error"]["data"]["limit"], OPEN_AT_SERVER_LIMIT);
+    }
+    let call = h.call("echo");
+    let answer = h.answer(&call).expect("the call is answered at once");
+    let text = Harness::tool_error(&answer).expect("a tool error");
+    assert!(text.contains("too_many_open"), "{text}");
+    assert!(
+        h.io().to_child.is_empty(),
+        "forwarded over the limit: {:?}",
+        h.io().to_child
+    );
+    let refused = h.audit_kinds(audit::AUTHORIZATION_DENIED);
+    assert!(
+        refused
+            .iter()
+            .any(|d| d["reason"] == "too_many_open" && d["tool"] == "echo"),
+        "{refused:?}"
+    );
+    assert_eq!(told(&mut h), 1, "one status line per overflow");
+
+    // The server answers one: the next request is forwarded; the overflow after it is told again.
+    let ours = first_forwarded.unwrap();
+    h.s.handle(Event::ChildLine {
+        epoch: epoch.clone(),
+        line: format!(r#"{{"jsonrpc":"2.0","id":{ours},"result":{{}}}}"#).into_bytes(),
+    });
+    assert_eq!(
+        h.answer(&json!(1000)).expect("answered")["result"],
+        json!({})
+    );
+    host_line(
+        &mut h,
+        r#"{"jsonrpc":"2.0","id":"again","method":"resources/list"}"#.into(),
+    );
+    assert_eq!(h.io().to_child.len(), 1, "forwarded once there is room");
+    assert!(h.answer(&json!("again")).is_none());
+    host_line(
+        &mut h,
+        r#"{"jsonrpc":"2.0","id":"over-3","method":"resources/list"}"#.into(),
+    );
+    assert!(h.answer(&json!("over-3")).is_some());
+    assert_eq!(told(&mut h), 2);
+}
+
+/// The other direction: a server that sends the host requests it never answers. At
+/// `OPEN_AT_HOST_LIMIT` the server's next request is answered to the server at once and never
+/// reaches the host; an answer from the host makes room; a new server starts with none open.
+#[test]
+fn a_server_cannot_flood_the_host_with_requests_nobody_answers() {
+    let (mut h, epoch) = serving_a_host();
+    h.io().to_host.clear();
+    let server_request = |h: &mut Harness, epoch: &str, i: usize| {
+        h.s.handle(Event::ChildLine {
+            epoch: epoch.to_string(),
+            line: format!(r#"{{"jsonrpc":"2.0","id":"s-{i}","method":"roots/list"}}"#).into_bytes(),
+        });
+    };
+    for i in 0..OPEN_AT_HOST_LIMIT + 3 {
+        server_request(&mut h, &epoch, i);
+    }
+    let at_host: Vec<Value> = h.io().to_host.drain(..).collect();
+    assert_eq!(at_host.len(), OPEN_AT_HOST_LIMIT, "{:?}", at_host.last());
+    assert!(at_host.iter().all(|m| m["method"] == "roots/list"));
+    let refused: Vec<Value> = h.io().to_child.drain(..).map(|(_, m)| m).collect();
+    assert_eq!(refused.len(), 3, "{refused:?}");
+    for (k, m) in refused.iter().enumerate() {
+        assert_eq!(m["id"], format!("s-{}", OPEN_AT_HOST_LIMIT + k));
+        assert_eq!(m["error"]["code"], codes::TOO_MANY_OPEN, "{m}");
+    }
+    let told = |h: &mut Harness| {
+        let needle = "requests the host has not answered";
+        h.io().status.iter().filter(|l| l.contains(needle)).count()
+    };
+    assert_eq!(told(&mut h), 1);
+
+    // The host answers the first: it reaches the server under the server's id, and the
+    // server's next request reaches the host.
+    let first = at_host[0]["id"].clone();
+    h.s.handle(Event::HostLine(
+        json!({"jsonrpc": "2.0", "id": first, "result": {"roots": []}})
+            .to_string()
+            .into_bytes(),
+    ));
+    let (_, answered) = h
+        .io()
+        .to_child
+        .pop_front()
+        .expect("the answer reaches the server");
+    assert_eq!(answered["id"], "s-0");
+    server_request(&mut h, &epoch, 9000);
+    let m = h.io().to_host.pop().expect("forwarded once there is room");
+    assert_eq!(m["method"], "roots/list");
+
+    // A new server: the old one's requests are gone, its own go through.
+    let new_epoch = h.rebuild("b");
+    h.io().to_host.clear();
+    server_request(&mut h, &new_epoch, 1);
+    assert_eq!(h.io().to_host.len(), 1, "{:?}", h.io().to_host);
 }
