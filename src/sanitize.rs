@@ -12,6 +12,8 @@
 //! - [`review`]: for the `approve` screen, where a human decides: as [`line`], and invisible or
 //!   direction-changing characters (bidi controls, zero-width characters, tag characters…) are
 //!   shown as `<U+202E>` so that what is displayed is what is granted.
+//! - [`shell_word`]: untrusted text as one word a human can paste into a POSIX shell and
+//!   get back unchanged (a suggested `approve --call ID`), or nothing when no such word is safe.
 //!
 //! Pure functions; no I/O.
 
@@ -139,6 +141,33 @@ pub fn json_text(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// `text` as one POSIX shell word that passes exactly `text`, for a command the status lines
+/// suggest: bare when made only of characters no shell treats specially, else single-quoted
+/// (`'` written as `'\''`), inside which nothing expands (`$(…)`, backticks, `;`). `None`
+/// unless every character is printable ASCII: anything else would be shown escaped, and the
+/// escaped form is not the text.
+pub fn shell_word(text: &str) -> Option<String> {
+    if text.is_empty() || !text.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return None;
+    }
+    let plain = |b: u8| b.is_ascii_alphanumeric() || b"_.,:/=+-@%".contains(&b);
+    if text.bytes().all(plain) {
+        return Some(text.to_string());
+    }
+    Some(format!("'{}'", text.replace('\'', "'\\''")))
+}
+
+/// The command that approves one denied call, as the status lines suggest it: the call id
+/// (the host's JSON text for it, chosen by the agent) as a safe shell word, or, when no word is
+/// safe (or the id is over 128 bytes), the terminal inbox that can approve the call by a key.
+pub fn approve_call_command(call_id: &str) -> String {
+    match shell_word(call_id).filter(|_| call_id.len() <= 128) {
+        // `--call=`: an id that starts with `-` is still the option's value.
+        Some(word) => format!("cargo mcp-dev approve --call={word}"),
+        None => "cargo mcp-dev approve --follow".to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,6 +211,66 @@ mod tests {
         assert_eq!(review("plain"), "plain");
         // Status lines keep them (they are printable), approve shows them.
         assert_eq!(line("a\u{202E}b"), "a\u{202E}b");
+    }
+
+    /// What a real POSIX shell passes for `word` as one argument.
+    fn through_sh(word: &str) -> Vec<String> {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("for a in {word}; do printf '%s\\0' \"$a\"; done"))
+            .output()
+            .expect("sh runs");
+        assert!(out.status.success(), "{word}: {out:?}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        text.split_terminator('\0').map(str::to_string).collect()
+    }
+
+    /// Red-team round 9: the suggested `approve --call ID` carried the agent's id with only
+    /// `escape_debug`, so `$(…)` in it ran in the human's shell. A shell word passes exactly the
+    /// text, however hostile; an id that is not printable ASCII gets no word at all.
+    #[test]
+    fn a_shell_word_passes_exactly_its_text() {
+        for text in [
+            "7",
+            "-5",
+            "\"req-7\"",
+            "\"7$(echo INJECTED)\"",
+            "\"`touch /tmp/x`\"",
+            "\"a;b|c&d>e\"",
+            "\"it's\"",
+            "'''",
+            "\"$HOME ${x:-y} * ? [a] ~\"",
+            " spaced ",
+        ] {
+            let word = shell_word(text).expect("printable ASCII");
+            assert_eq!(through_sh(&word), [text], "{word}");
+        }
+        assert_eq!(shell_word("7"), Some("7".into()), "plain text stays bare");
+        for bad in ["", "\u{202e}x", "\x1b[2J", "caf\u{e9}", "a\nb", "a\x7fb"] {
+            assert_eq!(shell_word(bad), None, "{bad:?}");
+        }
+        assert_eq!(
+            approve_call_command("-5"),
+            "cargo mcp-dev approve --call=-5"
+        );
+        assert_eq!(
+            approve_call_command("\"\u{9b}\""),
+            "cargo mcp-dev approve --follow"
+        );
+        let long = format!("\"{}\"", "x".repeat(200));
+        assert_eq!(
+            approve_call_command(&long),
+            "cargo mcp-dev approve --follow"
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+        #[test]
+        fn any_printable_ascii_text_survives_the_shell(text in "[ -~]{1,40}") {
+            let word = shell_word(&text).expect("printable ASCII");
+            prop_assert_eq!(through_sh(&word), vec![text]);
+        }
     }
 
     proptest! {

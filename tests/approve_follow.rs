@@ -1,6 +1,6 @@
 //! `cargo mcp-dev approve --follow` through a pseudo-terminal: the terminal inbox shows a call
 //! waiting for a grant with its arguments and grants it with one key; without a terminal it
-//! refuses.
+//! refuses. Also what `approve --list` prints of server-chosen tool names.
 
 mod common;
 
@@ -153,4 +153,62 @@ fn follow_refuses_without_a_terminal() {
     let out = s.cli(&["approve", "--follow"]);
     out.expect_code(2);
     assert!(out.stderr.contains("needs a terminal"), "{}", out.stderr);
+}
+
+/// Red-team round 9: `approve --list` printed each grant's `toolScope` as JSON text, which
+/// escapes C0 controls but passed DEL, C1 controls (U+009B is CSI) and bidi overrides from a
+/// server's tool name straight to the human's terminal. Now the line goes through the review
+/// sanitizer and `--json` writes the same JSON with those characters as `\u` escapes. (The
+/// grant is served from a fake control socket: the supervisor's answer is the input here.)
+#[test]
+fn approve_list_shows_server_tool_names_without_terminal_controls() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::net::UnixListener;
+    let evil = "read\u{202e}eteled\u{9b}2J\u{7f}";
+    for json_output in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("c.sock");
+        let listener = UnixListener::bind(&sock).unwrap();
+        let answer = json!({"ok": true, "result": {"grants": [{
+            "id": "G1", "toolScope": [evil], "credentialScope": [],
+            "executionEpoch": "E1", "expiresWhen": "runEnd"}]}});
+        let server = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut line = String::new();
+            BufReader::new(&stream).read_line(&mut line).unwrap();
+            assert!(line.contains("\"status\""), "{line}");
+            let mut s = &stream;
+            writeln!(s, "{answer}").unwrap();
+        });
+        let mut args = vec!["mcp-dev", "approve", "--list"];
+        if json_output {
+            args.push("--json");
+        }
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cargo-mcp-dev"))
+            .args(args)
+            .arg("--socket")
+            .arg(&sock)
+            .env("CARGO_MCP_DEV_HOME", dir.path())
+            .output()
+            .unwrap();
+        server.join().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains("G1"), "{stdout}");
+        for bad in ['\u{202e}', '\u{9b}', '\u{7f}'] {
+            assert!(
+                !stdout.contains(bad),
+                "`approve --list` (json {json_output}) wrote U+{:04X} from a server tool name to the terminal: {stdout:?}",
+                bad as u32
+            );
+        }
+        if json_output {
+            let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+            assert_eq!(v[0]["toolScope"][0], evil, "the same JSON value");
+        }
+    }
 }

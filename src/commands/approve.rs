@@ -20,20 +20,22 @@ pub fn execute(args: ApproveArgs) -> CmdResult {
     if args.list {
         let st = control_client::call(&args.control, &json!({"op": "status"}))?;
         let grants = st.get("grants").cloned().unwrap_or(json!([]));
+        // Tool names are the server's: the same JSON, or the line, with nothing a terminal acts on.
         if args.json {
-            output::stdout_line(&grants.to_string())?;
+            output::stdout_line(&crate::sanitize::json_text(&grants.to_string()))?;
         } else if grants.as_array().is_none_or(|g| g.is_empty()) {
             output::stdout_line("no live grants")?;
         } else {
             for g in grants.as_array().into_iter().flatten() {
-                output::stdout_line(&format!(
+                let line = format!(
                     "{}  tools {}  scopes {}  epoch {}  {}",
                     g["id"].as_str().unwrap_or("?"),
                     g["toolScope"],
                     g["credentialScope"],
                     g["executionEpoch"].as_str().unwrap_or("?"),
                     g["expiresWhen"].as_str().unwrap_or("?")
-                ))?;
+                );
+                output::stdout_line(&crate::sanitize::review(&line))?;
             }
         }
         return Ok(exit_codes::OK);
@@ -189,7 +191,8 @@ fn approve_call(args: &ApproveArgs, call_id: &str) -> CmdResult {
     }
     let r = control_client::call(
         &args.control,
-        &json!({"op": "approveCall", "epoch": epoch, "callId": call_id, "argumentsDigest": digest}),
+        &json!({"op": "approveCall", "epoch": epoch, "callId": call_id, "tool": tool,
+                "argumentsDigest": digest}),
     )?;
     let g = &r["grant"];
     if args.json {

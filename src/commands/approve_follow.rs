@@ -139,7 +139,7 @@ pub fn execute(args: &ApproveArgs) -> CmdResult {
                 continue;
             }
             Key::Once => json!({"op": "approveCall", "epoch": epoch, "callId": shown["callId"],
-                                "argumentsDigest": shown["argumentsDigest"]}),
+                                "tool": shown["tool"], "argumentsDigest": shown["argumentsDigest"]}),
             Key::Tool => json!({"op": "approve", "epoch": epoch, "tools": [tool],
                                 "credentialScopes": scopes}),
             Key::AllRequested => {

@@ -118,11 +118,11 @@ pub fn render(v: &Value) -> String {
         .unwrap_or_default()
     {
         out.push_str(&format!(
-            "waiting call {} {} (arguments {}): `cargo mcp-dev approve --call {}` approves this call only\n",
+            "waiting call {} {} (arguments {}): `{}` approves this call only\n",
             crate::sanitize::review(s(&d, "/callId")),
             crate::sanitize::review(s(&d, "/tool")),
-            s(&d, "/argumentsDigest"),
-            crate::sanitize::review(s(&d, "/callId")),
+            crate::sanitize::review(s(&d, "/argumentsDigest")),
+            crate::sanitize::approve_call_command(s(&d, "/callId")),
         ));
     }
     out.push_str(&format!("audit log    {}\n", s(v, "/auditLog")));

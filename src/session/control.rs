@@ -45,6 +45,8 @@ pub enum ControlRequest {
         /// The epoch the human reviewed (re-checked against the current one).
         epoch: EpochId,
         call_id: String,
+        /// The tool the human was shown (must still be that call's: the agent may reuse an id).
+        tool: String,
         /// The digest the human was shown (must still be that call's).
         arguments_digest: String,
     },
@@ -115,8 +117,9 @@ impl<I: Io> Session<I> {
             Ok(ControlRequest::ApproveCall {
                 epoch,
                 call_id,
+                tool,
                 arguments_digest,
-            }) => self.control_approve_call(epoch, &call_id, &arguments_digest),
+            }) => self.control_approve_call(epoch, &call_id, &tool, &arguments_digest),
             Ok(ControlRequest::Revoke { grant }) => {
                 let target = match grant.as_deref() {
                     Some("all") | None => RevokeTarget::All,
@@ -163,6 +166,7 @@ impl<I: Io> Session<I> {
         &mut self,
         epoch: EpochId,
         call_id: &str,
+        tool: &str,
         arguments_digest: &str,
     ) -> Result<Value, String> {
         self.terminal_channel()?;
@@ -170,6 +174,13 @@ impl<I: Io> Session<I> {
             .denied_call(call_id)
             .cloned()
             .ok_or_else(|| no_such_call(call_id))?;
+        // The agent chose the id and may have reused it for another call since the screen.
+        if denied.tool != tool {
+            return Err(format!(
+                "call {} is now a call of another tool than the one reviewed; review it again",
+                sanitize_id(call_id)
+            ));
+        }
         if denied.arguments_digest != arguments_digest {
             return Err(format!(
                 "call {} now has other arguments than the ones reviewed; review it again",

@@ -107,11 +107,9 @@ impl<I: Io> Session<I> {
                 );
                 let shown_tool: String = tool.chars().take(128).collect();
                 let only_this = if needs_grant {
-                    let id: String = call_id.chars().take(64).collect();
-                    format!(
-                        " (or `cargo mcp-dev approve --call {}` for this call only)",
-                        id.escape_debug()
-                    )
+                    // The id is the agent's: suggested only as a word the shell cannot expand.
+                    let command = crate::sanitize::approve_call_command(&call_id);
+                    format!(" (or `{command}` for this call only)")
                 } else {
                     String::new()
                 };

@@ -51,18 +51,18 @@ fn approve_call_grants_exactly_the_denied_call_once() {
     assert_eq!(shown["result"]["tool"], "write_item");
 
     // A digest other than the one reviewed, another epoch, an unknown call: no grant.
-    let r = h.control(json!({"op": "approveCall", "epoch": epoch, "callId": call_id, "argumentsDigest": "sha256:00"}));
+    let r = h.control(json!({"op": "approveCall", "epoch": epoch, "callId": call_id, "tool": "write_item", "argumentsDigest": "sha256:00"}));
     assert_eq!(r["ok"], false, "{r}");
-    let r = h.control(json!({"op": "approveCall", "epoch": "OTHER", "callId": call_id, "argumentsDigest": digest}));
+    let r = h.control(json!({"op": "approveCall", "epoch": "OTHER", "callId": call_id, "tool": "write_item", "argumentsDigest": digest}));
     assert_eq!(r["ok"], false, "{r}");
     let r = h.control(
-        json!({"op": "approveCall", "epoch": epoch, "callId": "999", "argumentsDigest": digest}),
+        json!({"op": "approveCall", "epoch": epoch, "callId": "999", "tool": "write_item", "argumentsDigest": digest}),
     );
     assert_eq!(r["ok"], false, "{r}");
     assert!(h.audit_kinds(audit::APPROVAL_GRANTED).is_empty());
 
     let r = h.control(
-        json!({"op": "approveCall", "epoch": epoch, "callId": call_id, "argumentsDigest": digest}),
+        json!({"op": "approveCall", "epoch": epoch, "callId": call_id, "tool": "write_item", "argumentsDigest": digest}),
     );
     assert_eq!(r["ok"], true, "{r}");
     assert_eq!(r["result"]["grant"]["kind"], "call");
@@ -107,7 +107,7 @@ fn approve_call_is_void_after_a_rebuild() {
     let now = h.rebuild("b");
     assert_ne!(now, epoch);
     let r = h.control(
-        json!({"op": "approveCall", "epoch": epoch, "callId": call_id, "argumentsDigest": digest}),
+        json!({"op": "approveCall", "epoch": epoch, "callId": call_id, "tool": "write_item", "argumentsDigest": digest}),
     );
     assert_eq!(r["ok"], false, "{r}");
     assert!(r["error"].as_str().unwrap().contains("epoch"), "{r}");

@@ -1,0 +1,116 @@
+//! Red-team round 9 (approvals): each test failed on the code as found; the comment says how.
+
+use serde_json::{Value, json};
+
+use super::testing::*;
+use super::*;
+
+/// A legacy host (no elicitation) connected, the server up with `tools`, the catalog listed.
+fn ready_with(h: &mut Harness, tools: Vec<Value>) -> String {
+    h.tools = tools;
+    h.build(complete("a"));
+    h.connect_legacy().expect("initialized");
+    let list = h.request("tools/list", json!({}));
+    assert!(h.answer(&list).is_some());
+    h.current_epoch().expect("running")
+}
+
+/// `approve --call 7`: the human is shown call 7 (tool `read_item`, arguments A) and says yes.
+/// Between the screen and the key, the agent sends another call under the same id 7 to
+/// `delete_item` with the same arguments. `approveCall` carried only the call id and the
+/// arguments digest, so the grant went to `delete_item`, a tool nobody reviewed; now it carries
+/// the tool shown and is refused.
+#[test]
+fn approve_call_refuses_a_call_id_the_agent_reused_for_another_tool() {
+    let mut h = Harness::new(|_| {});
+    let epoch = ready_with(&mut h, vec![tool("read_item", 1), tool("delete_item", 1)]);
+    let args = json!({"sku": "A-1"});
+    let id = json!("7");
+    h.host(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                  "params": {"name": "read_item", "arguments": args}}));
+    assert_eq!(
+        Harness::tool_error(&h.answer(&id).unwrap()).as_deref(),
+        Some("authorization_required")
+    );
+    let call_id = id.to_string();
+    // What `approve --call` shows the human.
+    let shown = h.control(json!({"op": "deniedCall", "callId": call_id}));
+    assert_eq!(shown["result"]["tool"], "read_item");
+    let digest = shown["result"]["argumentsDigest"].clone();
+
+    // The agent reuses the id for another tool with the same arguments (the id was answered,
+    // so reusing it is legal JSON-RPC).
+    h.io().to_host.clear();
+    h.host(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                  "params": {"name": "delete_item", "arguments": args}}));
+    assert!(h.answer(&id).is_some());
+
+    // The human's `y` for what was shown: read_item with these arguments.
+    let r = h.control(
+        json!({"op": "approveCall", "epoch": epoch, "callId": call_id,
+                             "tool": "read_item", "argumentsDigest": digest}),
+    );
+    assert_eq!(r["ok"], false, "{r}");
+    assert!(
+        r["error"].as_str().unwrap_or("").contains("another tool"),
+        "{r}"
+    );
+    assert!(h.audit_kinds(audit::APPROVAL_GRANTED).is_empty());
+    // Whatever the answer, delete_item was never reviewed: a call of it is not forwarded.
+    let before = h.server_saw.iter().filter(|m| *m == "tools/call").count();
+    let del = h.call_with("delete_item", args);
+    let a = h.answer(&del).unwrap();
+    assert_eq!(
+        Harness::tool_error(&a).as_deref(),
+        Some("authorization_required"),
+        "delete_item ran under a grant for a call the human never saw: {a}"
+    );
+    assert_eq!(
+        h.server_saw.iter().filter(|m| *m == "tools/call").count(),
+        before
+    );
+}
+
+/// A refused call's status line suggested `cargo mcp-dev approve --call <id>` with the id the
+/// agent chose (any JSON string) escaped only with `escape_debug`: pasted into a shell, `$(…)`
+/// in the id ran as the human's command, outside any gate. Now the id is one shell word that
+/// cannot expand (`sanitize::shell_word`, checked against a real `sh` in its own tests), and an
+/// id that is not printable ASCII gets `approve --follow` instead.
+#[test]
+fn the_suggested_approve_call_command_quotes_the_agents_id() {
+    let mut h = Harness::new(|_| {});
+    ready_with(&mut h, vec![tool("write_item", 1)]);
+    for (id, expected) in [
+        (
+            json!("7$(echo INJECTED)"),
+            r#"approve --call='"7$(echo INJECTED)"'`"#,
+        ),
+        (json!("it's`x`"), r#"approve --call='"it'\''s`x`"'`"#),
+        (json!(-5), "approve --call=-5`"),
+        (json!("\u{202e}x"), "approve --follow`"),
+    ] {
+        h.host(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                      "params": {"name": "write_item", "arguments": {}}}));
+        assert!(h.answer(&id).is_some());
+        let line = h.io().status.pop().expect("a status line");
+        assert!(line.contains(expected), "{id}: {line}");
+    }
+}
+
+/// `cargo mcp-dev status` suggested the id as JSON text inside the command, where a shell still
+/// expands `$(…)` and backticks; it now suggests the same safe word as the status line.
+#[test]
+fn status_suggests_approve_call_with_the_same_safe_word() {
+    let id = "\"7$(echo INJECTED)\"";
+    let st = json!({"deniedCalls": [{"callId": id, "tool": "write_item",
+                     "argumentsDigest": "sha256:ab"}]});
+    let text = crate::commands::status::render(&st);
+    let line = text
+        .lines()
+        .find(|l| l.contains("approve --call"))
+        .expect("status suggests approve --call");
+    assert!(
+        line.contains(r#"`cargo mcp-dev approve --call='"7$(echo INJECTED)"'`"#),
+        "{line}"
+    );
+}
