@@ -157,6 +157,8 @@ pub enum CallOutcome {
         old_epoch: Option<String>,
         new_epoch: Option<String>,
     },
+    /// The host cancelled it after it was forwarded, and no answer was recorded after that.
+    Cancelled,
 }
 
 fn s(v: &Value) -> Option<String> {
@@ -385,6 +387,7 @@ impl Journals {
                     old_epoch.as_deref().unwrap_or("?"),
                     new_epoch.as_deref().unwrap_or("?")
                 ),
+                CallOutcome::Cancelled => "cancelled by the host".to_owned(),
             };
             vec![
                 c.time.clone(),
@@ -671,6 +674,14 @@ impl Builder {
                 };
                 self.call(r).outcome = outcome;
             }
+            rt::CALL_CANCELLED => {
+                // Only a call still without an answer: a result recorded before the cancel
+                // arrived stands (and a late result after it replaces this).
+                let c = self.call(r);
+                if c.outcome == CallOutcome::Pending {
+                    c.outcome = CallOutcome::Cancelled;
+                }
+            }
             // build_completed, catalog_refreshed and unknown types do not enter the journals.
             _ => {}
         }
@@ -842,6 +853,56 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    /// A cancelled call without an answer shows as cancelled; one the server answered anyway
+    /// (its late `tool_result`) shows that outcome; a cancel after the result changes nothing.
+    #[test]
+    fn a_cancelled_call_shows_as_cancelled_unless_it_was_answered() {
+        let called = |seq, id: u64| {
+            rec(
+                seq,
+                "tool_called",
+                "R",
+                Some("E"),
+                json!({"callId": id, "tool": "w"}),
+            )
+        };
+        let cancelled = |seq, id: u64| {
+            rec(
+                seq,
+                "call_cancelled",
+                "R",
+                Some("E"),
+                json!({"callId": id, "tool": "w"}),
+            )
+        };
+        let result = |seq, id: u64| {
+            rec(
+                seq,
+                "tool_result",
+                "R",
+                Some("E"),
+                json!({"callId": id, "isError": false}),
+            )
+        };
+        let records = vec![
+            called(1, 1),
+            cancelled(2, 1),
+            called(3, 2),
+            cancelled(4, 2),
+            result(5, 2),
+            called(6, 3),
+            result(7, 3),
+            cancelled(8, 3),
+        ];
+        let j = Journals::from_records(&records);
+        let got: Vec<_> = j.activity.iter().map(|c| c.outcome.clone()).collect();
+        let ok = CallOutcome::Ok { duration_ms: None };
+        assert_eq!(got, vec![CallOutcome::Cancelled, ok.clone(), ok]);
+        let mut text = String::new();
+        j.render_activity(&mut text);
+        assert!(text.contains("cancelled by the host"), "{text}");
     }
 
     #[test]

@@ -98,6 +98,10 @@ pub mod record_type {
     /// The first record of every log file after the first (see [`super::scan`]): the previous
     /// segment was closed. `{previousSegment: file name, previousSeq, previousHash}`
     pub const SEGMENT_STARTED: &str = "segment_started";
+    /// The host cancelled a forwarded call (`notifications/cancelled` went on to the server),
+    /// so it may never be answered: the call's closing record unless the server answers it
+    /// anyway, which a later `tool_result` records. `{callId, tool}`
+    pub const CALL_CANCELLED: &str = "call_cancelled";
     /// The first record after a crash cut a write short: the incomplete last line after the
     /// anchored head was moved out of the log, and the chain continues from the last whole
     /// record. `{afterSeq, offset, bytes, sha256, keptAs: path}`
@@ -119,6 +123,7 @@ pub mod record_type {
         TOOL_RESULT,
         AUTHORIZATION_DENIED,
         CALL_FAILED_EPOCH_TRANSITION,
+        CALL_CANCELLED,
         RUN_STARTED,
         RUN_ENDED,
         SERVER_EXITED,

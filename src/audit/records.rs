@@ -152,6 +152,14 @@ pub struct CallFailedEpochTransition {
     pub cause: Option<String>,
 }
 
+/// `call_cancelled`: the host cancelled a call that had been forwarded.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct CallCancelled {
+    pub call_id: Value,
+    pub tool: String,
+}
+
 impl ToolCalled {
     /// The record's data in the chain's canonical encoding, written from the fields (keys in
     /// byte order; the same bytes as encoding [`data`] of it, which the tests check): no JSON

@@ -8,6 +8,7 @@
 use serde_json::{Value, json};
 
 use super::*;
+use crate::audit::records;
 use crate::proxy::envelope::{self, Kind, Message};
 
 impl<I: Io> Session<I> {
@@ -265,6 +266,15 @@ impl<I: Io> Session<I> {
                 ..
             }) = self.pending.remove(&id)
             {
+                // Its closing record, unless the server answers anyway (`tool_result` then).
+                self.audit_record(
+                    audit::CALL_CANCELLED,
+                    Some(epoch.as_str()),
+                    records::data(&records::CallCancelled {
+                        call_id: json!(call.call_id),
+                        tool: call.tool.clone(),
+                    }),
+                );
                 let kept = &mut self.host.cancelled_calls;
                 if kept.len() >= CANCELLED_KEPT {
                     kept.pop_front();

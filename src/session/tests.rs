@@ -2218,3 +2218,43 @@ fn a_slow_running_server_answering_another_version_is_not_disconnected() {
         answer["result"]["protocolVersion"]
     );
 }
+
+/// A forwarded call the host cancels and the server never answers (as the spec asks of it) had
+/// only its `tool_called` record: the log said neither that it ended nor why. The cancel is now
+/// its closing record (`call_cancelled`, with the epoch that had it and the tool), unless the
+/// server answers anyway: the late `tool_result` still follows and is the outcome.
+#[test]
+fn a_cancelled_call_has_a_closing_record() {
+    let mut h = Harness::ungated(|_| {});
+    h.build(complete("a"));
+    h.connect_legacy().expect("initialized");
+    let epoch = h.current_epoch().unwrap();
+    let call = send_unserved_with(
+        &mut h,
+        "tools/call",
+        json!({"name": "write_item", "arguments": {}}),
+    );
+    assert!(h.audit_kinds(audit::CALL_CANCELLED).is_empty());
+    h.io().to_child.clear(); // the server never answers
+    h.host(
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                  "params": {"requestId": call, "reason": "timeout"}}),
+    );
+    let (_, record_epoch, data) = h
+        .io()
+        .audit
+        .iter()
+        .rev()
+        .find(|(k, _, _)| k == audit::CALL_CANCELLED)
+        .cloned()
+        .expect("a call_cancelled record");
+    assert_eq!(record_epoch.as_deref(), Some(epoch.as_str()));
+    assert_eq!(data["tool"], "write_item");
+    assert_eq!(data["callId"], call.to_string());
+    // A cancel of something that is not an open call writes nothing.
+    h.host(
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                  "params": {"requestId": "nobody"}}),
+    );
+    assert_eq!(h.audit_kinds(audit::CALL_CANCELLED).len(), 1);
+}
