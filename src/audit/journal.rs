@@ -418,6 +418,16 @@ fn table(out: &mut String, headers: &[&str], rows: Vec<Vec<String>>) {
         out.push_str("  (none)\n");
         return;
     }
+    // Cells hold agent and server text (tool names, call ids): each stays in its cell, with
+    // controls, invisible and bidi characters shown, never a line break or a forged row.
+    let rows: Vec<Vec<String>> = rows
+        .into_iter()
+        .map(|row| {
+            row.into_iter()
+                .map(|c| crate::sanitize::review(&c).into_owned())
+                .collect()
+        })
+        .collect();
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {

@@ -3,7 +3,7 @@
 //! Must not touch: I/O, authorization (annotations are diffed so a reviewer sees them change,
 //! never to gate).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -490,16 +490,20 @@ fn diff_enum(path: &str, old: Option<&Value>, new: Option<&Value>, out: &mut Vec
                 o.iter().map(canonical).collect(),
                 n.iter().map(canonical).collect(),
             );
+            // Sets for membership: a server's enum can hold millions of values, and a scan per
+            // value would hold the session for minutes (red-team round 10). Order is kept.
+            let (old_set, new_set): (HashSet<&String>, HashSet<&String>) =
+                (ok.iter().collect(), nk.iter().collect());
             let added: Vec<Value> = n
                 .iter()
                 .zip(&nk)
-                .filter(|(_, k)| !ok.contains(k))
+                .filter(|(_, k)| !old_set.contains(k))
                 .map(|(v, _)| v.clone())
                 .collect();
             let removed: Vec<Value> = o
                 .iter()
                 .zip(&ok)
-                .filter(|(_, k)| !nk.contains(k))
+                .filter(|(_, k)| !new_set.contains(k))
                 .map(|(v, _)| v.clone())
                 .collect();
             let reported = !added.is_empty() || !removed.is_empty();

@@ -682,3 +682,29 @@ mod properties {
         }
     }
 }
+
+/// The catalog diff compares enum values with `Vec::contains` on both sides: quadratic in the
+/// enum's length. A server that lists one tool whose input schema has a large enum and then
+/// changes it (one `list_changed`) makes the session spend its lock in `diff_enum`, stalling
+/// every host call: 60,000 values (~1 MB page) took 68 s here (debug), 25,000 ~12 s; a 64 MiB
+/// page holds millions (red-team round 10). Sets make it milliseconds; a DoS bound, not a speed
+/// goal: the margin is a thousandfold.
+#[test]
+fn an_enum_diff_is_not_quadratic() {
+    use crate::catalog::{Catalog, diff};
+    let n = 25_000;
+    let schema = |shift: usize| {
+        let values: Vec<String> = (0..n).map(|i| format!("v{}", i + shift)).collect();
+        json!({"type": "object", "properties": {"mode": {"type": "string", "enum": values}}})
+    };
+    let old = Catalog::from_tools(vec![json!({"name": "t", "inputSchema": schema(0)})]).unwrap();
+    let new = Catalog::from_tools(vec![json!({"name": "t", "inputSchema": schema(n)})]).unwrap();
+    let started = std::time::Instant::now();
+    let d = diff(&old, &new);
+    let took = started.elapsed();
+    assert_eq!(d.changed.len(), 1);
+    assert!(
+        took < std::time::Duration::from_secs(3),
+        "diffing one {n}-value enum took {took:?}"
+    );
+}

@@ -21,7 +21,7 @@ pub fn execute(cmd: AuditCommand) -> CmdResult {
             let journals = Journals::from_log(&path, &keys)
                 .map_err(|e| Failure::new(exit_codes::AUDIT_INVALID, e.to_string()))?;
             if a.log.json {
-                output::stdout_line(&journals.to_json().to_string())?;
+                output::stdout_line(&crate::sanitize::json_text(&journals.to_json().to_string()))?;
             } else {
                 let view = match a.journal {
                     Journal::Session => JournalView::Session,
@@ -41,13 +41,15 @@ fn run_verify(a: &AuditPathArgs) -> CmdResult {
     match verify(&path, &keys) {
         Ok(r) => {
             if a.json {
-                output::stdout_line(
+                // Paths and break reasons may hold any text: escaped, the same JSON.
+                output::stdout_line(&crate::sanitize::json_text(
                     &serde_json::json!({"ok": true, "path": path, "records": r.records, "runs": r.runs,
                         "epochs": r.epochs, "headSeq": r.head_seq, "headHash": r.head_hash,
                         "segments": segments_json(&r), "breaks": breaks_json(&r),
                         "tornTail": r.torn_tail.as_ref().map(|t| serde_json::json!(
                             {"line": t.line, "offset": t.offset, "bytes": t.bytes}))})
                     .to_string(),
+                ),
                 )?;
             }
             let files = if r.segments.len() > 1 {
@@ -124,9 +126,9 @@ fn run_verify(a: &AuditPathArgs) -> CmdResult {
         }
         Err(f) => {
             if a.json {
-                output::stdout_line(
+                output::stdout_line(&crate::sanitize::json_text(
                     &serde_json::json!({"ok": false, "path": path, "line": f.line, "seq": f.seq, "reason": f.reason}).to_string(),
-                )?;
+                ))?;
             }
             Err(Failure::new(
                 exit_codes::AUDIT_INVALID,

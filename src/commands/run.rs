@@ -682,7 +682,8 @@ impl Io for Shell {
     }
 
     fn verbose(&mut self, line: &str) {
-        status::verbose_line(line);
+        // The session's lines carry tool names and ids: one line, whatever they hold.
+        status::verbose_line(&crate::sanitize::line(line));
     }
 
     fn audit(

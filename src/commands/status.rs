@@ -10,7 +10,12 @@ use crate::{exit_codes, output};
 pub fn execute(args: StatusArgs) -> CmdResult {
     let status = control_client::call(&args.control, &json!({"op": "status"}))?;
     if args.json {
-        output::stdout_line(&serde_json::to_string_pretty(&status).expect("json"))?;
+        // Tool names and call ids are the server's and the agent's: the same JSON, with what a
+        // terminal would act on written as `\u` escapes (line by line: a pretty document's
+        // line breaks are its own, those inside strings are escaped already).
+        let pretty = serde_json::to_string_pretty(&status).expect("json");
+        let safe: Vec<_> = pretty.lines().map(crate::sanitize::json_text).collect();
+        output::stdout_line(&safe.join("\n"))?;
     } else {
         output::stdout_text(&render(&status))?;
     }

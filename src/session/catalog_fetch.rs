@@ -39,6 +39,12 @@ impl<I: Io> Session<I> {
     }
 
     pub(super) fn on_catalog_page(&mut self, epoch: &str, msg: &Message) {
+        let Some(pages_before) = self.child.as_ref().map(|c| c.pages_fetched) else {
+            return;
+        };
+        if msg.is_error() && pages_before > 0 {
+            return self.later_page_failed(epoch, msg);
+        }
         if msg.is_error() {
             // A server without tools: an empty catalog is still a catalog (it said so).
             return self.catalog_complete(epoch, Vec::new());
@@ -47,9 +53,6 @@ impl<I: Io> Session<I> {
             return self.catalog_complete(epoch, Vec::new());
         };
         let tools: Vec<Value> = serde_json::from_str(tools_text).unwrap_or_default();
-        let Some(pages_before) = self.child.as_ref().map(|c| c.pages_fetched) else {
-            return;
-        };
         // One page: remembered with its catalog, so the host's identical answers are cheap.
         self.pending_list_text =
             (pages_before == 0 && next.is_none()).then(|| tools_text.to_string());
@@ -61,6 +64,10 @@ impl<I: Io> Session<I> {
         match next {
             Some(cursor) if !over => self.fetch_catalog(Some(cursor)),
             more => {
+                if self.fetch_again_if_changed() {
+                    return;
+                }
+                let Some(c) = &mut self.child else { return };
                 if more.is_some() {
                     let (pages, tools) = (c.pages_fetched, c.catalog_pages.len());
                     c.catalog_pages.truncate(MAX_CATALOG_TOOLS);
@@ -78,7 +85,68 @@ impl<I: Io> Session<I> {
         }
     }
 
+    /// The server said `list_changed` during this fetch: its pages may mix two states, so
+    /// the fetch starts over (a bounded number of times in a row). Returns whether it did.
+    fn fetch_again_if_changed(&mut self) -> bool {
+        let Some(c) = &mut self.child else {
+            return false;
+        };
+        if !std::mem::take(&mut c.changed_while_fetching) {
+            return false;
+        }
+        if c.refetches >= CATALOG_REFETCHES {
+            self.io.status(&format!(
+                "the server's tools changed during each of {CATALOG_REFETCHES} fetches in a row; the catalog holds the last one"
+            ));
+            return false;
+        }
+        c.refetches += 1;
+        self.pending_list_text = None;
+        self.fetch_catalog(None);
+        true
+    }
+
+    /// A page after the first answered with an error (an expired cursor, a transient failure):
+    /// not "no tools". A catalog this server already gave stays; with none yet, the pages
+    /// fetched are what it listed (as at the page bound), said in a status line.
+    fn later_page_failed(&mut self, epoch: &str, msg: &Message) {
+        if self.fetch_again_if_changed() {
+            return;
+        }
+        let pages = self
+            .child
+            .as_mut()
+            .map(|c| (c.pages_fetched, std::mem::take(&mut c.catalog_pages)))
+            .unwrap_or_default();
+        // The server's own words, cut short (one line: the status sink escapes the rest).
+        let line: Value = serde_json::from_slice(&msg.to_line()).unwrap_or_default();
+        let why = line["error"]["message"].as_str().unwrap_or("an error");
+        let why: String = why.chars().take(200).collect();
+        self.pending_list_text = None;
+        if self.gate.phase() != approval::Phase::IdentityPending {
+            self.io.status(&format!(
+                "the server's tools/list failed on page {} ({why}); the catalog stays as it was",
+                pages.0 + 1
+            ));
+            if let Some(c) = &mut self.child {
+                c.refetches = 0;
+            }
+            self.set_phase(ChildPhase::Ready);
+            self.flush_held();
+            return;
+        }
+        self.io.status(&format!(
+            "the server's tools/list failed on page {} ({why}); the catalog holds the {} pages fetched",
+            pages.0 + 1,
+            pages.0
+        ));
+        self.catalog_complete(epoch, pages.1);
+    }
+
     pub(super) fn catalog_complete(&mut self, epoch: &str, tools: Vec<Value>) {
+        if let Some(c) = &mut self.child {
+            c.refetches = 0;
+        }
         let catalog = match Catalog::from_tools(tools) {
             Ok(c) => c,
             Err(e) => {
@@ -101,6 +169,7 @@ impl<I: Io> Session<I> {
             .as_ref()
             .map(|d| d.summary())
             .unwrap_or_else(|| "first".into());
+        let changes = diff.as_ref().map(|d| bounded_diff_lines(d.render_human()));
         if let Some(d) = &diff {
             self.io.status(&format!(
                 "catalog changed: revision {} ({}; {})",
@@ -108,7 +177,7 @@ impl<I: Io> Session<I> {
                 short(&revision.digest),
                 d.summary()
             ));
-            for line in d.render_human() {
+            for line in changes.iter().flatten() {
                 self.io.status(&format!("  {line}"));
             }
         }
@@ -118,7 +187,7 @@ impl<I: Io> Session<I> {
             json!({
                 "revision": revision.number, "digest": revision.digest, "summary": summary,
                 // Human lines only: server JSON may hold floats, which the audit encoding refuses.
-                "changes": diff.as_ref().map(|d| d.render_human()),
+                "changes": changes,
             }),
         );
         let identity = self
@@ -177,13 +246,24 @@ impl<I: Io> Session<I> {
     /// A `tools/list` answer of the server reached the host: merge its pages, and when the last
     /// one passed, that is what this host connection now holds. `known`: the answer's result
     /// is [`Session::is_known_list_result`] (the caller compared it before forwarding).
-    pub(super) fn observe_host_list(&mut self, msg: &Message, known: bool) {
+    /// `id`: ours for the request; an answer to a first-page request starts the listing afresh.
+    pub(super) fn observe_host_list(&mut self, msg: &Message, known: bool, id: u64) {
+        let starts = &mut self.host.list_starts;
+        let first = match starts.iter().position(|&s| s == id) {
+            Some(at) => starts.remove(at).is_some(),
+            None => false,
+        };
+        if first {
+            self.host.list_pages.clear();
+            self.host.list_open = false;
+        }
         if msg.is_error() {
             return;
         }
         // The same answer as last time, byte for byte: not even parsed again.
         let result_text = msg.result().map(|r| r.get());
-        if self.host.list_pages.is_empty()
+        let nothing_open = self.host.list_pages.is_empty() && !self.host.list_open;
+        if nothing_open
             && known
             && let Some(known) = self.known_list.take()
         {
@@ -192,7 +272,7 @@ impl<I: Io> Session<I> {
         let Some((tools_text, next)) = envelope::list_result_parts(msg.result()) else {
             return;
         };
-        if next.is_none() && self.host.list_pages.is_empty() {
+        if next.is_none() && nothing_open {
             // The whole list in one page: the same bytes as last time need no new digest.
             let known = self
                 .known_list
@@ -217,8 +297,23 @@ impl<I: Io> Session<I> {
                 ..known
             });
         }
+        // A later page belongs to the listing that began with a first page; one that did not
+        // (its start was before this server, or the listing outgrew the bound) is not a whole
+        // catalog the host was shown.
+        if !first && !self.host.list_open {
+            return;
+        }
+        self.host.list_open = next.is_some();
         if let Ok(tools) = serde_json::from_str::<Vec<Value>>(tools_text) {
             self.host.list_pages.extend(tools);
+        }
+        if self.host.list_pages.len() > MAX_CATALOG_TOOLS {
+            self.host.list_pages = Vec::new();
+            self.host.list_open = false;
+            self.io.verbose(&format!(
+                "the host's paged tools/list passed {MAX_CATALOG_TOOLS} tools; not followed further"
+            ));
+            return;
         }
         if next.is_none() {
             let pages = std::mem::take(&mut self.host.list_pages);
@@ -278,4 +373,31 @@ impl<I: Io> Session<I> {
         self.audit_record(audit::CATALOG_PRESENTED, epoch.as_deref(), data.canonical());
         changed
     }
+}
+
+/// Lines of a catalog diff shown on the terminal and kept in `catalog_refreshed`.
+const DIFF_LINES: usize = 200;
+/// Characters of one such line (a description is the server's and may be megabytes long).
+const DIFF_LINE_CHARS: usize = 2000;
+
+/// The diff's human lines, bounded: a server that changes a huge description (or thousands of
+/// tools) must not make a record longer than a reader accepts, nor flood the terminal. The
+/// digests in the record and the stored catalog say exactly what changed.
+fn bounded_diff_lines(lines: Vec<String>) -> Vec<String> {
+    let total = lines.len();
+    let mut out: Vec<String> = lines
+        .into_iter()
+        .take(DIFF_LINES)
+        .map(|line| match line.char_indices().nth(DIFF_LINE_CHARS) {
+            Some((cut, _)) => {
+                let rest = line[cut..].chars().count();
+                format!("{}… ({rest} more characters)", &line[..cut])
+            }
+            None => line,
+        })
+        .collect();
+    if total > DIFF_LINES {
+        out.push(format!("… and {} more lines", total - DIFF_LINES));
+    }
+    out
 }

@@ -131,6 +131,10 @@ impl<I: Io> Session<I> {
             // Same epoch, new catalog: refetch; the host hears about it only if the digest moved.
             if self.child_ready() {
                 self.fetch_catalog(None);
+            } else if let Some(c) = &mut self.child
+                && c.phase == ChildPhase::FetchingCatalog
+            {
+                c.changed_while_fetching = true;
             }
             return;
         }
@@ -303,7 +307,7 @@ impl<I: Io> Session<I> {
                 }
                 if method == "tools/list" {
                     // Forwarded first: what the host was shown is worked out after.
-                    self.observe_host_list(&msg, known_list);
+                    self.observe_host_list(&msg, known_list, id);
                     if !msg.is_error() {
                         self.list_answer = Some(msg);
                     }

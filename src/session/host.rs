@@ -142,9 +142,7 @@ impl<I: Io> Session<I> {
         };
         let epoch = child.epoch.clone();
         let host_id = msg.id().expect("request").to_owned();
-        if method == "tools/list" && msg.params_value().get("cursor").is_none() {
-            self.host.list_pages.clear();
-        }
+        let first_page = method == "tools/list" && msg.params_value().get("cursor").is_none();
         let mut msg = msg;
         let id = self.alloc(Pending::Host {
             host_id: host_id.clone(),
@@ -152,6 +150,13 @@ impl<I: Io> Session<I> {
             epoch: epoch.clone(),
             call: None,
         });
+        if first_page {
+            let starts = &mut self.host.list_starts;
+            if starts.len() >= LIST_STARTS_KEPT {
+                starts.pop_front();
+            }
+            starts.push_back(id);
+        }
         if method == "subscriptions/listen" {
             let params = msg.params_value();
             let tools = protocol::ListenFilter::of(&params).tools;

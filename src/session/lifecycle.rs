@@ -378,6 +378,8 @@ impl<I: Io> Session<I> {
             stopping: false,
             catalog_pages: Vec::new(),
             pages_fetched: 0,
+            changed_while_fetching: false,
+            refetches: 0,
         });
         self.pending_apply = false;
         self.advance_child();

@@ -84,7 +84,14 @@ pub struct ChildState {
     pub catalog_pages: Vec<Value>,
     /// Pages fetched for the current catalog (bounded by [`MAX_CATALOG_PAGES`]).
     pub pages_fetched: usize,
+    /// The server said `list_changed` while its catalog was being fetched: the pages mix two
+    /// states, so the fetch starts over (at most [`CATALOG_REFETCHES`] times in a row).
+    pub changed_while_fetching: bool,
+    pub refetches: usize,
 }
+
+/// Fetches started over in a row because the server's tools changed during each.
+pub const CATALOG_REFETCHES: usize = 3;
 
 /// Timers shared by everything that waits on them: armed once for the earliest deadline (a
 /// flood of held requests or prompts costs one timer, not one each).
@@ -223,8 +230,15 @@ pub struct HostConnection {
     /// `(digest, revision)` of the whole catalog `shown_tools` and the gate's host view hold,
     /// `None` once a single tool was presented on its own (a stale-call result).
     pub shown_whole: Option<(String, Option<u64>)>,
-    /// Pages of a `tools/list` answer passing through, until the last one.
+    /// Pages of a `tools/list` answer passing through, until the last one: only while a
+    /// paged answer that began with a first page (`list_open`) is followed, at most
+    /// [`MAX_CATALOG_TOOLS`] tools.
     pub list_pages: Vec<Value>,
+    pub list_open: bool,
+    /// Our ids of the host's `tools/list` requests without a cursor (a list from its first
+    /// page), the newest [`LIST_STARTS_KEPT`]: their answers start a listing afresh, so two
+    /// lists in flight at once are never merged into one nobody served.
+    pub list_starts: VecDeque<u64>,
     /// An `initialize` held for the server's own answer.
     pub waiting_initialize: Option<WaitingInitialize>,
     /// The host asked for the catalog and got an error (nothing to show yet): tell it when
@@ -249,6 +263,8 @@ pub struct ServerRequests {
     pub overflow_told: bool,
 }
 
+/// First-page `tools/list` requests remembered (see `HostConnection::list_starts`).
+pub const LIST_STARTS_KEPT: usize = 64;
 /// Cancelled calls whose late answers are still recorded (see `HostConnection`).
 pub const CANCELLED_KEPT: usize = 64;
 
