@@ -507,12 +507,35 @@ impl Builder {
 
     /// The call `(run, callId)`, created from `r` if no earlier record mentioned it.
     fn call(&mut self, r: &Record) -> &mut CallEntry {
+        let i = self.call_index_of(r);
+        &mut self.calls[i]
+    }
+
+    /// The entry a `tool_result` closes: the newest call with its id, unless that one is of
+    /// another tool (the host reused the id of a cancelled call that the server then answered
+    /// late): the newest with its id and its tool (looked for among the last 10,000 calls).
+    fn result_entry(&mut self, r: &Record, tool: &str) -> usize {
+        let newest = self.call_index_of(r);
+        if tool.is_empty() || self.calls[newest].tool == tool {
+            return newest;
+        }
+        let call_id = self.calls[newest].call_id.clone();
+        let earliest = self.calls.len().saturating_sub(10_000);
+        (earliest..newest)
+            .rev()
+            .find(|&i| {
+                let c = &self.calls[i];
+                c.run == r.run && c.call_id == call_id && c.tool == tool
+            })
+            .unwrap_or(newest)
+    }
+
+    fn call_index_of(&mut self, r: &Record) -> usize {
         let key = (r.run.clone(), id_text(&r.data["callId"]));
-        let i = match self.call_index.get(&key) {
+        match self.call_index.get(&key) {
             Some(&i) => i,
             None => self.new_call(r, key),
-        };
-        &mut self.calls[i]
+        }
     }
 
     fn new_call(&mut self, r: &Record, key: (String, String)) -> usize {
@@ -654,7 +677,8 @@ impl Builder {
             rt::TOOL_RESULT => {
                 let rec = records::read::<records::ToolResult>(d);
                 let duration_ms = rec.duration_ms;
-                self.call(r).outcome = if rec.is_error {
+                let i = self.result_entry(r, &rec.tool);
+                self.calls[i].outcome = if rec.is_error {
                     CallOutcome::Error { duration_ms }
                 } else {
                     CallOutcome::Ok { duration_ms }

@@ -43,7 +43,11 @@ impl<I: Io> Session<I> {
             return;
         };
         if msg.is_error() && pages_before > 0 {
-            return self.later_page_failed(epoch, msg);
+            // The server's own words, cut short (one line: the status sink escapes the rest).
+            let line: Value = serde_json::from_slice(&msg.to_line()).unwrap_or_default();
+            let why = line["error"]["message"].as_str().unwrap_or("an error");
+            let why: String = why.chars().take(200).collect();
+            return self.later_page_failed(epoch, &why);
         }
         if msg.is_error() {
             // A server without tools: an empty catalog is still a catalog (it said so).
@@ -109,7 +113,7 @@ impl<I: Io> Session<I> {
     /// A page after the first answered with an error (an expired cursor, a transient failure):
     /// not "no tools". A catalog this server already gave stays; with none yet, the pages
     /// fetched are what it listed (as at the page bound), said in a status line.
-    fn later_page_failed(&mut self, epoch: &str, msg: &Message) {
+    fn later_page_failed(&mut self, epoch: &str, why: &str) {
         if self.fetch_again_if_changed() {
             return;
         }
@@ -118,10 +122,6 @@ impl<I: Io> Session<I> {
             .as_mut()
             .map(|c| (c.pages_fetched, std::mem::take(&mut c.catalog_pages)))
             .unwrap_or_default();
-        // The server's own words, cut short (one line: the status sink escapes the rest).
-        let line: Value = serde_json::from_slice(&msg.to_line()).unwrap_or_default();
-        let why = line["error"]["message"].as_str().unwrap_or("an error");
-        let why: String = why.chars().take(200).collect();
         self.pending_list_text = None;
         if self.gate.phase() != approval::Phase::IdentityPending {
             self.io.status(&format!(
@@ -143,7 +143,27 @@ impl<I: Io> Session<I> {
         self.catalog_complete(epoch, pages.1);
     }
 
+    /// A page of the supervisor's own fetch the server's output cannot give (not valid JSON,
+    /// over the line limit): the first page makes the catalog empty, a later one is handled as
+    /// a later page's error. Either way the fetch ends: the session never waits for it.
+    pub(super) fn catalog_page_unusable(&mut self, epoch: &str, why: &str) {
+        match self.child.as_ref().map(|c| c.pages_fetched) {
+            Some(0) => {
+                self.io.status(&format!(
+                    "the server's tools/list page {why}; its catalog is treated as empty"
+                ));
+                self.catalog_complete(epoch, Vec::new());
+            }
+            Some(_) => self.later_page_failed(epoch, why),
+            None => {}
+        }
+    }
+
     pub(super) fn catalog_complete(&mut self, epoch: &str, tools: Vec<Value>) {
+        // Whatever ended the fetch, a change the server announced during it is fetched.
+        if self.fetch_again_if_changed() {
+            return;
+        }
         if let Some(c) = &mut self.child {
             c.refetches = 0;
         }
@@ -246,33 +266,44 @@ impl<I: Io> Session<I> {
     /// A `tools/list` answer of the server reached the host: merge its pages, and when the last
     /// one passed, that is what this host connection now holds. `known`: the answer's result
     /// is [`Session::is_known_list_result`] (the caller compared it before forwarding).
-    /// `id`: ours for the request; an answer to a first-page request starts the listing afresh.
+    /// `id`: ours for the request. A first-page answer starts a listing afresh; a page asked
+    /// for with the open listing's cursor continues it; any other answer (a cursor from
+    /// elsewhere, a request no longer kept) is forwarded but is no catalog the host holds.
     pub(super) fn observe_host_list(&mut self, msg: &Message, known: bool, id: u64) {
-        let starts = &mut self.host.list_starts;
-        let first = match starts.iter().position(|&s| s == id) {
-            Some(at) => starts.remove(at).is_some(),
-            None => false,
+        let kept = &mut self.host.list_requests;
+        let Some(at) = kept.iter().position(|(ours, _)| *ours == id) else {
+            return;
         };
-        if first {
-            self.host.list_pages.clear();
-            self.host.list_open = false;
-        }
+        let (_, cursor) = kept.remove(at).expect("found");
+        let first = match cursor {
+            None => {
+                self.host.list_pages.clear();
+                self.host.list_next = None;
+                true
+            }
+            Some(c) if self.host.list_next.as_deref() == Some(c.as_str()) => false,
+            Some(_) => return,
+        };
         if msg.is_error() {
+            // The listing ends without a catalog.
+            self.host.list_pages.clear();
+            self.host.list_next = None;
             return;
         }
         // The same answer as last time, byte for byte: not even parsed again.
         let result_text = msg.result().map(|r| r.get());
-        let nothing_open = self.host.list_pages.is_empty() && !self.host.list_open;
-        if nothing_open
+        if first
             && known
             && let Some(known) = self.known_list.take()
         {
             return self.show_known_list(known);
         }
         let Some((tools_text, next)) = envelope::list_result_parts(msg.result()) else {
+            self.host.list_pages.clear();
+            self.host.list_next = None;
             return;
         };
-        if next.is_none() && nothing_open {
+        if first && next.is_none() {
             // The whole list in one page: the same bytes as last time need no new digest.
             let known = self
                 .known_list
@@ -297,19 +328,13 @@ impl<I: Io> Session<I> {
                 ..known
             });
         }
-        // A later page belongs to the listing that began with a first page; one that did not
-        // (its start was before this server, or the listing outgrew the bound) is not a whole
-        // catalog the host was shown.
-        if !first && !self.host.list_open {
-            return;
-        }
-        self.host.list_open = next.is_some();
         if let Ok(tools) = serde_json::from_str::<Vec<Value>>(tools_text) {
             self.host.list_pages.extend(tools);
         }
+        self.host.list_next = next.clone();
         if self.host.list_pages.len() > MAX_CATALOG_TOOLS {
             self.host.list_pages = Vec::new();
-            self.host.list_open = false;
+            self.host.list_next = None;
             self.io.verbose(&format!(
                 "the host's paged tools/list passed {MAX_CATALOG_TOOLS} tools; not followed further"
             ));

@@ -85,7 +85,15 @@ impl<I: Io> Session<I> {
             self.label(),
             crate::epoch::short(epoch)
         ));
-        if let Some(id) = protocol::recover_id(line).and_then(|r| envelope::parse_numeric_id(&r))
+        let id = protocol::recover_id(line).and_then(|r| envelope::parse_numeric_id(&r));
+        if let Some(id) = id
+            && matches!(self.pending.get(&id), Some(Pending::CatalogPage { .. }))
+        {
+            // The supervisor's own fetch must end too, or every request waits behind it.
+            self.pending.remove(&id);
+            return self.catalog_page_unusable(epoch, "was not valid JSON");
+        }
+        if let Some(id) = id
             && matches!(self.pending.get(&id), Some(Pending::Host { .. }))
         {
             self.answer_broken(
@@ -184,6 +192,7 @@ impl<I: Io> Session<I> {
                 .map(|(host_id, _)| *host_id);
             if let Some(host_facing) = ours {
                 self.child_requests.open.remove(&host_facing);
+                self.child_requests.overflow_told = false;
                 let mut params = params.clone();
                 params["requestId"] = json!(host_facing);
                 msg.set_params(&params);
@@ -483,9 +492,7 @@ impl<I: Io> Session<I> {
         {
             if matches!(self.pending.get(&id), Some(Pending::CatalogPage { .. })) {
                 self.pending.remove(&id);
-                self.io.status("the server's tools/list page was over the line limit; its catalog is treated as empty");
-                self.catalog_complete(epoch, Vec::new());
-                return;
+                return self.catalog_page_unusable(epoch, "was over the line limit");
             }
             self.answer_broken(
                 id,

@@ -146,11 +146,11 @@ impl<I: Io> Session<I> {
     /// The newest kept denial of the call with this id.
     /// `call_id` is the id's JSON text (`7`, `"abc"`); a string id may also be given bare.
     pub(super) fn denied_call(&self, call_id: &str) -> Option<&DeniedCallRecord> {
+        // The id as the host wrote it first (what the suggested command passes); the bare text
+        // of a string id only when no call has that exact id (`7` is the number's, not `"7"`'s).
         let quoted = serde_json::to_string(call_id).unwrap_or_default();
-        self.denied_calls
-            .iter()
-            .rev()
-            .find(|d| d.call_id == call_id || d.call_id == quoted)
+        let newest = |id: &str| self.denied_calls.iter().rev().find(|d| d.call_id == id);
+        newest(call_id).or_else(|| newest(&quoted))
     }
 
     /// The control socket grants only when the terminal channel is on in this run.

@@ -142,7 +142,13 @@ impl<I: Io> Session<I> {
         };
         let epoch = child.epoch.clone();
         let host_id = msg.id().expect("request").to_owned();
-        let first_page = method == "tools/list" && msg.params_value().get("cursor").is_none();
+        let listing = (method == "tools/list").then(|| {
+            let params = msg.params_value();
+            params.get("cursor").map(|c| match c.as_str() {
+                Some(text) => text.to_string(),
+                None => c.to_string(),
+            })
+        });
         let mut msg = msg;
         let id = self.alloc(Pending::Host {
             host_id: host_id.clone(),
@@ -150,12 +156,12 @@ impl<I: Io> Session<I> {
             epoch: epoch.clone(),
             call: None,
         });
-        if first_page {
-            let starts = &mut self.host.list_starts;
-            if starts.len() >= LIST_STARTS_KEPT {
-                starts.pop_front();
+        if let Some(cursor) = listing {
+            let kept = &mut self.host.list_requests;
+            if kept.len() >= LIST_REQUESTS_KEPT {
+                kept.pop_front();
             }
-            starts.push_back(id);
+            kept.push_back((id, cursor));
         }
         if method == "subscriptions/listen" {
             let params = msg.params_value();

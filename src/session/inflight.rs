@@ -119,6 +119,6 @@ impl<I: Io> Session<I> {
         // Cancelled calls of this server get no late answer now.
         self.host.cancelled_calls.retain(|(_, e, _)| e != epoch);
         self.host.list_pages.clear();
-        self.host.list_open = false;
+        self.host.list_next = None;
     }
 }

@@ -230,15 +230,18 @@ pub struct HostConnection {
     /// `(digest, revision)` of the whole catalog `shown_tools` and the gate's host view hold,
     /// `None` once a single tool was presented on its own (a stale-call result).
     pub shown_whole: Option<(String, Option<u64>)>,
-    /// Pages of a `tools/list` answer passing through, until the last one: only while a
-    /// paged answer that began with a first page (`list_open`) is followed, at most
+    /// Pages of the host's paged `tools/list` passing through, until the last one: only while
+    /// a listing that began with a first page is open (`list_next`), at most
     /// [`MAX_CATALOG_TOOLS`] tools.
     pub list_pages: Vec<Value>,
-    pub list_open: bool,
-    /// Our ids of the host's `tools/list` requests without a cursor (a list from its first
-    /// page), the newest [`LIST_STARTS_KEPT`]: their answers start a listing afresh, so two
-    /// lists in flight at once are never merged into one nobody served.
-    pub list_starts: VecDeque<u64>,
+    /// The cursor that continues the open listing (the last page's `nextCursor`): only a page
+    /// asked for with it continues that listing, so two listings in flight are never merged
+    /// into a catalog nobody served.
+    pub list_next: Option<String>,
+    /// The host's `tools/list` requests in flight, the newest [`LIST_REQUESTS_KEPT`]: our id
+    /// and the cursor asked for (`None`: from the first page). An answer to a request not
+    /// kept here is forwarded and not taken for anything the host holds.
+    pub list_requests: VecDeque<(u64, Option<String>)>,
     /// An `initialize` held for the server's own answer.
     pub waiting_initialize: Option<WaitingInitialize>,
     /// The host asked for the catalog and got an error (nothing to show yet): tell it when
@@ -263,8 +266,8 @@ pub struct ServerRequests {
     pub overflow_told: bool,
 }
 
-/// First-page `tools/list` requests remembered (see `HostConnection::list_starts`).
-pub const LIST_STARTS_KEPT: usize = 64;
+/// `tools/list` requests remembered (see `HostConnection::list_requests`).
+pub const LIST_REQUESTS_KEPT: usize = 64;
 /// Cancelled calls whose late answers are still recorded (see `HostConnection`).
 pub const CANCELLED_KEPT: usize = 64;
 

@@ -114,3 +114,131 @@ fn status_suggests_approve_call_with_the_same_safe_word() {
         "{line}"
     );
 }
+
+/// The suggested `approve --call=WORD` for a call whose id is the number 7 is
+/// `approve --call=7`. The agent's next refused call has the string id "7" (its own suggestion
+/// is `--call='"7"'`). `denied_call` also matches a bare word against a quoted string id and
+/// takes the newest: the word suggested for the first call now shows and approves the second
+/// (another tool), and no word reaches the first call at all.
+#[test]
+fn the_word_suggested_for_call_7_reaches_call_7_not_call_quoted_7() {
+    let mut h = Harness::new(|_| {});
+    h.tools = vec![tool("read_item", 1), tool("delete_item", 1)];
+    h.build(complete("a"));
+    h.connect_legacy().expect("initialized");
+    let list = h.request("tools/list", json!({}));
+    assert!(h.answer(&list).is_some());
+    h.host(json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                  "params": {"name": "read_item", "arguments": {}}}));
+    let line = h.io().status.pop().expect("a status line");
+    assert!(line.contains("`cargo mcp-dev approve --call=7`"), "{line}");
+    h.host(json!({"jsonrpc": "2.0", "id": "7", "method": "tools/call",
+                  "params": {"name": "delete_item", "arguments": {}}}));
+    // What the shell passes for the suggested word `7`.
+    let shown = h.control(json!({"op": "deniedCall", "callId": "7"}));
+    assert_eq!(
+        shown["result"]["tool"], "read_item",
+        "`approve --call=7`, suggested for call 7, shows another call: {shown}"
+    );
+}
+
+/// A line from the host, without the fake server answering anything.
+fn host_raw(h: &mut Harness, msg: Value) {
+    h.s.handle(Event::HostLine(msg.to_string().into_bytes()));
+}
+
+/// A line from the server of `epoch`.
+fn child(h: &mut Harness, epoch: &str, msg: Value) {
+    h.s.handle(Event::ChildLine {
+        epoch: epoch.to_string(),
+        line: msg.to_string().into_bytes(),
+    });
+}
+
+/// The next request the session sent to the server.
+fn next_to_child(h: &mut Harness) -> Value {
+    h.io()
+        .to_child
+        .pop_front()
+        .expect("a request to the server")
+        .1
+}
+
+/// The session's audit records as the journals (`audit show`) read them.
+fn journals_of(h: &mut Harness) -> crate::audit::Journals {
+    let records: Vec<crate::audit::Record> = h
+        .io()
+        .audit
+        .iter()
+        .enumerate()
+        .map(|(i, (kind, epoch, data))| crate::audit::Record {
+            v: crate::audit::FORMAT_VERSION,
+            seq: i as u64 + 1,
+            time: format!("2026-01-01T00:00:{:02}.000Z", i % 60),
+            record_type: kind.clone(),
+            run: "R".into(),
+            epoch: epoch.clone(),
+            prev: crate::audit::GENESIS_PREV.into(),
+            data: data.clone(),
+            hash: String::new(),
+            mac: String::new(),
+        })
+        .collect();
+    crate::audit::Journals::from_records(&records)
+}
+
+/// The host cancels call 1 (`write_item`): `call_cancelled`. It then sends a new call under
+/// the id 1 (`list_items`, forwarded: `tool_called`, a new journal entry). The server's late
+/// answer to the cancelled call is recorded as its `tool_result` (tool `write_item`), but the
+/// journal matches results by call id only: `audit show` says `write_item` was "cancelled by
+/// the host" (it ran) and `list_items`, still running, finished.
+#[test]
+fn a_cancelled_calls_late_result_is_not_shown_as_a_reused_ids_result() {
+    let mut h = Harness::ungated(|_| {});
+    h.answer_calls = false;
+    h.connect_legacy();
+    h.build(complete("a"));
+    let epoch = h.current_epoch().unwrap();
+    host_raw(
+        &mut h,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+               "params": {"name": "write_item", "arguments": {}}}),
+    );
+    let first = next_to_child(&mut h);
+    host_raw(
+        &mut h,
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+               "params": {"requestId": 1}}),
+    );
+    assert_eq!(h.audit_kinds(audit::CALL_CANCELLED).len(), 1);
+    host_raw(
+        &mut h,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+               "params": {"name": "list_items", "arguments": {}}}),
+    );
+    child(
+        &mut h,
+        &epoch,
+        json!({"jsonrpc": "2.0", "id": first["id"],
+               "result": {"content": [{"type": "text", "text": "written"}]}}),
+    );
+    let j = journals_of(&mut h);
+    let got: Vec<(String, crate::audit::CallOutcome)> = j
+        .activity
+        .iter()
+        .map(|c| (c.tool.clone(), c.outcome.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (
+                "write_item".to_string(),
+                crate::audit::CallOutcome::Ok {
+                    duration_ms: Some(0)
+                }
+            ),
+            ("list_items".to_string(), crate::audit::CallOutcome::Pending),
+        ],
+        "audit show: the cancelled call's result given to the call that reused its id"
+    );
+}

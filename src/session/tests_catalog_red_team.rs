@@ -348,3 +348,216 @@ fn an_error_on_a_later_page_of_the_first_fetch_keeps_the_pages_fetched() {
         h.io().status
     );
 }
+
+// ----- red-team round 11 ---------------------------------------------------------------------
+
+/// The host was shown the whole catalog. Then it sends a `tools/list` with a cursor (it follows
+/// a listing begun at an earlier server, or just names a cursor) and the server answers that
+/// page, the last one, with one tool. No listing is open, and `observe_host_list` takes a
+/// last page with nothing open for "the whole list in one page" without asking whether it
+/// answered a first-page request: it records `catalog_presented` of a one-tool catalog the host
+/// was never shown as a catalog, and the gate's view of the host becomes that digest.
+#[test]
+fn a_last_page_without_its_first_is_not_recorded_as_a_whole_catalog() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    let epoch = h.current_epoch().unwrap();
+    let current = h.s.catalog.current().unwrap().digest.clone();
+    let list = h.request("tools/list", json!({}));
+    assert!(h.answer(&list).is_some());
+    assert_eq!(h.s.gate.host_catalog(), Some(current.as_str()));
+    let presented = h.audit_kinds(audit::CATALOG_PRESENTED).len();
+
+    host_raw(
+        &mut h,
+        json!({"jsonrpc": "2.0", "id": 50, "method": "tools/list", "params": {"cursor": "p2"}}),
+    );
+    let req = next_to_child(&mut h);
+    child(
+        &mut h,
+        &epoch,
+        json!({"jsonrpc": "2.0", "id": req["id"], "result": {"tools": [tool("write_item", 1)]}}),
+    );
+    assert!(h.answer(&json!(50)).is_some(), "forwarded");
+    let now = h.audit_kinds(audit::CATALOG_PRESENTED);
+    assert_eq!(
+        now.len(),
+        presented,
+        "a page 2 recorded as the whole catalog shown: {:?}",
+        now.last()
+    );
+    assert_eq!(h.s.gate.host_catalog(), Some(current.as_str()));
+}
+
+/// `list_starts` kept the newest 64 first-page requests (now `list_requests`, all lists). A host with 65 `tools/list` in flight
+/// (untrusted; a concurrent server answers them out of order): the 2nd is answered with page 1
+/// of a paged list (a listing opens), then the 1st (its start evicted) with the whole catalog
+/// in one page. Not a start, and a listing is open, so its tools are merged into the other
+/// listing's page: `catalog_presented` of 3 tools (one listed twice over) that no server ever
+/// listed as one catalog.
+#[test]
+fn a_list_request_no_longer_kept_is_not_merged_into_another_listing() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    let epoch = h.current_epoch().unwrap();
+    let current = h.s.catalog.current().unwrap().digest.clone();
+    let before = h.s.gate.host_catalog().map(str::to_string);
+    let mut ours = Vec::new();
+    for i in 0..=LIST_REQUESTS_KEPT {
+        host_raw(
+            &mut h,
+            json!({"jsonrpc": "2.0", "id": 100 + i, "method": "tools/list", "params": {}}),
+        );
+        ours.push(next_to_child(&mut h)["id"].clone());
+    }
+    child(
+        &mut h,
+        &epoch,
+        json!({"jsonrpc": "2.0", "id": ours[1],
+               "result": {"tools": [tool("zzz_old", 1)], "nextCursor": "p2"}}),
+    );
+    let tools = h.tools.clone();
+    child(
+        &mut h,
+        &epoch,
+        json!({"jsonrpc": "2.0", "id": ours[0], "result": {"tools": tools}}),
+    );
+    let shown = h.s.gate.host_catalog().map(str::to_string);
+    assert!(
+        shown == before || shown.as_deref() == Some(current.as_str()),
+        "the host is recorded as holding a catalog nobody served: {:?}",
+        h.audit_kinds(audit::CATALOG_PRESENTED).last()
+    );
+}
+
+/// The server says `list_changed` while the supervisor's fetch of its first page is in flight,
+/// then answers that page with an error (it was not ready when it read the request). The
+/// error path publishes an empty catalog without looking at `changed_while_fetching`: the
+/// change the server announced is never fetched (its tools stay "unknown" until it says
+/// `list_changed` again), and the stale flag makes some later, unrelated fetch run twice.
+#[test]
+fn a_list_changed_before_a_first_page_error_is_fetched() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    let epoch = h.current_epoch().unwrap();
+    child(&mut h, &epoch, list_changed());
+    let page = next_to_child(&mut h);
+    assert_eq!(page["method"], "tools/list");
+    child(&mut h, &epoch, list_changed());
+    child(
+        &mut h,
+        &epoch,
+        json!({"jsonrpc": "2.0", "id": page["id"],
+               "error": {"code": -32603, "message": "not ready"}}),
+    );
+    let refetch = h
+        .io()
+        .to_child
+        .iter()
+        .any(|(_, m)| m["method"] == "tools/list");
+    assert!(
+        refetch,
+        "the list_changed announced during the fetch was dropped; catalog now: {:?}",
+        h.s.catalog.catalog().map(|c| c.names().count())
+    );
+}
+
+/// The server's answer to the supervisor's own `tools/list` page is not JSON (a Python server
+/// writing `NaN` in a schema default; any stray byte). `on_child_garbage` answers only host
+/// requests, and nothing else ends a `CatalogPage` (an oversized page does): the child stays in
+/// `FetchingCatalog` for the rest of its epoch. Every host request from then on is held and
+/// expires with "the server is starting", though the server is up and answering.
+#[test]
+fn a_garbled_catalog_page_does_not_leave_the_session_fetching() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    let epoch = h.current_epoch().unwrap();
+    child(&mut h, &epoch, list_changed());
+    let page = next_to_child(&mut h);
+    h.s.handle(Event::ChildLine {
+        epoch: epoch.clone(),
+        line: format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":{},\"result\":{{\"tools\":[{{\"name\":\"x\",\"inputSchema\":{{\"default\":NaN}}}}]}}}}",
+            page["id"]
+        )
+        .into_bytes(),
+    });
+    h.serve();
+    assert!(
+        h.s.child_ready(),
+        "the session is still fetching a page that will never be answered (phase {:?})",
+        h.s.child.as_ref().map(|c| c.phase.clone())
+    );
+}
+
+/// Two paged listings, answered in order by an honest server whose tools change between them:
+/// listing A gets page 1 (`list_items` v1, cursor `a2`), listing B then gets page 1
+/// (`list_items` v2, cursor `b2`), then A's cursor request gets its last page (`write_item`
+/// v1). A cursor request is not tied to the listing whose cursor it carries: A's last page
+/// ends B's listing, and the session records (`catalog_presented`) and tells the gate that the
+/// host holds {`list_items` v2, `write_item` v1}, a catalog no server listed (B's own last page
+/// is then ignored).
+#[test]
+fn a_cursor_page_continues_only_the_listing_that_gave_its_cursor() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    let epoch = h.current_epoch().unwrap();
+    let digest = |tools: Vec<Value>| {
+        crate::catalog::Catalog::from_tools(tools)
+            .unwrap()
+            .digest()
+            .to_string()
+    };
+    let served = [
+        digest(vec![tool("list_items", 1), tool("write_item", 1)]),
+        digest(vec![tool("list_items", 2), tool("write_item", 2)]),
+    ];
+    let page = |h: &mut Harness, id: i64, params: Value, result: Value| {
+        host_raw(
+            h,
+            json!({"jsonrpc": "2.0", "id": id, "method": "tools/list", "params": params}),
+        );
+        let req = next_to_child(h);
+        child(
+            h,
+            &epoch,
+            json!({"jsonrpc": "2.0", "id": req["id"], "result": result}),
+        );
+    };
+    page(
+        &mut h,
+        200,
+        json!({}),
+        json!({"tools": [tool("list_items", 1)], "nextCursor": "a2"}),
+    );
+    page(
+        &mut h,
+        300,
+        json!({}),
+        json!({"tools": [tool("list_items", 2)], "nextCursor": "b2"}),
+    );
+    page(
+        &mut h,
+        201,
+        json!({"cursor": "a2"}),
+        json!({"tools": [tool("write_item", 1)]}),
+    );
+    page(
+        &mut h,
+        301,
+        json!({"cursor": "b2"}),
+        json!({"tools": [tool("write_item", 2)]}),
+    );
+    for p in h.audit_kinds(audit::CATALOG_PRESENTED) {
+        let d = p["digest"].as_str().unwrap_or_default().to_string();
+        assert!(
+            served.contains(&d),
+            "recorded as shown a catalog no listing served: {p}"
+        );
+    }
+}

@@ -297,3 +297,56 @@ fn a_server_cannot_flood_the_host_with_requests_nobody_answers() {
     server_request(&mut h, &new_epoch, 1);
     assert_eq!(h.io().to_host.len(), 1, "{:?}", h.io().to_host);
 }
+
+/// A line from the server of `epoch`.
+fn child_line(h: &mut Harness, epoch: &str, msg: Value) {
+    h.s.handle(Event::ChildLine {
+        epoch: epoch.to_string(),
+        line: msg.to_string().into_bytes(),
+    });
+}
+
+/// The server floods the host with requests past `OPEN_AT_HOST_LIMIT` (one status line), then
+/// cancels them all itself (`notifications/cancelled`, passed to the host): none is open. It
+/// floods again: the second overflow is refused silently, because `overflow_told` is cleared
+/// only by a host answer (or a new epoch), not when the open requests go away otherwise.
+#[test]
+fn a_second_server_overflow_after_its_own_cancels_is_told() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    let epoch = h.current_epoch().unwrap();
+    let flood = |h: &mut Harness, base: usize| {
+        for i in 0..=OPEN_AT_HOST_LIMIT {
+            child_line(
+                h,
+                &epoch,
+                json!({"jsonrpc": "2.0", "id": base + i, "method": "roots/list"}),
+            );
+        }
+    };
+    let told = |h: &mut Harness| {
+        h.io()
+            .status
+            .iter()
+            .filter(|l| l.contains("requests the host has not answered"))
+            .count()
+    };
+    flood(&mut h, 0);
+    assert_eq!(told(&mut h), 1);
+    for i in 0..OPEN_AT_HOST_LIMIT {
+        child_line(
+            &mut h,
+            &epoch,
+            json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                   "params": {"requestId": i}}),
+        );
+    }
+    assert!(h.s.child_requests.open.is_empty());
+    flood(&mut h, 1_000_000);
+    assert_eq!(
+        told(&mut h),
+        2,
+        "a second overflow of the server's requests, not said"
+    );
+}
