@@ -21,6 +21,7 @@ impl<I: Io> Session<I> {
         if cursor.is_none() {
             child.catalog_pages.clear();
             child.pages_fetched = 0;
+            child.catalog_partial = false;
         }
         child.phase = ChildPhase::FetchingCatalog;
         let epoch = child.epoch.clone();
@@ -73,6 +74,7 @@ impl<I: Io> Session<I> {
                 }
                 let Some(c) = &mut self.child else { return };
                 if more.is_some() {
+                    c.catalog_partial = true;
                     let (pages, tools) = (c.pages_fetched, c.catalog_pages.len());
                     c.catalog_pages.truncate(MAX_CATALOG_TOOLS);
                     self.io.status(&format!(
@@ -140,6 +142,7 @@ impl<I: Io> Session<I> {
             pages.0 + 1,
             pages.0
         ));
+        self.mark_catalog_partial();
         self.catalog_complete(epoch, pages.1);
     }
 
@@ -152,10 +155,17 @@ impl<I: Io> Session<I> {
                 self.io.status(&format!(
                     "the server's tools/list page {why}; its catalog is treated as empty"
                 ));
+                self.mark_catalog_partial();
                 self.catalog_complete(epoch, Vec::new());
             }
             Some(_) => self.later_page_failed(epoch, why),
             None => {}
+        }
+    }
+
+    fn mark_catalog_partial(&mut self) {
+        if let Some(c) = &mut self.child {
+            c.catalog_partial = true;
         }
     }
 
@@ -164,8 +174,10 @@ impl<I: Io> Session<I> {
         if self.fetch_again_if_changed() {
             return;
         }
+        let mut whole = true;
         if let Some(c) = &mut self.child {
             c.refetches = 0;
+            whole = !std::mem::take(&mut c.catalog_partial);
         }
         let catalog = match Catalog::from_tools(tools) {
             Ok(c) => c,
@@ -216,15 +228,18 @@ impl<I: Io> Session<I> {
             .map(|c| c.record.identity_digest.clone())
             .unwrap_or_default();
         let now = self.io.timestamp();
-        self.recorded.catalog = Some(RecordedCatalog {
-            tools: tools_json,
-            digest: revision.digest.clone(),
-            epoch: epoch.to_string(),
-            identity_digest: identity,
-            recorded_at: now,
-        });
-        let facts = self.recorded.clone();
-        self.io.record_facts(&facts);
+        // Only a whole list is kept as what this package's server said (never a cut one).
+        if whole {
+            self.recorded.catalog = Some(RecordedCatalog {
+                tools: tools_json,
+                digest: revision.digest.clone(),
+                epoch: epoch.to_string(),
+                identity_digest: identity,
+                recorded_at: now,
+            });
+            let facts = self.recorded.clone();
+            self.io.record_facts(&facts);
+        }
         // Tell the host only when what it holds is no longer current (or it holds nothing yet
         // because its request was refused).
         let refused = std::mem::take(&mut self.host.list_refused);

@@ -380,6 +380,7 @@ impl<I: Io> Session<I> {
             pages_fetched: 0,
             changed_while_fetching: false,
             refetches: 0,
+            catalog_partial: false,
         });
         self.pending_apply = false;
         self.advance_child();

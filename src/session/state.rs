@@ -88,6 +88,10 @@ pub struct ChildState {
     /// states, so the fetch starts over (at most [`CATALOG_REFETCHES`] times in a row).
     pub changed_while_fetching: bool,
     pub refetches: usize,
+    /// This fetch ended short of the server's whole list (the page bound, a later page's
+    /// error, an unusable page): its catalog gates calls but is not kept as what a server of
+    /// this package listed (a later first contact answers from that record).
+    pub catalog_partial: bool,
 }
 
 /// Fetches started over in a row because the server's tools changed during each.

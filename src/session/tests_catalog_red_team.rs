@@ -339,6 +339,9 @@ fn an_error_on_a_later_page_of_the_first_fetch_keeps_the_pages_fetched() {
             .map(str::to_string)
             .collect();
     assert_eq!(names, ["list_items"]);
+    // It gates calls, but is not kept as what this package's server listed: a later first
+    // contact answers from that record, and no server listed this as its whole catalog.
+    assert_eq!(h.s.recorded.catalog, None, "a cut catalog recorded");
     assert!(
         h.io()
             .status
