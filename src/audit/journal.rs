@@ -694,7 +694,20 @@ impl Builder {
                     channel: rec.channel,
                     channel_outcome: rec.outcome,
                 };
-                let c = self.call(r);
+                // A refused call was never forwarded (no `tool_called`): it closes the newest
+                // call with its id only if that one is still open and of the same tool; else
+                // it is a call of its own (the host reused the id of a call that ran).
+                let key = (r.run.clone(), id_text(&r.data["callId"]));
+                let i = match self.call_index.get(&key) {
+                    Some(&i)
+                        if self.calls[i].outcome == CallOutcome::Pending
+                            && (rec.tool.is_empty() || self.calls[i].tool == rec.tool) =>
+                    {
+                        i
+                    }
+                    _ => self.new_call(r, key),
+                };
+                let c = &mut self.calls[i];
                 if current.is_some() {
                     c.epoch = current;
                 }

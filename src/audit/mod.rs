@@ -29,6 +29,8 @@ pub mod log;
 pub mod records;
 pub mod recover;
 pub mod scan;
+#[cfg(test)]
+mod tests_journal_ids;
 pub mod verify;
 
 use std::path::PathBuf;

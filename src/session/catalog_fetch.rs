@@ -43,15 +43,16 @@ impl<I: Io> Session<I> {
         let Some(pages_before) = self.child.as_ref().map(|c| c.pages_fetched) else {
             return;
         };
-        if msg.is_error() && pages_before > 0 {
+        let refresh = self.gate.phase() != approval::Phase::IdentityPending;
+        if msg.is_error() && (pages_before > 0 || refresh) {
             // The server's own words, cut short (one line: the status sink escapes the rest).
             let line: Value = serde_json::from_slice(&msg.to_line()).unwrap_or_default();
             let why = line["error"]["message"].as_str().unwrap_or("an error");
             let why: String = why.chars().take(200).collect();
-            return self.later_page_failed(epoch, &why);
+            return self.page_failed(epoch, &format!("failed ({why})"));
         }
         if msg.is_error() {
-            // A server without tools: an empty catalog is still a catalog (it said so).
+            // A new server without tools: an empty catalog is still a catalog (it said so).
             return self.catalog_complete(epoch, Vec::new());
         }
         let Some((tools_text, next)) = envelope::list_result_parts(msg.result()) else {
@@ -112,10 +113,12 @@ impl<I: Io> Session<I> {
         true
     }
 
-    /// A page after the first answered with an error (an expired cursor, a transient failure):
-    /// not "no tools". A catalog this server already gave stays; with none yet, the pages
-    /// fetched are what it listed (as at the page bound), said in a status line.
-    fn later_page_failed(&mut self, epoch: &str, why: &str) {
+    /// A page that failed: an error after the first page (an expired cursor) or in a refresh,
+    /// not JSON, over the line limit, cancelled by the server. Not "no tools": a catalog this
+    /// server already gave stays; with none yet, the pages fetched are what it listed (as at
+    /// the page bound), or an empty catalog when the first page failed, said in a status line
+    /// and never recorded as a whole list. `why` completes "the server's tools/list page N …".
+    fn page_failed(&mut self, epoch: &str, why: &str) {
         if self.fetch_again_if_changed() {
             return;
         }
@@ -127,7 +130,7 @@ impl<I: Io> Session<I> {
         self.pending_list_text = None;
         if self.gate.phase() != approval::Phase::IdentityPending {
             self.io.status(&format!(
-                "the server's tools/list failed on page {} ({why}); the catalog stays as it was",
+                "the server's tools/list page {} {why}; the catalog stays as it was",
                 pages.0 + 1
             ));
             if let Some(c) = &mut self.child {
@@ -137,29 +140,24 @@ impl<I: Io> Session<I> {
             self.flush_held();
             return;
         }
+        let kept = match pages.0 {
+            0 => "its catalog is treated as empty".to_string(),
+            n => format!("the catalog holds the {n} pages fetched"),
+        };
         self.io.status(&format!(
-            "the server's tools/list failed on page {} ({why}); the catalog holds the {} pages fetched",
-            pages.0 + 1,
-            pages.0
+            "the server's tools/list page {} {why}; {kept}",
+            pages.0 + 1
         ));
         self.mark_catalog_partial();
         self.catalog_complete(epoch, pages.1);
     }
 
     /// A page of the supervisor's own fetch the server's output cannot give (not valid JSON,
-    /// over the line limit): the first page makes the catalog empty, a later one is handled as
-    /// a later page's error. Either way the fetch ends: the session never waits for it.
+    /// over the line limit, cancelled): handled as a failed page. The fetch ends either way:
+    /// the session never waits for it.
     pub(super) fn catalog_page_unusable(&mut self, epoch: &str, why: &str) {
-        match self.child.as_ref().map(|c| c.pages_fetched) {
-            Some(0) => {
-                self.io.status(&format!(
-                    "the server's tools/list page {why}; its catalog is treated as empty"
-                ));
-                self.mark_catalog_partial();
-                self.catalog_complete(epoch, Vec::new());
-            }
-            Some(_) => self.later_page_failed(epoch, why),
-            None => {}
+        if self.child.is_some() {
+            self.page_failed(epoch, why);
         }
     }
 
@@ -179,20 +177,28 @@ impl<I: Io> Session<I> {
             c.refetches = 0;
             whole = !std::mem::take(&mut c.catalog_partial);
         }
-        let catalog = match Catalog::from_tools(tools) {
-            Ok(c) => c,
+        let (catalog, valid) = match Catalog::from_tools(tools) {
+            Ok(c) => (c, true),
             Err(e) => {
                 self.io.status(&format!(
                     "server's tools/list is invalid ({e}); treating its catalog as empty"
                 ));
-                Catalog::from_tools(Vec::new()).expect("empty catalog")
+                (
+                    Catalog::from_tools(Vec::new()).expect("empty catalog"),
+                    false,
+                )
             }
         };
-        self.known_list = self.pending_list_text.take().map(|tools_text| KnownList {
+        // The bytes of an invalid list are not known as the empty fallback: a host given them
+        // was given what the server wrote, not an empty catalog.
+        let pending_list_text = self.pending_list_text.take().filter(|_| valid);
+        self.known_list = pending_list_text.map(|tools_text| KnownList {
             tools_text,
             result_text: None,
             catalog: catalog.clone(),
         });
+        // An invalid list is not recorded as what the server listed either.
+        whole &= valid;
         let digests = catalog.tool_digests().clone();
         let tools_json = catalog.tools_json();
         let (revision, diff) = self.catalog.observe(catalog);

@@ -223,6 +223,12 @@ impl<I: Io> Session<I> {
                             json!({"error": "cancelled_by_server"}),
                         );
                     }
+                    Some(Pending::CatalogPage { epoch }) => {
+                        // Our own fetch must end too, or every request waits behind it.
+                        let epoch = epoch.to_string();
+                        self.pending.remove(&our);
+                        self.catalog_page_unusable(&epoch, "was cancelled by the server");
+                    }
                     _ => {}
                 }
             }

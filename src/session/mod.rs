@@ -50,6 +50,8 @@ mod tests_approvals_modern;
 #[cfg(test)]
 mod tests_approvals_red_team;
 #[cfg(test)]
+mod tests_catalog_failures;
+#[cfg(test)]
 mod tests_catalog_red_team;
 #[cfg(test)]
 mod tests_early_build;

@@ -346,7 +346,7 @@ fn an_error_on_a_later_page_of_the_first_fetch_keeps_the_pages_fetched() {
         h.io()
             .status
             .iter()
-            .any(|l| l.contains("failed on page 2") && l.contains("cursor expired")),
+            .any(|l| l.contains("page 2 failed") && l.contains("cursor expired")),
         "{:?}",
         h.io().status
     );
