@@ -56,7 +56,7 @@ impl<I: Io> Session<I> {
             return self.catalog_complete(epoch, Vec::new());
         }
         let Some((tools_text, next)) = envelope::list_result_parts(msg.result()) else {
-            return self.catalog_complete(epoch, Vec::new());
+            return self.page_failed(epoch, "was not a tool list");
         };
         let tools: Vec<Value> = serde_json::from_str(tools_text).unwrap_or_default();
         // One page: remembered with its catalog, so the host's identical answers are cheap.

@@ -275,7 +275,13 @@ impl<I: Io> Session<I> {
         let waited = self.now().saturating_sub(h.since_ms);
         let method = h.msg.method().unwrap_or_default().to_string();
         match method.as_str() {
-            "tools/list" if self.recorded.catalog.is_some() => self.answer_list_from_record(h.msg),
+            // The record is a whole list: never the answer to a page asked for by cursor.
+            "tools/list"
+                if self.recorded.catalog.is_some()
+                    && h.msg.params_value().get("cursor").is_none() =>
+            {
+                self.answer_list_from_record(h.msg)
+            }
             // Judged now: with no server this is `identity_pending`, said plainly.
             "tools/call" => self.on_host_call(h.msg),
             "server/discover" => self.refuse_discover(h.msg),

@@ -52,7 +52,11 @@ mod tests_approvals_red_team;
 #[cfg(test)]
 mod tests_catalog_failures;
 #[cfg(test)]
+mod tests_catalog_props;
+#[cfg(test)]
 mod tests_catalog_red_team;
+#[cfg(test)]
+mod tests_catalog_unreadable;
 #[cfg(test)]
 mod tests_early_build;
 #[cfg(test)]
