@@ -606,7 +606,13 @@ pub fn list_result_parts(result: Option<Raw<'_>>) -> Option<(&str, Option<String
         next_cursor: Option<Value>,
     }
     let r: ListResult = serde_json::from_str(result?.get()).ok()?;
-    let cursor = r.next_cursor.and_then(|c| c.as_str().map(str::to_string));
+    // A cursor that is not a string is no cursor anyone can follow, nor a last page: the list
+    // cannot be read (taken for "no more pages", a cut catalog would pass for a whole one).
+    let cursor = match r.next_cursor {
+        None | Some(Value::Null) => None,
+        Some(Value::String(c)) => Some(c),
+        Some(_) => return None,
+    };
     Some((r.tools.map(|t| t.get()).unwrap_or("[]"), cursor))
 }
 
@@ -1255,6 +1261,33 @@ mod tests {
             Message::parse(br#"{"jsonrpc":"2.0","id":4,"method":"x","params":[1]}"#).unwrap();
         n.remove_params_members(&["requestState"]);
         assert_eq!(n.params().unwrap().get(), "[1]");
+    }
+
+    /// A `nextCursor` that is not a string (nor null) makes the list unreadable: taken for
+    /// "no more pages", a catalog cut at that page would pass for the whole one.
+    #[test]
+    fn a_list_with_a_cursor_that_is_not_a_string_cannot_be_read() {
+        let parts = |result: &str| {
+            let line = format!(r#"{{"jsonrpc":"2.0","id":1,"result":{result}}}"#);
+            let m = Message::parse(line.as_bytes()).unwrap();
+            list_result_parts(m.result()).map(|(t, c)| (t.to_string(), c))
+        };
+        assert_eq!(parts(r#"{"tools":[]}"#), Some(("[]".into(), None)));
+        assert_eq!(
+            parts(r#"{"tools":[],"nextCursor":null}"#),
+            Some(("[]".into(), None))
+        );
+        assert_eq!(
+            parts(r#"{"tools":[],"nextCursor":"p2"}"#),
+            Some(("[]".into(), Some("p2".into())))
+        );
+        for bad in ["2", "{}", "[\"p2\"]", "true"] {
+            assert_eq!(
+                parts(&format!(r#"{{"tools":[],"nextCursor":{bad}}}"#)),
+                None,
+                "{bad}"
+            );
+        }
     }
 
     #[test]
