@@ -102,6 +102,8 @@ impl<I: Io> Session<I> {
             return false;
         }
         if c.refetches >= CATALOG_REFETCHES {
+            // It may mix two states: it gates calls, but is not recorded as a whole list.
+            c.catalog_partial = true;
             self.io.status(&format!(
                 "the server's tools changed during each of {CATALOG_REFETCHES} fetches in a row; the catalog holds the last one"
             ));
