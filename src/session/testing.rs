@@ -466,3 +466,29 @@ impl Harness {
             .collect()
     }
 }
+
+/// A line from the server of `epoch`, handled as it arrives (nothing answered for it).
+pub fn from_child(h: &mut Harness, epoch: &str, msg: Value) {
+    h.s.handle(Event::ChildLine {
+        epoch: epoch.to_string(),
+        line: msg.to_string().into_bytes(),
+    });
+}
+
+/// A line from the host, without the fake server answering anything.
+pub fn host_raw(h: &mut Harness, msg: Value) {
+    h.s.handle(Event::HostLine(msg.to_string().into_bytes()));
+}
+
+/// The oldest request the session sent to a server and nobody answered yet.
+pub fn next_to_child(h: &mut Harness) -> Value {
+    h.io()
+        .to_child
+        .pop_front()
+        .expect("a request to the server")
+        .1
+}
+
+pub fn list_changed() -> Value {
+    json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+}

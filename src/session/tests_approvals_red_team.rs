@@ -142,28 +142,6 @@ fn the_word_suggested_for_call_7_reaches_call_7_not_call_quoted_7() {
     );
 }
 
-/// A line from the host, without the fake server answering anything.
-fn host_raw(h: &mut Harness, msg: Value) {
-    h.s.handle(Event::HostLine(msg.to_string().into_bytes()));
-}
-
-/// A line from the server of `epoch`.
-fn child(h: &mut Harness, epoch: &str, msg: Value) {
-    h.s.handle(Event::ChildLine {
-        epoch: epoch.to_string(),
-        line: msg.to_string().into_bytes(),
-    });
-}
-
-/// The next request the session sent to the server.
-fn next_to_child(h: &mut Harness) -> Value {
-    h.io()
-        .to_child
-        .pop_front()
-        .expect("a request to the server")
-        .1
-}
-
 /// The session's audit records as the journals (`audit show`) read them.
 fn journals_of(h: &mut Harness) -> crate::audit::Journals {
     let records: Vec<crate::audit::Record> = h
@@ -216,7 +194,7 @@ fn a_cancelled_calls_late_result_is_not_shown_as_a_reused_ids_result() {
         json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                "params": {"name": "list_items", "arguments": {}}}),
     );
-    child(
+    from_child(
         &mut h,
         &epoch,
         json!({"jsonrpc": "2.0", "id": first["id"],

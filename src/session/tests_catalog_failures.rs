@@ -6,34 +6,13 @@ use serde_json::{Value, json};
 use super::testing::*;
 use super::*;
 
-/// A line from the server of `epoch`.
-fn child(h: &mut Harness, epoch: &str, msg: Value) {
-    h.s.handle(Event::ChildLine {
-        epoch: epoch.to_string(),
-        line: msg.to_string().into_bytes(),
-    });
-}
-
-/// The next request the session sent to the server.
-fn next_to_child(h: &mut Harness) -> Value {
-    h.io()
-        .to_child
-        .pop_front()
-        .expect("a request to the server")
-        .1
-}
-
-fn list_changed() -> Value {
-    json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
-}
-
 /// A served session whose server then says `list_changed`: the refresh's first page request.
 fn refresh(h: &mut Harness) -> (String, Value) {
     h.connect_legacy();
     h.build(complete("a"));
     let epoch = h.current_epoch().unwrap();
     assert_eq!(h.s.catalog.current().unwrap().number, 1);
-    child(h, &epoch, list_changed());
+    from_child(h, &epoch, list_changed());
     let page = next_to_child(h);
     assert_eq!(page["method"], json!("tools/list"));
     (epoch, page)
@@ -54,7 +33,7 @@ fn current_tools(h: &Harness) -> usize {
 fn first_page_error_of_a_refresh_keeps_the_catalog() {
     let mut h = Harness::ungated(|_| {});
     let (epoch, page) = refresh(&mut h);
-    child(
+    from_child(
         &mut h,
         &epoch,
         json!({"jsonrpc": "2.0", "id": page["id"],
@@ -105,7 +84,7 @@ fn garbage_first_page_of_a_refresh_keeps_the_catalog() {
 fn server_cancel_of_a_catalog_page_ends_the_fetch() {
     let mut h = Harness::ungated(|_| {});
     let (epoch, page) = refresh(&mut h);
-    child(
+    from_child(
         &mut h,
         &epoch,
         json!({"jsonrpc": "2.0", "method": "notifications/cancelled",

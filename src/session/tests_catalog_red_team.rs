@@ -7,32 +7,6 @@ use serde_json::{Value, json};
 use super::testing::*;
 use super::*;
 
-/// A line from the server of `epoch`.
-fn child(h: &mut Harness, epoch: &str, msg: Value) {
-    h.s.handle(Event::ChildLine {
-        epoch: epoch.to_string(),
-        line: msg.to_string().into_bytes(),
-    });
-}
-
-/// A line from the host, without the fake server answering anything.
-fn host_raw(h: &mut Harness, msg: Value) {
-    h.s.handle(Event::HostLine(msg.to_string().into_bytes()));
-}
-
-/// The next request the session sent to the server.
-fn next_to_child(h: &mut Harness) -> Value {
-    h.io()
-        .to_child
-        .pop_front()
-        .expect("a request to the server")
-        .1
-}
-
-fn list_changed() -> Value {
-    json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
-}
-
 /// A server whose tools change while the supervisor pages through `tools/list` says so with
 /// `list_changed` between two pages. The notification is dropped (the child is not `Ready`
 /// while it fetches), so the catalog merged from pages of two different states (page 1 from
@@ -44,10 +18,10 @@ fn a_list_changed_during_a_paged_fetch_starts_the_fetch_over() {
     h.connect_legacy();
     h.build(complete("a"));
     let epoch = h.current_epoch().unwrap();
-    child(&mut h, &epoch, list_changed());
+    from_child(&mut h, &epoch, list_changed());
     let page1 = next_to_child(&mut h);
     assert_eq!(page1["method"], json!("tools/list"));
-    child(
+    from_child(
         &mut h,
         &epoch,
         json!({"jsonrpc": "2.0", "id": page1["id"],
@@ -56,8 +30,8 @@ fn a_list_changed_during_a_paged_fetch_starts_the_fetch_over() {
     let page2 = next_to_child(&mut h);
     assert_eq!(page2["params"]["cursor"], json!("p2"));
     // The server's tools change again before it answers page 2; it says so first.
-    child(&mut h, &epoch, list_changed());
-    child(
+    from_child(&mut h, &epoch, list_changed());
+    from_child(
         &mut h,
         &epoch,
         json!({"jsonrpc": "2.0", "id": page2["id"],
@@ -99,14 +73,14 @@ fn two_host_lists_in_flight_are_not_merged_into_a_catalog_nobody_served() {
     );
     let first = next_to_child(&mut h);
     let second = next_to_child(&mut h);
-    child(
+    from_child(
         &mut h,
         &epoch,
         json!({"jsonrpc": "2.0", "id": first["id"],
                "result": {"tools": [tool("zzz_old", 1)], "nextCursor": "p2"}}),
     );
     let tools = h.tools.clone();
-    child(
+    from_child(
         &mut h,
         &epoch,
         json!({"jsonrpc": "2.0", "id": second["id"], "result": {"tools": tools}}),
@@ -146,7 +120,7 @@ fn a_host_following_endless_pages_holds_at_most_the_catalog_bound() {
         let tools: Vec<Value> = (0..per_page)
             .map(|i| json!({"name": format!("t{p}_{i}")}))
             .collect();
-        child(
+        from_child(
             &mut h,
             &epoch,
             json!({"jsonrpc": "2.0", "id": req["id"],
@@ -173,7 +147,7 @@ fn a_huge_description_change_keeps_the_catalog_record_small() {
     h.connect_legacy();
     h.build(complete("a"));
     let epoch = h.current_epoch().unwrap();
-    child(&mut h, &epoch, list_changed());
+    from_child(&mut h, &epoch, list_changed());
     let req = next_to_child(&mut h);
     let line = format!(
         "{{\"jsonrpc\":\"2.0\",\"id\":{},\"result\":{{\"tools\":[{{\"name\":\"a\",\"description\":{}}}]}}}}",
@@ -218,17 +192,17 @@ fn an_error_on_a_later_page_keeps_the_catalog() {
     let list = h.request("tools/list", json!({}));
     assert!(h.answer(&list).is_some());
     let notes = h.host_notes("notifications/tools/list_changed");
-    child(&mut h, &epoch, list_changed());
+    from_child(&mut h, &epoch, list_changed());
     let page1 = next_to_child(&mut h);
     let tools = h.tools.clone();
-    child(
+    from_child(
         &mut h,
         &epoch,
         json!({"jsonrpc": "2.0", "id": page1["id"],
                "result": {"tools": tools, "nextCursor": "p2"}}),
     );
     let page2 = next_to_child(&mut h);
-    child(
+    from_child(
         &mut h,
         &epoch,
         json!({"jsonrpc": "2.0", "id": page2["id"],
@@ -266,7 +240,7 @@ fn refetches_for_list_changed_are_bounded() {
     let epoch = h.current_epoch().unwrap();
     let recorded = h.s.recorded.catalog.clone();
     assert!(recorded.is_some());
-    child(&mut h, &epoch, list_changed());
+    from_child(&mut h, &epoch, list_changed());
     let mut fetches = 0;
     while let Some((_, req)) = h.io().to_child.pop_front() {
         assert_eq!(req["method"], "tools/list", "{req}");
@@ -276,9 +250,9 @@ fn refetches_for_list_changed_are_bounded() {
         );
         fetches += 1;
         assert!(fetches <= CATALOG_REFETCHES + 1, "fetching without end");
-        child(&mut h, &epoch, list_changed());
+        from_child(&mut h, &epoch, list_changed());
         let tools = vec![tool("list_items", 10 + fetches as u32)];
-        child(
+        from_child(
             &mut h,
             &epoch,
             json!({"jsonrpc": "2.0", "id": req["id"], "result": {"tools": tools}}),
@@ -310,7 +284,7 @@ fn an_error_on_a_later_page_of_the_first_fetch_keeps_the_pages_fetched() {
     loop {
         let (_, req) = h.io().to_child.pop_front().expect("the first catalog page");
         if req["method"] == "tools/list" {
-            child(
+            from_child(
                 &mut h,
                 &epoch,
                 json!({"jsonrpc": "2.0", "id": req["id"],
@@ -320,7 +294,7 @@ fn an_error_on_a_later_page_of_the_first_fetch_keeps_the_pages_fetched() {
         }
         if req["method"] == "initialize" {
             let v = req["params"]["protocolVersion"].clone();
-            child(
+            from_child(
                 &mut h,
                 &epoch,
                 json!({"jsonrpc": "2.0", "id": req["id"], "result": {"protocolVersion": v,
@@ -329,7 +303,7 @@ fn an_error_on_a_later_page_of_the_first_fetch_keeps_the_pages_fetched() {
         }
     }
     let page2 = next_to_child(&mut h);
-    child(
+    from_child(
         &mut h,
         &epoch,
         json!({"jsonrpc": "2.0", "id": page2["id"],
@@ -381,7 +355,7 @@ fn a_last_page_without_its_first_is_not_recorded_as_a_whole_catalog() {
         json!({"jsonrpc": "2.0", "id": 50, "method": "tools/list", "params": {"cursor": "p2"}}),
     );
     let req = next_to_child(&mut h);
-    child(
+    from_child(
         &mut h,
         &epoch,
         json!({"jsonrpc": "2.0", "id": req["id"], "result": {"tools": [tool("write_item", 1)]}}),
@@ -419,14 +393,14 @@ fn a_list_request_no_longer_kept_is_not_merged_into_another_listing() {
         );
         ours.push(next_to_child(&mut h)["id"].clone());
     }
-    child(
+    from_child(
         &mut h,
         &epoch,
         json!({"jsonrpc": "2.0", "id": ours[1],
                "result": {"tools": [tool("zzz_old", 1)], "nextCursor": "p2"}}),
     );
     let tools = h.tools.clone();
-    child(
+    from_child(
         &mut h,
         &epoch,
         json!({"jsonrpc": "2.0", "id": ours[0], "result": {"tools": tools}}),
@@ -450,11 +424,11 @@ fn a_list_changed_before_a_first_page_error_is_fetched() {
     h.connect_legacy();
     h.build(complete("a"));
     let epoch = h.current_epoch().unwrap();
-    child(&mut h, &epoch, list_changed());
+    from_child(&mut h, &epoch, list_changed());
     let page = next_to_child(&mut h);
     assert_eq!(page["method"], "tools/list");
-    child(&mut h, &epoch, list_changed());
-    child(
+    from_child(&mut h, &epoch, list_changed());
+    from_child(
         &mut h,
         &epoch,
         json!({"jsonrpc": "2.0", "id": page["id"],
@@ -483,7 +457,7 @@ fn a_garbled_catalog_page_does_not_leave_the_session_fetching() {
     h.connect_legacy();
     h.build(complete("a"));
     let epoch = h.current_epoch().unwrap();
-    child(&mut h, &epoch, list_changed());
+    from_child(&mut h, &epoch, list_changed());
     let page = next_to_child(&mut h);
     h.s.handle(Event::ChildLine {
         epoch: epoch.clone(),
@@ -530,7 +504,7 @@ fn a_cursor_page_continues_only_the_listing_that_gave_its_cursor() {
             json!({"jsonrpc": "2.0", "id": id, "method": "tools/list", "params": params}),
         );
         let req = next_to_child(h);
-        child(
+        from_child(
             h,
             &epoch,
             json!({"jsonrpc": "2.0", "id": req["id"], "result": result}),

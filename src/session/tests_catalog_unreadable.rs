@@ -6,14 +6,6 @@ use serde_json::{Value, json};
 use super::testing::*;
 use super::*;
 
-/// A line from the server of `epoch`.
-fn child(h: &mut Harness, epoch: &str, msg: Value) {
-    h.s.handle(Event::ChildLine {
-        epoch: epoch.to_string(),
-        line: msg.to_string().into_bytes(),
-    });
-}
-
 /// The next request named `method` the session sent to the server (earlier lines dropped).
 fn next_request(h: &mut Harness, method: &str) -> Value {
     loop {
@@ -35,7 +27,7 @@ fn first_fetch_pending() -> (Harness, String, Value) {
     h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
     let epoch = h.current_epoch().expect("a server");
     let init = next_request(&mut h, "initialize");
-    child(
+    from_child(
         &mut h,
         &epoch,
         json!({"jsonrpc": "2.0", "id": init["id"], "result": {"protocolVersion": "2025-06-18",
@@ -54,7 +46,7 @@ fn first_fetch_pending() -> (Harness, String, Value) {
 #[test]
 fn an_unreadable_later_page_is_not_recorded_as_an_empty_catalog() {
     let (mut h, epoch, page1) = first_fetch_pending();
-    child(
+    from_child(
         &mut h,
         &epoch,
         json!({"jsonrpc": "2.0", "id": page1["id"],
@@ -62,7 +54,7 @@ fn an_unreadable_later_page_is_not_recorded_as_an_empty_catalog() {
     );
     let page2 = next_request(&mut h, "tools/list");
     assert_eq!(page2["params"]["cursor"], json!("p2"));
-    child(
+    from_child(
         &mut h,
         &epoch,
         json!({"jsonrpc": "2.0", "id": page2["id"], "result": "no list"}),
@@ -96,13 +88,13 @@ fn an_unreadable_page_in_a_refresh_keeps_the_catalog() {
     let before = h.s.catalog.current().unwrap().digest.clone();
     let recorded = h.s.recorded.catalog.clone();
     assert!(recorded.is_some());
-    child(
+    from_child(
         &mut h,
         &epoch,
         json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}),
     );
     let page = next_request(&mut h, "tools/list");
-    child(
+    from_child(
         &mut h,
         &epoch,
         json!({"jsonrpc": "2.0", "id": page["id"], "result": "no list"}),

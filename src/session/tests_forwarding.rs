@@ -298,14 +298,6 @@ fn a_server_cannot_flood_the_host_with_requests_nobody_answers() {
     assert_eq!(h.io().to_host.len(), 1, "{:?}", h.io().to_host);
 }
 
-/// A line from the server of `epoch`.
-fn child_line(h: &mut Harness, epoch: &str, msg: Value) {
-    h.s.handle(Event::ChildLine {
-        epoch: epoch.to_string(),
-        line: msg.to_string().into_bytes(),
-    });
-}
-
 /// The server floods the host with requests past `OPEN_AT_HOST_LIMIT` (one status line), then
 /// cancels them all itself (`notifications/cancelled`, passed to the host): none is open. It
 /// floods again: the second overflow is refused silently, because `overflow_told` is cleared
@@ -318,7 +310,7 @@ fn a_second_server_overflow_after_its_own_cancels_is_told() {
     let epoch = h.current_epoch().unwrap();
     let flood = |h: &mut Harness, base: usize| {
         for i in 0..=OPEN_AT_HOST_LIMIT {
-            child_line(
+            from_child(
                 h,
                 &epoch,
                 json!({"jsonrpc": "2.0", "id": base + i, "method": "roots/list"}),
@@ -335,7 +327,7 @@ fn a_second_server_overflow_after_its_own_cancels_is_told() {
     flood(&mut h, 0);
     assert_eq!(told(&mut h), 1);
     for i in 0..OPEN_AT_HOST_LIMIT {
-        child_line(
+        from_child(
             &mut h,
             &epoch,
             json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
