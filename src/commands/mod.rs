@@ -15,6 +15,7 @@ pub mod new;
 pub mod restart;
 pub mod run;
 pub mod status;
+mod timer_thread;
 
 use crate::cli::{Command, McpDev};
 use crate::error::CmdResult;

@@ -158,6 +158,8 @@ fn next_batch<R: std::io::Read>(
 
 struct Shell {
     events: Sender<Event>,
+    /// Every timer the session asks for, kept by one thread.
+    timers: super::timer_thread::TimerThread<crate::session::Timer>,
     /// Set right after the session is created (the shell lives inside it).
     me: Weak<Mutex<Session<Shell>>>,
     done: Sender<()>,
@@ -660,13 +662,7 @@ impl Io for Shell {
     }
 
     fn schedule(&mut self, delay: Duration, timer: Timer) {
-        let events = self.events.clone();
-        let _ = std::thread::Builder::new()
-            .name("timer".into())
-            .spawn(move || {
-                std::thread::sleep(delay);
-                let _ = events.send(Event::Timer(timer));
-            });
+        self.timers.schedule(delay, timer);
     }
 
     fn close_host(&mut self) {
@@ -1204,8 +1200,14 @@ pub fn execute(args: RunArgs) -> CmdResult {
         max_open_prompts: crate::session::DEFAULT_MAX_OPEN_PROMPTS,
     };
     let stops = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let timer_events = events_tx.clone();
+    let timers = super::timer_thread::TimerThread::start(move |timer| {
+        timer_events.send(Event::Timer(timer)).is_ok()
+    })
+    .map_err(|e| Failure::error(format!("cannot start the timer thread: {e}")))?;
     let shell = Shell {
         events: events_tx.clone(),
+        timers,
         me: Weak::new(),
         done: done_tx,
         host_out: host_out.clone(),
