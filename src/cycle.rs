@@ -191,7 +191,12 @@ pub fn run_cycle(
             first_file,
             first_location,
             summary,
-            last_good: previous,
+            // Started again by `--fallback last-good`, from a file in the target directory,
+            // which the agent can write: only a record whose digests are those of its own
+            // fields (red-team round 14: a record edited to run another command under a digest
+            // a human approved). What a consistent record names runs under its own digest, in
+            // a new epoch, after its bytes are verified.
+            last_good: previous.filter(|r| crate::fingerprint::inconsistency(r).is_none()),
             duration,
         }),
         BuildOutcome::Built {

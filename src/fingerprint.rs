@@ -443,6 +443,55 @@ pub const LAUNCH_DIRECTORY: &str = "launch directory";
 /// Name of the launch argv in `check --expect` messages.
 pub const LAUNCH_ARGUMENTS: &str = "launch arguments";
 
+/// Name of an expected record that is not self-consistent in `check --expect` messages.
+pub const INCONSISTENT_RECORD: &str =
+    "the expected record itself (its component digests are not those of its own fields)";
+
+/// The first part of `r` that is not what its own fields make it, if any: each component digest
+/// recomputed from the record's fields, the dependency list's digest, and the identity digest
+/// from the components. A record edited by hand (or by an agent that can write `target/`) to
+/// show one build's fields with another's digests is caught; a record of another schema is
+/// not judged (`None`).
+pub fn inconsistency(r: &IdentityRecord) -> Option<&'static str> {
+    if r.schema != SCHEMA {
+        return None;
+    }
+    if r.dependency_tree.sha256 != dependency_digest(&r.dependency_tree.list) {
+        return Some(Component::DependencyTree.name());
+    }
+    let inputs = IdentityInputs {
+        label: r.label.clone(),
+        package: r.package.clone(),
+        bin: r.bin.clone(),
+        launch: r.launch.clone(),
+        executable: r.executable.clone(),
+        lockfile: r.lockfile.clone(),
+        dependencies: r.dependency_tree.list.clone(),
+        runtime: r.runtime.clone(),
+        config: Value::Null, // only its digest is recorded: compared below
+        unknown_config_keys: Vec::new(),
+        env: r.env.clone(),
+        extra_inputs: r.extra_inputs.clone(),
+        wrapper: r.wrapper.clone(),
+        launcher: r.launcher.clone(),
+        workspace_root: String::new(),
+        target_dir: String::new(),
+        captured_at: String::new(),
+    };
+    for (c, value) in component_values(&inputs) {
+        let want = match c {
+            Component::Config => r.config.sha256.clone(),
+            _ => sha256_json(&value),
+        };
+        if r.components.get(c.name()) != Some(&want) {
+            return Some(c.name());
+        }
+    }
+    let digest =
+        sha256_json(&json!({"schema": r.schema, "label": r.label, "components": r.components}));
+    (digest != r.identity_digest).then_some("identityDigest")
+}
+
 /// Compares `actual` with `expected` the way `check --expect` does (see [`ExpectComparison`]).
 pub fn compare_for_expect(
     expected: &IdentityRecord,
@@ -456,6 +505,10 @@ pub fn compare_for_expect(
         .collect();
     if launch_argv(expected) != launch_argv(actual) {
         differing.push(LAUNCH_ARGUMENTS);
+    }
+    // A record whose fields say one build and whose digests say another matches nothing.
+    if inconsistency(expected).is_some() {
+        differing.push(INCONSISTENT_RECORD);
     }
     let dir = |r: &IdentityRecord| {
         r.launch
@@ -821,5 +874,73 @@ pub(crate) mod tests {
             "{ch:?}"
         );
         assert!(ch.contains(&"+ serde 1.0.0".to_string()), "{ch:?}");
+    }
+}
+
+#[cfg(test)]
+mod consistency_tests {
+    use super::tests::inputs;
+    use super::*;
+
+    /// Red-team round 14: `check --expect` trusted the `components` map of the expected record
+    /// and never checked it against the record's own fields or its `identityDigest`. A record
+    /// whose readable parts (identityDigest, executable.sha256…) are the approved build's but
+    /// whose `components` were copied from another build made `check --expect` pass for that
+    /// other build.
+    #[test]
+    fn expect_refuses_a_record_whose_components_contradict_its_fields() {
+        let approved = identity_record(inputs());
+        let mut other = inputs();
+        other.executable.sha256 = "sha256:cc".into();
+        let actual = identity_record(other);
+        assert_ne!(approved.identity_digest, actual.identity_digest);
+        let mut crafted = approved.clone();
+        crafted.components = actual.components.clone();
+        let cmp = compare_for_expect(&crafted, &actual, false);
+        assert_eq!(cmp.differing, vec![INCONSISTENT_RECORD], "{cmp:?}");
+    }
+
+    /// A record as captured is consistent; each kind of edit is caught and named: a field
+    /// without its component, a component without the identity digest, the dependency list
+    /// without its digest, the launch argv (what a fallback would run).
+    #[test]
+    fn a_captured_record_is_consistent_and_each_edit_is_named() {
+        let r = identity_record(inputs());
+        assert_eq!(inconsistency(&r), None);
+        let edit = |f: &dyn Fn(&mut IdentityRecord)| {
+            let mut e = r.clone();
+            f(&mut e);
+            inconsistency(&e)
+        };
+        assert_eq!(
+            edit(&|e| e.executable.sha256 = "sha256:ee".into()),
+            Some("executable")
+        );
+        assert_eq!(
+            edit(&|e| e.launch.argv.insert(0, "/bin/sh".into())),
+            Some(Component::Launch.name())
+        );
+        assert_eq!(
+            edit(&|e| e.config.sha256 = "x".into()),
+            Some(Component::Config.name())
+        );
+        assert_eq!(
+            edit(&|e| e.identity_digest = "sha256:00".into()),
+            Some("identityDigest")
+        );
+        assert_eq!(
+            edit(&|e| {
+                e.dependency_tree.list.pop();
+            }),
+            Some(Component::DependencyTree.name())
+        );
+        // Not judged: a record of another schema.
+        assert_eq!(
+            edit(&|e| {
+                e.schema = "other".into();
+                e.identity_digest = "x".into();
+            }),
+            None
+        );
     }
 }

@@ -665,3 +665,47 @@ fn restart_during_a_replacement_starts_no_second_server() {
     );
     s.finish();
 }
+
+/// Red-team round 14 (high): with `--fallback last-good`, a failed first build started the record read
+/// back from `target/mcp-dev/identity/<label>.dev.json`, a file in the agent-writable target
+/// directory, without checking it against anything this process captured. Its `launch.argv`
+/// (and cwd) are run as written; only `executable.storePath` is checked against
+/// `executable.sha256`, both taken from the same forged file. An agent that edited the record
+/// (keeping its `identityDigest`, the one the human approved) and broke the build got any
+/// command run as that identity, audited under the approved digest. Now only a record whose
+/// digests are its own fields' is started again. Here the forged argv runs
+/// `sh -c` first (writing a marker), then execs the real server so the session looks normal.
+#[test]
+fn last_good_fallback_does_not_run_an_edited_identity_record() {
+    let setup = Setup::new().args(&["--fallback", "last-good"]);
+    let p = &setup.project;
+    p.build(&[]).expect_code(0);
+    let marker = p.scratch().join("forged-argv-ran");
+    let file = p.identity_file(common::session::LABEL, "dev");
+    let mut record = p.record(common::session::LABEL, "dev");
+    let store_path = record["executable"]["storePath"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let script = format!("echo pwned > '{}'; exec \"$0\" \"$@\"", marker.display());
+    record["launch"]["argv"] = serde_json::json!(["/bin/sh", "-c", script, store_path]);
+    std::fs::write(&file, serde_json::to_string_pretty(&record).unwrap()).unwrap();
+    // The agent breaks the build.
+    let main = p.read("src/main.rs");
+    p.write(
+        "src/main.rs",
+        &format!("{main}\ncompile_error!(\"broken by the agent\");\n"),
+    );
+    let mut s = setup.timeout(Duration::from_secs(120)).start();
+    s.wait_stderr_matching("a start or a refusal after the failed build", |l| {
+        l.contains("server started")
+            || l.contains("no server running")
+            || l.contains("failed to start")
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !marker.exists(),
+        "a command nobody captured ran as the recorded identity; status lines: {:#?}",
+        s.stderr_lines()
+    );
+}
