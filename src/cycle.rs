@@ -88,8 +88,14 @@ impl Prepared {
             .identity_file(&self.target.label, &self.profile())
     }
 
+    /// The content-addressed store, its capture stamps in the user's state directory (where
+    /// the agent cannot forge one); without a state directory every capture hashes.
     pub fn store(&self) -> Store {
-        Store::new(self.target.layout().store_dir())
+        let dir = self.target.layout().store_dir();
+        match crate::audit::KeyStore::from_env() {
+            Ok(keys) => Store::with_stamps(dir, keys.dir().join("stamps")),
+            Err(_) => Store::new(dir),
+        }
     }
 
     /// The last recorded (successful) identity for this label and profile.

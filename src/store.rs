@@ -102,6 +102,11 @@ pub fn open_verified(path: &Path, expected_sha256: &str) -> Result<File, StoreEr
 #[derive(Debug, Clone)]
 pub struct Store {
     dir: PathBuf,
+    /// Where the "untouched since stored" stamps live: outside the target directory (the
+    /// user's state directory, beside the audit key), since a stamp is trusted instead of the
+    /// bytes and the agent can write `target/` (red-team round 14: a forged stamp made capture
+    /// report an approved digest for other bytes). `None`: no fast path, every capture hashes.
+    stamps: Option<PathBuf>,
 }
 
 /// Fingerprint of a file's metadata, used to detect a rewrite during the copy and to recognise
@@ -133,8 +138,21 @@ impl StatStamp {
 }
 
 impl Store {
+    /// A store without the stamp fast path (every capture reads the executable).
     pub fn new(dir: impl Into<PathBuf>) -> Store {
-        Store { dir: dir.into() }
+        Store {
+            dir: dir.into(),
+            stamps: None,
+        }
+    }
+
+    /// A store whose stamps (see [`Store::capture`]) live in `stamps`, a directory the agent
+    /// cannot write (not under the target directory).
+    pub fn with_stamps(dir: impl Into<PathBuf>, stamps: impl Into<PathBuf>) -> Store {
+        Store {
+            dir: dir.into(),
+            stamps: Some(stamps.into()),
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -227,20 +245,29 @@ impl Store {
         })
     }
 
-    fn stamp_path(&self, executable: &Path) -> PathBuf {
-        let key = hashing::sha256_hex(executable.as_os_str().as_encoded_bytes());
-        self.dir.join("stamps").join(&key[..24])
+    /// Keyed by the store and the executable's path (one state directory serves every project).
+    fn stamp_path(&self, executable: &Path) -> Option<PathBuf> {
+        let mut key = self.dir.as_os_str().as_encoded_bytes().to_vec();
+        key.push(0);
+        key.extend_from_slice(executable.as_os_str().as_encoded_bytes());
+        let key = hashing::sha256_hex(&key);
+        Some(self.stamps.as_ref()?.join(&key[..32]))
     }
 
     /// The digest stored for `executable` if its metadata is exactly as it was then.
     fn unchanged_since_stored(&self, executable: &Path, now: &StatStamp) -> Option<String> {
-        let text = fs::read_to_string(self.stamp_path(executable)).ok()?;
+        let text = fs::read_to_string(self.stamp_path(executable)?).ok()?;
         let (stamp, sha256): (StatStamp, String) = serde_json::from_str(&text).ok()?;
         (stamp == *now && self.entry_path(&sha256).is_file()).then_some(sha256)
     }
 
     fn remember_stamp(&self, executable: &Path, stamp: &StatStamp, sha256: &str) {
-        let path = self.stamp_path(executable);
+        let Some(path) = self.stamp_path(executable) else {
+            return;
+        };
+        if let Some(dir) = path.parent() {
+            let _ = fs::create_dir_all(dir);
+        }
         let _ = crate::fsutil::write_atomic(
             &path,
             serde_json::to_string(&(stamp, sha256))
@@ -353,9 +380,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let exe = dir.path().join("server");
         fs::write(&exe, b"version one").unwrap();
-        let store = Store::new(dir.path().join("store"));
+        let stamps = dir.path().join("state/stamps");
+        let store = Store::with_stamps(dir.path().join("store"), &stamps);
         let a = store.capture(&exe).unwrap();
         assert!(a.newly_stored);
+        // The stamp is kept outside the store (the target directory): nothing under it.
+        assert_eq!(fs::read_dir(&stamps).unwrap().count(), 1);
+        assert!(!dir.path().join("store/stamps").exists());
         // Untouched: the stamp matches, nothing is copied.
         let b = store.capture(&exe).unwrap();
         assert_eq!(
@@ -373,6 +404,36 @@ mod tests {
         let d = store.capture(&exe).unwrap();
         assert!(d.newly_stored);
         assert!(d.store_path.is_file());
+    }
+
+    /// Red-team round 14: the "untouched since stored" fast path trusted `store/stamps/<key>`,
+    /// a file in the agent-writable target dir. Stamping a freshly built executable's current
+    /// metadata (all readable with `stat`) with an older entry's digest made capture report the
+    /// old digest: `build` and `check --expect` said the build output was the approved binary
+    /// while `target/debug/<bin>` held other code. Stamps now live outside the target dir; a
+    /// stamp planted where they used to be is never read, and a store without a stamp
+    /// directory reads every executable.
+    #[test]
+    fn a_stamp_planted_in_the_target_dir_is_not_trusted() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("server");
+        fs::write(&exe, b"approved build").unwrap();
+        for store in [
+            Store::with_stamps(dir.path().join("store"), dir.path().join("state/stamps")),
+            Store::new(dir.path().join("store")),
+        ] {
+            fs::write(&exe, b"approved build").unwrap();
+            let approved = store.capture(&exe).unwrap();
+            fs::write(&exe, b"new unreviewed build").unwrap();
+            let now = StatStamp::of(&fs::metadata(&exe).unwrap());
+            let key = hashing::sha256_hex(exe.as_os_str().as_encoded_bytes());
+            let planted = store.dir().join("stamps").join(&key[..24]);
+            fs::create_dir_all(planted.parent().unwrap()).unwrap();
+            let forged = serde_json::to_string(&(now, approved.sha256.clone())).unwrap();
+            fs::write(&planted, forged).unwrap();
+            let s = store.capture(&exe).unwrap();
+            assert_eq!(s.sha256, hashing::sha256_bytes(b"new unreviewed build"));
+        }
     }
 
     #[test]
