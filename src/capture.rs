@@ -333,6 +333,15 @@ pub fn tree_digest(root: &Path, package_sources: bool) -> io::Result<(String, us
             let target = std::fs::read_link(entry.path())?;
             hasher.update(b"symlink\0");
             hasher.update(target.as_os_str().as_encoded_bytes());
+            // What the server reads through a link to a file is its content: hashed too (red-team
+            // round 14: the file behind a link could change with the digest unchanged). A
+            // link to a directory is not walked (no loops); a dangling one is its text alone.
+            if std::fs::metadata(entry.path()).is_ok_and(|m| m.is_file()) {
+                let (d, len) = hashing::sha256_file(entry.path())?;
+                hasher.update(b"\0->");
+                hasher.update(len.to_le_bytes());
+                hasher.update(d.as_bytes());
+            }
         } else {
             let (d, len) = hashing::sha256_file(entry.path())?;
             hasher.update(len.to_le_bytes());
@@ -347,6 +356,31 @@ pub fn tree_digest(root: &Path, package_sources: bool) -> io::Result<(String, us
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Red-team round 14: a link to a file inside a declared directory was hashed by its
+    /// target's name only: the data the server reads through it could change (it may live in
+    /// `target/` or `/tmp`) with the identity unchanged. Its content counts now; a dangling
+    /// link or one to a directory is hashed by its text.
+    #[test]
+    fn a_link_to_a_file_counts_by_its_content() {
+        let d = tempfile::tempdir().unwrap();
+        let data = d.path().join("data");
+        std::fs::create_dir_all(&data).unwrap();
+        let outside = d.path().join("outside.json");
+        std::fs::write(&outside, r#"{"mode":"safe"}"#).unwrap();
+        std::os::unix::fs::symlink(&outside, data.join("config.json")).unwrap();
+        std::os::unix::fs::symlink(d.path().join("nowhere"), data.join("dangling")).unwrap();
+        std::os::unix::fs::symlink(d.path(), data.join("loop")).unwrap();
+        let (before, n) = tree_digest(&data, false).unwrap();
+        assert_eq!(n, 3);
+        assert_eq!(tree_digest(&data, false).unwrap().0, before, "stable");
+        std::fs::write(&outside, r#"{"mode":"delete-everything"}"#).unwrap();
+        let (after, _) = tree_digest(&data, false).unwrap();
+        assert_ne!(
+            before, after,
+            "the data behind the link changed; the digest did not"
+        );
+    }
 
     #[test]
     fn tree_digest_tracks_names_and_contents_not_target() {
