@@ -218,16 +218,11 @@ impl Store {
         }
         let dest = self.entry_path(&sha256);
         self.remember_stamp(executable, &after, &sha256);
-        if dest.is_file() {
-            // Same content already stored: keep the existing (immutable) entry, drop the copy.
-            touch(&dest);
-            return Ok(StoredExecutable {
-                sha256,
-                size,
-                store_path: dest,
-                newly_stored: false,
-            });
-        }
+        // An entry already there is replaced by the copy just hashed, not kept unread: a file
+        // planted under the name of the next build's digest (the agent can write the store)
+        // would be refused at every start, and every rebuild would keep it (red-team round
+        // 14). A server running from the old entry keeps its inode.
+        let existed = dest.is_file();
         fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o555))
             .map_err(Self::io(tmp.path()))?;
         // Closing the write handle before the rename matters: exec of a file still open for
@@ -241,7 +236,7 @@ impl Store {
             sha256,
             size,
             store_path: dest,
-            newly_stored: true,
+            newly_stored: !existed,
         })
     }
 
@@ -404,6 +399,25 @@ mod tests {
         let d = store.capture(&exe).unwrap();
         assert!(d.newly_stored);
         assert!(d.store_path.is_file());
+    }
+
+    /// Red-team round 14: an entry planted under the name of the next build's digest (the
+    /// agent can build the same code and compute it) was kept by `capture` without a look at
+    /// its bytes, so every later start was refused and every rebuild kept it: the server never
+    /// started until the human deleted the file. The copy just hashed replaces it.
+    #[test]
+    fn capture_replaces_a_planted_entry_with_wrong_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("server");
+        fs::write(&exe, b"#!/bin/sh\necho real\n").unwrap();
+        let store = Store::new(dir.path().join("store"));
+        let digest = hashing::sha256_bytes(b"#!/bin/sh\necho real\n");
+        fs::create_dir_all(store.dir()).unwrap();
+        fs::write(store.entry_path(&digest), b"#!/bin/sh\necho planted\n").unwrap();
+        let s = store.capture(&exe).unwrap();
+        assert_eq!(s.sha256, digest);
+        assert!(!s.newly_stored, "an entry was there under that name");
+        assert!(open_verified(&s.store_path, &s.sha256).is_ok());
     }
 
     /// Red-team round 14: the "untouched since stored" fast path trusted `store/stamps/<key>`,
