@@ -342,10 +342,14 @@ pub fn tree_digest(root: &Path, package_sources: bool) -> io::Result<(String, us
                 hasher.update(len.to_le_bytes());
                 hasher.update(d.as_bytes());
             }
-        } else {
+        } else if ft.is_file() {
             let (d, len) = hashing::sha256_file(entry.path())?;
             hasher.update(len.to_le_bytes());
             hasher.update(d.as_bytes());
+        } else {
+            // A named pipe, a socket or a device: never opened (reading a FIFO blocks forever,
+            // a device may never end); counted by its name and kind.
+            hasher.update(b"special\0");
         }
         hasher.update([0u8]);
         files += 1;
@@ -406,6 +410,44 @@ mod tests {
             tree_digest(d.path(), true).unwrap().0,
             b,
             "a rename changes the digest"
+        );
+    }
+}
+
+#[cfg(test)]
+mod special_file_tests {
+    use super::*;
+
+    /// Red-team round 15: a named pipe inside an extra-inputs directory (or a path dependency's
+    /// sources), created with `mkfifo` by the agent, is opened for reading by `tree_digest`;
+    /// the open blocks until a writer appears, so identity capture (every build of `run`,
+    /// `build`, `check`) hangs forever with no message. Links to a FIFO are skipped since round
+    /// 14; the FIFO itself is not. It should be hashed by its kind (or refused), not read.
+    #[test]
+    fn a_fifo_in_extra_inputs_is_not_read() {
+        let d = tempfile::tempdir().unwrap();
+        let data = d.path().join("data");
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(data.join("a.json"), "{}").unwrap();
+        let fifo = data.join("pipe");
+        let st = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let root = data.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(tree_digest(&root, false).map(|_| ()));
+        });
+        let got = rx.recv_timeout(std::time::Duration::from_secs(5));
+        if got.is_err() {
+            // Unblock the hashing thread before failing.
+            let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
+        }
+        assert!(
+            got.is_ok(),
+            "tree_digest still blocked on the FIFO after 5 s"
         );
     }
 }

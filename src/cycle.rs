@@ -202,7 +202,12 @@ pub fn run_cycle(
             // fields (red-team round 14: a record edited to run another command under a digest
             // a human approved). What a consistent record names runs under its own digest, in
             // a new epoch, after its bytes are verified.
-            last_good: previous.filter(|r| crate::fingerprint::inconsistency(r).is_none()),
+            // Its workspace must be this one: the launch directory is hashed relative to it.
+            last_good: previous.filter(|r| {
+                crate::fingerprint::inconsistency(r).is_none()
+                    && std::path::Path::new(&r.workspace_root)
+                        == prep.target.resolved.workspace_root
+            }),
             duration,
         }),
         BuildOutcome::Built {

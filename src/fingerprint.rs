@@ -448,13 +448,25 @@ pub const INCONSISTENT_RECORD: &str =
     "the expected record itself (its component digests are not those of its own fields)";
 
 /// The first part of `r` that is not what its own fields make it, if any: each component digest
-/// recomputed from the record's fields, the dependency list's digest, and the identity digest
-/// from the components. A record edited by hand (or by an agent that can write `target/`) to
-/// show one build's fields with another's digests is caught; a record of another schema is
-/// not judged (`None`).
+/// recomputed from the record's fields, the dependency list's digest, the identity digest from
+/// the components, and the launch directory (hashed relative to the workspace) against the
+/// absolute one a start uses. A record edited by hand (or by an agent that can write
+/// `target/`) to show one build's fields with another's digests is caught. A record of another
+/// schema cannot be judged, so it is not taken either (only this schema exists).
 pub fn inconsistency(r: &IdentityRecord) -> Option<&'static str> {
     if r.schema != SCHEMA {
-        return None;
+        return Some("schema");
+    }
+    if let Some(rel) = &r.launch.cwd_relative {
+        let root = std::path::Path::new(&r.workspace_root);
+        let expected = if rel == "." {
+            root.to_path_buf()
+        } else {
+            root.join(rel)
+        };
+        if expected != std::path::Path::new(&r.launch.cwd) {
+            return Some("launch directory");
+        }
     }
     if r.dependency_tree.sha256 != dependency_digest(&r.dependency_tree.list) {
         return Some(Component::DependencyTree.name());
@@ -934,13 +946,12 @@ mod consistency_tests {
             }),
             Some(Component::DependencyTree.name())
         );
-        // Not judged: a record of another schema.
+        // Not judged, so not taken: a record of another schema.
+        assert_eq!(edit(&|e| e.schema = format!("{SCHEMA} ")), Some("schema"));
+        // The directory a start uses is the one the digest covers (relative to the workspace).
         assert_eq!(
-            edit(&|e| {
-                e.schema = "other".into();
-                e.identity_digest = "x".into();
-            }),
-            None
+            edit(&|e| e.launch.cwd = "/tmp/agent".into()),
+            Some("launch directory")
         );
     }
 }

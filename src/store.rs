@@ -196,6 +196,7 @@ impl Store {
         if let Some(sha256) = self.unchanged_since_stored(executable, &before) {
             let dest = self.entry_path(&sha256);
             touch(&dest);
+            self.remember_stamp(executable, &before, &sha256, &dest);
             return Ok(StoredExecutable {
                 sha256,
                 size: before.size,
@@ -217,12 +218,15 @@ impl Store {
             });
         }
         let dest = self.entry_path(&sha256);
-        self.remember_stamp(executable, &after, &sha256);
         // An entry already there is replaced by the copy just hashed, not kept unread: a file
         // planted under the name of the next build's digest (the agent can write the store)
         // would be refused at every start, and every rebuild would keep it (red-team round
         // 14). A server running from the old entry keeps its inode.
         let existed = dest.is_file();
+        if fs::symlink_metadata(&dest).is_ok_and(|m| m.is_dir()) {
+            // Nothing we store is a directory: one planted there would fail every rename.
+            fs::remove_dir_all(&dest).map_err(Self::io(&dest))?;
+        }
         fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o555))
             .map_err(Self::io(tmp.path()))?;
         // Closing the write handle before the rename matters: exec of a file still open for
@@ -232,6 +236,7 @@ impl Store {
             path: dest.clone(),
             source: e.error,
         })?;
+        self.remember_stamp(executable, &after, &sha256, &dest);
         Ok(StoredExecutable {
             sha256,
             size,
@@ -249,23 +254,31 @@ impl Store {
         Some(self.stamps.as_ref()?.join(&key[..32]))
     }
 
-    /// The digest stored for `executable` if its metadata is exactly as it was then.
+    /// The digest stored for `executable` if its metadata is exactly as it was then, and the
+    /// entry's too (an entry rewritten since, by anyone, is not vouched for: the next capture
+    /// reads the executable and replaces the entry).
     fn unchanged_since_stored(&self, executable: &Path, now: &StatStamp) -> Option<String> {
         let text = fs::read_to_string(self.stamp_path(executable)?).ok()?;
-        let (stamp, sha256): (StatStamp, String) = serde_json::from_str(&text).ok()?;
-        (stamp == *now && self.entry_path(&sha256).is_file()).then_some(sha256)
+        let (stamp, sha256, entry): (StatStamp, String, StatStamp) =
+            serde_json::from_str(&text).ok()?;
+        let on_disk = fs::symlink_metadata(self.entry_path(&sha256)).ok()?;
+        (stamp == *now && on_disk.is_file() && StatStamp::of(&on_disk) == entry).then_some(sha256)
     }
 
-    fn remember_stamp(&self, executable: &Path, stamp: &StatStamp, sha256: &str) {
+    fn remember_stamp(&self, executable: &Path, stamp: &StatStamp, sha256: &str, entry: &Path) {
         let Some(path) = self.stamp_path(executable) else {
             return;
         };
+        let Ok(entry) = fs::symlink_metadata(entry) else {
+            return;
+        };
+        let entry = StatStamp::of(&entry);
         if let Some(dir) = path.parent() {
             let _ = fs::create_dir_all(dir);
         }
         let _ = crate::fsutil::write_atomic(
             &path,
-            serde_json::to_string(&(stamp, sha256))
+            serde_json::to_string(&(stamp, sha256, entry))
                 .unwrap_or_default()
                 .as_bytes(),
         );
@@ -494,5 +507,52 @@ mod tests {
             store.verify(&s.sha256),
             Err(StoreError::Corrupt { .. })
         ));
+    }
+}
+
+#[cfg(test)]
+mod planted_entry_tests {
+    use super::*;
+
+    /// Red-team round 15: round 14 made capture replace an entry with wrong bytes, but the
+    /// stamp fast path still returns the digest whenever `entry_path(digest).is_file()`, without
+    /// a look at the entry. The agent overwrites the entry of the current build with junk; cargo
+    /// leaves the unchanged executable alone, so every rebuild takes the fast path, keeps the
+    /// junk, and every start is refused (Mismatch) until a source change or a human deletes it:
+    /// the denial round 14 meant to end.
+    #[test]
+    fn the_fast_path_does_not_keep_a_planted_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("server");
+        fs::write(&exe, b"#!/bin/sh\necho real\n").unwrap();
+        let store = Store::with_stamps(dir.path().join("store"), dir.path().join("stamps"));
+        let s = store.capture(&exe).unwrap();
+        fs::set_permissions(&s.store_path, fs::Permissions::from_mode(0o644)).unwrap();
+        fs::write(&s.store_path, b"#!/bin/sh\necho junk\n").unwrap();
+        // The next build: cargo did not touch the executable.
+        let again = store.capture(&exe).unwrap();
+        assert_eq!(again.sha256, s.sha256);
+        assert!(
+            open_verified(&again.store_path, &again.sha256).is_ok(),
+            "capture kept the planted entry: every start is refused"
+        );
+    }
+
+    /// Red-team round 15: a directory planted under the name of the build's digest (the agent
+    /// can build the same code and compute it) makes the rename in `capture` fail (EISDIR /
+    /// ENOTEMPTY), so every build fails with a store I/O error until a human removes it: the
+    /// same denial as the planted file round 14 fixed.
+    #[test]
+    fn a_planted_directory_does_not_break_capture() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("server");
+        fs::write(&exe, b"#!/bin/sh\necho real\n").unwrap();
+        let store = Store::new(dir.path().join("store"));
+        let digest = hashing::sha256_bytes(b"#!/bin/sh\necho real\n");
+        fs::create_dir_all(store.entry_path(&digest).join("x")).unwrap();
+        let s = store.capture(&exe);
+        assert!(s.is_ok(), "capture failed: {:?}", s.err());
+        let s = s.unwrap();
+        assert!(open_verified(&s.store_path, &s.sha256).is_ok());
     }
 }
