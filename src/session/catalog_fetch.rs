@@ -49,14 +49,14 @@ impl<I: Io> Session<I> {
             let line: Value = serde_json::from_slice(&msg.to_line()).unwrap_or_default();
             let why = line["error"]["message"].as_str().unwrap_or("an error");
             let why: String = why.chars().take(200).collect();
-            return self.page_failed(epoch, &format!("failed ({why})"));
+            return self.catalog_page_failed(epoch, &format!("failed ({why})"));
         }
         if msg.is_error() {
             // A new server without tools: an empty catalog is still a catalog (it said so).
             return self.catalog_complete(epoch, Vec::new());
         }
         let Some((tools_text, next)) = envelope::list_result_parts(msg.result()) else {
-            return self.page_failed(epoch, "was not a tool list");
+            return self.catalog_page_failed(epoch, "was not a tool list");
         };
         let tools: Vec<Value> = serde_json::from_str(tools_text).unwrap_or_default();
         // One page: remembered with its catalog, so the host's identical answers are cheap.
@@ -120,8 +120,9 @@ impl<I: Io> Session<I> {
     /// server already gave stays; with none yet, the pages fetched are what it listed (as at
     /// the page bound), or an empty catalog when the first page failed, said in a status line
     /// and never recorded as a whole list. `why` completes "the server's tools/list page N …".
-    fn page_failed(&mut self, epoch: &str, why: &str) {
-        if self.fetch_again_if_changed() {
+    /// The fetch ends either way: the session never waits for it.
+    pub(super) fn catalog_page_failed(&mut self, epoch: &str, why: &str) {
+        if self.child.is_none() || self.fetch_again_if_changed() {
             return;
         }
         let pages = self
@@ -152,15 +153,6 @@ impl<I: Io> Session<I> {
         ));
         self.mark_catalog_partial();
         self.catalog_complete(epoch, pages.1);
-    }
-
-    /// A page of the supervisor's own fetch the server's output cannot give (not valid JSON,
-    /// over the line limit, cancelled): handled as a failed page. The fetch ends either way:
-    /// the session never waits for it.
-    pub(super) fn catalog_page_unusable(&mut self, epoch: &str, why: &str) {
-        if self.child.is_some() {
-            self.page_failed(epoch, why);
-        }
     }
 
     fn mark_catalog_partial(&mut self) {

@@ -91,7 +91,7 @@ impl<I: Io> Session<I> {
         {
             // The supervisor's own fetch must end too, or every request waits behind it.
             self.pending.remove(&id);
-            return self.catalog_page_unusable(epoch, "was not valid JSON");
+            return self.catalog_page_failed(epoch, "was not valid JSON");
         }
         if let Some(id) = id
             && matches!(self.pending.get(&id), Some(Pending::Host { .. }))
@@ -227,7 +227,7 @@ impl<I: Io> Session<I> {
                         // Our own fetch must end too, or every request waits behind it.
                         let epoch = epoch.to_string();
                         self.pending.remove(&our);
-                        self.catalog_page_unusable(&epoch, "was cancelled by the server");
+                        self.catalog_page_failed(&epoch, "was cancelled by the server");
                     }
                     _ => {}
                 }
@@ -498,7 +498,7 @@ impl<I: Io> Session<I> {
         {
             if matches!(self.pending.get(&id), Some(Pending::CatalogPage { .. })) {
                 self.pending.remove(&id);
-                return self.catalog_page_unusable(epoch, "was over the line limit");
+                return self.catalog_page_failed(epoch, "was over the line limit");
             }
             self.answer_broken(
                 id,

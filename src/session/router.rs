@@ -218,7 +218,7 @@ impl<I: Io> Session<I> {
         let host_id = msg.id().expect("request").to_owned();
         if !std::mem::replace(&mut self.host.overflow_told, true) {
             self.io.status(&format!(
-                "{OPEN_AT_SERVER_LIMIT} requests are open at the server and none answered since; answering the next ones at once with an error"
+                "{OPEN_AT_SERVER_LIMIT} requests are open at the server (it is not answering them); answering the next ones at once with an error"
             ));
         }
         let why = format!("more than {OPEN_AT_SERVER_LIMIT} requests are open at the server");
