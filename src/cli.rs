@@ -325,8 +325,10 @@ pub struct RunArgs {
     pub audit_fsync: Option<String>,
     /// How long requests wait for the first server of the session (e.g. `25s`, `90s`); then
     /// `tools/list` gets the last catalog a real server of this package returned, or an error
-    /// that says the server is still building. Keep it under your host's connect timeout
-    /// (Claude Code: 30 s by default). [config: first-start-budget] [default: 25s]
+    /// that says the server is still building. A server that has not answered `initialize`
+    /// in this time (at least 5 s) is stopped as one that cannot serve. Keep it under your
+    /// host's connect timeout (Claude Code: 30 s by default). [config: first-start-budget]
+    /// [default: 25s]
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub first_start_budget: Option<std::time::Duration>,
     /// On a warm start, how long `initialize` waits for the server's own answer before the

@@ -500,6 +500,63 @@ fn a_crash_loop_is_reported_instead_of_spun() {
     s.finish();
 }
 
+/// A server that refuses `initialize` (here: one that speaks only the modern handshake) cannot
+/// serve a legacy host: it is stopped at once with its own words on stderr, and requests are
+/// answered with why at once, not each held for the first-start budget (25 s) and held again.
+#[test]
+fn a_server_that_refuses_initialize_is_stopped_and_requests_are_answered_at_once() {
+    let mut s = Setup::new()
+        .arg("--no-gating")
+        .env("FAKE_ERA", "modern")
+        .timeout(Duration::from_secs(60))
+        .start();
+    let id = s.fresh_id();
+    s.request(
+        &id,
+        "initialize",
+        Some(json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                    "clientInfo": {"name": "raw-test-host", "version": "1.0.0"}})),
+    );
+    let (pid, epoch) = s.server_started();
+    let stopped = s.wait_stderr(&format!(
+        "server stopped: pid={pid} epoch={epoch}: refused the handshake: "
+    ));
+    assert!(
+        stopped.contains("-32601"),
+        "the server's own refusal: {stopped}"
+    );
+    // The host's `initialize` got an answer (the server's refusal, or the supervisor's own when
+    // the server came after the warm-start wait); nothing is left waiting.
+    s.response(&id);
+    for n in 0..2 {
+        let started = Instant::now();
+        let list_id = s.fresh_id();
+        let list = s.roundtrip(&list_id, "tools/list", Some(json!({})));
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "answered at once, not after the budget (request {n}: {:?})",
+            started.elapsed()
+        );
+        assert_eq!(list.error()["code"], json!(-31002), "{:?}", list.error());
+        let message = list.error()["message"].as_str().unwrap();
+        assert!(message.contains("refused the handshake"), "{message}");
+    }
+    let t = Instant::now();
+    while common::session::alive(pid) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "server {pid} still runs"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        s.count_stderr("server started: "),
+        1,
+        "not restarted as a crash"
+    );
+    s.finish();
+}
+
 #[test]
 fn a_path_dependency_added_while_running_is_watched_from_then_on() {
     let mut s = Setup::new().arg("--no-gating").start();

@@ -342,19 +342,29 @@ impl<I: Io> Session<I> {
         answer: Option<RawId>,
         modern: bool,
     ) {
+        if msg.is_error() && modern {
+            // It may speak only `initialize`: the host hears its refusal and falls back.
+            self.io
+                .verbose("the server refused server/discover; waiting for initialize");
+            return self.discovery_failed(Some(&msg));
+        }
         if msg.is_error() {
-            self.io.status(&format!(
-                "server refused the handshake: {}",
-                String::from_utf8_lossy(&msg.to_line())
-                    .trim()
-                    .escape_debug()
-            ));
+            // Its own words, bounded and printable: they reach the terminal and the host.
+            let said: String = String::from_utf8_lossy(&msg.to_line())
+                .trim()
+                .chars()
+                .take(300)
+                .collect();
             if let Some(h) = answer {
                 let mut m = msg;
                 m.set_id(h);
                 self.send_host(&m);
             }
-            return;
+            // It cannot serve this host: held requests are answered with why, not held again.
+            return self.server_cannot_serve(format!(
+                "refused the handshake: {}",
+                crate::sanitize::line(&said)
+            ));
         }
         let mut result = msg.result_value();
         let version = result

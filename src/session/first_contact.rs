@@ -30,6 +30,10 @@ impl<I: Io> Session<I> {
                 json!({"error": "initialize_in_progress"}),
             ));
         }
+        if self.discovery_pending() {
+            // The host fell back from `server/discover`: so does the server's handshake.
+            self.discovery_failed(None);
+        }
         let params = msg.params_value();
         self.host.era = Some(Era::Legacy);
         self.host.client_info = params.get("clientInfo").cloned();
@@ -41,19 +45,11 @@ impl<I: Io> Session<I> {
         }));
         match &self.child {
             Some(c) if c.phase == ChildPhase::Started && !c.stopping => {
-                // The server is up: the host gets its real answer.
+                // The server is up: the host gets its real answer, however slow within the
+                // handshake deadline (answering for it would commit to a version it may not
+                // speak).
                 let epoch = c.epoch.clone();
-                let id = self.alloc(Pending::Handshake {
-                    epoch: epoch.clone(),
-                    answer: Some(host_id),
-                    modern: false,
-                });
-                // No deadline of ours: the host gets this running server's own answer however
-                // slow (answering for it would commit to a version it may not speak); the
-                // host's own `initialize` timeout bounds a silent one.
-                self.set_phase(ChildPhase::Handshaking);
-                self.io
-                    .to_child(&epoch, envelope::request_line(id, "initialize", &params));
+                self.send_handshake(epoch, Some(host_id), false, &params);
             }
             None if self.cfg.warm
                 && self.lifecycle == Lifecycle::FirstStart
@@ -67,6 +63,132 @@ impl<I: Io> Session<I> {
             }
             _ => self.announce_initialize(host_id),
         }
+    }
+
+    /// Sends our handshake to the fresh server of `epoch` (`initialize` with the host's params,
+    /// or modern `server/discover`) and arms its deadline.
+    pub(super) fn send_handshake(
+        &mut self,
+        epoch: EpochId,
+        answer: Option<RawId>,
+        modern: bool,
+        params: &Value,
+    ) {
+        let id = self.alloc(Pending::Handshake {
+            epoch: epoch.clone(),
+            answer,
+            modern,
+        });
+        self.set_phase(ChildPhase::Handshaking);
+        let wait = self.handshake_deadline();
+        let due = self.now() + wait.as_millis() as u64;
+        if let Some(c) = &mut self.child {
+            c.handshake_due_ms = Some(due);
+        }
+        self.io.schedule(wait, Timer::HandshakeDeadline);
+        let method = if modern {
+            "server/discover"
+        } else {
+            "initialize"
+        };
+        self.io
+            .to_child(&epoch, envelope::request_line(id, method, params));
+    }
+
+    /// How long a server has to answer our handshake: the first-start budget, at least
+    /// [`MIN_HANDSHAKE_DEADLINE`] (a budget of 0 means "requests never wait", not "no server
+    /// may start").
+    fn handshake_deadline(&self) -> Duration {
+        self.cfg.first_start_budget.max(MIN_HANDSHAKE_DEADLINE)
+    }
+
+    /// A server still handshaking at its deadline never answered: it is stopped as one that
+    /// cannot serve (held requests would otherwise each wait out a budget, again and again).
+    pub(super) fn handshake_deadline_over(&mut self) {
+        let now = self.now();
+        let Some(c) = &self.child else { return };
+        if c.stopping
+            || c.phase != ChildPhase::Handshaking
+            || c.handshake_due_ms.is_none_or(|due| due > now)
+        {
+            return; // answered, replaced, or a later server's deadline (its own timer comes)
+        }
+        if self.discovery_pending() {
+            self.io.status(
+                "the server has not answered server/discover; the host is told to use initialize",
+            );
+            return self.discovery_failed(None);
+        }
+        let secs = self.handshake_deadline().as_secs_f64();
+        self.server_cannot_serve(format!(
+            "did not answer `initialize` within {secs} s (the first-start budget); does it read stdin and write only JSON-RPC to stdout?"
+        ));
+    }
+
+    /// Our modern `server/discover` is in flight to the current server.
+    pub(super) fn discovery_pending(&self) -> bool {
+        let Some(c) = &self.child else { return false };
+        c.phase == ChildPhase::Handshaking
+            && self.pending.values().any(
+                |p| matches!(p, Pending::Handshake { epoch, modern: true, .. } if *epoch == c.epoch),
+            )
+    }
+
+    /// The server did not take our `server/discover` (it refused it, or its deadline passed):
+    /// it may still speak `initialize`, so it waits for one again. The host's waiting
+    /// `server/discover` requests get the server's own refusal (or ours, saying to use
+    /// `initialize`): the host falls back now, not after the budget.
+    pub(super) fn discovery_failed(&mut self, refusal: Option<&Message>) {
+        let Some(c) = &mut self.child else { return };
+        let epoch = c.epoch.clone();
+        c.phase = ChildPhase::Started;
+        c.handshake_due_ms = None;
+        // A late answer to it is dropped as one to an unknown id.
+        self.pending.retain(
+            |_, p| !matches!(p, Pending::Handshake { epoch: e, modern: true, .. } if *e == epoch),
+        );
+        let mut kept = std::collections::VecDeque::new();
+        while let Some(h) = self.held.pop_front() {
+            if h.msg.method() != Some("server/discover") {
+                kept.push_back(h);
+                continue;
+            }
+            match refusal {
+                Some(r) => {
+                    let id = h.msg.id().expect("request").to_owned();
+                    if self.host.negotiated.is_none() {
+                        self.host.era = None;
+                    }
+                    self.io.to_host(r.to_line_with_id(&id));
+                }
+                None => self.refuse_discover(h.msg),
+            }
+        }
+        self.held = kept;
+    }
+
+    /// The running server cannot serve (it refused our handshake or never answered it): it is
+    /// stopped, and no server runs until the next successful build or `cargo mcp-dev restart`
+    /// (restarting the same code would fail the same way). Requests are answered with why.
+    pub(super) fn server_cannot_serve(&mut self, why: String) {
+        let Some(child) = self.child.take() else {
+            return;
+        };
+        self.io.status(&format!(
+            "server stopped: pid={} epoch={}: {why}; it starts again with the next successful build (save a change) or on `cargo mcp-dev restart`",
+            child.pid, child.epoch
+        ));
+        self.gate.server_exited(&child.epoch);
+        self.answer_in_flight(&child.epoch, None, "stopped", Some(&why));
+        self.record_exit(&child, "handshake failed", None);
+        self.io.stop(&child.epoch, STOP_GRACE_UNANSWERED);
+        if self.lifecycle != Lifecycle::Stopping {
+            self.lifecycle = Lifecycle::StartFailed {
+                message: format!("the server {why}"),
+            };
+        }
+        self.fail_held();
+        self.publish();
     }
 
     /// The warm-start wait is over and the server has not answered: answer it ourselves.

@@ -345,28 +345,12 @@ impl<I: Io> Session<I> {
                 if let Some(params) = self.host.init_params.clone() {
                     // A host `initialize` still waiting (warm start) gets the server's own answer.
                     let answer = self.host.waiting_initialize.take().map(|w| w.host_id);
-                    let id = self.alloc(Pending::Handshake {
-                        epoch: epoch.clone(),
-                        answer,
-                        modern: false,
-                    });
-                    self.set_phase(ChildPhase::Handshaking);
-                    self.io
-                        .to_child(&epoch, envelope::request_line(id, "initialize", &params));
+                    self.send_handshake(epoch, answer, false, &params);
                 }
             }
             Some(Era::Modern) => {
                 let params = json!({"_meta": self.host.modern_meta.clone().unwrap_or(json!({}))});
-                let id = self.alloc(Pending::Handshake {
-                    epoch: epoch.clone(),
-                    answer: None,
-                    modern: true,
-                });
-                self.set_phase(ChildPhase::Handshaking);
-                self.io.to_child(
-                    &epoch,
-                    envelope::request_line(id, "server/discover", &params),
-                );
+                self.send_handshake(epoch, None, true, &params);
             }
         }
     }

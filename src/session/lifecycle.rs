@@ -369,19 +369,7 @@ impl<I: Io> Session<I> {
                 }
             )),
         }
-        self.child = Some(ChildState {
-            epoch,
-            pid,
-            record,
-            phase: ChildPhase::Started,
-            started_ms,
-            stopping: false,
-            catalog_pages: Vec::new(),
-            pages_fetched: 0,
-            changed_while_fetching: false,
-            refetches: 0,
-            catalog_partial: false,
-        });
+        self.child = Some(ChildState::started(epoch, pid, record, started_ms));
         self.pending_apply = false;
         self.advance_child();
         self.publish();
@@ -429,7 +417,12 @@ impl<I: Io> Session<I> {
         }
     }
 
-    fn record_exit(&mut self, child: &ChildState, status: &str, exit: Option<&ExitInfo>) {
+    pub(super) fn record_exit(
+        &mut self,
+        child: &ChildState,
+        status: &str,
+        exit: Option<&ExitInfo>,
+    ) {
         let lived = self.now().saturating_sub(child.started_ms);
         let record = ServerExited {
             epoch: child.epoch.to_string(),

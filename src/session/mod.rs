@@ -62,6 +62,8 @@ mod tests_early_build;
 #[cfg(test)]
 mod tests_forwarding;
 #[cfg(test)]
+mod tests_handshake;
+#[cfg(test)]
 mod tests_listen;
 
 use std::collections::{HashMap, VecDeque};
@@ -93,6 +95,8 @@ pub enum Timer {
     HandshakeWait,
     /// Some approval prompt in the host reached its deadline.
     ApprovalDeadline,
+    /// Some server's handshake reached its deadline.
+    HandshakeDeadline,
 }
 
 /// How a build ended, as the session needs it (the shell renders the status line).
@@ -327,16 +331,10 @@ impl SessionConfig {
     }
 }
 
-/// Default first-start budget: under the 30 s connect timeout of the most used hosts.
-pub const DEFAULT_FIRST_START_BUDGET: Duration = Duration::from_secs(25);
-/// Default warm-start wait for the server's own handshake answer.
-pub const DEFAULT_HANDSHAKE_WAIT: Duration = Duration::from_secs(5);
-/// Default wait for an answer in the host: well under the MCP SDKs' 60 s request timeout.
-pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(45);
-/// Default bound on approval prompts open in the host at once (more calls are refused).
-pub const DEFAULT_MAX_OPEN_PROMPTS: usize = 4;
-/// Default time a call waits for the next server during a restart.
-pub const DEFAULT_RESTART_HOLD: Duration = Duration::from_secs(5);
+pub use state::{
+    DEFAULT_APPROVAL_TIMEOUT, DEFAULT_FIRST_START_BUDGET, DEFAULT_HANDSHAKE_WAIT,
+    DEFAULT_MAX_OPEN_PROMPTS, DEFAULT_RESTART_HOLD,
+};
 
 pub struct Session<I: Io> {
     io: I,
@@ -537,6 +535,7 @@ impl<I: Io> Session<I> {
             } => self.on_sources_changed(paths, changed_after_leading_edge),
             Event::Timer(Timer::HeldDeadline) => self.expire_held(),
             Event::Timer(Timer::HandshakeWait) => self.handshake_wait_over(),
+            Event::Timer(Timer::HandshakeDeadline) => self.handshake_deadline_over(),
             Event::Timer(Timer::Restart) => self.restart_due(),
             Event::Timer(Timer::ApprovalDeadline) => self.expire_prompts(),
             Event::Control { request, reply } => {

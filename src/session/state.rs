@@ -80,6 +80,8 @@ pub struct ChildState {
     pub record: IdentityRecord,
     pub phase: ChildPhase,
     pub started_ms: u64,
+    /// When our handshake must have been answered (set when it is sent).
+    pub handshake_due_ms: Option<u64>,
     pub stopping: bool,
     pub catalog_pages: Vec<Value>,
     /// Pages fetched for the current catalog (bounded by [`MAX_CATALOG_PAGES`]).
@@ -92,6 +94,26 @@ pub struct ChildState {
     /// error, an unusable page): its catalog gates calls but is not kept as what a server of
     /// this package listed (a later first contact answers from that record).
     pub catalog_partial: bool,
+}
+
+impl ChildState {
+    /// A server just spawned: nothing said to it yet.
+    pub fn started(epoch: EpochId, pid: u32, record: IdentityRecord, started_ms: u64) -> Self {
+        ChildState {
+            epoch,
+            pid,
+            record,
+            phase: ChildPhase::Started,
+            started_ms,
+            handshake_due_ms: None,
+            stopping: false,
+            catalog_pages: Vec::new(),
+            pages_fetched: 0,
+            changed_while_fetching: false,
+            refetches: 0,
+            catalog_partial: false,
+        }
+    }
 }
 
 /// Fetches started over in a row because the server's tools changed during each.
@@ -393,3 +415,17 @@ impl std::hash::Hasher for OurIdHasher {
         self.0 = n;
     }
 }
+
+/// The least time a fresh server has to answer our handshake, whatever the first-start budget.
+pub const MIN_HANDSHAKE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Default first-start budget: under the 30 s connect timeout of the most used hosts.
+pub const DEFAULT_FIRST_START_BUDGET: std::time::Duration = std::time::Duration::from_secs(25);
+/// Default warm-start wait for the server's own handshake answer.
+pub const DEFAULT_HANDSHAKE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// Default wait for an answer in the host: well under the MCP SDKs' 60 s request timeout.
+pub const DEFAULT_APPROVAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(45);
+/// Default bound on approval prompts open in the host at once (more calls are refused).
+pub const DEFAULT_MAX_OPEN_PROMPTS: usize = 4;
+/// Default time a call waits for the next server during a restart.
+pub const DEFAULT_RESTART_HOLD: std::time::Duration = std::time::Duration::from_secs(5);
