@@ -73,3 +73,6 @@ pub fn main_entry() -> i32 {
         }
     }
 }
+
+#[cfg(test)]
+mod rt17_tests;

@@ -1,0 +1,190 @@
+//! Red-team round 17, unit level: the watcher (`watch`) and the configuration (`config`).
+//! Each test fails on the code it was written against and passes once its finding is fixed.
+
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::unbounded;
+use globset::GlobSetBuilder;
+
+use crate::watch::{self, Signal, WatchPlan};
+
+/// The watcher tests count inotify watches and flood the queue: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn plan(roots: &[(&Path, bool)], package_root: &Path) -> WatchPlan {
+    WatchPlan {
+        roots: roots.iter().map(|(p, r)| (p.to_path_buf(), *r)).collect(),
+        ignore_dirs: vec![package_root.join("target")],
+        ignore: GlobSetBuilder::new().build().unwrap(),
+        package_root: package_root.to_path_buf(),
+    }
+}
+
+/// Runs `body` as an unprivileged user: the test binary re-executes this one test as uid
+/// 65534 (root reads every directory, so a permission problem needs someone else).
+fn as_nobody(test: &str, body: impl FnOnce()) {
+    use std::os::unix::process::CommandExt;
+    if std::env::var_os("RT17_AS_NOBODY").is_some() || rustix::process::geteuid().as_raw() != 0 {
+        return body();
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env("RT17_AS_NOBODY", "1")
+        .env("TMPDIR", "/tmp")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && all.contains("1 passed"),
+        "as uid 65534:\n{all}"
+    );
+}
+
+/// Finding (watcher): `watch::start` adds its roots with `?`, and notify's recursive watch
+/// stops at the first directory it cannot watch. One unwatchable directory anywhere under
+/// any watched root (permission denied, as here: e.g. a root-owned 0700 Docker volume in
+/// `data/`, or `lost+found`; the inotify watch limit, reported as MaxFilesWatch) makes
+/// the whole watcher fail: `run` prints "cannot watch sources" and never rebuilds on a save
+/// to `src/`, which is perfectly watchable. The rest should still be watched (and the bad
+/// directory named).
+#[test]
+fn rt17_one_unwatchable_directory_disables_all_watching() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    as_nobody(
+        "rt17_tests::rt17_one_unwatchable_directory_disables_all_watching",
+        unwatchable_body,
+    );
+}
+
+fn unwatchable_body() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let src = root.join("src");
+    let data = root.join("data");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&data).unwrap();
+    let locked = data.join("volume");
+    std::fs::create_dir_all(&locked).unwrap();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
+    let (tx, rx) = unbounded();
+    let w = watch::start(
+        plan(&[(&src, true), (&data, true)], &root),
+        Duration::from_millis(50),
+        move |s| {
+            let _ = tx.send(s);
+        },
+    );
+    let w = match w {
+        Ok(w) => w,
+        Err(e) => {
+            let _ = std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700));
+            panic!("one unwatchable directory under data/ stopped all watching: {e}")
+        }
+    };
+    std::fs::write(src.join("main.rs"), "fn main() {}").unwrap();
+    let got: Vec<Signal> =
+        std::iter::from_fn(|| rx.recv_timeout(Duration::from_secs(3)).ok()).collect();
+    drop(w);
+    let _ = std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700));
+    assert!(
+        got.iter().any(|s| matches!(s, Signal::Settled { paths, .. } if paths.iter().any(|p| p.ends_with("src/main.rs")))),
+        "a save to src/main.rs was not reported: {got:?}"
+    );
+}
+
+
+/// Finding (debounce thread): `until_quiet` keeps the burst's paths in a `Vec` and checks
+/// `batch.contains(&p)` for every event: quadratic in the number of distinct paths. A burst
+/// of new files in a watched directory (a code generator, `git checkout` of another branch,
+/// unpacking a data set into a top-level directory, which is watched recursively) wedges the
+/// debounce thread: measured 3.6 s to settle after 5,000 files and 69 s after 20,000 (debug
+/// build), a core busy all along, and the build started at the leading edge is held, not
+/// served, the whole time. A set (HashSet/BTreeSet) beside the Vec, or a cap on the paths
+/// kept (only three are shown), makes it linear.
+#[test]
+fn rt17_a_burst_of_distinct_paths_wedges_the_debounce_thread() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let src = root.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let (tx, rx) = unbounded();
+    let _w = watch::start(
+        plan(&[(&src, true)], &root),
+        Duration::from_millis(50),
+        move |s| {
+            let _ = tx.send((s, Instant::now()));
+        },
+    )
+    .unwrap();
+    for i in 0..12_000 {
+        std::fs::write(src.join(format!("generated_module_{i}.rs")), b"x").unwrap();
+    }
+    let wrote = Instant::now();
+    let settled = loop {
+        match rx.recv_timeout(Duration::from_secs(90)) {
+            Ok((Signal::Settled { paths, .. }, at)) => break (at - wrote, paths.len()),
+            Ok(_) => {}
+            Err(e) => panic!("no batch within 90 s of the last write: {e:?}"),
+        }
+    };
+    assert!(
+        settled.0 < Duration::from_secs(5),
+        "the burst of {} paths settled {:?} after its last write (debounce 50 ms)",
+        settled.1,
+        settled.0
+    );
+}
+
+/// Finding (config): `ignore` globs are not checked when `[package.metadata.mcp-dev]` is read
+/// (`validate` never compiles them); `build`, `check`, `identity` and `init` accept the table,
+/// and only `run` finds out, when it builds the watch plan: it prints a warning and then
+/// watches nothing at all for the whole session (no rebuild on any save). A typo in one
+/// ignore pattern should be a configuration error naming the key and line, like every other
+/// bad value.
+#[test]
+fn rt17_an_invalid_ignore_glob_is_accepted_and_disables_watching() {
+    use crate::config::LoadedConfig;
+    assert!(globset::Glob::new("fixtures/[abc").is_err(), "globset rejects it");
+    let r = LoadedConfig::from_package_metadata(&serde_json::json!({
+        "mcp-dev": {"ignore": ["*.log", "fixtures/[abc"]}
+    }));
+    assert!(
+        r.is_err(),
+        "`ignore = [\"fixtures/[abc\"]` was accepted; `run` then watches nothing"
+    );
+}
+
+/// Finding (config conflict): a tool listed in both `exempt` and `per-call` ("tools that need
+/// a decision for every call") needs no decision at all: `Gating::All { exempt }` is checked
+/// first and `per_call_tools` only chooses the grant's lifetime. Likewise `gate = [...]`
+/// with a `per-call` tool not in the list, and `gate = "off"` with `per-call`. The conflict
+/// is resolved silently towards the unsafe side (and `run --exempt TOOL` does the same to a
+/// configured per-call tool, despite run.rs's "flags never narrow what it gates per call").
+/// Either the table is refused (naming both keys) or per-call wins.
+#[test]
+fn rt17_a_per_call_tool_that_is_also_exempt_is_not_gated() {
+    use crate::commands::run::policy_from;
+    use crate::config::LoadedConfig;
+    for table in [
+        serde_json::json!({"exempt": ["delete_item"], "per-call": ["delete_item"]}),
+        serde_json::json!({"gate": ["write_item"], "per-call": ["delete_item"]}),
+    ] {
+        match LoadedConfig::from_package_metadata(&serde_json::json!({ "mcp-dev": table.clone() })) {
+            Err(_) => {} // the conflict is reported: fine
+            Ok(c) => assert!(
+                policy_from(&c, false).is_gated("delete_item"),
+                "with {table}, `delete_item` (declared per-call) is called with no decision at all"
+            ),
+        }
+    }
+}
