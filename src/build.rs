@@ -313,9 +313,11 @@ fn scan_cargo_stderr(
             scan.first_location = Some(loc.trim().to_string());
         }
         if relay {
+            // Not all cargo's own text: a build script's warnings are the package's code.
+            let text = crate::sanitize::colored_line(text);
             match bar {
-                Some(b) => b.suspend(|| status::raw(text)),
-                None => status::raw(text),
+                Some(b) => b.suspend(|| status::raw(&text)),
+                None => status::raw(&text),
             }
         } else if let Some(b) = bar
             && let Some(name) = trimmed.strip_prefix("Compiling ")

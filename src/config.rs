@@ -506,6 +506,46 @@ impl LoadedConfig {
                 ));
             }
         }
+        for pattern in &c.ignore {
+            // Found now, not when `run` builds its watch plan (it would then watch nothing).
+            if let Err(e) = globset::Glob::new(pattern) {
+                return Err(invalid(
+                    &["ignore"],
+                    format!("`{pattern}` is not a glob: {}", e.kind()),
+                ));
+            }
+        }
+        // A tool that needs a decision for every call is gated, whatever else the table says:
+        // a conflict is refused rather than settled silently on the unsafe side.
+        for tool in &c.per_call {
+            if c.exempt.contains(tool) {
+                return Err(invalid(
+                    &["per-call"],
+                    format!(
+                        "`{tool}` is in both `exempt` and `per-call`; a tool that needs a decision for every call cannot be exempt (remove it from one)"
+                    ),
+                ));
+            }
+            match &c.gate {
+                Some(GateSetting::Tools(gated)) if !gated.contains(tool) => {
+                    return Err(invalid(
+                        &["per-call"],
+                        format!(
+                            "`{tool}` is in `per-call` but not in `gate`, so it would need no decision at all; add it to `gate`"
+                        ),
+                    ));
+                }
+                Some(GateSetting::Keyword(k)) if k == "off" => {
+                    return Err(invalid(
+                        &["per-call"],
+                        format!(
+                            "`{tool}` is in `per-call` while `gate = \"off\"` gates nothing; remove one"
+                        ),
+                    ));
+                }
+                _ => {}
+            }
+        }
         for (scope, sc) in &c.credential_scopes {
             if sc.env.is_empty() {
                 return Err(invalid(
@@ -559,6 +599,46 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// Red-team round 17: a bad glob and a per-call tool left ungated are refused when the
+    /// table is read, each with a sentence naming the keys.
+    #[test]
+    fn conflicts_and_bad_globs_are_refused_with_the_keys_named() {
+        for (table, words) in [
+            (
+                json!({"ignore": ["ok/*.log", "fixtures/[abc"]}),
+                vec!["ignore", "fixtures/[abc", "not a glob"],
+            ),
+            (
+                json!({"exempt": ["d"], "per-call": ["d"]}),
+                vec!["per-call", "`d` is in both `exempt` and `per-call`"],
+            ),
+            (
+                json!({"gate": ["w"], "per-call": ["d"]}),
+                vec!["per-call", "add it to `gate`"],
+            ),
+            (
+                json!({"gate": "off", "per-call": ["d"]}),
+                vec!["per-call", "gates nothing"],
+            ),
+        ] {
+            let e = LoadedConfig::from_package_metadata(&json!({"mcp-dev": table.clone()}))
+                .expect_err(&table.to_string())
+                .to_string();
+            for w in words {
+                assert!(e.contains(w), "{table}: {e}");
+            }
+        }
+        for fine in [
+            json!({"gate": ["d", "w"], "per-call": ["d"]}),
+            json!({"exempt": ["r"], "per-call": ["d"], "ignore": ["**/*.tmp"]}),
+        ] {
+            assert!(
+                LoadedConfig::from_package_metadata(&json!({"mcp-dev": fine.clone()})).is_ok(),
+                "{fine}"
+            );
+        }
+    }
+
     #[test]
     fn absent_table_is_default() {
         let c = LoadedConfig::from_package_metadata(&json!(null)).unwrap();
@@ -572,14 +652,17 @@ mod tests {
         let m = json!({"mcp-dev": {
             "label": "inventory", "bin": "inventory", "extra-inputs": ["data"],
             "env": ["MODE"], "wrapper": "scripts/serve.sh", "restart": "manual",
-            "gate": ["write_item"], "per-call": ["delete"], "debounce-ms": 50,
+            "gate": ["write_item", "delete"], "per-call": ["delete"], "debounce-ms": 50,
             "credential-scopes": {"staging": {"env": ["TOKEN"], "tools": ["write_item"]}}
         }});
         let c = LoadedConfig::from_package_metadata(&m).unwrap();
         assert_eq!(c.config.label.as_deref(), Some("inventory"));
         assert_eq!(
             c.config.gate,
-            Some(GateSetting::Tools(vec!["write_item".into()]))
+            Some(GateSetting::Tools(vec![
+                "write_item".into(),
+                "delete".into()
+            ]))
         );
         assert_eq!(c.restart_mode(), Some(RestartMode::Manual));
         assert_eq!(

@@ -279,17 +279,51 @@ fn try_bind(path: &Path) -> Result<Bind, ControlError> {
     }
 }
 
+/// Connections served at once; past it a connection is answered "busy" and closed (a peer
+/// that opens connections and sends nothing gets no thread each).
+const MAX_CONNECTIONS: usize = 16;
+/// How long a connection may take to send its request line, in all.
+const REQUEST_WITHIN: Duration = Duration::from_secs(10);
+/// How long the session has to answer; past it the client is told, and the request is dropped
+/// unless the session has already taken it up.
+const ANSWER_WITHIN: Duration = Duration::from_secs(10);
+/// How long writing an answer may take (a peer that does not read).
+const WRITE_WITHIN: Duration = Duration::from_secs(5);
+/// The longest answer a client reads (a `status` with a large catalog is well under it).
+const MAX_ANSWER: u64 = 64 << 20;
+/// How long a client waits for the whole answer.
+const CLIENT_WAIT: Duration = Duration::from_secs(20);
+
 fn spawn_acceptor(listener: UnixListener, events: Sender<Event>) -> Result<(), ControlError> {
     let own = current_uid();
+    let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     std::thread::Builder::new()
         .name("control".into())
         .spawn(move || {
+            use std::sync::atomic::Ordering;
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { continue };
+                let _ = stream.set_write_timeout(Some(WRITE_WITHIN));
+                if open.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+                    open.fetch_sub(1, Ordering::SeqCst);
+                    let _ = writeln!(
+                        &stream,
+                        "{}",
+                        json!({"ok": false, "error": "the supervisor is busy with other control connections; try again"})
+                    );
+                    continue;
+                }
                 let events = events.clone();
-                let _ = std::thread::Builder::new()
+                let done = open.clone();
+                let spawned = std::thread::Builder::new()
                     .name("control-conn".into())
-                    .spawn(move || handle(stream, own, events));
+                    .spawn(move || {
+                        handle(stream, own, events);
+                        done.fetch_sub(1, Ordering::SeqCst);
+                    });
+                if spawned.is_err() {
+                    open.fetch_sub(1, Ordering::SeqCst);
+                }
             }
         })
         .map_err(|e| ControlError::Io {
@@ -313,25 +347,75 @@ fn handle(stream: UnixStream, own: u32, events: Sender<Event>) {
         );
         return;
     }
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
-    let mut reader = BufReader::new(std::io::Read::take(stream, MAX_REQUEST));
-    let mut line = String::new();
-    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-        return;
-    }
+    let line = match read_line_within(stream, MAX_REQUEST, REQUEST_WITHIN) {
+        Ok(line) if !line.is_empty() => line,
+        _ => return,
+    };
     let answer = match serde_json::from_str::<Value>(&line) {
         Ok(request) => {
             let (tx, rx) = bounded(1);
-            if events.send(Event::Control { request, reply: tx }).is_err() {
+            let (reply, wait) = crate::session::ControlReply::new(tx);
+            let busy = json!({"ok": false, "error": format!(
+                "the supervisor did not take the request up within {} s; it was dropped (nothing was done)",
+                ANSWER_WITHIN.as_secs())});
+            if events.send(Event::Control { request, reply }).is_err() {
                 json!({"ok": false, "error": "supervisor is shutting down"})
             } else {
-                rx.recv_timeout(Duration::from_secs(10))
-                    .unwrap_or_else(|_| json!({"ok": false, "error": "supervisor did not answer"}))
+                match rx.recv_timeout(ANSWER_WITHIN) {
+                    Ok(answer) => answer,
+                    // Not taken up: never carried out later, when nobody is there to see it.
+                    Err(_) if wait.give_up() => busy,
+                    // Taken up just now: its answer is coming.
+                    Err(_) => rx.recv().unwrap_or(busy),
+                }
             }
         }
         Err(e) => json!({"ok": false, "error": format!("bad request: {e}")}),
     };
     let _ = writeln!(writer, "{answer}");
+}
+
+/// One line of at most `limit` bytes, read within `within` in all (a per-read timeout alone
+/// lets a peer that trickles a byte now and then hold the reader for ever). Without its
+/// newline when the peer closed first; empty when it sent nothing.
+fn read_line_within(stream: UnixStream, limit: u64, within: Duration) -> std::io::Result<String> {
+    let deadline = std::time::Instant::now() + within;
+    let mut reader = BufReader::new(std::io::Read::take(&stream, limit));
+    let mut line = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        stream.set_read_timeout(Some(left))?;
+        let buf = match reader.fill_buf() {
+            Ok(buf) => buf,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if buf.is_empty() {
+            break; // closed, or the limit reached
+        }
+        match buf.iter().position(|&b| b == b'\n') {
+            Some(at) => {
+                line.extend_from_slice(&buf[..at]);
+                break;
+            }
+            None => {
+                let n = buf.len();
+                line.extend_from_slice(buf);
+                reader.consume(n);
+            }
+        }
+    }
+    if line.len() as u64 >= limit {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("longer than {limit} bytes"),
+        ));
+    }
+    String::from_utf8(line)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8"))
 }
 
 /// Client side: one request, one answer. The peer must run as the same user (a socket planted
@@ -346,12 +430,10 @@ pub fn request(path: &Path, request: &Value) -> Result<Value, ControlError> {
     if !peer_allowed(peer_uid(&stream), current_uid()) {
         return Err(ControlError::ForeignPeer { path: path.into() });
     }
-    stream.set_read_timeout(Some(Duration::from_secs(15))).ok();
+    stream.set_write_timeout(Some(WRITE_WITHIN)).ok();
     writeln!(stream, "{request}").map_err(io_err("write to", path))?;
-    let mut line = String::new();
-    BufReader::new(stream)
-        .read_line(&mut line)
-        .map_err(io_err("read from", path))?;
+    let line = read_line_within(stream, MAX_ANSWER, CLIENT_WAIT)
+        .map_err(io_err("read the answer from", path))?;
     serde_json::from_str(&line).map_err(|e| ControlError::BadAnswer(e.to_string()))
 }
 
@@ -438,7 +520,7 @@ mod tests {
         assert!(serve(&path, tx).unwrap().owned());
         std::thread::spawn(move || {
             if let Ok(Event::Control { request, reply }) = rx.recv() {
-                let _ = reply.send(json!({"ok": true, "echo": request}));
+                reply.send(json!({"ok": true, "echo": request}));
             }
         });
         let answer = request(&path, &json!({"op": "status"})).unwrap();

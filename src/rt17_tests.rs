@@ -101,7 +101,6 @@ fn unwatchable_body() {
     );
 }
 
-
 /// Finding (debounce thread): `until_quiet` keeps the burst's paths in a `Vec` and checks
 /// `batch.contains(&p)` for every event: quadratic in the number of distinct paths. A burst
 /// of new files in a watched directory (a code generator, `git checkout` of another branch,
@@ -154,7 +153,10 @@ fn rt17_a_burst_of_distinct_paths_wedges_the_debounce_thread() {
 #[test]
 fn rt17_an_invalid_ignore_glob_is_accepted_and_disables_watching() {
     use crate::config::LoadedConfig;
-    assert!(globset::Glob::new("fixtures/[abc").is_err(), "globset rejects it");
+    assert!(
+        globset::Glob::new("fixtures/[abc").is_err(),
+        "globset rejects it"
+    );
     let r = LoadedConfig::from_package_metadata(&serde_json::json!({
         "mcp-dev": {"ignore": ["*.log", "fixtures/[abc"]}
     }));
@@ -179,7 +181,8 @@ fn rt17_a_per_call_tool_that_is_also_exempt_is_not_gated() {
         serde_json::json!({"exempt": ["delete_item"], "per-call": ["delete_item"]}),
         serde_json::json!({"gate": ["write_item"], "per-call": ["delete_item"]}),
     ] {
-        match LoadedConfig::from_package_metadata(&serde_json::json!({ "mcp-dev": table.clone() })) {
+        match LoadedConfig::from_package_metadata(&serde_json::json!({ "mcp-dev": table.clone() }))
+        {
             Err(_) => {} // the conflict is reported: fine
             Ok(c) => assert!(
                 policy_from(&c, false).is_gated("delete_item"),

@@ -85,6 +85,44 @@ pub fn line(text: &str) -> Cow<'_, str> {
     clean(text, false)
 }
 
+/// Like [`line`], keeping SGR colour sequences (`ESC [ digits;… m`): for cargo's relayed
+/// stderr, which is coloured on a terminal but also carries text of the package's own code
+/// verbatim (a build script's `cargo:warning=`). Any other escape sequence (OSC window title or
+/// clipboard, cursor moves, erase) is shown escaped.
+pub fn colored_line(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(is_control) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        if c == '\u{1b}'
+            && let Some(len) = sgr_len(rest)
+        {
+            out.push_str(&rest[..len]);
+            rest = &rest[len..];
+            continue;
+        }
+        if is_control(c) {
+            escape_control(c, &mut out);
+        } else {
+            out.push(c);
+        }
+        rest = &rest[c.len_utf8()..];
+    }
+    Cow::Owned(out)
+}
+
+/// The length of the SGR sequence `text` starts with, if it starts with one.
+fn sgr_len(text: &str) -> Option<usize> {
+    let params = text.strip_prefix("\u{1b}[")?;
+    let n = params
+        .bytes()
+        .take_while(|b| b.is_ascii_digit() || *b == b';')
+        .count();
+    (params.as_bytes().get(n) == Some(&b'm')).then_some(2 + n + 1)
+}
+
 /// Like [`line`] for raw bytes (a server's stdout or stderr line): invalid UTF-8 is replaced.
 pub fn bytes_line(bytes: &[u8]) -> String {
     let text = String::from_utf8_lossy(bytes);
@@ -170,6 +208,22 @@ pub fn approve_call_command(call_id: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn colored_lines_keep_colour_and_nothing_else() {
+        let coloured = "\u{1b}[1m\u{1b}[33mwarning\u{1b}[0m: look";
+        assert_eq!(colored_line(coloured), coloured);
+        let hostile =
+            "a\u{1b}]52;c;cm0=\u{7}b\u{1b}[2K\u{1b}[1Ac\u{1b}[31;1mred\u{1b}[m\u{9b}2J\u{1b}";
+        let shown = colored_line(hostile);
+        assert_eq!(
+            shown,
+            "a\\x1b]52;c;cm0=\\x07b\\x1b[2K\\x1b[1Ac\u{1b}[31;1mred\u{1b}[m\\u{9b}2J\\x1b"
+        );
+        let kept: Vec<_> = shown.match_indices('\u{1b}').collect();
+        assert_eq!(kept.len(), 2, "only the two SGR sequences keep their ESC");
+        assert_eq!(colored_line("tab\tok"), "tab\tok");
+    }
+
     use super::*;
     use proptest::prelude::*;
 

@@ -17,10 +17,7 @@ struct Pkg {
 
 impl Pkg {
     fn new(name: &str, main_rs: &str) -> Pkg {
-        let tmp = tempfile::Builder::new()
-            .prefix("rt17-")
-            .tempdir()
-            .unwrap();
+        let tmp = tempfile::Builder::new().prefix("rt17-").tempdir().unwrap();
         let root = tmp.path().join(name);
         let home = tmp.path().join("home");
         std::fs::create_dir_all(root.join("src")).unwrap();
@@ -131,7 +128,10 @@ fn rt17_init_force_writes_through_symlinks_planted_in_the_package() {
         "init --force overwrote a file outside the package through mcp-dev/watch.sh"
     );
     let mode = std::fs::metadata(&secret).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode, 0o600, "init --force chmod-ed a file outside the package");
+    assert_eq!(
+        mode, 0o600,
+        "init --force chmod-ed a file outside the package"
+    );
 }
 
 /// Finding (init follows planted directory links): without `--force`, `create_dir_all` and
@@ -174,8 +174,7 @@ fn rt17_init_force_drops_other_servers_from_the_host_config() {
     let out = p.run(&["mcp-dev", "init", "--force"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(p.root.join(".mcp.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(p.root.join(".mcp.json")).unwrap()).unwrap();
     assert!(
         doc["mcpServers"]["rt17merge"].is_object(),
         "our server is missing: {doc}"
@@ -193,7 +192,10 @@ fn rt17_init_force_drops_other_servers_from_the_host_config() {
 /// fails (or build in a temporary directory and rename it into place).
 #[test]
 fn rt17_new_failure_leaves_a_half_written_package() {
-    let tmp = tempfile::Builder::new().prefix("rt17-new-").tempdir().unwrap();
+    let tmp = tempfile::Builder::new()
+        .prefix("rt17-new-")
+        .tempdir()
+        .unwrap();
     let repo = tmp.path().join("repo");
     std::fs::create_dir_all(repo.join(".git")).unwrap();
     std::fs::write(repo.join(".github"), "not a directory\n").unwrap();
@@ -226,7 +228,10 @@ fn rt17_new_failure_leaves_a_half_written_package() {
 #[test]
 fn rt17_new_in_a_non_utf8_directory_writes_broken_host_files() {
     use std::os::unix::ffi::OsStrExt;
-    let tmp = tempfile::Builder::new().prefix("rt17-utf8-").tempdir().unwrap();
+    let tmp = tempfile::Builder::new()
+        .prefix("rt17-utf8-")
+        .tempdir()
+        .unwrap();
     let home = tmp.path().join("home");
     std::fs::create_dir_all(&home).unwrap();
     let dir = tmp
@@ -245,7 +250,10 @@ fn rt17_new_in_a_non_utf8_directory_writes_broken_host_files() {
     }
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join(".mcp.json")).unwrap()).unwrap();
-    let manifest = doc["mcpServers"]["rt17u"]["args"][3].as_str().unwrap().to_string();
+    let manifest = doc["mcpServers"]["rt17u"]["args"][3]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(
         Path::new(&manifest).exists(),
         "`new` said ready, but .mcp.json runs `{manifest}`, which does not exist\n{}",
@@ -299,9 +307,15 @@ fn watches_of_a_running_session(p: &Pkg) -> (usize, String) {
     let mut watches = 0;
     if started {
         std::thread::sleep(Duration::from_millis(300));
-        for fd in std::fs::read_dir(format!("/proc/{pid}/fdinfo")).unwrap().flatten() {
+        for fd in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+            .unwrap()
+            .flatten()
+        {
             if let Ok(info) = std::fs::read_to_string(fd.path()) {
-                watches += info.lines().filter(|l| l.starts_with("inotify wd:")).count();
+                watches += info
+                    .lines()
+                    .filter(|l| l.starts_with("inotify wd:"))
+                    .count();
             }
         }
     }
@@ -429,7 +443,10 @@ fn rt17_a_build_that_writes_into_the_sources_rebuilds_forever() {
         let _ = child.wait();
     }
     assert!(started_at.is_some(), "never started:\n{seen}");
-    let builds = seen.lines().filter(|l| l.starts_with("build complete")).count();
+    let builds = seen
+        .lines()
+        .filter(|l| l.starts_with("build complete"))
+        .count();
     assert!(
         builds <= 3,
         "{builds} builds in the 12 s after the server started, with nobody editing anything:\n{seen}"

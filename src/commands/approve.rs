@@ -44,7 +44,7 @@ pub fn execute(args: ApproveArgs) -> CmdResult {
         let r = control_client::call(&args.control, &json!({"op": "revoke", "grant": id}))?;
         let n = r["revoked"].as_array().map(|a| a.len()).unwrap_or(0);
         if args.json {
-            output::stdout_line(&r.to_string())?;
+            output::stdout_line(&crate::sanitize::json_text(&r.to_string()))?;
         }
         status::line(&format!(
             "revoked {n} grant{}",
@@ -148,7 +148,9 @@ pub fn execute(args: ApproveArgs) -> CmdResult {
         granted.push(r["grant"].clone());
     }
     if args.json {
-        output::stdout_line(&json!({"grants": granted}).to_string())?;
+        output::stdout_line(&crate::sanitize::json_text(
+            &json!({"grants": granted}).to_string(),
+        ))?;
     }
     for g in &granted {
         status::line(&format!(
@@ -196,7 +198,9 @@ fn approve_call(args: &ApproveArgs, call_id: &str) -> CmdResult {
     )?;
     let g = &r["grant"];
     if args.json {
-        output::stdout_line(&json!({"grants": [g]}).to_string())?;
+        output::stdout_line(&crate::sanitize::json_text(
+            &json!({"grants": [g]}).to_string(),
+        ))?;
     }
     status::line(&format!(
         "approved: one call of {} with arguments {} for epoch {} (grant {}); the agent may call it again with the same arguments",

@@ -116,9 +116,10 @@ pub fn execute(args: &ApproveArgs) -> CmdResult {
             sanitize::review(&tool)
         ));
         status::raw(&text);
-        // One key; meanwhile a rebuild voids the request on screen.
+        let drawn = Instant::now();
+        // One key, pressed after the request was drawn; meanwhile a rebuild voids it.
         let key = loop {
-            if let Some(k) = wait_key(&keys, POLL) {
+            if let Some(k) = wait_key_after(&keys, POLL, Some(drawn)) {
                 break Some(k);
             }
             let now = control_client::call(&control, &json!({"op": "status"}))?;
@@ -180,8 +181,9 @@ fn id_of(call: &Value, epoch: &str) -> (String, String, String) {
     )
 }
 
-/// Keys from the terminal, one at a time (raw mode only while a key is read).
-fn key_reader() -> crossbeam_channel::Receiver<Key> {
+/// Keys from the terminal, one at a time (raw mode only while a key is read), each with when it
+/// was read.
+fn key_reader() -> crossbeam_channel::Receiver<(Key, Instant)> {
     let (tx, rx) = crossbeam_channel::bounded(16);
     std::thread::spawn(move || {
         let term = console::Term::stderr();
@@ -189,13 +191,13 @@ fn key_reader() -> crossbeam_channel::Receiver<Key> {
             match term.read_key() {
                 Ok(console::Key::Char(c)) => {
                     if let Some(k) = key_of(c)
-                        && (tx.send(k).is_err() || k == Key::Quit)
+                        && (tx.send((k, Instant::now())).is_err() || k == Key::Quit)
                     {
                         return; // out of raw mode before the inbox exits
                     }
                 }
                 Ok(console::Key::CtrlC) | Err(_) => {
-                    let _ = tx.send(Key::Quit);
+                    let _ = tx.send((Key::Quit, Instant::now()));
                     return;
                 }
                 Ok(_) => {}
@@ -205,14 +207,48 @@ fn key_reader() -> crossbeam_channel::Receiver<Key> {
     rx
 }
 
-fn wait_key(keys: &crossbeam_channel::Receiver<Key>, within: Duration) -> Option<Key> {
+fn wait_key(keys: &crossbeam_channel::Receiver<(Key, Instant)>, within: Duration) -> Option<Key> {
+    wait_key_after(keys, within, None)
+}
+
+/// The next key read after `drawn` (the request it decides was on screen): a key typed ahead
+/// (a double press on the previous request) never decides a request the human has not seen.
+/// `q` counts whenever it was pressed.
+fn wait_key_after(
+    keys: &crossbeam_channel::Receiver<(Key, Instant)>,
+    within: Duration,
+    drawn: Option<Instant>,
+) -> Option<Key> {
     let deadline = Instant::now() + within;
-    keys.recv_deadline(deadline).ok()
+    loop {
+        let (key, at) = keys.recv_deadline(deadline).ok()?;
+        if key == Key::Quit || drawn.is_none_or(|drawn| at >= drawn) {
+            return Some(key);
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_typed_before_the_draw_decides_nothing_but_quit_always_counts() {
+        let (tx, rx) = crossbeam_channel::bounded(16);
+        let before = Instant::now();
+        std::thread::sleep(Duration::from_millis(2));
+        let drawn = Instant::now();
+        tx.send((Key::Once, before)).unwrap();
+        let short = Duration::from_millis(50);
+        assert_eq!(wait_key_after(&rx, short, Some(drawn)), None, "typed ahead");
+        tx.send((Key::Tool, before)).unwrap();
+        tx.send((Key::Deny, drawn)).unwrap();
+        assert_eq!(wait_key_after(&rx, short, Some(drawn)), Some(Key::Deny));
+        tx.send((Key::Quit, before)).unwrap();
+        assert_eq!(wait_key_after(&rx, short, Some(drawn)), Some(Key::Quit));
+        tx.send((Key::Once, before)).unwrap();
+        assert_eq!(wait_key(&rx, short), Some(Key::Once), "no screen: any key");
+    }
 
     #[test]
     fn keys_map_to_decisions() {

@@ -975,6 +975,23 @@ fn sweep_planted_links(layout: &crate::paths::Layout, label: &str) {
 }
 
 /// The policy from configuration and flags.
+/// A per-call tool is gated whatever `--exempt` or a `gate` list says (the configuration refuses
+/// the conflict; flags can still make it): returns the tools this changed.
+fn per_call_wins(policy: &mut Policy) -> Vec<String> {
+    let mut changed = Vec::new();
+    for tool in &policy.per_call_tools {
+        let moved = match &mut policy.gating {
+            Gating::All { exempt } => exempt.remove(tool),
+            Gating::Only(gated) => gated.insert(tool.clone()),
+            Gating::Off => false, // `--no-gating`: the human at the terminal turned it all off
+        };
+        if moved {
+            changed.push(tool.clone());
+        }
+    }
+    changed
+}
+
 pub fn policy_from(config: &LoadedConfig, gating_off: bool) -> Policy {
     let c = &config.config;
     let exempt = c.exempt.iter().cloned().collect();
@@ -1036,6 +1053,12 @@ pub fn execute(args: RunArgs) -> CmdResult {
         exempt.extend(args.exempt.iter().cloned());
     }
     policy.per_call_tools.extend(args.per_call.iter().cloned());
+    for tool in per_call_wins(&mut policy) {
+        status::warn(&format!(
+            "`{}` needs a decision for every call (per-call): it stays gated despite --exempt or `gate`",
+            crate::sanitize::line(&tool)
+        ));
+    }
     let audit_path = args
         .audit_log
         .clone()
@@ -1533,6 +1556,22 @@ mod tests {
         let d = audit_options(None, &Default::default()).unwrap();
         assert_eq!(d.fsync, FsyncPolicy::Boundaries);
         assert!(d.max_segment_bytes > 0, "rotation is on by default");
+    }
+
+    /// Red-team round 17: flags cannot make a per-call tool ungated.
+    #[test]
+    fn a_per_call_tool_stays_gated_whatever_the_flags_say() {
+        let mut p = policy_from(&loaded(json!({"per-call": ["delete"]})), false);
+        if let Gating::All { exempt } = &mut p.gating {
+            exempt.insert("delete".into()); // `--exempt delete`
+        }
+        assert_eq!(per_call_wins(&mut p), ["delete"]);
+        assert!(p.is_gated("delete"));
+        let mut p = policy_from(&loaded(json!({"gate": ["write_item"]})), false);
+        p.per_call_tools.insert("delete".into()); // `--per-call delete`
+        assert_eq!(per_call_wins(&mut p), ["delete"]);
+        assert!(p.is_gated("delete") && p.is_gated("write_item") && !p.is_gated("list_items"));
+        assert!(per_call_wins(&mut p).is_empty(), "nothing left to change");
     }
 
     #[test]

@@ -11,6 +11,65 @@ use super::*;
 use crate::approval::{ApprovalRequest, CallApprovalRequest, Channel, RevokeTarget};
 use crate::epoch::EpochId;
 
+/// Where the answer to a control request goes, and who has it: the session takes a request up
+/// only while its client still waits, and a client gives up only on a request not taken up. So
+/// a request whose client was told "dropped" is never carried out later, when nobody is there
+/// to see a grant appear, and one taken up is always answered.
+#[derive(Debug, Clone)]
+pub struct ControlReply {
+    answer: crossbeam_channel::Sender<Value>,
+    state: std::sync::Arc<std::sync::atomic::AtomicU8>,
+}
+
+/// The waiting side of a [`ControlReply`].
+#[derive(Debug)]
+pub struct ControlWait {
+    state: std::sync::Arc<std::sync::atomic::AtomicU8>,
+}
+
+const WAITING: u8 = 0;
+const TAKEN: u8 = 1;
+const GIVEN_UP: u8 = 2;
+
+impl ControlReply {
+    pub fn new(answer: crossbeam_channel::Sender<Value>) -> (Self, ControlWait) {
+        let state = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(WAITING));
+        let wait = ControlWait {
+            state: state.clone(),
+        };
+        (ControlReply { answer, state }, wait)
+    }
+
+    /// Takes the request up; `false` when its client gave up (then it must not be carried out).
+    pub fn take_up(&self) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.state
+            .compare_exchange(WAITING, TAKEN, SeqCst, SeqCst)
+            .is_ok()
+    }
+
+    pub fn send(&self, answer: Value) {
+        let _ = self.answer.send(answer);
+    }
+}
+
+impl ControlWait {
+    /// Gives up on the request; `false` when the session has already taken it up (its answer
+    /// is coming).
+    pub fn give_up(&self) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.state
+            .compare_exchange(WAITING, GIVEN_UP, SeqCst, SeqCst)
+            .is_ok()
+    }
+}
+
+impl From<crossbeam_channel::Sender<Value>> for ControlReply {
+    fn from(answer: crossbeam_channel::Sender<Value>) -> Self {
+        ControlReply::new(answer).0
+    }
+}
+
 /// A request on the control socket, as the session understands it. The wire is one JSON
 /// object with `op` (`status`, `restart`, `approve`, `revoke`); unknown operations and missing
 /// fields are refused with a sentence, never guessed.

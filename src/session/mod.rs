@@ -69,7 +69,6 @@ mod tests_listen;
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use crossbeam_channel::Sender;
 use serde_json::{Value, json};
 
 use crate::approval::{self, Gate};
@@ -161,7 +160,7 @@ pub enum Event {
     Timer(Timer),
     Control {
         request: Value,
-        reply: Sender<Value>,
+        reply: ControlReply,
     },
     Shutdown(String),
 }
@@ -331,6 +330,7 @@ impl SessionConfig {
     }
 }
 
+pub use control::ControlReply;
 pub use state::{
     DEFAULT_APPROVAL_TIMEOUT, DEFAULT_FIRST_START_BUDGET, DEFAULT_HANDSHAKE_WAIT,
     DEFAULT_MAX_OPEN_PROMPTS, DEFAULT_RESTART_HOLD,
@@ -538,10 +538,11 @@ impl<I: Io> Session<I> {
             Event::Timer(Timer::HandshakeDeadline) => self.handshake_deadline_over(),
             Event::Timer(Timer::Restart) => self.restart_due(),
             Event::Timer(Timer::ApprovalDeadline) => self.expire_prompts(),
-            Event::Control { request, reply } => {
-                let answer = self.on_control(&request);
-                let _ = reply.send(answer);
+            Event::Control { reply, .. } if !reply.take_up() => {
+                self.io
+                    .verbose("a control request was dropped: its client stopped waiting");
             }
+            Event::Control { request, reply } => reply.send(self.on_control(&request)),
             Event::Shutdown(reason) => self.shutdown(&reason),
         }
     }

@@ -446,7 +446,10 @@ impl Harness {
     /// A control-socket request (the human channel); returns the session's answer.
     pub fn control(&mut self, request: Value) -> Value {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        self.s.handle(Event::Control { request, reply: tx });
+        self.s.handle(Event::Control {
+            request,
+            reply: tx.into(),
+        });
         self.serve();
         rx.try_recv()
             .expect("control requests are answered at once")

@@ -807,7 +807,7 @@ proptest! {
                         let (tx, _rx) = crossbeam_channel::bounded(1);
                         h.s.handle(Event::Control {
                             request: json!({"op": "approve", "epoch": epoch, "tools": ["write_item", "list_items"]}),
-                            reply: tx,
+                            reply: tx.into(),
                         });
                         h.serve();
                     }
@@ -1003,7 +1003,7 @@ fn control_requests_are_typed_and_refused_when_malformed() {
     let (tx, rx) = crossbeam_channel::bounded(1);
     h.s.handle(Event::Control {
         request: json!({"op": "nope"}),
-        reply: tx,
+        reply: tx.into(),
     });
     assert_eq!(rx.recv().unwrap()["ok"], json!(false));
 }
@@ -1148,7 +1148,7 @@ fn every_event(h: &mut Harness) -> Vec<(&'static str, Event)> {
             "control",
             Event::Control {
                 request: json!({"op": "status"}),
-                reply: tx,
+                reply: tx.into(),
             },
         ),
         ("host eof", Event::HostEof),
@@ -1602,7 +1602,7 @@ fn restart_in_build_broken_holds_requests_for_the_starting_server() {
     let (tx, rx) = crossbeam_channel::bounded(1);
     h.s.handle(Event::Control {
         request: json!({"op": "restart"}),
-        reply: tx,
+        reply: tx.into(),
     });
     let answer = rx.try_recv().unwrap();
     assert_eq!(answer["result"], json!({"started": true}), "{answer}");
@@ -1707,7 +1707,7 @@ proptest! {
                 ModeStep::Advance(ms) => h.advance(ms as u64),
                 ModeStep::Restart => {
                     let (tx, _rx) = crossbeam_channel::bounded(1);
-                    deliver_maybe_served(&mut h, serve, Event::Control { request: json!({"op": "restart"}), reply: tx });
+                    deliver_maybe_served(&mut h, serve, Event::Control { request: json!({"op": "restart"}), reply: tx.into() });
                 }
                 ModeStep::SpawnFails(f) => h.io().spawn_error = f.then(|| "executable missing".to_string()),
                 ModeStep::Changing => if !h.s.burst_open { deliver_maybe_served(&mut h, serve, Event::SourcesChanging) },
@@ -2257,4 +2257,32 @@ fn a_cancelled_call_has_a_closing_record() {
                   "params": {"requestId": "nobody"}}),
     );
     assert_eq!(h.audit_kinds(audit::CALL_CANCELLED).len(), 1);
+}
+
+/// Red-team round 16: a control request whose client was told "dropped" (the session did not
+/// take it up within the client's wait) is never carried out later; one taken up is answered.
+#[test]
+fn a_control_request_its_client_gave_up_on_is_not_carried_out() {
+    let mut h = Harness::ungated(|c| c.warm = true);
+    h.build(complete("a"));
+    let stops = h.io().stopped.len();
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let (reply, wait) = ControlReply::new(tx);
+    assert!(wait.give_up());
+    h.s.handle(Event::Control {
+        request: json!({"op": "restart"}),
+        reply,
+    });
+    h.serve();
+    assert!(rx.try_recv().is_err(), "no answer: nobody waits for one");
+    assert_eq!(h.io().stopped.len(), stops, "not restarted");
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let (reply, wait) = ControlReply::new(tx);
+    h.s.handle(Event::Control {
+        request: json!({"op": "restart"}),
+        reply,
+    });
+    assert!(!wait.give_up(), "taken up: its answer is coming");
+    assert_eq!(rx.try_recv().unwrap()["ok"], json!(true));
+    assert_eq!(h.io().stopped.len(), stops + 1, "restarted");
 }

@@ -311,7 +311,7 @@ proptest! {
                         let (tx, _rx) = crossbeam_channel::bounded(1);
                         h.s.handle(Event::Control {
                             request: json!({"op": "approve", "epoch": epoch, "tools": ["write_item"]}),
-                            reply: tx,
+                            reply: tx.into(),
                         });
                         h.serve();
                     }
