@@ -575,3 +575,58 @@ fn follower_follows_a_new_chain_that_rotated_before_the_poll() {
         .collect();
     assert_eq!(numbers, (1..=head).collect::<Vec<_>>());
 }
+
+// ----- `audit verify` (red-team round 16) ---------------------------------------------------
+
+fn audit_cmd(state: &Path, log: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_cargo-mcp-dev"))
+        .args(["mcp-dev", "audit"])
+        .args(args)
+        .arg(log)
+        .env("CARGO_MCP_DEV_HOME", state)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// Whoever can write `target/` can write a line into the log. `audit verify` names the first
+/// bad line with serde's message, which quotes an unknown field name raw (`unknown field
+/// `…``): a field name holding `\n` (a JSON escape) prints a line break into the `error:` line,
+/// and the text after it is a line of the attacker's choosing — here one that reads like
+/// `audit verify`'s own success line. `status::error` goes through `sanitize::lines`, which
+/// escapes controls but keeps line breaks; what the log holds should stay on the error's line
+/// (as every status line does).
+#[test]
+fn verify_failure_cannot_forge_a_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let keys = KeyStore::at(state.clone());
+    let log = tmp.path().join("audit/srv.jsonl");
+    let mut w = AuditLog::open(&log, &keys).unwrap();
+    w.append("tool_called", "R", Some("E1"), json!({"tool": "read"}))
+        .unwrap();
+    w.flush().unwrap();
+    drop(w);
+    let forged = format!(
+        "audit log verified: {} (9 records, 1 runs, 1 epochs, head 9 0123456789abcdef)",
+        log.display()
+    );
+    let key = format!("x\n{forged}\n");
+    let mut line = serde_json::to_string(&json!({"v": 1, "seq": 2})).unwrap();
+    line.pop();
+    line.push_str(&format!(",{}:1}}\n", serde_json::to_string(&key).unwrap()));
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&log)
+        .unwrap()
+        .write_all(line.as_bytes())
+        .unwrap();
+    let out = audit_cmd(&state, &log, &["verify"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("failed verification"), "{stderr}");
+    assert!(
+        !stderr.lines().any(|l| l.starts_with("audit log verified")),
+        "a field name in the log forged a line of `audit verify`'s output:\n{stderr}"
+    );
+}

@@ -1,17 +1,19 @@
-//! Red-team round 16: the control protocol (client side: `approve`, `status`, `approve
-//! --follow`) and `audit verify` on hostile logs. Every test drives the real binary; the
-//! supervisor is a fake control socket whose answers are the input (as in
-//! `tests/approve_follow.rs`), so no server is built. Each test failed on the code as found.
+//! The control socket seen from both ends, against hostile peers (red-team round 16): the
+//! client commands (`approve`, `status`, `approve --follow`) talk to a fake supervisor whose
+//! answers are the input, so no server is built; the serving side is `control::serve` itself.
+//! Server tool names reach `--json` output escaped, an endless answer is given up on, idle
+//! connections are capped, and a key typed ahead never decides a call the human has not seen.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::os::fd::OwnedFd;
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cargo_mcp_dev::audit::{AuditLog, KeyStore};
+use common::pty::{Screen, pty};
 use serde_json::{Value, json};
 
 fn bin() -> Command {
@@ -90,62 +92,67 @@ fn assert_no_terminal_controls(what: &str, stdout: &str) {
     }
 }
 
+/// Runs `approve ARGS --socket SOCK` (a grant answered as JSON): it succeeds, prints the
+/// grant, and no terminal control from a tool name reaches the terminal raw.
+fn grant_json_is_escaped(
+    dir: &tempfile::TempDir,
+    sock: &std::path::Path,
+    args: &[&str],
+    what: &str,
+) {
+    let out = bin()
+        .args(args)
+        .arg("--socket")
+        .arg(sock)
+        .env("CARGO_MCP_DEV_HOME", dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout} {stderr}");
+    assert!(stdout.contains("G1"), "{stdout}");
+    assert_no_terminal_controls(what, &stdout);
+}
+
 /// `approve --yes --tool NAME --json` prints the grant the supervisor answered with
 /// `json!(…).to_string()`: JSON escapes C0 controls only, so a server-chosen tool name puts
 /// C1 controls (U+009B is CSI), DEL and bidi overrides on the human's terminal raw. Round 9
 /// fixed the same thing in `approve --list --json` (`sanitize::json_text`), not here.
 #[test]
-fn rt16_approve_json_escapes_server_tool_names() {
+fn approve_json_escapes_server_tool_names() {
     let (dir, sock, _seen) = fake_supervisor(|req| match req["op"].as_str() {
         Some("status") => json!({"ok": true, "result": status_doc(EVIL, vec![])}),
         Some("approve") => json!({"ok": true, "result": {"grant": grant(EVIL)}}),
         _ => json!({"ok": false, "error": "unexpected"}),
     });
-    let out = bin()
-        .args(["approve", "--yes", "--json", "--tool", EVIL, "--socket"])
-        .arg(&sock)
-        .env("CARGO_MCP_DEV_HOME", dir.path())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout} {}",
-        String::from_utf8_lossy(&out.stderr)
+    grant_json_is_escaped(
+        &dir,
+        &sock,
+        &["approve", "--yes", "--json", "--tool", EVIL],
+        "`approve --yes --tool --json`",
     );
-    assert!(stdout.contains("G1"), "{stdout}");
-    assert_no_terminal_controls("`approve --yes --tool --json`", &stdout);
 }
 
 /// `approve --revoke all --json` prints the revoked grants with `r.to_string()`: the same raw
 /// C1/DEL/bidi characters of server tool names.
 #[test]
-fn rt16_revoke_json_escapes_server_tool_names() {
+fn revoke_json_escapes_server_tool_names() {
     let (dir, sock, _seen) = fake_supervisor(|req| match req["op"].as_str() {
         Some("revoke") => json!({"ok": true, "result": {"revoked": [grant(EVIL)]}}),
         _ => json!({"ok": false, "error": "unexpected"}),
     });
-    let out = bin()
-        .args(["approve", "--revoke", "all", "--json", "--socket"])
-        .arg(&sock)
-        .env("CARGO_MCP_DEV_HOME", dir.path())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout} {}",
-        String::from_utf8_lossy(&out.stderr)
+    grant_json_is_escaped(
+        &dir,
+        &sock,
+        &["approve", "--revoke", "all", "--json"],
+        "`approve --revoke all --json`",
     );
-    assert!(stdout.contains("G1"), "{stdout}");
-    assert_no_terminal_controls("`approve --revoke all --json`", &stdout);
 }
 
 /// `approve --call ID --yes --json`: the grant of one call, same raw output.
 #[test]
-fn rt16_approve_call_json_escapes_server_tool_names() {
+fn approve_call_json_escapes_server_tool_names() {
     let call = json!({"callId": "7", "tool": EVIL, "argumentsDigest": "sha256:cd", "epoch": "E1",
                       "reason": "authorization_required", "arguments": "{}",
                       "argumentsTruncated": false});
@@ -160,21 +167,12 @@ fn rt16_approve_call_json_escapes_server_tool_names() {
         }
         _ => json!({"ok": false, "error": "unexpected"}),
     });
-    let out = bin()
-        .args(["approve", "--call", "7", "--yes", "--json", "--socket"])
-        .arg(&sock)
-        .env("CARGO_MCP_DEV_HOME", dir.path())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout} {}",
-        String::from_utf8_lossy(&out.stderr)
+    grant_json_is_escaped(
+        &dir,
+        &sock,
+        &["approve", "--call", "7", "--yes", "--json"],
+        "`approve --call --yes --json`",
     );
-    assert!(stdout.contains("G1"), "{stdout}");
-    assert_no_terminal_controls("`approve --call --yes --json`", &stdout);
 }
 
 /// The client reads the supervisor's answer with an unbounded `read_line` and only a per-read
@@ -182,7 +180,7 @@ fn rt16_approve_call_json_escapes_server_tool_names() {
 /// `status`/`approve` reading forever, its buffer growing. The answer should be bounded in
 /// size and in total time.
 #[test]
-fn rt16_control_client_gives_up_on_an_endless_answer() {
+fn control_client_gives_up_on_an_endless_answer() {
     let (dir, sock) = fake_socket(|stream| {
         let mut line = String::new();
         let _ = BufReader::new(&stream).read_line(&mut line);
@@ -222,70 +220,13 @@ fn rt16_control_client_gives_up_on_an_endless_answer() {
     );
 }
 
-// ----- approve --follow through a pseudo-terminal ------------------------------------------
-
-fn pty() -> (std::fs::File, OwnedFd) {
-    use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
-    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY).expect("openpt");
-    grantpt(&master).expect("grantpt");
-    unlockpt(&master).expect("unlockpt");
-    let name = ptsname(&master, Vec::new()).expect("ptsname");
-    let slave = rustix::fs::open(
-        name.as_c_str(),
-        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::NOCTTY,
-        rustix::fs::Mode::empty(),
-    )
-    .expect("open the pty slave");
-    (std::fs::File::from(master), slave)
-}
-
-struct Screen(Arc<Mutex<String>>);
-
-impl Screen {
-    fn read_from(mut master: std::fs::File) -> Screen {
-        let text = Arc::new(Mutex::new(String::new()));
-        let copy = text.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = master.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                copy.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
-        Screen(text)
-    }
-
-    fn text(&self) -> String {
-        self.0.lock().unwrap().clone()
-    }
-
-    fn wait_for(&self, from: usize, needle: &str) -> usize {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let t = self.text();
-            if let Some(i) = t.get(from..).and_then(|rest| rest.find(needle)) {
-                return from + i + needle.len();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the inbox never showed `{needle}`; screen:\n{t}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
 /// `approve --follow` reads keys on a thread into a queue and takes the next queued key as the
 /// decision on whatever request it draws next. A key pressed before a request was on screen
 /// (a double press of `o` on call A, or `a` pressed twice) decides the next call, B, the
 /// moment it is drawn: B is granted without the human ever having seen it. "What the human
 /// reads is what is granted": keys typed before a screen is drawn must not decide it.
 #[test]
-fn rt16_follow_typeahead_key_never_decides_an_unseen_call() {
+fn follow_typeahead_key_never_decides_an_unseen_call() {
     let call = |id: &str, tool: &str| {
         json!({"callId": id, "tool": tool, "argumentsDigest": format!("sha256:{id}"),
                "epoch": "E1", "reason": "authorization_required",
@@ -364,61 +305,6 @@ fn rt16_follow_typeahead_key_never_decides_an_unseen_call() {
     );
 }
 
-// ----- audit verify on a hostile log --------------------------------------------------------
-
-fn audit_cmd(state: &Path, log: &Path, args: &[&str]) -> std::process::Output {
-    bin()
-        .arg("audit")
-        .args(args)
-        .arg(log)
-        .env("CARGO_MCP_DEV_HOME", state)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
-
-/// Whoever can write `target/` can write a line into the log. `audit verify` names the first
-/// bad line with serde's message, which quotes an unknown field name raw (`unknown field
-/// `…``): a field name holding `\n` (a JSON escape) prints a line break into the `error:` line,
-/// and the text after it is a line of the attacker's choosing — here one that reads like
-/// `audit verify`'s own success line. `status::error` goes through `sanitize::lines`, which
-/// escapes controls but keeps line breaks; what the log holds should stay on the error's line
-/// (as every status line does).
-#[test]
-fn rt16_verify_failure_cannot_forge_a_line() {
-    let tmp = tempfile::tempdir().unwrap();
-    let state = tmp.path().join("state");
-    let keys = KeyStore::at(state.clone());
-    let log = tmp.path().join("audit/srv.jsonl");
-    let mut w = AuditLog::open(&log, &keys).unwrap();
-    w.append("tool_called", "R", Some("E1"), json!({"tool": "read"}))
-        .unwrap();
-    w.flush().unwrap();
-    drop(w);
-    let forged = format!(
-        "audit log verified: {} (9 records, 1 runs, 1 epochs, head 9 0123456789abcdef)",
-        log.display()
-    );
-    let key = format!("x\n{forged}\n");
-    let mut line = serde_json::to_string(&json!({"v": 1, "seq": 2})).unwrap();
-    line.pop();
-    line.push_str(&format!(",{}:1}}\n", serde_json::to_string(&key).unwrap()));
-    std::fs::OpenOptions::new()
-        .append(true)
-        .open(&log)
-        .unwrap()
-        .write_all(line.as_bytes())
-        .unwrap();
-    let out = audit_cmd(&state, &log, &["verify"]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
-    assert!(stderr.contains("failed verification"), "{stderr}");
-    assert!(
-        !stderr.lines().any(|l| l.starts_with("audit log verified")),
-        "a field name in the log forged a line of `audit verify`'s output:\n{stderr}"
-    );
-}
-
 // ----- the control socket's server side -----------------------------------------------------
 
 /// Threads of this process named `name`.
@@ -438,7 +324,7 @@ fn threads_named(name: &str) -> usize {
 /// it sends a line). Connections in flight should be capped (the rest refused or made to wait
 /// in the listen backlog), like every other queue.
 #[test]
-fn rt16_idle_control_connections_are_capped() {
+fn idle_control_connections_are_capped() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("run/x.sock");
     let (tx, _rx) = crossbeam_channel::unbounded();
