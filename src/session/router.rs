@@ -52,7 +52,7 @@ impl<I: Io> Session<I> {
                     | Lifecycle::Stopping
             )
         {
-            return self.refuse_unavailable_call(&host_id, &tool, &call_id);
+            return self.refuse_unavailable_call(&host_id, &tool);
         }
         let wall = self.io.wall_ms();
         match self.gate.decide_call_with(&tool, Some(&args_digest), wall) {
@@ -227,42 +227,44 @@ impl<I: Io> Session<I> {
             let line = envelope::error_line(Some(&host_id), codes::TOO_MANY_OPEN, &why, payload);
             return self.io.to_host(line);
         }
-        let tool = envelope::call_target(msg.params()).map(|(tool, _)| tool);
-        self.audit_record(
-            audit::AUTHORIZATION_DENIED,
-            self.current_epoch().map(str::to_string).as_deref(),
-            records::data(&records::AuthorizationDenied {
-                call_id: json!(host_id.get()),
-                tool: tool.unwrap_or_default(),
-                reason: "too_many_open".into(),
-                ..Default::default()
-            }),
-        );
-        let result = self.tool_error(&payload, &format!("{why}; the call was not run."));
-        self.io.to_host(envelope::result_line(&host_id, &result));
+        let tool = envelope::call_target(msg.params())
+            .map(|(tool, _)| tool)
+            .unwrap_or_default();
+        let epoch = self.current_epoch().map(str::to_string);
+        let hint = format!("{why}; the call was not run.");
+        self.refuse_call_unrun(&host_id, &tool, epoch.as_deref(), payload, &hint);
     }
 
     /// No server will answer soon (build broken, crash loop, closing): a tool error that says
     /// why, recorded as a refused call.
-    fn refuse_unavailable_call(&mut self, host_id: &RawId, tool: &str, call_id: &str) {
+    fn refuse_unavailable_call(&mut self, host_id: &RawId, tool: &str) {
         let (message, mut payload) = self.unavailable_reason();
         payload["tool"] = json!(tool);
+        self.refuse_call_unrun(host_id, tool, None, payload, &format!("{message}."));
+    }
+
+    /// A call refused before any judgement (no server to run it, or too many open): recorded
+    /// as refused with the payload's `error` as the reason, and answered as a tool error.
+    fn refuse_call_unrun(
+        &mut self,
+        host_id: &RawId,
+        tool: &str,
+        epoch: Option<&str>,
+        payload: Value,
+        hint: &str,
+    ) {
+        let reason = payload["error"].as_str().unwrap_or("server_unavailable");
         self.audit_record(
             audit::AUTHORIZATION_DENIED,
-            None,
+            epoch,
             records::data(&records::AuthorizationDenied {
-                call_id: json!(call_id),
+                call_id: json!(host_id.get()),
                 tool: tool.to_string(),
-                reason: payload["error"]
-                    .as_str()
-                    .unwrap_or("server_unavailable")
-                    .into(),
-                approved_epoch: None,
-                current_epoch: None,
+                reason: reason.into(),
                 ..Default::default()
             }),
         );
-        let result = self.tool_error(&payload, &format!("{message}."));
+        let result = self.tool_error(&payload, hint);
         self.io.to_host(envelope::result_line(host_id, &result));
     }
 
