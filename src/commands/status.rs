@@ -47,7 +47,10 @@ pub fn render(v: &Value) -> String {
             s(srv, "/epoch"),
             s(srv, "/identityDigest")
         )),
-        None => out.push_str("server       not running\n"),
+        None => match v.get("serverAbsent").and_then(Value::as_str) {
+            Some(why) => out.push_str(&format!("server       not running: {why}\n")),
+            None => out.push_str("server       not running\n"),
+        },
     }
     if v.get("pendingRestart").and_then(|p| p.as_bool()) == Some(true) {
         out.push_str(&format!(

@@ -300,7 +300,7 @@ impl<I: Io> Session<I> {
     }
 
     /// Why no ready server answers now, as the end of "… while {why}".
-    fn absent_why(&self) -> &'static str {
+    pub(super) fn absent_why(&self) -> &'static str {
         match &self.lifecycle {
             Lifecycle::BuildBroken { .. } => "the build failed",
             Lifecycle::StartFailed { .. } => "the server failed to start",

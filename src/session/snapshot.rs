@@ -30,6 +30,9 @@ pub struct StatusSnapshot {
     pub lifecycle: String,
     pub era: Option<String>,
     pub server: Option<ServerSnapshot>,
+    /// Why no server runs (`the server is being built again`, …), when none does.
+    #[serde(default)]
+    pub server_absent: Option<String>,
     pub latest_build: Option<String>,
     pub pending_restart: bool,
     pub last_build: Option<String>,
@@ -145,6 +148,8 @@ impl<I: Io> Session<I> {
                 executable_sha256: c.record.executable.sha256.clone(),
                 phase: format!("{:?}", c.phase),
             }),
+            server_absent: (self.child.is_none() && self.absent_why() != "no server is running")
+                .then(|| self.absent_why().to_string()),
             latest_build: self.latest.as_ref().map(|r| r.identity_digest.clone()),
             pending_restart: self.pending_apply,
             last_build: self.last_build.clone(),

@@ -293,3 +293,17 @@ fn a_host_that_falls_back_before_the_deadline_gets_the_servers_initialize() {
     h.advance(6_000);
     falls_back_to_initialize(&mut h, &epoch);
 }
+
+#[test]
+fn the_status_document_says_why_no_server_runs() {
+    let (mut h, _list, epoch, init) = handshaking(|_| {});
+    assert_eq!(h.s.snapshot().server_absent, None, "a server runs");
+    refuse(&mut h, &epoch, &init, "no");
+    let doc = serde_json::to_value(h.s.snapshot()).unwrap();
+    assert_eq!(doc["serverAbsent"], "the server failed to start");
+    let shown = crate::commands::status::render(&doc);
+    assert!(
+        shown.contains("server       not running: the server failed to start"),
+        "{shown}"
+    );
+}
