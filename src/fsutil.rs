@@ -14,6 +14,12 @@
 //! Parent directories are created as needed. For a lock file the parent must be a real
 //! directory; for [`write_atomic`] a symlinked parent is accepted (macOS's `/tmp`, a symlinked
 //! output directory for `check --write`): only the final component is guarded.
+//!
+//! The files `init` and `new` generate in a package use the same writer, plus
+//! [`check_dirs_below`] / [`create_dirs_below`]: below the package root no directory may be a
+//! link (`.vscode -> ~/.config/Code/User` would put a generated file outside the package), and
+//! the directories a run creates are recorded so that a failed run can remove exactly those
+//! ([`remove_created`]).
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -50,8 +56,23 @@ fn temp_name(path: &Path) -> PathBuf {
     ))
 }
 
+/// Permissions of the file [`write_atomic_with_mode`] puts in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileMode {
+    /// As for a newly created file: these bits less the umask (0o644 data, 0o755 a script).
+    New(u32),
+    /// Exactly these bits: a user's file being rewritten keeps its own.
+    Exactly(u32),
+}
+
 /// Writes `bytes` to `path` atomically, never following a symlink (see the module doc).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_atomic_with_mode(path, bytes, FileMode::New(0o644))
+}
+
+/// [`write_atomic`] with the permissions of the new file chosen by `mode`. They are set on the
+/// temporary file before the rename, so nothing the destination pointed to is ever chmod-ed.
+pub fn write_atomic_with_mode(path: &Path, bytes: &[u8], mode: FileMode) -> io::Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
@@ -63,12 +84,21 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     }
     let tmp = temp_name(path);
     let result = (|| {
+        let create_bits = match mode {
+            FileMode::New(bits) => bits,
+            // Owner-only until the exact bits are set: never briefly wider than asked.
+            FileMode::Exactly(_) => 0o600,
+        };
         let mut f = OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o644)
+            .mode(create_bits)
             .custom_flags(nofollow())
             .open(&tmp)?;
+        if let FileMode::Exactly(bits) = mode {
+            use std::os::unix::fs::PermissionsExt as _;
+            f.set_permissions(std::fs::Permissions::from_mode(bits))?;
+        }
         f.write_all(bytes)?;
         drop(f);
         std::fs::rename(&tmp, path)
@@ -77,6 +107,109 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// The permission bits of `path` when it is a regular file (not a link), for rewriting it with
+/// [`FileMode::Exactly`].
+pub fn regular_file_mode(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .filter(|m| m.is_file())
+        .map(|m| m.permissions().mode() & 0o7777)
+}
+
+/// Why a directory below a root cannot hold generated files.
+fn not_a_real_dir(path: &Path, m: &std::fs::Metadata) -> io::Error {
+    if m.file_type().is_symlink() {
+        let to = std::fs::read_link(path)
+            .map(|t| format!(" (to {})", t.display()))
+            .unwrap_or_default();
+        io::Error::other(format!(
+            "{} is a symbolic link{to}; refusing to write through it",
+            path.display()
+        ))
+    } else {
+        io::Error::other(format!("{} exists and is not a directory", path.display()))
+    }
+}
+
+/// The directories from just below `root` down to `dir`, outermost first; an error if `dir` is
+/// not below `root`.
+fn dirs_below(root: &Path, dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let rel = dir.strip_prefix(root).map_err(|_| {
+        io::Error::other(format!(
+            "{} is not inside {}",
+            dir.display(),
+            root.display()
+        ))
+    })?;
+    let mut at = root.to_path_buf();
+    let mut out = Vec::new();
+    for c in rel.components() {
+        match c {
+            std::path::Component::Normal(name) => {
+                at.push(name);
+                out.push(at.clone());
+            }
+            std::path::Component::CurDir => {}
+            _ => {
+                return Err(io::Error::other(format!(
+                    "{} is not below {} (a `..` in the path?)",
+                    dir.display(),
+                    root.display()
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Checks, creating nothing, that each directory from below `root` down to `dir` that exists is
+/// a real directory (not a symbolic link, not a file). `root` itself is the caller's choice and
+/// is not checked.
+pub fn check_dirs_below(root: &Path, dir: &Path) -> io::Result<()> {
+    for d in dirs_below(root, dir)? {
+        match std::fs::symlink_metadata(&d) {
+            Ok(m) if m.is_dir() => {}
+            Ok(m) => return Err(not_a_real_dir(&d, &m)),
+            // Missing: it and everything below it will be created by this run.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Creates the directories from below `root` down to `dir` one at a time, appending to
+/// `created` each one this call made (outermost first; also when it fails part way), so a failed
+/// run can remove exactly those. An existing component must be a real directory, as in
+/// [`check_dirs_below`]: `mkdir` does not follow a link, and one found there is an error.
+pub fn create_dirs_below(root: &Path, dir: &Path, created: &mut Vec<PathBuf>) -> io::Result<()> {
+    for d in dirs_below(root, dir)? {
+        match std::fs::create_dir(&d) {
+            Ok(()) => created.push(d),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                let m = std::fs::symlink_metadata(&d)?;
+                if !m.is_dir() {
+                    return Err(not_a_real_dir(&d, &m));
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Best-effort undo of a failed run: removes `files`, then `dirs` innermost first, each only
+/// if still empty (something else put there since is left alone).
+pub fn remove_created(files: &[PathBuf], dirs: &[PathBuf]) {
+    for f in files {
+        let _ = std::fs::remove_file(f);
+    }
+    for d in dirs.iter().rev() {
+        let _ = std::fs::remove_dir(d);
+    }
 }
 
 /// Opens (creating, mode 0600) a lock file without following a final symlink.
@@ -136,5 +269,52 @@ mod tests {
         assert!(open_lock_file(&lock).is_err());
         assert!(remove_planted_link(&lock));
         assert!(open_lock_file(&lock).is_ok());
+    }
+
+    #[test]
+    fn exact_mode_is_set_on_the_new_file_never_through_a_link() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let secret = tmp.path().join("secret");
+        std::fs::write(&secret, b"key").unwrap();
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let script = tmp.path().join("watch.sh");
+        std::os::unix::fs::symlink(&secret, &script).unwrap();
+        write_atomic_with_mode(&script, b"#!/bin/sh\n", FileMode::Exactly(0o751)).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&script), 0o751);
+        assert_eq!(mode(&secret), 0o600);
+        assert_eq!(std::fs::read(&secret).unwrap(), b"key");
+        assert_eq!(regular_file_mode(&script), Some(0o751));
+        std::os::unix::fs::symlink(&secret, tmp.path().join("link")).unwrap();
+        assert_eq!(regular_file_mode(&tmp.path().join("link")), None);
+    }
+
+    #[test]
+    fn directories_below_a_root_must_be_real_and_created_ones_are_recorded() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        std::fs::create_dir(root.join("real")).unwrap();
+        std::fs::write(root.join("file"), b"").unwrap();
+        std::os::unix::fs::symlink(root.join("real"), root.join("link")).unwrap();
+        assert!(check_dirs_below(root, &root.join("real/missing/deeper")).is_ok());
+        assert!(check_dirs_below(root, root).is_ok());
+        for bad in ["link", "link/x", "file/x"] {
+            let err = check_dirs_below(root, &root.join(bad)).unwrap_err();
+            let mut created = Vec::new();
+            let err2 = create_dirs_below(root, &root.join(bad), &mut created).unwrap_err();
+            assert!(created.is_empty(), "{bad}");
+            assert_eq!(err.to_string(), err2.to_string(), "{bad}");
+        }
+        assert!(check_dirs_below(root, Path::new("/elsewhere")).is_err());
+
+        let mut created = Vec::new();
+        create_dirs_below(root, &root.join("real/a/b"), &mut created).unwrap();
+        assert_eq!(created, [root.join("real/a"), root.join("real/a/b")]);
+        // Removal is innermost first and spares a directory something else was put in.
+        std::fs::write(root.join("real/a/other"), b"").unwrap();
+        remove_created(&[], &created);
+        assert!(!root.join("real/a/b").exists());
+        assert!(root.join("real/a/other").exists());
     }
 }

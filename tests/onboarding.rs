@@ -541,19 +541,52 @@ fn init_twice_skips_everything_then_force_overwrites() {
     );
     assert!(!err.contains("skipped"), "{err}");
 
-    // A user's edit survives a plain init and is replaced by --force.
+    // A user's edit survives a plain init.
     std::fs::write(pkg.join(".mcp.json"), "edited").unwrap();
+    std::fs::write(pkg.join("UPDATE-CONTRACT.md"), "edited").unwrap();
     assert_ok(&sb.run(&["init", "--manifest-path", mp]));
     assert_eq!(read(&pkg.join(".mcp.json")), "edited");
+    // --force merges into a host configuration: one that is not JSON is refused, left as it
+    // is, and nothing else is written either.
+    let refused = sb.run(&["init", "--manifest-path", mp, "--force"]);
+    assert_eq!(refused.status.code(), Some(1), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused)
+            .contains("error: could not add this server to `.mcp.json`: it is not valid JSON"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_eq!(read(&pkg.join(".mcp.json")), "edited");
+    assert_eq!(read(&pkg.join("UPDATE-CONTRACT.md")), "edited");
+    // A valid one gets this server's entry replaced; the user's other server stays.
+    std::fs::write(
+        pkg.join(".mcp.json"),
+        r#"{"mcpServers": {"other": {"command": "x"}, "tiny-srv": {"command": "stale"}}}"#,
+    )
+    .unwrap();
     let forced = sb.run(&["init", "--manifest-path", mp, "--force"]);
     assert_ok(&forced);
     let err = stderr(&forced);
     for f in INIT_FILES {
-        assert!(
-            err.contains(&format!("overwrote {f}\n")),
-            "no `overwrote {f}` in:\n{err}"
-        );
+        let line = match *f {
+            ".mcp.json" | ".cursor/mcp.json" => {
+                format!(
+                    "updated {f} (set the `tiny-srv` entry in `mcpServers`; every other entry kept)\n"
+                )
+            }
+            ".vscode/mcp.json" => {
+                format!(
+                    "updated {f} (set the `tiny-srv` entry in `servers`; every other entry kept)\n"
+                )
+            }
+            _ => format!("overwrote {f}\n"),
+        };
+        assert!(err.contains(&line), "no `{line}` in:\n{err}");
     }
+    assert_eq!(
+        json_file(&pkg.join(".mcp.json"))["mcpServers"]["other"],
+        json!({"command": "x"})
+    );
     // --force never rewrites the user's manifest table.
     assert!(
         err.contains("kept Cargo.toml ([package.metadata.mcp-dev] exists"),
@@ -769,6 +802,203 @@ fn init_puts_the_workflow_at_the_git_root() {
         &sb.path().join(".github/workflows/mcp-identity.yml"),
         "servers/inv/Cargo.toml",
     );
+}
+
+/// Every file in `dir`, recursively, relative to it (directories end in `/`); not the
+/// Cargo.lock that `cargo metadata` (run by `init`) writes.
+fn tree(dir: &Path) -> Vec<String> {
+    let mut out: Vec<String> = walkdir::WalkDir::new(dir)
+        .min_depth(1)
+        .into_iter()
+        .filter(|e| e.as_ref().map_or(true, |e| e.file_name() != "Cargo.lock"))
+        .map(|e| {
+            let e = e.unwrap();
+            let rel = e.path().strip_prefix(dir).unwrap().display().to_string();
+            if e.file_type().is_dir() {
+                format!("{rel}/")
+            } else {
+                rel
+            }
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// A generated file's directory that is a link (here `mcp-dev -> elsewhere`) refuses the whole
+/// run, naming the path: nothing is written, not even the Cargo.toml block or the files whose
+/// directories are fine.
+#[test]
+fn init_refuses_a_linked_directory_and_writes_nothing() {
+    let sb = Sandbox::new();
+    let pkg = sb.path().join("pkg");
+    let original = write_package(&pkg, "link-srv", None, "");
+    let elsewhere = sb.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, pkg.join("mcp-dev")).unwrap();
+    let before = tree(&pkg);
+    let manifest = pkg.join("Cargo.toml");
+    let o = sb.run(&["init", "--manifest-path", manifest.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!(
+            "error: refusing to write `mcp-dev/claude_desktop_config.json`: {} is a symbolic link",
+            pkg.join("mcp-dev").display()
+        )),
+        "{err}"
+    );
+    assert_eq!(read(&manifest), original, "Cargo.toml untouched");
+    assert_eq!(tree(&pkg), before, "nothing created in the package");
+    assert_eq!(
+        tree(&elsewhere),
+        Vec::<String>::new(),
+        "nothing written through the link"
+    );
+    // A real directory there: the same run goes through.
+    std::fs::remove_file(pkg.join("mcp-dev")).unwrap();
+    assert_ok(&sb.run(&["init", "--manifest-path", manifest.to_str().unwrap()]));
+    assert_host_files(&pkg, "link-srv", &manifest);
+}
+
+/// `init` appends to Cargo.toml by replacing it (a temporary file renamed into place): the
+/// file keeps its permissions, and a Cargo.toml that is a link is refused rather than written
+/// through (the file it points to stays as it was).
+#[test]
+fn init_replaces_cargo_toml_keeping_its_mode_and_never_through_a_link() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let sb = Sandbox::new();
+    let pkg = sb.path().join("pkg");
+    let original = write_package(&pkg, "mode-srv", None, "");
+    let manifest = pkg.join("Cargo.toml");
+    std::fs::set_permissions(&manifest, std::fs::Permissions::from_mode(0o640)).unwrap();
+    assert_ok(&sb.run(&["init", "--manifest-path", manifest.to_str().unwrap()]));
+    assert!(read(&manifest).starts_with(&original));
+    let mode = std::fs::metadata(&manifest).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o640, "Cargo.toml keeps its permissions");
+
+    let linked = sb.path().join("linked");
+    write_package(&linked, "linked-srv", None, "");
+    let real = sb.path().join("real-Cargo.toml");
+    std::fs::rename(linked.join("Cargo.toml"), &real).unwrap();
+    let real_text = read(&real);
+    std::os::unix::fs::symlink(&real, linked.join("Cargo.toml")).unwrap();
+    let o = sb.run(&[
+        "init",
+        "--manifest-path",
+        linked.join("Cargo.toml").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("is not a regular file (a symbolic link?); refusing to replace it"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(read(&real), real_text, "the linked file is untouched");
+    assert_eq!(tree(&linked), ["Cargo.toml", "src/", "src/main.rs"]);
+}
+
+/// `init --force` in `.vscode/mcp.json` (key `servers`): the user's other servers and keys
+/// stay, in their order and as written; a file with comments (VS Code accepts them) is not
+/// JSON, so it is left exactly as it was.
+#[test]
+fn init_force_merges_into_vscode_servers_and_keeps_a_commented_file() {
+    let sb = Sandbox::new();
+    let pkg = sb.path().join("pkg");
+    write_package(&pkg, "merge-srv", None, "");
+    let manifest = pkg.join("Cargo.toml");
+    std::fs::create_dir(pkg.join(".vscode")).unwrap();
+    let vscode = pkg.join(".vscode/mcp.json");
+    std::fs::write(
+        &vscode,
+        r#"{"inputs": [{"id": "token", "type": "promptString"}], "servers": {"zeta": {"command": "z", "args": [1.50]}}}"#,
+    )
+    .unwrap();
+    let o = sb.run(&[
+        "init",
+        "--manifest-path",
+        manifest.to_str().unwrap(),
+        "--force",
+    ]);
+    assert_ok(&o);
+    let text = read(&vscode);
+    let doc = json_file(&vscode);
+    assert_eq!(
+        doc["inputs"],
+        json!([{"id": "token", "type": "promptString"}])
+    );
+    assert_eq!(doc["servers"]["zeta"]["command"], "z");
+    assert_server_entry(&doc["servers"]["merge-srv"], &manifest, ".vscode/mcp.json");
+    // Order and text kept: `inputs` first, `zeta` before ours, `1.50` not rewritten as `1.5`.
+    assert!(text.find("\"inputs\"") < text.find("\"servers\""), "{text}");
+    assert!(text.find("\"zeta\"") < text.find("\"merge-srv\""), "{text}");
+    assert!(text.contains("[1.50]"), "{text}");
+
+    let commented = "{\n  // mine\n  \"servers\": {}\n}\n";
+    std::fs::write(&vscode, commented).unwrap();
+    let o = sb.run(&[
+        "init",
+        "--manifest-path",
+        manifest.to_str().unwrap(),
+        "--force",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o)
+            .contains("could not add this server to `.vscode/mcp.json`: it is not valid JSON"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(read(&vscode), commented);
+}
+
+/// `new` into a directory whose path is not UTF-8 is refused before anything is created.
+#[test]
+fn new_refuses_a_non_utf8_path_and_creates_nothing() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let sb = Sandbox::new();
+    let dir = sb.path().join(std::ffi::OsStr::from_bytes(b"srv-\xff"));
+    let o = sb
+        .cmd(&["new", "u8-srv", "--path"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("srv-\u{fffd}` is not valid UTF-8"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!dir.exists(), "nothing created");
+}
+
+/// A failed `new` removes what it created, and only that: an empty directory given with
+/// `--path` that was there before stays (empty), the enclosing repository is as it was.
+#[test]
+fn a_failed_new_removes_only_what_it_created() {
+    let sb = Sandbox::new();
+    let repo = sb.path().join("repo");
+    std::fs::create_dir_all(repo.join(".git")).unwrap();
+    std::fs::write(repo.join(".github"), "not a directory\n").unwrap();
+    std::fs::create_dir(repo.join("empty")).unwrap();
+    let before = tree(&repo);
+    for (args, dir) in [
+        (vec!["new", "fail-srv", "--path", "empty"], "empty"),
+        (vec!["new", "fail-srv", "--path", "a/b/c"], "a/b/c"),
+    ] {
+        let o = sb.cmd(&args).current_dir(&repo).output().unwrap();
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains(&format!(
+                "refusing to write `{}`: {} exists and is not a directory",
+                repo.join(".github/workflows/mcp-identity.yml").display(),
+                repo.join(".github").display()
+            )),
+            "{dir}: {}",
+            stderr(&o)
+        );
+        assert_eq!(tree(&repo), before, "{dir}: left as it was");
+    }
 }
 
 // ----- the slow one: build the `new` project and talk to it through `run` ---------------------

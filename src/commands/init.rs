@@ -4,12 +4,14 @@
 //!
 //! Owns which files are generated, where, and the rule that no existing file is overwritten
 //! without `--force` (one `created|overwrote X` line per file written, one line naming every file
-//! kept, and a single line when the package is already fully initialized). The user's
-//! Cargo.toml is only ever appended to, never reformatted, and only when it has no
+//! kept, and a single line when the package is already fully initialized). With `--force` the
+//! project's host configurations are merged into (only this server's entry is set), never
+//! replaced. Every file is planned and checked before any is written ([`Writer`]): a refused
+//! run writes nothing, and nothing is written through a symbolic link or a linked directory.
+//! The user's Cargo.toml is only ever appended to, never reformatted, and only when it has no
 //! `[package.metadata.mcp-dev]` table yet. Template texts and placeholder filling belong to
 //! [`crate::templates`]; package resolution to [`crate::workspace`].
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::cli::{CargoArgs, InitArgs};
@@ -17,7 +19,7 @@ use crate::config::{GateSetting, LoadedConfig, McpDevConfig};
 use crate::cycle::Prepared;
 use crate::error::{CmdResult, Failure};
 use crate::templates::{self, Template, Vars, json_string, shell_word, toml_key, toml_string};
-use crate::{exit_codes, status, watch, workspace};
+use crate::{exit_codes, fsutil, status, watch, workspace};
 
 /// What the generated files are filled from.
 #[derive(Debug, Clone)]
@@ -52,15 +54,19 @@ pub fn execute(args: InitArgs) -> CmdResult {
         configured: !t.config.raw.is_null(),
         target_dir: t.resolved.target_dir.clone(),
     };
+    require_utf8_path(&project.manifest_path)?;
+    // Everything is planned (and checked) before anything is written: a refused run writes
+    // nothing.
     let mut out = Writer::new(&project.package_root, args.force);
-    let added = add_metadata_block(&project, &mut out)?;
-    let had_table = added.is_none();
-    if let Some(config) = added {
-        project.config = config;
+    let manifest_update = metadata_block_update(&project)?;
+    let had_table = manifest_update.is_none();
+    if let Some(update) = &manifest_update {
+        project.config = update.config.clone();
         project.configured = true;
+        out.plan_manifest_update(&project, &update.new_text)?;
     }
     write_companions(&project, &HostEnv::detect(), &mut out)?;
-    if had_table && out.created == 0 {
+    if had_table && out.pending() == 0 {
         // Everything is in place (typically right after `cargo mcp-dev new`): one line.
         status::line(&format!(
             "`{}` is already initialized: [package.metadata.mcp-dev] and all {} generated files exist, nothing written (--force rewrites the generated files); run it with `cargo mcp-dev run --manifest-path {}`",
@@ -70,6 +76,7 @@ pub fn execute(args: InitArgs) -> CmdResult {
         ));
         return Ok(exit_codes::OK);
     }
+    out.commit()?;
     if had_table {
         out.line(&format!(
             "kept {} ([package.metadata.mcp-dev] exists; edit it by hand)",
@@ -80,12 +87,28 @@ pub fn execute(args: InitArgs) -> CmdResult {
     Ok(exit_codes::OK)
 }
 
-/// Appends the metadata block to Cargo.toml unless the table exists; returns the configuration
-/// it added.
-fn add_metadata_block(
-    project: &Project,
-    out: &mut Writer,
-) -> Result<Option<McpDevConfig>, Failure> {
+/// Host files name the package by its path: one that is not UTF-8 would come out with U+FFFD
+/// in it (a Cargo.toml that does not exist), so it is refused before anything is written.
+pub fn require_utf8_path(path: &Path) -> Result<(), Failure> {
+    if path.to_str().is_some() {
+        return Ok(());
+    }
+    Err(Failure::error(format!(
+        "the path `{}` is not valid UTF-8; the generated host configuration files could not name it",
+        path.display()
+    ))
+    .with_note("use a directory whose path is valid UTF-8 (rename or move it); nothing was written"))
+}
+
+/// Cargo.toml with the metadata block appended, and the configuration that block gives.
+struct ManifestUpdate {
+    new_text: String,
+    config: McpDevConfig,
+}
+
+/// The metadata block appended to Cargo.toml, unless the table exists (then `None`). Nothing
+/// is written here.
+fn metadata_block_update(project: &Project) -> Result<Option<ManifestUpdate>, Failure> {
     let path = &project.manifest_path;
     let text = std::fs::read_to_string(path)
         .map_err(|e| Failure::error(format!("could not read `{}`: {e}", path.display())))?;
@@ -122,15 +145,10 @@ fn add_metadata_block(
         .unwrap_or(serde_json::Value::Null);
     let loaded = LoadedConfig::from_package_metadata(&metadata)
         .map_err(|e| Failure::error(format!("generated {e}")))?;
-    std::fs::write(path, new_text)
-        .map_err(|e| Failure::error(format!("could not write `{}`: {e}", path.display())))?;
-    out.line(&format!(
-        "updated {} (added [package.metadata.mcp-dev]: label = {}, bin = {})",
-        out.display(path),
-        toml_string(&project.label),
-        toml_string(&project.bin)
-    ));
-    Ok(Some(loaded.config))
+    Ok(Some(ManifestUpdate {
+        new_text,
+        config: loaded.config,
+    }))
 }
 
 /// Which variant of the metadata block to render.
@@ -246,71 +264,101 @@ impl HostEnv {
     }
 }
 
-/// Writes the files `init` and `new` share: host snippets, their guide, the update contract,
-/// the CI workflow and the watch-loop templates.
+/// Plans the files `init` and `new` share: host snippets, their guide, the update contract,
+/// the CI workflow and the watch-loop templates (written by [`Writer::commit`]).
 pub fn write_companions(project: &Project, env: &HostEnv, out: &mut Writer) -> Result<(), Failure> {
     let v = companion_vars(project, env)?;
-    let root = &project.package_root;
-    let mut files: Vec<(PathBuf, &Template, bool)> = vec![
-        (root.join(".mcp.json"), &templates::HOST_CLAUDE_CODE, false),
+    let root = project.package_root.as_path();
+    let ci_root = ci_root(root);
+    // The project-level host configurations usually list other servers too: with --force only
+    // this server's entry is replaced in them.
+    let host_config = |servers_key: &'static str| FileKind::HostConfig {
+        servers_key,
+        label: project.label.clone(),
+    };
+    let files: Vec<(&Path, PathBuf, &Template, FileKind)> = vec![
         (
+            root,
+            root.join(".mcp.json"),
+            &templates::HOST_CLAUDE_CODE,
+            host_config("mcpServers"),
+        ),
+        (
+            root,
             root.join(".vscode/mcp.json"),
             &templates::HOST_VSCODE,
-            false,
+            host_config("servers"),
         ),
         (
+            root,
             root.join(".cursor/mcp.json"),
             &templates::HOST_CURSOR,
-            false,
+            host_config("mcpServers"),
         ),
         (
+            root,
             root.join("mcp-dev/claude_desktop_config.json"),
             &templates::HOST_CLAUDE_DESKTOP,
-            false,
+            FileKind::Text,
         ),
         (
+            root,
             root.join("mcp-dev/codex-config.toml"),
             &templates::HOST_CODEX,
-            false,
+            FileKind::Text,
         ),
         (
+            root,
             root.join("mcp-dev/inspector.sh"),
             &templates::HOST_INSPECTOR,
-            true,
+            FileKind::Script,
         ),
         (
+            root,
             root.join("mcp-dev/README.md"),
             &templates::HOSTS_README,
-            false,
+            FileKind::Text,
         ),
         (
+            root,
             root.join("UPDATE-CONTRACT.md"),
             &templates::UPDATE_CONTRACT,
-            false,
+            FileKind::Text,
         ),
         (
-            ci_root(root).join(".github/workflows/mcp-identity.yml"),
+            &ci_root,
+            ci_root.join(".github/workflows/mcp-identity.yml"),
             &templates::CI_WORKFLOW,
-            false,
+            FileKind::Text,
         ),
-        (bacon_path(root), &templates::WATCH_BACON, false),
         (
+            root,
+            bacon_path(root),
+            &templates::WATCH_BACON,
+            FileKind::Text,
+        ),
+        (
+            root,
             root.join("mcp-dev/watch.sh"),
             &templates::WATCH_SCRIPT,
-            true,
+            FileKind::Script,
         ),
     ];
-    for (path, template, executable) in files.drain(..) {
+    for (within, path, template, kind) in files {
         let text = render(template, &v)?;
-        out.write(&path, &text, executable)?;
+        out.plan(within, &path, &text, kind)?;
     }
     Ok(())
 }
 
 /// `bacon.toml` gets the job when there is none (or it is ours); a user's own bacon.toml is
-/// never touched, the job goes to `mcp-dev/bacon.toml` to paste from.
+/// never touched, the job goes to `mcp-dev/bacon.toml` to paste from. A link there counts as
+/// the user's (it is not read through).
 fn bacon_path(root: &Path) -> PathBuf {
     let main = root.join("bacon.toml");
+    if std::fs::symlink_metadata(&main).is_ok_and(|m| m.file_type().is_symlink()) {
+        return root.join("mcp-dev/bacon.toml");
+    }
     match std::fs::read_to_string(&main) {
         Ok(text) if !text.contains("[jobs.mcp-dev]") => root.join("mcp-dev/bacon.toml"),
         _ => main,
@@ -678,11 +726,42 @@ fn render(template: &Template, vars: &Vars) -> Result<String, Failure> {
     templates::render(template, vars).map_err(|e| Failure::error(e.to_string()))
 }
 
-/// Writes generated files: never over an existing one without `--force`, one status line each.
+/// What a generated file is, which decides how it is written.
+pub enum FileKind {
+    Text,
+    /// Executable (0755 less the umask).
+    Script,
+    /// A project's host configuration (`.mcp.json`…): an existing one is merged into (this
+    /// server's entry in `servers_key` set, everything else kept), never replaced.
+    HostConfig {
+        servers_key: &'static str,
+        label: String,
+    },
+}
+
+/// One file [`Writer::commit`] will write.
+struct PlannedWrite {
+    path: PathBuf,
+    /// The directory below which missing directories may be created (the package root, or the
+    /// git work tree for the CI workflow).
+    within: PathBuf,
+    contents: String,
+    mode: fsutil::FileMode,
+    /// A file that did not exist: removed again when a later write of the same run fails.
+    is_new: bool,
+    /// The status line once it is written.
+    done_line: String,
+}
+
+/// Writes generated files: never over an existing one without `--force`, never through a
+/// symbolic link (a link is replaced, its target untouched), never into a linked directory.
+/// Files are first planned ([`Writer::plan`]: every check and merge, nothing written), then
+/// written together by [`Writer::commit`], one status line each, so a refused run writes
+/// nothing and a failed one removes what it had created.
 pub struct Writer {
     base: PathBuf,
     force: bool,
-    pub created: usize,
+    planned: Vec<PlannedWrite>,
     /// Files left as they were (shown relative to the base), summarised by [`Writer::finish`].
     pub skipped: Vec<String>,
     /// No line per file (the demo creates its package silently).
@@ -695,7 +774,7 @@ impl Writer {
         Writer {
             base: base.to_path_buf(),
             force,
-            created: 0,
+            planned: Vec::new(),
             skipped: Vec::new(),
             quiet: false,
         }
@@ -708,55 +787,171 @@ impl Writer {
             .to_string()
     }
 
+    /// How many files [`Writer::commit`] would write.
+    pub fn pending(&self) -> usize {
+        self.planned.len()
+    }
+
     fn line(&self, text: &str) {
         if !self.quiet {
             status::line(text);
         }
     }
 
-    pub fn write(&mut self, path: &Path, contents: &str, executable: bool) -> Result<(), Failure> {
+    /// Plans writing `contents` to `path`, a generated file below `within`: checks what is
+    /// there now and decides between creating, keeping (an existing file without `--force`),
+    /// replacing and merging. Writes nothing.
+    pub fn plan(
+        &mut self,
+        within: &Path,
+        path: &Path,
+        contents: &str,
+        kind: FileKind,
+    ) -> Result<(), Failure> {
         let shown = self.display(path);
-        let io_err = |e: std::io::Error| Failure::error(format!("could not write `{shown}`: {e}"));
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(io_err)?;
-        }
-        let existed = path.exists();
-        if existed && !self.force {
+        let existing = std::fs::symlink_metadata(path);
+        if existing.is_ok() && !self.force {
             self.skipped.push(shown);
             return Ok(());
         }
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true);
-        if existed {
-            options.truncate(true);
-        } else {
-            // create_new: a file that appeared since the check is still not overwritten.
-            options.create_new(true);
-        }
-        #[cfg(unix)]
-        if executable {
-            use std::os::unix::fs::OpenOptionsExt as _;
-            options.mode(0o755);
-        }
-        let mut file = match options.open(path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                self.skipped.push(shown);
-                return Ok(());
+        let dir = path.parent().unwrap_or(within);
+        fsutil::check_dirs_below(within, dir).map_err(|e| {
+            Failure::error(format!("refusing to write `{shown}`: {e}")).with_note(
+                "generated files are only written inside the package (its git work tree for the CI workflow); nothing was written",
+            )
+        })?;
+        let new_mode = fsutil::FileMode::New(match kind {
+            FileKind::Script => 0o755,
+            _ => 0o644,
+        });
+        let (contents, mode, is_new, done_line) = match existing {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (
+                contents.to_string(),
+                new_mode,
+                true,
+                format!("created {shown}"),
+            ),
+            Err(e) => return Err(Failure::error(format!("could not inspect `{shown}`: {e}"))),
+            Ok(m) if m.file_type().is_symlink() => (
+                contents.to_string(),
+                new_mode,
+                false,
+                format!(
+                    "replaced {shown} (it was a symbolic link; the file it pointed to is untouched)"
+                ),
+            ),
+            Ok(m) if !m.is_file() => {
+                return Err(Failure::error(format!(
+                    "`{shown}` exists and is not a regular file; refusing to replace it"
+                )));
             }
-            Err(e) => return Err(io_err(e)),
+            Ok(_) => match &kind {
+                FileKind::HostConfig { servers_key, label } => {
+                    let mine = std::fs::read_to_string(path)
+                        .map_err(|e| Failure::error(format!("could not read `{shown}`: {e}")))?;
+                    let merged = merge_host_entry(&mine, contents, servers_key, label).map_err(
+                        |why| {
+                            Failure::error(format!(
+                                "could not add this server to `{shown}`: {why}; it was left as it is"
+                            ))
+                            .with_note(
+                                "fix or remove the file and run init --force again, or paste the entry from mcp-dev/README.md by hand; nothing was written",
+                            )
+                        },
+                    )?;
+                    let mode =
+                        fsutil::regular_file_mode(path).map_or(new_mode, fsutil::FileMode::Exactly);
+                    (
+                        merged,
+                        mode,
+                        false,
+                        format!(
+                            "updated {shown} (set the `{label}` entry in `{servers_key}`; every other entry kept)"
+                        ),
+                    )
+                }
+                _ => (
+                    contents.to_string(),
+                    new_mode,
+                    false,
+                    format!("overwrote {shown}"),
+                ),
+            },
         };
-        file.write_all(contents.as_bytes()).map_err(io_err)?;
-        #[cfg(unix)]
-        if executable && existed {
-            use std::os::unix::fs::PermissionsExt as _;
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
-                .map_err(io_err)?;
-        }
-        self.created += 1;
-        let verb = if existed { "overwrote" } else { "created" };
-        self.line(&format!("{verb} {shown}"));
+        self.planned.push(PlannedWrite {
+            path: path.to_path_buf(),
+            within: within.to_path_buf(),
+            contents,
+            mode,
+            is_new,
+            done_line,
+        });
         Ok(())
+    }
+
+    /// Plans the user's Cargo.toml with the metadata block appended (`new_text`): replaced
+    /// atomically, keeping its permissions; a link there is refused rather than replaced.
+    fn plan_manifest_update(&mut self, project: &Project, new_text: &str) -> Result<(), Failure> {
+        let path = &project.manifest_path;
+        let shown = self.display(path);
+        let Some(bits) = fsutil::regular_file_mode(path) else {
+            return Err(Failure::error(format!(
+                "`{}` is not a regular file (a symbolic link?); refusing to replace it",
+                path.display()
+            ))
+            .with_note("add [package.metadata.mcp-dev] by hand; `cargo mcp-dev new` shows a complete example"));
+        };
+        self.planned.push(PlannedWrite {
+            path: path.clone(),
+            within: project.package_root.clone(),
+            contents: new_text.to_string(),
+            mode: fsutil::FileMode::Exactly(bits),
+            is_new: false,
+            done_line: format!(
+                "updated {shown} (added [package.metadata.mcp-dev]: label = {}, bin = {})",
+                toml_string(&project.label),
+                toml_string(&project.bin)
+            ),
+        });
+        Ok(())
+    }
+
+    /// Writes every planned file (each atomically: a temporary file renamed into place) and
+    /// prints their lines; returns how many. New files go first and existing ones are replaced
+    /// last, so that when a write fails the files and directories this run created can be
+    /// removed again and no existing file has been touched (unless the failure was among
+    /// those last replacements).
+    pub fn commit(&mut self) -> Result<usize, Failure> {
+        let mut order: Vec<&PlannedWrite> = self.planned.iter().filter(|p| p.is_new).collect();
+        order.extend(self.planned.iter().filter(|p| !p.is_new));
+        let mut created_files: Vec<PathBuf> = Vec::new();
+        let mut created_dirs: Vec<PathBuf> = Vec::new();
+        for p in order {
+            let dir = p.path.parent().unwrap_or(&p.within);
+            let written =
+                fsutil::create_dirs_below(&p.within, dir, &mut created_dirs).and_then(|()| {
+                    fsutil::write_atomic_with_mode(&p.path, p.contents.as_bytes(), p.mode)
+                });
+            if let Err(e) = written {
+                fsutil::remove_created(&created_files, &created_dirs);
+                let undone = if created_files.is_empty() && created_dirs.is_empty() {
+                    String::new()
+                } else {
+                    " (the files and directories this run had created were removed)".to_string()
+                };
+                return Err(Failure::error(format!(
+                    "could not write `{}`: {e}{undone}",
+                    self.display(&p.path)
+                )));
+            }
+            if p.is_new {
+                created_files.push(p.path.clone());
+            }
+        }
+        for p in &self.planned {
+            self.line(&p.done_line);
+        }
+        Ok(self.planned.len())
     }
 
     /// The closing lines: one for every file left alone, then the hint.
@@ -774,6 +969,118 @@ impl Writer {
             project.manifest_path.display()
         ));
     }
+}
+
+/// A JSON object's members in the order written, each value as its original text.
+struct OrderedMembers<'a>(Vec<(String, &'a serde_json::value::RawValue)>);
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for OrderedMembers<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Members<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Members<'a> {
+            type Value = OrderedMembers<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut members = Vec::new();
+                while let Some(member) = map.next_entry()? {
+                    members.push(member);
+                }
+                Ok(OrderedMembers(members))
+            }
+        }
+        d.deserialize_map(Members(std::marker::PhantomData))
+    }
+}
+
+/// `members` as a JSON object whose closing brace is indented by `indent` spaces.
+fn object_text(members: &[(String, &str)], indent: usize) -> String {
+    if members.is_empty() {
+        return "{}".to_string();
+    }
+    let inner = " ".repeat(indent + 2);
+    let body: Vec<String> = members
+        .iter()
+        .map(|(k, v)| format!("{inner}{}: {v}", json_string(k)))
+        .collect();
+    format!("{{\n{}\n{}}}", body.join(",\n"), " ".repeat(indent))
+}
+
+/// `existing` (a host configuration) with `label`'s entry in its `servers_key` object set to
+/// the one in `generated` (our rendered snippet). Every other member, at either level, keeps
+/// its place and its text as written; only the whitespace between them is redone. An error
+/// (why, for the user) when `existing` is not a JSON object or its `servers_key` is not one.
+pub fn merge_host_entry(
+    existing: &str,
+    generated: &str,
+    servers_key: &str,
+    label: &str,
+) -> Result<String, String> {
+    let servers_of = |doc: &OrderedMembers<'_>| -> Result<Vec<usize>, String> {
+        let at: Vec<usize> = (0..doc.0.len())
+            .filter(|&i| doc.0[i].0 == servers_key)
+            .collect();
+        if at.len() > 1 {
+            return Err(format!("`{servers_key}` appears more than once"));
+        }
+        Ok(at)
+    };
+    let ours: OrderedMembers<'_> =
+        serde_json::from_str(generated).expect("a host template is a JSON object");
+    let our_servers: OrderedMembers<'_> =
+        serde_json::from_str(ours.0[servers_of(&ours)?[0]].1.get())
+            .expect("a host template's servers are an object");
+    let our_entry = our_servers
+        .0
+        .iter()
+        .find(|(k, _)| k == label)
+        .map(|(_, v)| v.get())
+        .expect("a host template holds its label's entry");
+
+    // An empty file holds nothing to keep.
+    let existing = if existing.trim().is_empty() {
+        "{}"
+    } else {
+        existing
+    };
+    serde_json::from_str::<serde::de::IgnoredAny>(existing)
+        .map_err(|e| format!("it is not valid JSON ({e})"))?;
+    let doc: OrderedMembers<'_> = serde_json::from_str(existing)
+        .map_err(|_| "its top level is not a JSON object".to_string())?;
+    let mut top: Vec<(String, String)> = doc
+        .0
+        .iter()
+        .map(|(k, v)| (k.clone(), v.get().to_string()))
+        .collect();
+    let mut servers: Vec<(String, &str)> = Vec::new();
+    let at = match servers_of(&doc)?.first() {
+        Some(&i) => {
+            let inner: OrderedMembers<'_> = serde_json::from_str(doc.0[i].1.get())
+                .map_err(|_| format!("its `{servers_key}` is not a JSON object"))?;
+            servers.extend(inner.0.iter().map(|(k, v)| (k.clone(), v.get())));
+            i
+        }
+        None => {
+            top.push((servers_key.to_string(), String::new()));
+            top.len() - 1
+        }
+    };
+    // Ours replaces the first entry of that name (and any repeat), or goes last.
+    match servers.iter().position(|(k, _)| k == label) {
+        Some(i) => {
+            servers[i].1 = our_entry;
+            let mut first = true;
+            servers.retain(|(k, _)| k != label || std::mem::take(&mut first));
+        }
+        None => servers.push((label.to_string(), our_entry)),
+    }
+    top[at].1 = object_text(&servers, 2);
+    let top: Vec<(String, &str)> = top.iter().map(|(k, v)| (k.clone(), v.as_str())).collect();
+    Ok(format!("{}\n", object_text(&top, 0)))
 }
 
 #[cfg(test)]
@@ -844,5 +1151,126 @@ mod tests {
         ] {
             assert_eq!(public_git_url(local), None, "{local}");
         }
+    }
+
+    const OURS: &str =
+        "{\n  \"mcpServers\": {\n    \"srv\": {\n      \"command\": \"cargo\"\n    }\n  }\n}\n";
+
+    #[test]
+    fn merging_sets_our_entry_and_keeps_everything_else_as_written() {
+        let mine = r#"{"z": 1, "mcpServers": {"b": {"x": 1.50}, "srv": {"command": "old"}, "a": {}}, "y": [ 1, 2 ]}"#;
+        let merged = merge_host_entry(mine, OURS, "mcpServers", "srv").unwrap();
+        assert_eq!(
+            merged,
+            "{\n  \"z\": 1,\n  \"mcpServers\": {\n    \"b\": {\"x\": 1.50},\n    \"srv\": {\n      \"command\": \"cargo\"\n    },\n    \"a\": {}\n  },\n  \"y\": [ 1, 2 ]\n}\n"
+        );
+        // Merging again changes nothing.
+        assert_eq!(
+            merge_host_entry(&merged, OURS, "mcpServers", "srv").unwrap(),
+            merged
+        );
+    }
+
+    #[test]
+    fn merging_adds_the_servers_object_or_our_entry_when_missing() {
+        let doc = |text: &str| -> serde_json::Value { serde_json::from_str(text).unwrap() };
+        let merged = merge_host_entry(r#"{"inputs": []}"#, OURS, "mcpServers", "srv").unwrap();
+        assert_eq!(
+            doc(&merged),
+            serde_json::json!({"inputs": [], "mcpServers": {"srv": {"command": "cargo"}}})
+        );
+        for empty in ["", " \n", "{}"] {
+            assert_eq!(
+                doc(&merge_host_entry(empty, OURS, "mcpServers", "srv").unwrap()),
+                serde_json::json!({"mcpServers": {"srv": {"command": "cargo"}}}),
+                "{empty:?}"
+            );
+        }
+        // A repeated entry of ours collapses into one; other servers stay.
+        let merged = merge_host_entry(
+            r#"{"mcpServers": {"srv": 1, "o": 2, "srv": 3}}"#,
+            OURS,
+            "mcpServers",
+            "srv",
+        )
+        .unwrap();
+        assert_eq!(merged.matches("\"srv\"").count(), 1, "{merged}");
+        assert!(merged.contains("\"o\": 2"), "{merged}");
+    }
+
+    #[test]
+    fn merging_refuses_what_it_cannot_merge_into() {
+        for (mine, why) in [
+            ("edited", "not valid JSON"),
+            ("{\"mcpServers\": {},}", "not valid JSON"),
+            ("// c\n{}", "not valid JSON"),
+            ("[1]", "top level is not a JSON object"),
+            ("\"s\"", "top level is not a JSON object"),
+            (r#"{"mcpServers": []}"#, "`mcpServers` is not a JSON object"),
+            (
+                r#"{"mcpServers": null}"#,
+                "`mcpServers` is not a JSON object",
+            ),
+            (
+                r#"{"mcpServers": {}, "mcpServers": {}}"#,
+                "`mcpServers` appears more than once",
+            ),
+        ] {
+            let err = merge_host_entry(mine, OURS, "mcpServers", "srv").unwrap_err();
+            assert!(err.contains(why), "{mine}: {err}");
+        }
+    }
+
+    /// Something changes between planning and writing (here a file appears where a planned
+    /// directory goes): the write fails, and the files and directories this run had created
+    /// are removed again.
+    #[test]
+    fn a_failed_commit_removes_what_it_created() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let mut out = Writer::new(root, false);
+        out.quiet = true;
+        out.plan(root, &root.join("a/deep/one.txt"), "1", FileKind::Text)
+            .unwrap();
+        out.plan(root, &root.join("top.txt"), "2", FileKind::Script)
+            .unwrap();
+        out.plan(root, &root.join("b/two.txt"), "3", FileKind::Text)
+            .unwrap();
+        assert_eq!(out.pending(), 3);
+        std::fs::write(root.join("b"), "in the way").unwrap();
+        let err = out.commit().unwrap_err();
+        assert!(
+            err.message.contains("could not write `b/two.txt`"),
+            "{}",
+            err.message
+        );
+        assert!(err.message.contains("were removed"), "{}", err.message);
+        let left: Vec<_> = std::fs::read_dir(root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["b"], "only what was there before");
+    }
+
+    #[test]
+    fn plan_keeps_existing_files_without_force_and_checks_directories() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        std::fs::write(root.join("kept.txt"), "mine").unwrap();
+        std::os::unix::fs::symlink(tmp.path(), root.join("linked")).unwrap();
+        let mut out = Writer::new(root, false);
+        out.plan(root, &root.join("kept.txt"), "x", FileKind::Text)
+            .unwrap();
+        assert_eq!(out.skipped, ["kept.txt"]);
+        let err = out
+            .plan(root, &root.join("linked/new.txt"), "x", FileKind::Text)
+            .unwrap_err();
+        assert!(
+            err.message.contains("refusing to write `linked/new.txt`")
+                && err.message.contains("is a symbolic link"),
+            "{}",
+            err.message
+        );
+        assert_eq!(out.pending(), 0);
     }
 }

@@ -2,18 +2,19 @@
 //! tool and a gated write tool, a commented `[package.metadata.mcp-dev]` block, a README) plus
 //! everything `init` writes, ready for `cargo mcp-dev run` unchanged.
 //!
-//! Owns the package name rules and the refusal to write into an existing non-empty directory.
+//! Owns the package name rules, the refusal to write into an existing non-empty directory (or
+//! one whose path is not UTF-8), and removing what a failed run created.
 //! It runs no cargo command (the package is known without `cargo metadata`), so it works offline.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::cli::NewArgs;
 use crate::config::McpDevConfig;
 use crate::error::{CmdResult, Failure};
 use crate::templates::{self, Vars};
-use crate::{exit_codes, status};
+use crate::{exit_codes, fsutil, status};
 
-use super::init::{self, BlockStyle, HostEnv, Project, Writer};
+use super::init::{self, BlockStyle, FileKind, HostEnv, Project, Writer};
 
 /// The template server's tools (also named in its metadata block and README).
 pub const READ_TOOL: &str = "list_notes";
@@ -43,12 +44,29 @@ fn package_dir(args: &NewArgs) -> Result<std::path::PathBuf, Failure> {
 }
 
 /// Writes the package (`quiet`: without a line per file); returns how many files it wrote.
+/// A run that fails leaves nothing behind that it created (an empty directory that was there
+/// before stays), so fixing the cause and running it again just works.
 pub fn create(args: &NewArgs, quiet: bool) -> Result<usize, Failure> {
     validate_package_name(&args.name)?;
     let dir = package_dir(args)?;
-    prepare_dir(&dir)?;
+    init::require_utf8_path(&dir)?;
+    let mut created_dirs = Vec::new();
+    let result =
+        prepare_dir(&dir, &mut created_dirs).and_then(|()| write_package(args, &dir, quiet));
+    if result.is_err() {
+        // The files are already gone (`Writer::commit`); these directories are now empty.
+        fsutil::remove_created(&[], &created_dirs);
+    }
+    result
+}
+
+/// Plans and writes every file of the package in `dir` (which exists and is empty).
+fn write_package(args: &NewArgs, dir: &Path, quiet: bool) -> Result<usize, Failure> {
     // Canonical, so host snippets carry the path the OS reports (no `..`, no symlinked /tmp).
-    let dir = dir.canonicalize()?;
+    let dir = dir
+        .canonicalize()
+        .map_err(|e| Failure::error(format!("could not resolve `{}`: {e}", dir.display())))?;
+    init::require_utf8_path(&dir)?;
     let project = Project {
         manifest_path: dir.join("Cargo.toml"),
         label: args.name.clone(),
@@ -87,14 +105,15 @@ pub fn create(args: &NewArgs, quiet: bool) -> Result<usize, Failure> {
         (".gitignore", &templates::NEW_GITIGNORE),
     ] {
         let text = templates::render(template, &v).map_err(|e| Failure::error(e.to_string()))?;
-        out.write(&dir.join(rel), &text, false)?;
+        out.plan(&dir, &dir.join(rel), &text, FileKind::Text)?;
     }
     init::write_companions(&project, &HostEnv::detect(), &mut out)?;
-    Ok(out.created)
+    out.commit()
 }
 
-/// Creates `dir`, or accepts it when it exists and is empty.
-fn prepare_dir(dir: &Path) -> Result<(), Failure> {
+/// Creates `dir` (recording in `created` each directory made, parents included), or accepts
+/// it when it exists and is empty.
+fn prepare_dir(dir: &Path, created: &mut Vec<PathBuf>) -> Result<(), Failure> {
     match std::fs::read_dir(dir) {
         Ok(mut entries) => {
             if entries.next().is_some() {
@@ -108,8 +127,15 @@ fn prepare_dir(dir: &Path) -> Result<(), Failure> {
             }
             Ok(())
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir_all(dir)
-            .map_err(|e| Failure::error(format!("could not create `{}`: {e}", dir.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let existing = dir
+                .ancestors()
+                .skip(1)
+                .find(|a| a.exists())
+                .unwrap_or(Path::new("/"));
+            fsutil::create_dirs_below(existing, dir, created)
+                .map_err(|e| Failure::error(format!("could not create `{}`: {e}", dir.display())))
+        }
         Err(e) if dir.exists() && !dir.is_dir() => Err(Failure::error(format!(
             "destination `{}` exists and is not a directory ({e})",
             dir.display()
