@@ -1120,8 +1120,12 @@ pub fn execute(args: RunArgs) -> CmdResult {
     } else {
         let tx = events_tx.clone();
         let shown = t.clone();
+        let warn = sink.clone();
         let w = Arc::new(watch::Rewatcher::new(debounce, move |signal| {
             let event = match signal {
+                watch::Signal::Unwatched(dirs) => {
+                    return warn.emit(&dirs.status_line(|p| shown.display_path(p)));
+                }
                 watch::Signal::Changing => Event::SourcesChanging,
                 watch::Signal::Settled {
                     paths,

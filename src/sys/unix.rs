@@ -1,7 +1,8 @@
 //! The platform seam for processes (Linux first; macOS uses the same POSIX calls).
 //!
 //! Process groups, group signals, exit decoding, the parent-death check, a terminal's modes,
-//! a file's identity and random bytes from the operating system.
+//! a file's identity, random bytes from the operating system, and whether one file-system watch
+//! covers a whole tree.
 //! Nothing here knows what the processes are for.
 
 use std::os::fd::AsFd;
@@ -263,6 +264,13 @@ impl Drop for TerminalModes {
             let _ = rustix::termios::tcsetattr(fd, rustix::termios::OptionalActions::Now, modes);
         }
     }
+}
+
+/// Whether one file-system watch covers a whole tree (macOS FSEvents: one stream, no per-directory
+/// cost). Elsewhere (Linux inotify) every directory is a watch of its own, a kernel-limited
+/// resource: the caller walks the tree itself and chooses which directories to watch.
+pub fn one_watch_covers_a_tree() -> bool {
+    cfg!(target_os = "macos")
 }
 
 #[cfg(test)]
