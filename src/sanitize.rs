@@ -197,9 +197,11 @@ pub fn shell_word(text: &str) -> Option<String> {
 
 /// The command that approves one denied call, as the status lines suggest it: the call id
 /// (the host's JSON text for it, chosen by the agent) as a safe shell word, or, when no word is
-/// safe (or the id is over 128 bytes), the terminal inbox that can approve the call by a key.
+/// safe (or the id is over 128 bytes or holds a backtick), the terminal inbox that can approve
+/// the call by a key.
 pub fn approve_call_command(call_id: &str) -> String {
-    match shell_word(call_id).filter(|_| call_id.len() <= 128) {
+    // No backtick either: status lines show the command between backticks.
+    match shell_word(call_id).filter(|_| call_id.len() <= 128 && !call_id.contains('`')) {
         // `--call=`: an id that starts with `-` is still the option's value.
         Some(word) => format!("cargo mcp-dev approve --call={word}"),
         None => "cargo mcp-dev approve --follow".to_string(),

@@ -143,14 +143,19 @@ impl Denial {
 
     /// One sentence telling the human what to do.
     pub fn human_hint(&self) -> String {
-        let tool = &self.tool;
+        // The tool's name is the server's: its backticks are escaped, so a command in
+        // backticks in this sentence is only ever ours.
+        let tool = &self.tool.replace('`', "\\`");
         let approve = || {
             let epoch = self.current_epoch.as_deref().unwrap_or("the current epoch");
-            let mut cmd = format!("cargo mcp-dev approve --tool {tool}");
-            for scope in &self.credential_scopes {
-                cmd.push_str(&format!(" --credential-scope {scope}"));
+            match approve_tool_command(&self.tool, &self.credential_scopes) {
+                Some(cmd) => {
+                    format!("run `{cmd}` in the project to approve {tool} for epoch {epoch}")
+                }
+                None => format!(
+                    "run `cargo mcp-dev approve` in the project to review and approve {tool} for epoch {epoch}"
+                ),
             }
-            format!("run `{cmd}` in the project to approve {tool} for epoch {epoch}")
         };
         match self.reason {
             DenialReason::IdentityPending => format!(
@@ -202,4 +207,22 @@ pub struct DeniedCall {
     /// Milliseconds, as passed to [`Gate::decide_call`].
     pub at: u64,
     pub denial: Denial,
+}
+
+/// The command that approves `tool` (with its credential scopes), each name as one shell word
+/// that cannot expand (`sanitize::shell_word`): the tool's name is the server's, and a human
+/// pastes the command into a shell. `None` when a name makes no safe word (not printable ASCII,
+/// a backtick, over 128 bytes): the interactive `approve` then shows it instead.
+fn approve_tool_command(tool: &str, scopes: &[String]) -> Option<String> {
+    // No backtick either: the command is shown between backticks.
+    let word =
+        |s: &str| crate::sanitize::shell_word(s).filter(|_| s.len() <= 128 && !s.contains('`'));
+    // `--tool=`: a name that starts with `-` is still the option's value.
+    let sep = if tool.starts_with('-') { "=" } else { " " };
+    let mut cmd = format!("cargo mcp-dev approve --tool{sep}{}", word(tool)?);
+    for scope in scopes {
+        let sep = if scope.starts_with('-') { "=" } else { " " };
+        cmd.push_str(&format!(" --credential-scope{sep}{}", word(scope)?));
+    }
+    Some(cmd)
 }

@@ -105,7 +105,15 @@ impl<I: Io> Session<I> {
                     epoch_now.as_deref(),
                     records::data(&record),
                 );
-                let shown_tool: String = tool.chars().take(128).collect();
+                // Backticks escaped too: a command in backticks on this line is only ever ours
+                // (a tool named "x` (or `cargo mcp-dev approve --yes …" cannot fake one).
+                let shown_tool: String = tool
+                    .chars()
+                    .take(128)
+                    .collect::<String>()
+                    .escape_debug()
+                    .to_string()
+                    .replace('`', "\\`");
                 let only_this = if needs_grant {
                     // The id is the agent's: suggested only as a word the shell cannot expand.
                     let command = crate::sanitize::approve_call_command(&call_id);
@@ -115,7 +123,7 @@ impl<I: Io> Session<I> {
                 };
                 self.io.status(&format!(
                     "call denied: {} ({}): {}{only_this}",
-                    shown_tool.escape_debug(),
+                    shown_tool,
                     denial.reason.as_str(),
                     denial.human_hint()
                 ));

@@ -85,7 +85,9 @@ fn the_suggested_approve_call_command_quotes_the_agents_id() {
             json!("7$(echo INJECTED)"),
             r#"approve --call='"7$(echo INJECTED)"'`"#,
         ),
-        (json!("it's`x`"), r#"approve --call='"it'\''s`x`"'`"#),
+        (json!("it's x"), r#"approve --call='"it'\''s x"'`"#),
+        // A backtick: the command is shown between backticks, so the inbox instead.
+        (json!("it's`x`"), "approve --follow`"),
         (json!(-5), "approve --call=-5`"),
         (json!("\u{202e}x"), "approve --follow`"),
     ] {
@@ -218,5 +220,58 @@ fn a_cancelled_calls_late_result_is_not_shown_as_a_reused_ids_result() {
             ("list_items".to_string(), crate::audit::CallOutcome::Pending),
         ],
         "audit show: the cancelled call's result given to the call that reused its id"
+    );
+}
+
+/// A tool name cannot put a command of its own choosing in backticks on the `call denied`
+/// line (next to the `approve --call=` the supervisor suggests): its backticks are escaped.
+#[test]
+fn a_tool_name_cannot_fake_a_suggested_command() {
+    let mut h = Harness::new(|_| {});
+    let evil = "x` (or `cargo mcp-dev approve --yes --tool nuke";
+    ready_with(&mut h, vec![tool(evil, 1)]);
+    h.call(evil);
+    let line = h
+        .io()
+        .status
+        .iter()
+        .find(|l| l.starts_with("call denied: "))
+        .cloned()
+        .expect("a call denied line");
+    let ours = line.replace("\\`", "");
+    let quoted: Vec<&str> = ours.split('`').skip(1).step_by(2).collect();
+    assert_eq!(
+        quoted,
+        ["cargo mcp-dev approve", "cargo mcp-dev approve --call=2"],
+        "only our commands are in backticks: {line}"
+    );
+}
+
+/// The suggested `approve --tool NAME` carried the server's tool name as it was: a tool named
+/// `x;touch /tmp/pwn` suggested a command that, pasted into a shell, ran the server's. The
+/// name is now one shell word that cannot expand.
+#[test]
+fn a_suggested_approve_command_carries_the_tool_name_as_one_shell_word() {
+    let mut h = Harness::new(|_| {});
+    let evil = "x;touch /tmp/pwn$(id)";
+    ready_with(&mut h, vec![tool(evil, 1), tool("-rf", 1)]);
+    h.call(evil);
+    h.call("-rf");
+    let lines: Vec<String> = h
+        .io()
+        .status
+        .iter()
+        .filter(|l| l.starts_with("call denied: "))
+        .cloned()
+        .collect();
+    assert!(
+        lines[0].contains("`cargo mcp-dev approve --tool 'x;touch /tmp/pwn$(id)'`"),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[1].contains("`cargo mcp-dev approve --tool=-rf`"),
+        "a leading dash stays the option's value: {}",
+        lines[1]
     );
 }
