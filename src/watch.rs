@@ -754,6 +754,16 @@ impl Rewatcher {
         }
     }
 
+    /// Forgets what files held: the next save of any file is a change even with the same
+    /// bytes. After a build that failed, a re-save (or `touch`) is how a user retries a build
+    /// whose cause lay outside the sources (a missing tool, a full disk).
+    pub fn forget_contents(&self) {
+        self.memory
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .forget();
+    }
+
     /// Watches what `target` is built from; returns `Ok(true)` when the watched set changed.
     pub fn follow(&self, target: &ServerTarget) -> Result<bool, WatchError> {
         let plan = WatchPlan::for_target(target)?;
@@ -1066,6 +1076,19 @@ mod tests {
         file.set_len(LARGEST_HASHED + 1).unwrap();
         assert!(m.changed(&big));
         assert!(m.changed(&big));
+    }
+
+    #[test]
+    fn after_a_failed_build_the_same_bytes_are_a_change_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("main.rs");
+        std::fs::write(&file, "fn main() {}\n").unwrap();
+        let w = Rewatcher::new(Duration::from_millis(50), |_| {});
+        let changed = |w: &Rewatcher| w.memory.lock().unwrap().changed(&file);
+        assert!(changed(&w), "first seen");
+        assert!(!changed(&w), "the same bytes again");
+        w.forget_contents();
+        assert!(changed(&w), "after a failed build a re-save retries it");
     }
 
     #[test]

@@ -499,6 +499,9 @@ impl Io for Shell {
                 let result = build_once(&prep, &args, &lock, &sink);
                 // A manifest edit can add a path dependency or a source directory: follow it.
                 if let Some(w) = &watcher {
+                    if matches!(result, BuildResult::Failed { .. } | BuildResult::Error(_)) {
+                        w.forget_contents(); // a re-save retries it
+                    }
                     let target = prep
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
