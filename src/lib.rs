@@ -75,4 +75,4 @@ pub fn main_entry() -> i32 {
 }
 
 #[cfg(test)]
-mod rt17_tests;
+mod tests_workspace_attacks;

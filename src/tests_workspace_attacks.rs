@@ -1,5 +1,5 @@
-//! Red-team round 17, unit level: the watcher (`watch`) and the configuration (`config`).
-//! Each test fails on the code it was written against and passes once its finding is fixed.
+//! Attacks through the workspace, unit level (red-team round 17): the watcher (`watch`) and the
+//! configuration (`config`). Each test failed on the code it was written against.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -56,10 +56,10 @@ fn as_nobody(test: &str, body: impl FnOnce()) {
 /// to `src/`, which is perfectly watchable. The rest should still be watched (and the bad
 /// directory named).
 #[test]
-fn rt17_one_unwatchable_directory_disables_all_watching() {
+fn one_unwatchable_directory_leaves_the_rest_watched() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     as_nobody(
-        "rt17_tests::rt17_one_unwatchable_directory_disables_all_watching",
+        "tests_workspace_attacks::one_unwatchable_directory_leaves_the_rest_watched",
         unwatchable_body,
     );
 }
@@ -110,7 +110,7 @@ fn unwatchable_body() {
 /// served, the whole time. A set (HashSet/BTreeSet) beside the Vec, or a cap on the paths
 /// kept (only three are shown), makes it linear.
 #[test]
-fn rt17_a_burst_of_distinct_paths_wedges_the_debounce_thread() {
+fn a_burst_of_distinct_paths_settles_promptly() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().canonicalize().unwrap();
@@ -151,7 +151,7 @@ fn rt17_a_burst_of_distinct_paths_wedges_the_debounce_thread() {
 /// ignore pattern should be a configuration error naming the key and line, like every other
 /// bad value.
 #[test]
-fn rt17_an_invalid_ignore_glob_is_accepted_and_disables_watching() {
+fn an_invalid_ignore_glob_is_refused_with_the_table() {
     use crate::config::LoadedConfig;
     assert!(
         globset::Glob::new("fixtures/[abc").is_err(),
@@ -174,7 +174,7 @@ fn rt17_an_invalid_ignore_glob_is_accepted_and_disables_watching() {
 /// configured per-call tool, despite run.rs's "flags never narrow what it gates per call").
 /// Either the table is refused (naming both keys) or per-call wins.
 #[test]
-fn rt17_a_per_call_tool_that_is_also_exempt_is_not_gated() {
+fn a_per_call_tool_cannot_be_left_ungated_by_the_table() {
     use crate::commands::run::policy_from;
     use crate::config::LoadedConfig;
     for table in [

@@ -1,5 +1,8 @@
-//! Red-team round 17: watcher and rebuild loop, configuration, `init`/`new`. One test per
-//! finding; each fails on the code it was written against and passes once the finding is fixed.
+//! Attacks through the workspace the agent can write (red-team round 17): a build script's
+//! escape sequences, links planted where `init` writes, a half-failed `new`, a non-UTF-8 path,
+//! nested noise directories and links out of the workspace in the watched tree, and a build
+//! that rewrites its own sources. One test per finding; each failed on the code it was written
+//! against.
 
 mod common;
 
@@ -74,7 +77,7 @@ fn text(b: &[u8]) -> String {
 /// code, written by the agent; here it sets the clipboard (OSC 52) and the window title
 /// through the human's terminal. Only SGR colour sequences should get through.
 #[test]
-fn rt17_build_script_warning_escapes_reach_the_terminal_raw() {
+fn a_build_scripts_escape_sequences_never_reach_the_terminal() {
     let p = Pkg::new("rt17bs", "fn main() {}\n");
     std::fs::write(
         p.root.join("build.rs"),
@@ -104,7 +107,7 @@ fn rt17_build_script_warning_escapes_reach_the_terminal_raw() {
 /// the second one world-readable and executable. A generated file should be replaced
 /// (temporary file + rename, or O_NOFOLLOW like `fsutil::write_atomic`), never written through.
 #[test]
-fn rt17_init_force_writes_through_symlinks_planted_in_the_package() {
+fn init_force_never_writes_through_links_planted_in_the_package() {
     use std::os::unix::fs::PermissionsExt;
     let p = Pkg::new("rt17init", "fn main() {}\n");
     let victim = p.scratch().join("victim.txt");
@@ -140,7 +143,7 @@ fn rt17_init_force_writes_through_symlinks_planted_in_the_package() {
 /// configuration (`.vscode -> ~/.config/Code/User`: `mcp.json` there starts the server in
 /// every workspace). Generated files should only land inside the package.
 #[test]
-fn rt17_init_creates_files_through_a_symlinked_directory() {
+fn init_refuses_a_linked_directory() {
     let p = Pkg::new("rt17dir", "fn main() {}\n");
     let elsewhere = p.scratch().join("user-config");
     std::fs::create_dir_all(&elsewhere).unwrap();
@@ -164,7 +167,7 @@ fn rt17_init_creates_files_through_a_symlinked_directory() {
 /// user's other servers ("overwrote .mcp.json"). The entry should be merged into the
 /// existing `mcpServers` object (or the clobbering refused), keeping the other entries.
 #[test]
-fn rt17_init_force_drops_other_servers_from_the_host_config() {
+fn init_force_keeps_other_servers_in_the_host_config() {
     let p = Pkg::new("rt17merge", "fn main() {}\n");
     std::fs::write(
         p.root.join(".mcp.json"),
@@ -191,7 +194,7 @@ fn rt17_init_force_drops_other_servers_from_the_host_config() {
 /// refused ("already exists and is not empty"). `new` should remove what it created when it
 /// fails (or build in a temporary directory and rename it into place).
 #[test]
-fn rt17_new_failure_leaves_a_half_written_package() {
+fn a_failed_new_leaves_no_half_written_package() {
     let tmp = tempfile::Builder::new()
         .prefix("rt17-new-")
         .tempdir()
@@ -226,7 +229,7 @@ fn rt17_new_failure_leaves_a_half_written_package() {
 /// generated `.mcp.json` runs a Cargo.toml that does not exist. It should refuse with a clear
 /// error instead of writing broken host files and saying `ready`.
 #[test]
-fn rt17_new_in_a_non_utf8_directory_writes_broken_host_files() {
+fn new_refuses_a_non_utf8_directory() {
     use std::os::unix::ffi::OsStrExt;
     let tmp = tempfile::Builder::new()
         .prefix("rt17-utf8-")
@@ -343,7 +346,7 @@ fn watches_of_a_running_session(p: &Pkg) -> (usize, String) {
 /// synchronously before `run` starts, and again after builds), and the inotify limit
 /// (ENOSPC, then no watching at all). Noise directories should not be descended into.
 #[test]
-fn rt17_nested_noise_directories_are_walked_and_watched() {
+fn nested_noise_directories_are_neither_walked_nor_watched() {
     let p = Pkg::new("rt17noise", STDIN_SERVER);
     let nm = p.root.join("web/node_modules");
     for i in 0..400 {
@@ -363,7 +366,7 @@ fn rt17_nested_noise_directories_are_walked_and_watched() {
 /// the server. Links out of the workspace should not be followed (notify
 /// `Config::with_follow_symlinks(false)`, or a filter), or at least not recursively.
 #[test]
-fn rt17_a_symlink_out_of_the_workspace_is_walked_and_watched() {
+fn a_link_out_of_the_workspace_is_not_followed() {
     let p = Pkg::new("rt17link", STDIN_SERVER);
     let outside = p.scratch().join("outside-tree");
     for i in 0..300 {
@@ -386,7 +389,7 @@ fn rt17_a_symlink_out_of_the_workspace_is_walked_and_watched() {
 /// supervisor's own build (or whose content is unchanged since the last build) should not
 /// queue another build.
 #[test]
-fn rt17_a_build_that_writes_into_the_sources_rebuilds_forever() {
+fn a_build_that_rewrites_its_sources_does_not_rebuild_forever() {
     use std::io::{BufRead, BufReader};
     use std::process::Stdio;
     use std::time::{Duration, Instant};
