@@ -182,10 +182,15 @@ pub fn json_text(text: &str) -> Cow<'_, str> {
 /// `text` as one POSIX shell word that passes exactly `text`, for a command the status lines
 /// suggest: bare when made only of characters no shell treats specially, else single-quoted
 /// (`'` written as `'\''`), inside which nothing expands (`$(…)`, backticks, `;`). `None`
-/// unless every character is printable ASCII: anything else would be shown escaped, and the
-/// escaped form is not the text.
+/// unless every character is printable ASCII (anything else would be shown escaped, and the
+/// escaped form is not the text) other than `\` and `!` (which other shells read inside quotes).
 pub fn shell_word(text: &str) -> Option<String> {
-    if text.is_empty() || !text.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+    // A backslash too: fish reads `\'` inside single quotes as an escaped quote, so the same
+    // quoting would end the word early there (and `!` expands in csh even inside quotes).
+    if text.is_empty()
+        || !text.bytes().all(|b| (0x20..0x7f).contains(&b))
+        || text.contains(['\\', '!'])
+    {
         return None;
     }
     let plain = |b: u8| b.is_ascii_alphanumeric() || b"_.,:/=+-@%".contains(&b);
@@ -302,7 +307,17 @@ mod tests {
             assert_eq!(through_sh(&word), [text], "{word}");
         }
         assert_eq!(shell_word("7"), Some("7".into()), "plain text stays bare");
-        for bad in ["", "\u{202e}x", "\x1b[2J", "caf\u{e9}", "a\nb", "a\x7fb"] {
+        // Red-team round 18: `\` and `!` are read inside single quotes by fish and csh.
+        for bad in [
+            "",
+            "\u{202e}x",
+            "\x1b[2J",
+            "caf\u{e9}",
+            "a\nb",
+            "a\x7fb",
+            "x\\';touch p;#",
+            "a!b",
+        ] {
             assert_eq!(shell_word(bad), None, "{bad:?}");
         }
         assert_eq!(
@@ -324,8 +339,10 @@ mod tests {
         #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
         #[test]
         fn any_printable_ascii_text_survives_the_shell(text in "[ -~]{1,40}") {
-            let word = shell_word(&text).expect("printable ASCII");
-            prop_assert_eq!(through_sh(&word), vec![text]);
+            match shell_word(&text) {
+                Some(word) => prop_assert_eq!(through_sh(&word), vec![text]),
+                None => prop_assert!(text.contains(['\\', '!']), "refused {:?}", text),
+            }
         }
     }
 

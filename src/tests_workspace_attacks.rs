@@ -1,11 +1,11 @@
-//! Attacks through the workspace, unit level (red-team round 17): the watcher (`watch`) and the
-//! configuration (`config`). Each test failed on the code it was written against.
+//! Attacks through the workspace, unit level (red-team rounds 17 and 18): the watcher (`watch`)
+//! and the configuration (`config`). Each test failed on the code it was written against.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::unbounded;
+use crossbeam_channel::{Receiver, unbounded};
 use globset::GlobSetBuilder;
 
 use crate::watch::{self, Signal, WatchPlan};
@@ -190,4 +190,69 @@ fn a_per_call_tool_cannot_be_left_ungated_by_the_table() {
             ),
         }
     }
+}
+
+fn plan_of(root: &Path, roots: Vec<(PathBuf, bool)>) -> WatchPlan {
+    WatchPlan {
+        roots,
+        ignore_dirs: vec![],
+        ignore: GlobSetBuilder::new().build().unwrap(),
+        package_root: root.to_path_buf(),
+    }
+}
+
+/// Everything that arrives within `quiet` of the previous signal.
+fn drain(rx: &Receiver<Signal>, quiet: Duration) -> Vec<Signal> {
+    std::iter::from_fn(|| rx.recv_timeout(quiet).ok()).collect()
+}
+
+fn settled(signals: &[Signal]) -> bool {
+    signals.iter().any(|s| matches!(s, Signal::Settled { .. }))
+}
+
+/// Red-team round 18: a directory deleted and created again at once (`git checkout` of a branch whose files in
+/// `src/sub` all differ: git removes the emptied directory and recreates it; a code generator's
+/// `rm -rf out && mkdir out`). By the time the debounce thread handles the removal the path
+/// exists again, and it is still in `watched` (by path), so the new directory is never
+/// watched: every later save in it builds nothing.
+#[test]
+fn a_directory_removed_and_recreated_is_watched_again() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let sub = root.join("src").join("sub");
+    std::fs::create_dir_all(&sub).unwrap();
+    std::fs::write(sub.join("a.rs"), "fn a() {}").unwrap();
+    let (tx, rx) = unbounded();
+    let _w = watch::start(
+        plan_of(&root, vec![(root.join("src"), true)]),
+        Duration::from_millis(50),
+        move |s| {
+            let _ = tx.send(s);
+        },
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // Checkout: many new directories (the debounce thread walks and watches them), and the
+    // directory goes and comes back with new content.
+    let outside = root.join("staging");
+    for i in 0..3000 {
+        std::fs::create_dir_all(outside.join(format!("d{}", i / 50)).join(format!("e{i}")))
+            .unwrap();
+    }
+    std::fs::rename(&outside, root.join("src").join("gen")).unwrap();
+    std::fs::remove_dir_all(&sub).unwrap();
+    std::fs::create_dir(&sub).unwrap();
+    std::fs::write(sub.join("b.rs"), "fn b() {}").unwrap();
+    assert!(
+        settled(&drain(&rx, Duration::from_millis(700))),
+        "the checkout itself"
+    );
+    // The user now edits the new file.
+    std::fs::write(sub.join("b.rs"), "fn b() { changed(); }").unwrap();
+    let after = drain(&rx, Duration::from_millis(1500));
+    assert!(
+        settled(&after),
+        "a save in the recreated directory started no build: {after:?}"
+    );
 }

@@ -399,7 +399,12 @@ impl Watches {
         }
         match std::fs::symlink_metadata(path) {
             Ok(meta) if meta.is_dir() => {
-                if !self.watched.contains(path) && self.walks_below_a_root(path) {
+                // Watched by path before, maybe: a directory removed and created again at once
+                // (`git checkout`, `rm -rf out && mkdir out`) is a new inode that no watch
+                // covers yet, so it is walked and watched again (adding a watch twice is
+                // harmless).
+                self.watched.retain(|d| !d.starts_with(path));
+                if self.walks_below_a_root(path) {
                     self.watch_tree(path, unwatchable);
                 }
             }
@@ -412,7 +417,8 @@ impl Watches {
     /// is not watched yet.
     fn rescan(&mut self, unwatchable: &mut Unwatchable) {
         if self.per_directory {
-            self.watched.retain(|d| d.exists());
+            // Each directory again, whatever was watched by its path: it may be a new one.
+            self.watched.clear();
             self.watch_roots(unwatchable);
         }
     }

@@ -1210,3 +1210,61 @@ mod model {
         }
     }
 }
+
+/// Splits `line` as fish does (the default shell of many developers), returning the commands
+/// it would run: inside single quotes fish treats `\'` and `\\` as escapes (POSIX sh does not).
+fn fish_commands(line: &str) -> Vec<String> {
+    let mut commands = vec![String::new()];
+    let mut chars = line.chars().peekable();
+    let mut quoted = false;
+    while let Some(c) = chars.next() {
+        let cur = commands.last_mut().unwrap();
+        match (quoted, c) {
+            (true, '\\') if matches!(chars.peek(), Some('\'') | Some('\\')) => {
+                cur.push(chars.next().unwrap())
+            }
+            (true, '\'') => quoted = false,
+            (true, c) => cur.push(c),
+            (false, '\\') => cur.extend(chars.next()),
+            (false, '\'') => quoted = true,
+            (false, ';') => commands.push(String::new()),
+            (false, '#') => break,
+            (false, c) => cur.push(c),
+        }
+    }
+    commands
+        .into_iter()
+        .map(|c| c.trim().to_string())
+        .filter(|c| !c.is_empty())
+        .collect()
+}
+
+/// Red-team round 18: the server names a tool `x\';touch pwned;#` (printable ASCII, no backtick, 17 bytes): the
+/// suggested `approve --tool` quotes it for POSIX sh only. Pasted into fish, the backslash
+/// escapes the closing quote and `touch pwned` runs: the server's own command, suggested by us.
+#[test]
+fn a_suggested_approve_tool_command_is_one_command_in_fish_too() {
+    use crate::approval::{Denial, DenialReason};
+    let d = Denial {
+        reason: DenialReason::AuthorizationRequired,
+        tool: "x\\';touch pwned;#".into(),
+        approved_epoch: None,
+        current_epoch: Some(crate::epoch::EpochId::from("e1")),
+        host_catalog: None,
+        current_catalog: None,
+        credential_scopes: vec![],
+        authorization: None,
+    };
+    let hint = d.human_hint();
+    let cmd = hint
+        .split('`')
+        .nth(1)
+        .expect("a command between backticks")
+        .to_string();
+    let commands = fish_commands(&cmd);
+    assert_eq!(
+        commands.len(),
+        1,
+        "pasting {cmd:?} into fish runs {commands:?} (hint: {hint})"
+    );
+}

@@ -114,9 +114,6 @@ impl<I: Io> Session<I> {
             return; // answered, replaced, or a later server's deadline (its own timer comes)
         }
         if self.discovery_pending() {
-            self.io.status(
-                "the server has not answered server/discover; the host is told to use initialize",
-            );
             return self.discovery_failed(None);
         }
         let secs = self.handshake_deadline().as_secs_f64();
@@ -139,6 +136,27 @@ impl<I: Io> Session<I> {
     /// `server/discover` requests get the server's own refusal (or ours, saying to use
     /// `initialize`): the host falls back now, not after the budget.
     pub(super) fn discovery_failed(&mut self, refusal: Option<&Message>) {
+        if self.host.negotiated.is_some() && self.era() == Some(Era::Modern) {
+            // The host is on the modern protocol already and sends no fallback `initialize`:
+            // a server that refuses discovery needs a new connection (whose client falls back);
+            // a silent one cannot serve at all.
+            return match refusal {
+                Some(_) => self.close_connection(
+                    "the new server refuses server/discover (it speaks only initialize); the host must reconnect",
+                ),
+                None => {
+                    let secs = self.handshake_deadline().as_secs_f64();
+                    self.server_cannot_serve(format!(
+                        "did not answer `server/discover` within {secs} s (the first-start budget)"
+                    ))
+                }
+            };
+        }
+        if refusal.is_none() {
+            self.io.status(
+                "the server has not answered server/discover; the host is told to use initialize",
+            );
+        }
         let Some(c) = &mut self.child else { return };
         let epoch = c.epoch.clone();
         c.phase = ChildPhase::Started;

@@ -307,3 +307,85 @@ fn the_status_document_says_why_no_server_runs() {
         "{shown}"
     );
 }
+
+fn meta() -> Value {
+    json!({protocol::PROTOCOL_VERSION: protocol::MODERN_VERSION,
+           protocol::CLIENT_CAPABILITIES: {}})
+}
+
+/// A warm modern session served by `a` (discovered, listed); then a rebuild to `b` whose
+/// `server/discover` is left for the test. Returns b's epoch and our discover to it.
+fn modern_rebuilt_unanswered() -> (Harness, String, Value) {
+    let mut h = Harness::ungated(|c| c.warm = true);
+    let d = h.request("server/discover", json!({"_meta": meta()}));
+    h.build(complete("a"));
+    assert!(h.answer(&d).unwrap().get("result").is_some());
+    let l = h.request("tools/list", json!({"_meta": meta()}));
+    assert!(h.answer(&l).is_some());
+    let old = h.current_epoch().unwrap();
+    h.s.handle(Event::BuildFinished(Box::new(complete("b"))));
+    h.s.handle(Event::ChildStopped { epoch: old.clone() });
+    let new = h.s.child.as_ref().expect("b spawned").epoch.to_string();
+    assert_ne!(new, old);
+    let ours = loop {
+        let m = next_to_child(&mut h);
+        if m["method"] == "server/discover" {
+            break m;
+        }
+    };
+    (h, new, ours)
+}
+
+fn wedged(h: &mut Harness, epoch: &str) -> bool {
+    h.s.child
+        .as_ref()
+        .is_some_and(|c| c.epoch.as_str() == epoch)
+        && !h.io().stopped.iter().any(|e| e == epoch)
+        && !matches!(
+            h.s.lifecycle,
+            Lifecycle::StartFailed { .. } | Lifecycle::Stopping
+        )
+}
+
+/// Red-team round 18: the host already negotiated the modern era with `a`, so it will never
+/// send the fallback `initialize`. A rebuilt server that refuses `server/discover` was left in
+/// `Started` for good (every request held, then "still starting"); now the connection closes
+/// (exit 107), and the host's next connection falls back to `initialize`.
+#[test]
+fn a_rebuilt_server_that_refuses_discovery_closes_a_modern_hosts_connection() {
+    let (mut h, epoch, ours) = modern_rebuilt_unanswered();
+    from_child(
+        &mut h,
+        &epoch,
+        json!({"jsonrpc": "2.0", "id": ours["id"], "error": {"code": -32601, "message": "Method not found"}}),
+    );
+    assert!(!wedged(&mut h, &epoch), "{:?}", h.s.lifecycle);
+    assert_eq!(
+        h.s.lifecycle,
+        Lifecycle::Stopping,
+        "the host must reconnect (and fall back)"
+    );
+    assert!(h.io().host_closed);
+    assert!(
+        h.io()
+            .status
+            .iter()
+            .any(|l| l.contains("refuses server/discover")),
+        "{:?}",
+        h.io().status
+    );
+}
+
+/// Same, with a server silent to `server/discover`: it cannot serve, and is stopped.
+#[test]
+fn a_rebuilt_server_silent_to_discovery_is_stopped_for_a_modern_host() {
+    let (mut h, epoch, _ours) = modern_rebuilt_unanswered();
+    h.advance(300_000);
+    assert!(
+        !wedged(&mut h, &epoch),
+        "five minutes after b was sent server/discover (no answer) it is still current and not stopped; lifecycle {:?}",
+        h.s.lifecycle
+    );
+    assert!(matches!(h.s.lifecycle, Lifecycle::StartFailed { .. }));
+    assert_eq!(h.io().stopped.last(), Some(&epoch));
+}
