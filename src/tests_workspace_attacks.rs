@@ -23,15 +23,16 @@ fn plan(roots: &[(&Path, bool)], package_root: &Path) -> WatchPlan {
 }
 
 /// Runs `body` as an unprivileged user: the test binary re-executes this one test as uid
-/// 65534 (root reads every directory, so a permission problem needs someone else).
-fn as_nobody(test: &str, body: impl FnOnce()) {
+/// 65534 (root reads every directory, so a permission problem needs someone else). Shared by
+/// the watcher's own tests.
+pub(crate) fn as_nobody(test: &str, body: impl FnOnce()) {
     use std::os::unix::process::CommandExt;
-    if std::env::var_os("RT17_AS_NOBODY").is_some() || rustix::process::geteuid().as_raw() != 0 {
+    if std::env::var_os("TEST_AS_NOBODY").is_some() || rustix::process::geteuid().as_raw() != 0 {
         return body();
     }
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env("RT17_AS_NOBODY", "1")
+        .env("TEST_AS_NOBODY", "1")
         .env("TMPDIR", "/tmp")
         .uid(65534)
         .gid(65534)

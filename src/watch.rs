@@ -1314,53 +1314,32 @@ mod tests {
     #[test]
     fn an_unwatchable_directory_is_reported_once_and_the_rest_watched() {
         use std::os::unix::fs::PermissionsExt;
-        use std::os::unix::process::CommandExt;
         const TEST: &str =
             "watch::tests::an_unwatchable_directory_is_reported_once_and_the_rest_watched";
-        if std::env::var_os("WATCH_TEST_AS_NOBODY").is_none()
-            && rustix::process::geteuid().as_raw() == 0
-        {
-            let out = std::process::Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", TEST, "--nocapture", "--test-threads=1"])
-                .env("WATCH_TEST_AS_NOBODY", "1")
-                .env("TMPDIR", "/tmp")
-                .uid(65534)
-                .gid(65534)
-                .output()
-                .unwrap();
-            let all = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
+        crate::tests_workspace_attacks::as_nobody(TEST, || {
+            let dir = tempfile::tempdir().unwrap();
+            let root = dir.path().canonicalize().unwrap();
+            let locked = root.join("data/volume");
+            std::fs::create_dir_all(locked.join("inner")).unwrap();
+            std::fs::create_dir_all(root.join("data/open")).unwrap();
+            std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
+            let mut p = watching(&root);
+            p.roots = vec![(root.join("data"), true)];
+            let (tx, rx) = unbounded();
+            let w = start(p, Duration::from_millis(50), move |s| {
+                let _ = tx.send(s);
+            });
+            let _ = std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700));
+            let w = w.unwrap();
+            assert_eq!(
+                w.watched_dirs(),
+                vec![root.join("data"), root.join("data/open")]
             );
-            assert!(
-                out.status.success() && all.contains("1 passed"),
-                "as uid 65534:\n{all}"
-            );
-            return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().canonicalize().unwrap();
-        let locked = root.join("data/volume");
-        std::fs::create_dir_all(locked.join("inner")).unwrap();
-        std::fs::create_dir_all(root.join("data/open")).unwrap();
-        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
-        let mut p = watching(&root);
-        p.roots = vec![(root.join("data"), true)];
-        let (tx, rx) = unbounded();
-        let w = start(p, Duration::from_millis(50), move |s| {
-            let _ = tx.send(s);
+            let Ok(Signal::Unwatched(u)) = rx.try_recv() else {
+                panic!("no report of the unwatchable directory")
+            };
+            assert_eq!((u.count, &u.shown[..]), (1, &[locked][..]), "{u:?}");
+            assert!(u.reason.contains("ermission denied"), "{u:?}");
         });
-        let _ = std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700));
-        let w = w.unwrap();
-        assert_eq!(
-            w.watched_dirs(),
-            vec![root.join("data"), root.join("data/open")]
-        );
-        let Ok(Signal::Unwatched(u)) = rx.try_recv() else {
-            panic!("no report of the unwatchable directory")
-        };
-        assert_eq!((u.count, &u.shown[..]), (1, &[locked][..]), "{u:?}");
-        assert!(u.reason.contains("ermission denied"), "{u:?}");
     }
 }
