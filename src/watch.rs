@@ -107,7 +107,16 @@ impl WatchPlan {
         if self.ignore_dirs.iter().any(|d| path.starts_with(d)) {
             return false;
         }
-        for comp in path.components() {
+        // Only below the watched root (or the package): a project that itself lives under a
+        // directory named `target` or `.git` still has its saves seen.
+        let below = self
+            .roots
+            .iter()
+            .map(|(root, _)| root)
+            .filter(|root| path.starts_with(root))
+            .max_by_key(|root| root.as_os_str().len())
+            .unwrap_or(&self.package_root);
+        for comp in path.strip_prefix(below).unwrap_or(path).components() {
             if let std::path::Component::Normal(c) = comp {
                 let c = c.to_string_lossy();
                 if NOISE_DIRS.contains(&c.as_ref()) {
@@ -816,6 +825,18 @@ mod tests {
             ignore: GlobSetBuilder::new().build().unwrap(),
             package_root: root.to_path_buf(),
         }
+    }
+
+    #[test]
+    fn a_project_under_a_directory_named_like_noise_is_still_watched() {
+        let mut p = plan(&[]);
+        p.package_root = PathBuf::from("/home/u/target/.git/proj");
+        p.ignore_dirs = vec![PathBuf::from("/home/u/target/.git/proj/target")];
+        p.roots = vec![(PathBuf::from("/home/u/target/.git/proj/src"), true)];
+        assert!(p.is_relevant(Path::new("/home/u/target/.git/proj/src/main.rs")));
+        assert!(p.is_relevant(Path::new("/home/u/target/.git/proj/Cargo.toml")));
+        assert!(!p.is_relevant(Path::new("/home/u/target/.git/proj/src/node_modules/x.js")));
+        assert!(!p.is_relevant(Path::new("/home/u/target/.git/proj/target/debug/x")));
     }
 
     #[test]
