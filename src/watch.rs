@@ -432,12 +432,16 @@ impl Watches {
         }
     }
 
+    /// Whether `dir` is below a recursive root, or a new top-level directory of a package
+    /// (the next watch plan would take it; watched now, a save in it before that plan counts).
     fn walks_below_a_root(&self, dir: &Path) -> bool {
-        self.plan
-            .roots
-            .iter()
-            .any(|(root, recursive)| *recursive && dir != root && dir.starts_with(root))
-            && self.plan.is_walked(dir)
+        self.plan.roots.iter().any(|(root, recursive)| {
+            if *recursive {
+                dir != root && dir.starts_with(root)
+            } else {
+                *root == self.plan.package_root && dir.parent() == Some(root.as_path())
+            }
+        }) && self.plan.is_walked(dir)
     }
 }
 
@@ -1256,13 +1260,18 @@ mod tests {
         // Made in one go: `deep` may exist before `new` is watched; the walk finds it.
         std::fs::create_dir_all(src.join("new/deep")).unwrap();
         std::fs::create_dir_all(src.join("new/node_modules/pkg")).unwrap();
-        // A directory created at the top of a non-recursive root is left to the next plan.
+        // A new top-level directory of the package is watched at once (the next plan would
+        // take it; a save in it before that plan counts).
         std::fs::create_dir_all(root.join("docs/more")).unwrap();
-        let dirs = wait_for_dirs(&w, |d| d.contains(&src.join("new/deep")));
+        let dirs = wait_for_dirs(&w, |d| {
+            d.contains(&src.join("new/deep")) && d.contains(&root.join("docs/more"))
+        });
         assert_eq!(
             dirs,
             vec![
                 root.clone(),
+                root.join("docs"),
+                root.join("docs/more"),
                 src.clone(),
                 src.join("new"),
                 src.join("new/deep")
@@ -1286,11 +1295,18 @@ mod tests {
             dirs,
             vec![
                 root.clone(),
+                root.join("docs"),
+                root.join("docs/more"),
                 src.clone(),
                 src.join("moved"),
                 src.join("moved/inner")
             ]
         );
+        // A new top-level `target` or noise directory is not.
+        std::fs::create_dir_all(root.join("node_modules/x")).unwrap();
+        std::fs::write(src.join("poke.rs"), "x").unwrap();
+        signals_until_quiet(&rx, Duration::from_millis(300));
+        assert!(!w.watched_dirs().contains(&root.join("node_modules")));
     }
 
     #[test]
