@@ -28,6 +28,79 @@ use std::path::{Path, PathBuf};
 
 use crate::sys::unix::nofollow_flags as nofollow;
 
+/// Writes files below one directory held open (a running session's `target/mcp-dev`): each
+/// directory between it and a file is opened without following links and the file is replaced
+/// by a rename inside its own directory, all relative to descriptors. A directory swapped for a
+/// link while the session runs (`mv status status.old && ln -s ~/x status`) is refused, never
+/// written through (red-team round 19); the held directory itself stays the one opened at start
+/// even if it is renamed away.
+pub struct DirWriter {
+    root: PathBuf,
+    fd: std::os::fd::OwnedFd,
+}
+
+impl DirWriter {
+    /// Opens `root` (created if missing), which must be a real directory.
+    pub fn open(root: &Path) -> io::Result<DirWriter> {
+        use rustix::fs::{Mode, OFlags};
+        ensure_dir(root)?;
+        let flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY;
+        let fd = rustix::fs::open(root, flags, Mode::empty())?;
+        Ok(DirWriter {
+            root: root.to_path_buf(),
+            fd,
+        })
+    }
+
+    /// Replaces `path` (below the root) with `bytes`, creating the directories between.
+    pub fn write(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        use rustix::fs::{Mode, OFlags};
+        let rel = path.strip_prefix(&self.root).map_err(|_| {
+            io::Error::other(format!(
+                "{} is not below {}",
+                path.display(),
+                self.root.display()
+            ))
+        })?;
+        let name = rel
+            .file_name()
+            .ok_or_else(|| io::Error::other(format!("{} names no file", path.display())))?;
+        let dir_flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY;
+        let mut dir = rustix::fs::openat(&self.fd, ".", dir_flags, Mode::empty())?;
+        for part in rel.parent().into_iter().flat_map(Path::components) {
+            let part = part.as_os_str();
+            dir = match rustix::fs::openat(&dir, part, dir_flags, Mode::empty()) {
+                Ok(d) => d,
+                Err(rustix::io::Errno::NOENT) => {
+                    match rustix::fs::mkdirat(&dir, part, Mode::from_raw_mode(0o755)) {
+                        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                    rustix::fs::openat(&dir, part, dir_flags, Mode::empty())?
+                }
+                Err(e) => {
+                    return Err(io::Error::other(format!(
+                        "{} is not a directory of ours ({e}; a link planted while the session runs?); not written",
+                        self.root.join(rel.parent().unwrap_or(rel)).display()
+                    )));
+                }
+            };
+        }
+        let tmp = temp_name(Path::new(name));
+        let tmp = tmp.file_name().expect("a temporary name");
+        let file_flags =
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let fd = rustix::fs::openat(&dir, tmp, file_flags, Mode::from_raw_mode(0o644))?;
+        let written = File::from(fd)
+            .write_all(bytes)
+            .and_then(|()| rustix::fs::renameat(&dir, tmp, &dir, name).map_err(io::Error::from));
+        if written.is_err() {
+            let _ = rustix::fs::unlinkat(&dir, tmp, rustix::fs::AtFlags::empty());
+        }
+        written
+    }
+}
+
 /// Creates `dir` (and parents) and checks the last component is a real directory.
 pub fn ensure_dir(dir: &Path) -> io::Result<()> {
     std::fs::create_dir_all(dir)?;
@@ -236,6 +309,52 @@ pub fn remove_planted_link(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Red-team round 19: a directory swapped for a link after the writer opened its root is
+    /// refused; a link at the file itself is replaced; missing directories are created.
+    #[test]
+    fn a_dir_writer_never_writes_through_a_directory_swapped_for_a_link() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("mcp-dev");
+        let w = DirWriter::open(&root).unwrap();
+        let status = root.join("status/srv.json");
+        w.write(&status, b"one").unwrap();
+        assert_eq!(std::fs::read(&status).unwrap(), b"one");
+        let outside = d.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("srv.json"), b"precious").unwrap();
+        std::fs::rename(root.join("status"), root.join("status.old")).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("status")).unwrap();
+        let e = w.write(&status, b"two").unwrap_err();
+        assert!(e.to_string().contains("not a directory of ours"), "{e}");
+        assert_eq!(
+            std::fs::read(outside.join("srv.json")).unwrap(),
+            b"precious"
+        );
+        // A link at the file itself is replaced, its target untouched.
+        let latest = root.join("launch/srv/latest.json");
+        std::fs::create_dir_all(latest.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(outside.join("srv.json"), &latest).unwrap();
+        w.write(&latest, b"three").unwrap();
+        assert_eq!(std::fs::read(&latest).unwrap(), b"three");
+        assert!(
+            !std::fs::symlink_metadata(&latest)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(
+            std::fs::read(outside.join("srv.json")).unwrap(),
+            b"precious"
+        );
+        assert!(
+            w.write(&d.path().join("elsewhere.json"), b"x").is_err(),
+            "not below the root"
+        );
+        // A root that is a link is refused at open.
+        std::os::unix::fs::symlink(&outside, d.path().join("linked")).unwrap();
+        assert!(DirWriter::open(&d.path().join("linked")).is_err());
+    }
 
     /// Issue 12, medium finding "writes under `target/mcp-dev` follow symlinks (a planted
     /// `latest.json` link overwrote a file outside the project)".

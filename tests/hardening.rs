@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::session::Setup;
+use common::session::{LABEL, Setup};
 use serde_json::json;
 
 /// Critical finding "`id: null` bypasses approvals and the audit log": a `tools/call` with
@@ -1275,4 +1275,42 @@ fn spent_stdout() -> std::process::ChildStdout {
     let out = c.stdout.take().unwrap();
     let _ = c.wait();
     out
+}
+
+/// Red-team round 19: SECURITY.md's known limit said links planted *while* a session runs are followed because
+/// the session's writes are plain writes. The file-level half is now fixed (`write_atomic`
+/// replaces a link at `status/<label>.json`), but a link planted in place of the *directory*
+/// is followed: `write_atomic` accepts a symlinked parent by design ("only the final
+/// component is guarded"). The agent, with a shell in the project, swaps
+/// `target/mcp-dev/status` for a link to any directory the user can write; the next status
+/// publish (any call) creates or replaces `<label>.json` there. The same holds for
+/// `facts/` and `launch/<label>/` (`latest.json`, `<epoch>.json`, written at each rebuild).
+/// Expected: the session's own directories are opened once (or re-checked with
+/// `symlink_metadata`/`O_NOFOLLOW|O_DIRECTORY` and `renameat` relative to a held directory
+/// descriptor); a directory replaced by a link is refused, and nothing is written outside.
+#[test]
+fn a_status_directory_swapped_for_a_link_while_running_is_not_written_through() {
+    let setup = Setup::new();
+    let outside = setup.project.scratch().join("outside-dir");
+    std::fs::create_dir_all(&outside).unwrap();
+    let precious = outside.join(format!("{LABEL}.json"));
+    std::fs::write(&precious, "precious").unwrap();
+    let status_dir = setup.project.target_dir().join("mcp-dev/status");
+    let mut s = setup.start();
+    s.ready_legacy();
+    s.wait_status("the session published", |v| v.get("lifecycle").is_some());
+    // The agent, while the session runs: `mv status status.old && ln -s ~/x status`.
+    std::fs::rename(&status_dir, status_dir.with_file_name("status.old")).unwrap();
+    std::os::unix::fs::symlink(&outside, &status_dir).unwrap();
+    // Anything that changes the status document: a gated call refused.
+    let _ = s.call("7", "write", json!({"marker": "m"}));
+    std::thread::sleep(Duration::from_millis(1500));
+    let now = std::fs::read_to_string(&precious).unwrap();
+    assert_eq!(
+        now,
+        "precious",
+        "the supervisor wrote its status document through a directory link planted while it ran: {}",
+        precious.display()
+    );
+    s.finish();
 }

@@ -1175,11 +1175,9 @@ impl AuditLog {
         self.commit()?;
         self.release_reservation()
             .map_err(AuditError::io("release the reserved tail of", &self.path))?;
-        let next = scan::list_segments(&self.path)
-            .map_err(AuditError::io("list the segments of", &self.path))?
-            .last()
-            .map(|(n, _)| n + 1)
-            .unwrap_or(1);
+        let segments = scan::list_segments(&self.path)
+            .map_err(AuditError::io("list the segments of", &self.path))?;
+        let next = next_segment_number(segments.iter().map(|(n, _)| *n));
         let segment = scan::segment_path(&self.path, next);
         // Link + unlink: an existing segment is never overwritten.
         std::fs::hard_link(&self.path, &segment)
@@ -1489,6 +1487,20 @@ fn segment_ends_at(path: &Path, a: &Anchor, mac: &MacChecker) -> bool {
         return false;
     };
     record_ending_at(&file, meta.len(), a, mac)
+}
+
+/// The number of the next segment: one past the highest that has a free successor. A file
+/// planted under the largest number (`srv.18446744073709551615.jsonl`, in the agent-writable
+/// target directory) is passed over, never wrapped past (`audit verify` reports it as not
+/// part of the chain).
+fn next_segment_number(numbers: impl Iterator<Item = u64>) -> u64 {
+    let taken: std::collections::BTreeSet<u64> = numbers.collect();
+    taken
+        .iter()
+        .rev()
+        .filter_map(|n| n.checked_add(1))
+        .find(|next| !taken.contains(next))
+        .unwrap_or(1)
 }
 
 /// Opens the active file for appending (`create_new`: a fresh file after a rotation).

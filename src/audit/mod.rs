@@ -31,6 +31,8 @@ pub mod recover;
 pub mod scan;
 #[cfg(test)]
 mod tests_journal_ids;
+#[cfg(test)]
+mod tests_planted_files;
 pub mod verify;
 
 use std::path::PathBuf;

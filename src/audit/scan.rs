@@ -421,19 +421,33 @@ fn scan_file_within(
 /// constant memory. Everything before the end is written even while a writer copies: a copy
 /// is made in order (a NUL before the end is damage).
 pub(crate) fn data_end(file: &File, len: u64) -> std::io::Result<u64> {
-    use std::os::unix::fs::FileExt;
-    let mut end = len;
+    // Holes are skipped, not read: a sparse run of NULs (`truncate -s +1T` in the
+    // agent-writable target directory) costs no time. A file system that cannot say, or a
+    // file of very many regions, is read whole.
+    let regions = crate::sys::unix::data_regions(file, len, 4096).unwrap_or(vec![(0, len)]);
     let mut buf = vec![0u8; 64 << 10];
-    while end > 0 {
-        let n = end.min(buf.len() as u64) as usize;
-        let chunk = &mut buf[..n];
-        file.read_exact_at(chunk, end - n as u64)?;
-        match chunk.iter().rposition(|&b| b != 0) {
-            Some(i) => return Ok(end - n as u64 + i as u64 + 1),
-            None => end -= n as u64,
+    for (start, end) in regions.into_iter().rev() {
+        if let Some(at) = last_non_nul(file, start, end, &mut buf)? {
+            return Ok(at + 1);
         }
     }
     Ok(0)
+}
+
+/// The offset of the last byte that is not NUL in `start..end`, read backwards.
+fn last_non_nul(file: &File, start: u64, end: u64, buf: &mut [u8]) -> std::io::Result<Option<u64>> {
+    use std::os::unix::fs::FileExt;
+    let mut end = end;
+    while end > start {
+        let n = (end - start).min(buf.len() as u64) as usize;
+        let chunk = &mut buf[..n];
+        file.read_exact_at(chunk, end - n as u64)?;
+        match chunk.iter().rposition(|&b| b != 0) {
+            Some(i) => return Ok(Some(end - n as u64 + i as u64)),
+            None => end -= n as u64,
+        }
+    }
+    Ok(None)
 }
 
 /// The complete line that ends just before byte `end` (which must follow a `\n`), without its

@@ -176,6 +176,8 @@ struct Shell {
     status_file: PathBuf,
     launch_dir: PathBuf,
     facts_file: PathBuf,
+    /// `target/mcp-dev`, held open: the files above are written relative to it.
+    own_files: Option<crate::fsutil::DirWriter>,
     started: Instant,
     /// Inside a batch of events: server lines are held in `deferred` until the batch's audit
     /// records are written (group commit).
@@ -722,21 +724,21 @@ impl Io for Shell {
             return;
         }
         let text = serde_json::to_string_pretty(snapshot).expect("json") + "\n";
-        write_atomic(&self.status_file, text.as_bytes());
+        self.write_own(&self.status_file, text.as_bytes());
     }
 
     fn record_launch(&mut self, launch: &LaunchRecord) {
         let text = serde_json::to_string_pretty(launch).expect("json") + "\n";
-        write_atomic(
+        self.write_own(
             &self.launch_dir.join(format!("{}.json", launch.epoch)),
             text.as_bytes(),
         );
-        write_atomic(&self.launch_dir.join("latest.json"), text.as_bytes());
+        self.write_own(&self.launch_dir.join("latest.json"), text.as_bytes());
     }
 
     fn record_facts(&mut self, facts: &RecordedFacts) {
         let text = serde_json::to_string(facts).expect("json");
-        write_atomic(&self.facts_file, text.as_bytes());
+        self.write_own(&self.facts_file, text.as_bytes());
     }
 
     fn now_ms(&mut self) -> u64 {
@@ -759,6 +761,19 @@ impl Io for Shell {
 
     fn mint_id(&mut self) -> String {
         epoch::mint()
+    }
+}
+
+impl Shell {
+    /// Writes one of the session's own files below the held `target/mcp-dev`
+    /// ([`crate::fsutil::DirWriter`]: no directory between followed, atomic rename).
+    fn write_own(&self, path: &std::path::Path, bytes: &[u8]) {
+        let Some(files) = &self.own_files else {
+            return write_atomic(path, bytes);
+        };
+        if let Err(e) = files.write(path, bytes) {
+            status::verbose_line(&format!("could not write {}: {e}", path.display()));
+        }
     }
 }
 
@@ -1254,6 +1269,7 @@ pub fn execute(args: RunArgs) -> CmdResult {
         status_file: layout.status_file(&label),
         launch_dir: layout.launch_dir(&label),
         facts_file: layout.facts_file(&label),
+        own_files: crate::fsutil::DirWriter::open(layout.root()).ok(),
         started: Instant::now(),
         stops: stops.clone(),
         batching: false,

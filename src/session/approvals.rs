@@ -21,7 +21,7 @@ use super::*;
 use crate::approval::{
     ApprovalRequest, CallApprovalRequest, Channel, Denial, DenialReason, GrantKind,
 };
-use crate::audit::records;
+
 use crate::proxy::envelope::{self, Message};
 use crate::sanitize;
 
@@ -451,22 +451,7 @@ impl<I: Io> Session<I> {
             "Approval was asked in the host: {outcome}. The call was not run. {}",
             denial.human_hint()
         );
-        let record = records::AuthorizationDenied {
-            call_id: json!(prompt.call_id),
-            tool: prompt.tool.clone(),
-            reason: denial.reason.as_str().into(),
-            approved_epoch: denial.approved_epoch.as_deref().map(str::to_string),
-            current_epoch: denial.current_epoch.as_deref().map(str::to_string),
-            arguments_digest: Some(prompt.arguments_digest.clone()),
-            channel: Some(Channel::Host.as_str().into()),
-            outcome: Some(outcome.to_string()),
-        };
-        let epoch = self.current_epoch().map(str::to_string);
-        self.audit_record(
-            audit::AUTHORIZATION_DENIED,
-            epoch.as_deref(),
-            records::data(&record),
-        );
+        self.record_prompt_closed(&prompt, outcome);
         self.io.status(&format!(
             "call refused: {} ({}): {}",
             sanitize::review(&prompt.tool),
@@ -526,7 +511,7 @@ impl<I: Io> Session<I> {
 
     /// Tells the host a prompt is no longer wanted (`notifications/cancelled`), so its form
     /// closes; an answer that still comes finds no open prompt.
-    fn withdraw_prompt(&mut self, id: &str, reason: &str) {
+    pub(super) fn withdraw_prompt(&mut self, id: &str, reason: &str) {
         self.io.notify_host(envelope::notification_line(
             "notifications/cancelled",
             Some(&json!({"requestId": id, "reason": reason})),
@@ -559,7 +544,13 @@ impl<I: Io> Session<I> {
         for id in due {
             if let Some(p) = self.prompts.remove(&id) {
                 if p.modern {
-                    // Its call was answered with the form; a later retry finds nothing open.
+                    // Its call was answered with the form and never retried: recorded as
+                    // refused now (a later retry finds nothing open).
+                    let secs = self.cfg.approval_timeout.as_secs();
+                    self.record_prompt_closed(
+                        &p,
+                        &format!("not retried in the host within {secs}s"),
+                    );
                     continue;
                 }
                 self.withdraw_prompt(&id, "no answer in time");
@@ -570,18 +561,15 @@ impl<I: Io> Session<I> {
         self.arm_prompt_timer();
     }
 
-    /// The host cancelled a call that waits for a prompt: the prompt is closed (a later answer
-    /// finds nothing and grants nothing).
-    pub(super) fn drop_prompt_of_call(&mut self, request_id_text: &str) {
-        self.prompts
-            .retain(|_, p| p.host_id.get() != request_id_text);
-    }
-
-    /// The session ends: every waiting call is answered.
+    /// The session ends: every waiting call is answered (a modern one was: it is recorded).
     pub(super) fn fail_prompts(&mut self, why: &str) {
         let open = std::mem::take(&mut self.prompts);
-        for p in open.into_values().filter(|p| !p.modern) {
-            self.refuse_prompted(p, why);
+        for p in open.into_values() {
+            if p.modern {
+                self.record_prompt_closed(&p, why);
+            } else {
+                self.refuse_prompted(p, why);
+            }
         }
     }
 

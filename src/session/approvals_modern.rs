@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 
 use super::approvals::{PROMPT_ID_PREFIX, requested_schema};
 use super::*;
+use crate::audit::records;
 use crate::hashing;
 use crate::proxy::envelope::{self, Message};
 use crate::sanitize;
@@ -26,6 +27,47 @@ const REQUEST_STATE: &str = "requestState";
 const INPUT_RESPONSES: &str = "inputResponses";
 
 impl<I: Io> Session<I> {
+    /// A prompt closed without a grant: its call is recorded as refused, asked in the host,
+    /// with how it ended (`authorization_denied`, channel `host`). Nothing is sent.
+    pub(super) fn record_prompt_closed(&mut self, prompt: &Prompt, outcome: &str) {
+        let denial = &prompt.denial;
+        let record = records::AuthorizationDenied {
+            call_id: json!(prompt.call_id),
+            tool: prompt.tool.clone(),
+            reason: denial.reason.as_str().into(),
+            approved_epoch: denial.approved_epoch.as_deref().map(str::to_string),
+            current_epoch: denial.current_epoch.as_deref().map(str::to_string),
+            arguments_digest: Some(prompt.arguments_digest.clone()),
+            channel: Some(crate::approval::Channel::Host.as_str().into()),
+            outcome: Some(outcome.to_string()),
+        };
+        let epoch = self.current_epoch().map(str::to_string);
+        self.audit_record(
+            audit::AUTHORIZATION_DENIED,
+            epoch.as_deref(),
+            records::data(&record),
+        );
+    }
+
+    /// The host cancelled a call that waits for a prompt: the prompt is closed (its form
+    /// withdrawn from the host; a later answer finds nothing and grants nothing) and the call
+    /// recorded as refused, cancelled by the host. The host expects no answer to it.
+    pub(super) fn drop_prompt_of_call(&mut self, request_id_text: &str) {
+        let ids: Vec<String> = self
+            .prompts
+            .iter()
+            .filter(|(_, p)| !p.modern && p.host_id.get() == request_id_text)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            if let Some(p) = self.prompts.remove(&id) {
+                self.withdraw_prompt(&id, "the call was cancelled");
+                self.record_prompt_closed(&p, "cancelled by the host");
+                self.publish();
+            }
+        }
+    }
+
     /// Whether a modern host declared form elicitation in the `_meta` of its requests.
     pub(super) fn modern_host_can_elicit(&self) -> bool {
         let Some(e) = self

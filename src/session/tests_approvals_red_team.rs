@@ -1,7 +1,9 @@
-//! Red-team round 9 (approvals): each test failed on the code as found; the comment says how.
+//! Red-team rounds 9 and 19 (approvals): each test failed on the code as found; the comment
+//! says how.
 
 use serde_json::{Value, json};
 
+use super::approvals::PROMPT_ID_PREFIX;
 use super::testing::*;
 use super::*;
 
@@ -273,5 +275,137 @@ fn a_suggested_approve_command_carries_the_tool_name_as_one_shell_word() {
         lines[1].contains("`cargo mcp-dev approve --tool=-rf`"),
         "a leading dash stays the option's value: {}",
         lines[1]
+    );
+}
+
+/// A legacy host that declared `capabilities.elicitation`, the server up, the catalog listed.
+fn ready_eliciting(h: &mut Harness) -> String {
+    h.build(complete("a"));
+    let id = h.request(
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {"elicitation": {}},
+               "clientInfo": {"name": "test", "version": "1"}}),
+    );
+    h.initialized();
+    assert!(h.answer(&id).is_some());
+    let list = h.request("tools/list", json!({}));
+    assert!(h.answer(&list).is_some());
+    h.current_epoch().expect("running")
+}
+
+fn last_prompt(h: &mut Harness) -> Value {
+    h.io()
+        .to_host
+        .iter()
+        .rev()
+        .find(|m| m["method"] == "elicitation/create")
+        .cloned()
+        .expect("a prompt was sent to the host")
+}
+
+fn modern_meta() -> Value {
+    json!({protocol::PROTOCOL_VERSION: protocol::MODERN_VERSION,
+           protocol::CLIENT_CAPABILITIES: {"elicitation": {"form": {}}}})
+}
+
+/// A modern eliciting host with the server up and its catalog listed.
+fn modern(h: &mut Harness) {
+    let d = h.request("server/discover", json!({"_meta": modern_meta()}));
+    h.build(complete("a"));
+    assert!(h.answer(&d).is_some());
+    let l = h.request("tools/list", json!({"_meta": modern_meta()}));
+    assert!(h.answer(&l).is_some());
+}
+
+/// Every audit record (any kind) that names the call `call_id` (its JSON text).
+fn records_of_call(h: &mut Harness, call_id: &str) -> Vec<(String, Value)> {
+    h.io()
+        .audit
+        .iter()
+        .filter(|(_, _, d)| d.get("callId") == Some(&json!(call_id)))
+        .map(|(k, _, d)| (k.clone(), d.clone()))
+        .collect()
+}
+
+/// Red-team round 19. Legacy era: a gated call waits while its prompt is open; the host (the agent's side) then
+/// cancels the call. The prompt is silently dropped: the call was never forwarded, never
+/// refused, and nothing in the audit log says it was ever made (a call refused at the
+/// terminal gets `authorization_denied`; one cancelled in flight gets `call_cancelled`).
+#[test]
+fn a_call_cancelled_while_its_host_prompt_is_open_is_recorded() {
+    let mut h = Harness::new(|_| {});
+    ready_eliciting(&mut h);
+    let call = h.call_with("write_item", json!({"sku": "A-1"}));
+    assert_eq!(h.answer(&call), None, "waits for the host's answer");
+    h.host(
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                  "params": {"requestId": call}}),
+    );
+    assert!(h.s.prompts.is_empty(), "the prompt is closed");
+    let recs = records_of_call(&mut h, &call.to_string());
+    assert!(
+        !recs.is_empty(),
+        "a gated call that was cancelled during its approval prompt left no audit record at all"
+    );
+}
+
+/// The same cancel: the form stays open in the host (no `notifications/cancelled` for the
+/// prompt's request), so the person is still asked to approve a call that no longer exists;
+/// their "Allow this tool" is then silently void. A withdrawal (rebuild, exit, terminal
+/// grant, timeout) always closes the form; the host's own cancel does not.
+#[test]
+fn a_call_cancelled_while_its_host_prompt_is_open_withdraws_the_form() {
+    let mut h = Harness::new(|_| {});
+    ready_eliciting(&mut h);
+    let call = h.call_with("write_item", json!({"sku": "A-1"}));
+    let pid = last_prompt(&mut h)["id"].clone();
+    h.host(
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                  "params": {"requestId": call}}),
+    );
+    let withdrawn = h
+        .io()
+        .to_host
+        .iter()
+        .any(|m| m["method"] == "notifications/cancelled" && m["params"]["requestId"] == pid);
+    assert!(
+        withdrawn,
+        "the host's form for a cancelled call was left open"
+    );
+    // And the status document no longer lists it.
+    let st = h.control(json!({"op": "status"}));
+    assert_eq!(st["result"]["openPrompts"], json!([]), "{st}");
+}
+
+/// Red-team round 19. 2026-07-28: a gated call is answered `input_required` (the form) and nothing is written to
+/// the audit log. If the host never retries (the agent drops it, or the person closes the
+/// form), the prompt expires silently (`expire_prompts` skips modern prompts) and the call
+/// was never recorded: the legacy flow records `authorization_denied` with outcome
+/// `timed out`, the terminal flow at once.
+#[test]
+fn a_modern_call_answered_with_the_form_and_never_retried_is_recorded() {
+    let mut h = Harness::new(|c| {
+        c.warm = true;
+        c.approval_timeout = std::time::Duration::from_secs(45);
+    });
+    modern(&mut h);
+    let call = h.request(
+        "tools/call",
+        json!({"name": "write_item", "arguments": {"sku": "A-1"}, "_meta": modern_meta()}),
+    );
+    let a = h.answer(&call).unwrap();
+    assert_eq!(a["result"]["resultType"], "input_required", "{a}");
+    assert!(
+        a["result"]["requestState"]
+            .as_str()
+            .unwrap()
+            .starts_with(PROMPT_ID_PREFIX)
+    );
+    h.advance(60_000);
+    assert!(h.s.prompts.is_empty(), "expired");
+    let recs = records_of_call(&mut h, &call.to_string());
+    assert!(
+        recs.iter().any(|(k, _)| k == audit::AUTHORIZATION_DENIED),
+        "a refused gated call (input_required, never retried) is in no audit record: {recs:?}"
     );
 }

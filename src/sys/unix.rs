@@ -185,6 +185,14 @@ pub fn nofollow_flags() -> i32 {
     (rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC).bits() as i32
 }
 
+/// Flags for opening a file to read that may have been planted: no link followed, and no wait
+/// when it is a named pipe or a device (an open of a FIFO for reading blocks until a writer
+/// comes; the caller then refuses anything that is not a regular file).
+pub fn nofollow_nonblock_flags() -> i32 {
+    (rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC | rustix::fs::OFlags::NONBLOCK)
+        .bits() as i32
+}
+
 /// Whether an open failed because the path was a symbolic link (`ELOOP` under `O_NOFOLLOW`).
 pub fn is_symlink_refusal(e: &std::io::Error) -> bool {
     e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error())
@@ -337,5 +345,60 @@ mod tests {
         assert!(got.starts_with(b"kept"));
         let file = tempfile::tempfile().unwrap();
         widen_pipe(&file);
+    }
+}
+
+/// The regions of `file` (the first `len` bytes) that hold data, in order, as the file system
+/// reports them (`SEEK_DATA`/`SEEK_HOLE`: a hole reads as NUL bytes and costs nothing to skip).
+/// `None` when the file system cannot say, or past `most` regions (the caller then reads).
+pub fn data_regions(file: &std::fs::File, len: u64, most: usize) -> Option<Vec<(u64, u64)>> {
+    use rustix::fs::{SeekFrom, seek};
+    // The seeks move the file's offset, which the caller may read from next: put it back.
+    let here = seek(file, SeekFrom::Current(0)).ok()?;
+    let regions = data_regions_from(file, len, most);
+    seek(file, SeekFrom::Start(here)).ok()?;
+    regions
+}
+
+fn data_regions_from(file: &std::fs::File, len: u64, most: usize) -> Option<Vec<(u64, u64)>> {
+    use rustix::fs::{SeekFrom, seek};
+    let mut regions = Vec::new();
+    let mut at = 0;
+    while at < len {
+        let start = match seek(file, SeekFrom::Data(at)) {
+            Ok(start) => start,
+            Err(rustix::io::Errno::NXIO) => break, // a hole to the end
+            Err(_) => return None,
+        };
+        let end = seek(file, SeekFrom::Hole(start)).ok()?.min(len);
+        if start >= len || regions.len() == most {
+            return (start >= len).then_some(regions);
+        }
+        regions.push((start, end));
+        at = end;
+    }
+    Some(regions)
+}
+
+#[cfg(test)]
+mod tests_regions {
+    use std::io::{Read, Seek, SeekFrom, Write};
+
+    /// A sparse file's holes are not data; the file's offset is where it was.
+    #[test]
+    fn data_regions_skip_holes_and_keep_the_offset() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("f");
+        let mut f = std::fs::File::create(&p).unwrap();
+        f.write_all(b"records\n").unwrap();
+        f.set_len(64 << 20).unwrap(); // a hole to the end
+        let mut f = std::fs::File::open(&p).unwrap();
+        f.seek(SeekFrom::Start(3)).unwrap();
+        let regions = super::data_regions(&f, 64 << 20, 16).expect("ext4 and tmpfs say");
+        assert_eq!(regions.len(), 1, "{regions:?}");
+        assert!(regions[0].0 == 0 && regions[0].1 < 64 << 20, "{regions:?}");
+        let mut rest = String::new();
+        f.read_to_string(&mut rest).unwrap();
+        assert!(rest.starts_with("ords\n"), "the offset was kept");
     }
 }
