@@ -374,28 +374,31 @@ impl Watches {
         if is_link {
             return self.watch_one(top, RecursiveMode::NonRecursive, unwatchable);
         }
-        let plan = &self.plan;
+        let plan = self.plan.clone();
         let walk = walkdir::WalkDir::new(top)
             .follow_links(false)
             .into_iter()
             .filter_entry(|e| e.depth() == 0 || plan.is_walked(e.path()));
-        let mut dirs: Vec<PathBuf> = Vec::new();
+        let mut last_dir: Option<PathBuf> = None;
         for entry in walk {
             match entry {
-                Ok(e) if e.file_type().is_dir() => dirs.push(e.into_path()),
+                // Watched as the walk reaches it, before its entries are read: a directory
+                // created inside it meanwhile is either read by the walk or reported by the
+                // watch (watching after the whole walk missed those made in between).
+                Ok(e) if e.file_type().is_dir() => {
+                    self.watch_one(e.path(), RecursiveMode::NonRecursive, unwatchable);
+                    last_dir = Some(e.into_path());
+                }
                 Ok(_) => {}
                 Err(e) => {
                     let path = e.path().map(Path::to_path_buf).unwrap_or_default();
                     // A directory that cannot be read (its error comes right after it) cannot
                     // be watched either: its watch reports it, once.
-                    if dirs.last() != Some(&path) {
+                    if last_dir.as_ref() != Some(&path) {
                         unwatchable.note(&path, e);
                     }
                 }
             }
-        }
-        for dir in dirs {
-            self.watch_one(&dir, RecursiveMode::NonRecursive, unwatchable);
         }
     }
 
@@ -432,15 +435,13 @@ impl Watches {
         }
     }
 
-    /// Whether `dir` is below a recursive root, or a new top-level directory of a package
-    /// (the next watch plan would take it; watched now, a save in it before that plan counts).
+    /// Whether `dir` is below a recursive root, or below the package's own root: a new
+    /// top-level directory and what is created in it (the next watch plan would take it;
+    /// watched now, a save in it before that plan counts). Its events reach us only when its
+    /// parent is watched, so its ancestors were judged already.
     fn walks_below_a_root(&self, dir: &Path) -> bool {
         self.plan.roots.iter().any(|(root, recursive)| {
-            if *recursive {
-                dir != root && dir.starts_with(root)
-            } else {
-                *root == self.plan.package_root && dir.parent() == Some(root.as_path())
-            }
+            (*recursive || *root == self.plan.package_root) && dir != root && dir.starts_with(root)
         }) && self.plan.is_walked(dir)
     }
 }
