@@ -36,7 +36,8 @@ use crate::sys::unix::nofollow_flags as nofollow;
 /// even if it is renamed away.
 pub struct DirWriter {
     root: PathBuf,
-    fd: std::os::fd::OwnedFd,
+    /// The root as opened; opened again once it is gone (`cargo clean` removed it).
+    fd: std::sync::Mutex<std::os::fd::OwnedFd>,
 }
 
 impl DirWriter {
@@ -48,8 +49,21 @@ impl DirWriter {
         let fd = rustix::fs::open(root, flags, Mode::empty())?;
         Ok(DirWriter {
             root: root.to_path_buf(),
-            fd,
+            fd: std::sync::Mutex::new(fd),
         })
+    }
+
+    /// The held root, opened again when it was removed since (its link count is 0): after
+    /// `cargo clean` the session's files are written into the new `target/mcp-dev`.
+    fn root_fd(&self) -> io::Result<std::sync::MutexGuard<'_, std::os::fd::OwnedFd>> {
+        let mut held = self.fd.lock().unwrap_or_else(|e| e.into_inner());
+        if rustix::fs::fstat(&*held)?.st_nlink == 0 {
+            *held = DirWriter::open(&self.root)?
+                .fd
+                .into_inner()
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        Ok(held)
     }
 
     /// Replaces `path` (below the root) with `bytes`, creating the directories between.
@@ -66,7 +80,7 @@ impl DirWriter {
             .file_name()
             .ok_or_else(|| io::Error::other(format!("{} names no file", path.display())))?;
         let dir_flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY;
-        let mut dir = rustix::fs::openat(&self.fd, ".", dir_flags, Mode::empty())?;
+        let mut dir = rustix::fs::openat(&*self.root_fd()?, ".", dir_flags, Mode::empty())?;
         for part in rel.parent().into_iter().flat_map(Path::components) {
             let part = part.as_os_str();
             dir = match rustix::fs::openat(&dir, part, dir_flags, Mode::empty()) {
@@ -297,6 +311,46 @@ pub fn open_lock_file(path: &Path) -> io::Result<File> {
         .mode(0o600)
         .custom_flags(nofollow())
         .open(path)
+}
+
+/// Creates (or truncates) a log file to write, without following a link at it and only if it
+/// is a regular file (a named pipe planted there would block the open).
+pub fn create_log_file(path: &Path) -> io::Result<File> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        ensure_dir(dir)?;
+    }
+    let file = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .mode(0o644)
+        .custom_flags(crate::sys::unix::nofollow_nonblock_flags())
+        .open(path)?;
+    if !file.metadata()?.file_type().is_file() {
+        return Err(io::Error::other(format!(
+            "{} is not a regular file",
+            path.display()
+        )));
+    }
+    file.set_len(0)?;
+    Ok(file)
+}
+
+/// Reads a small file of ours that the agent may have replaced: no link followed, no wait on
+/// a named pipe, regular files only, at most `limit` bytes (`None` otherwise).
+pub fn read_small_regular(path: &Path, limit: u64) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(crate::sys::unix::nofollow_nonblock_flags())
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.file_type().is_file() || meta.len() > limit {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    file.take(limit).read_to_end(&mut bytes).ok()?;
+    Some(bytes)
 }
 
 /// Removes a symbolic link found where one of our files belongs (before a writer that does

@@ -1314,3 +1314,156 @@ fn a_status_directory_swapped_for_a_link_while_running_is_not_written_through() 
     );
     s.finish();
 }
+
+/// Red-team round 20: round 19 wrote the session's files through `DirWriter`, which holds `target/mcp-dev` open
+/// and refuses a link at the root. But `run` builds it with `DirWriter::open(..).ok()` and,
+/// when that fails, `write_own` silently falls back to plain `write_atomic`, which follows
+/// every directory link. So the agent first makes `target/mcp-dev` a link to a real directory
+/// in the project (`mv target/mcp-dev target/m && ln -s m target/mcp-dev`, harmless-looking;
+/// the session starts), and then, while the session runs, does round 19's attack:
+/// `mv status status.old && ln -s ~/x status`. The status document is written outside.
+/// Expected: no unguarded fallback (open the real directory the link names with O_NOFOLLOW
+/// below it, or refuse to start / refuse to write with a message).
+#[test]
+fn a_linked_target_mcp_dev_writes_none_of_the_sessions_files() {
+    let setup = Setup::new();
+    let outside = setup.project.scratch().join("outside-dir");
+    std::fs::create_dir_all(&outside).unwrap();
+    let precious = outside.join(format!("{LABEL}.json"));
+    std::fs::write(&precious, "precious").unwrap();
+    let target = setup.project.target_dir();
+    let root = target.join("mcp-dev");
+    let real = target.join("m");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::rename(&root, &real).unwrap();
+    std::os::unix::fs::symlink("m", &root).unwrap();
+    let mut s = setup.start();
+    // The build then fails (its lock refuses the linked root), but the session runs and
+    // publishes its status: no server is needed.
+    s.initialize();
+    // The session says at once that it writes none of its own files this time.
+    let warned = s.wait_stderr("warning: ");
+    assert!(warned.contains("not written this session"), "{warned}");
+    let status_dir = real.join("status");
+    if status_dir.exists() {
+        std::fs::rename(&status_dir, real.join("status.old")).unwrap();
+    }
+    std::os::unix::fs::symlink(&outside, &status_dir).unwrap();
+    // Anything that changes the status document: a save starts a build.
+    let main = s.project.path("src/main.rs");
+    let text = std::fs::read_to_string(&main).unwrap();
+    std::fs::write(&main, text + "\n// saved\n").unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while std::fs::read_to_string(&precious).unwrap() == "precious"
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let now = std::fs::read_to_string(&precious).unwrap();
+    assert_eq!(
+        now,
+        "precious",
+        "the supervisor wrote its status document through a directory link planted while it ran: {}",
+        precious.display()
+    );
+    s.finish();
+}
+
+/// `publish_status` (run.rs, next to round 19's `write_own`) reads the status file back with a
+/// plain `std::fs::read` whenever the snapshot says `stopping` (to spare another live
+/// supervisor's document). That read follows links and blocks: the agent replaces
+/// `target/mcp-dev/status/<label>.json` with a named pipe (`rm f && mkfifo f`) and the
+/// supervisor hangs for ever in `open` as it shuts down (the host closed the connection): it
+/// never exits, its server is never stopped. (A link to `/dev/zero` instead makes it read
+/// without end and run out of memory.)
+/// Expected: the read goes through the no-follow, non-blocking, regular-files-only, bounded
+/// opener (`keys::open_nofollow`-like) relative to the held directory, or the owner pid is
+/// kept in memory instead of read back.
+#[test]
+fn a_fifo_planted_at_the_status_file_does_not_hang_shutdown() {
+    let setup = Setup::new();
+    let status = setup
+        .project
+        .target_dir()
+        .join(format!("mcp-dev/status/{LABEL}.json"));
+    let mut s = setup.start();
+    s.ready_legacy();
+    s.wait_status("the session published", |v| v.get("lifecycle").is_some());
+    std::thread::sleep(Duration::from_millis(500));
+    std::fs::remove_file(&status).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&status)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    s.close_stdin();
+    let exited = s.wait_exit(Duration::from_secs(20));
+    if exited.is_none() {
+        // Let the stuck open go (a writer comes), so the test's session can end.
+        use std::os::unix::fs::OpenOptionsExt;
+        let _w = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&status);
+        let _ = s.wait_exit(Duration::from_secs(20));
+    }
+    assert!(
+        exited.is_some(),
+        "the supervisor did not exit within 20 s of the host closing the connection: it is stuck opening a named pipe planted at its status file"
+    );
+}
+
+/// The other file the session has written under `target/mcp-dev` since issue 12 is not on
+/// the guarded path: when the host leaves during the first build, `cargo mcp-dev
+/// background-build --log target/mcp-dev/background-build.log` opens its log with
+/// `File::create`, which follows a link and truncates its target. The agent (it is the host,
+/// and can write `target/`) plants `background-build.log -> ~/.bashrc`, starts a session and
+/// closes it during the first build: the user's file is emptied and filled with cargo's
+/// output.
+/// Expected: the log is written like the session's other files (no link followed:
+/// `write_atomic`/O_NOFOLLOW|O_CREAT|O_TRUNC after removing a planted link, relative to the
+/// held directory).
+#[test]
+fn a_link_at_background_build_log_is_not_written_through() {
+    let s = Setup::new().arg("--no-gating");
+    let root = s.project.target_dir().join("mcp-dev");
+    std::fs::create_dir_all(&root).unwrap();
+    let outside = s.project.scratch().join("bashrc");
+    std::fs::write(&outside, "precious").unwrap();
+    // Another build holds the lock, so the first build is surely running when the host leaves.
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(root.join("build.lock"))
+        .unwrap();
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    let log = root.join("background-build.log");
+    let _ = std::fs::remove_file(&log);
+    std::os::unix::fs::symlink(&outside, &log).unwrap();
+    let mut s = s.start();
+    s.wait_stderr("waiting for another cargo mcp-dev build");
+    s.initialize();
+    s.close_stdin();
+    let _ = s.wait_exit(Duration::from_secs(10));
+    let _ = s.wait_stderr_within(
+        "the host closed the connection during the first build",
+        Duration::from_secs(5),
+    );
+    drop(lock);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while std::fs::read_to_string(&outside).unwrap_or_default() == "precious"
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Give the background build the time to end either way before judging.
+    std::thread::sleep(Duration::from_millis(500));
+    let now = std::fs::read_to_string(&outside).unwrap_or_default();
+    assert_eq!(
+        now,
+        "precious",
+        "the background build's log was written through a link planted at {}",
+        log.display()
+    );
+}

@@ -282,6 +282,9 @@ pub struct AuditLog {
     /// Whether the active file holds a record besides its opening `segment_started` (a file is
     /// rotated only then, so one oversized record cannot rotate forever).
     rotatable: bool,
+    /// No segment number is left above the highest one present (a file planted under the
+    /// largest): the active file grows instead of rotating.
+    numbers_exhausted: bool,
     /// Set when a failed write could not be cut back: the file may end in a partial line, so
     /// nothing more is written to it.
     poisoned: Option<String>,
@@ -449,6 +452,7 @@ impl AuditLog {
                 .unwrap_or_else(Instant::now),
             length_checked: None,
             rotatable: false,
+            numbers_exhausted: false,
             poisoned: None,
             clock: RecordClock::default(),
             moment: None,
@@ -495,6 +499,7 @@ impl AuditLog {
             let (seq, hash) = self.seal(record_type, run, epoch, &data);
             if self.opts.max_segment_bytes > 0
                 && self.rotatable
+                && !self.numbers_exhausted
                 && self.len + self.batch.len() as u64 > self.opts.max_segment_bytes
             {
                 // Sealed onto the head the new segment will not continue: sealed again there.
@@ -1172,12 +1177,15 @@ impl AuditLog {
     /// Commits the active file, renames it to the next segment and starts a new active file
     /// with a `segment_started` record (written, anchored and, policy permitting, synced).
     fn rotate(&mut self) -> Result<(), AuditError> {
+        let segments = scan::list_segments(&self.path)
+            .map_err(AuditError::io("list the segments of", &self.path))?;
+        let Some(next) = next_segment_number(segments.iter().map(|(n, _)| *n)) else {
+            self.numbers_exhausted = true;
+            return Ok(());
+        };
         self.commit()?;
         self.release_reservation()
             .map_err(AuditError::io("release the reserved tail of", &self.path))?;
-        let segments = scan::list_segments(&self.path)
-            .map_err(AuditError::io("list the segments of", &self.path))?;
-        let next = next_segment_number(segments.iter().map(|(n, _)| *n));
         let segment = scan::segment_path(&self.path, next);
         // Link + unlink: an existing segment is never overwritten.
         std::fs::hard_link(&self.path, &segment)
@@ -1489,18 +1497,16 @@ fn segment_ends_at(path: &Path, a: &Anchor, mac: &MacChecker) -> bool {
     record_ending_at(&file, meta.len(), a, mac)
 }
 
-/// The number of the next segment: one past the highest that has a free successor. A file
-/// planted under the largest number (`srv.18446744073709551615.jsonl`, in the agent-writable
-/// target directory) is passed over, never wrapped past (`audit verify` reports it as not
-/// part of the chain).
-fn next_segment_number(numbers: impl Iterator<Item = u64>) -> u64 {
-    let taken: std::collections::BTreeSet<u64> = numbers.collect();
-    taken
-        .iter()
-        .rev()
-        .filter_map(|n| n.checked_add(1))
-        .find(|next| !taken.contains(next))
-        .unwrap_or(1)
+/// The number of the next segment: one past the highest present, so that segments read in
+/// numeric order are the chain's order. `None` when the highest is the largest number (a file
+/// planted as `srv.18446744073709551615.jsonl` in the agent-writable target directory): the
+/// writer then stops rotating rather than number a segment below one already there (`audit
+/// verify` reports the planted file).
+fn next_segment_number(numbers: impl Iterator<Item = u64>) -> Option<u64> {
+    match numbers.max() {
+        None => Some(1),
+        Some(highest) => highest.checked_add(1),
+    }
 }
 
 /// Opens the active file for appending (`create_new`: a fresh file after a rotation).

@@ -422,14 +422,21 @@ fn scan_file_within(
 /// is made in order (a NUL before the end is damage).
 pub(crate) fn data_end(file: &File, len: u64) -> std::io::Result<u64> {
     // Holes are skipped, not read: a sparse run of NULs (`truncate -s +1T` in the
-    // agent-writable target directory) costs no time. A file system that cannot say, or a
-    // file of very many regions, is read whole.
-    let regions = crate::sys::unix::data_regions(file, len, 4096).unwrap_or(vec![(0, len)]);
+    // agent-writable target directory), or many of them, costs no time. Regions of written
+    // NULs are read (their bytes are on disk: bounded by what the agent can store). A file
+    // system that cannot say is read whole.
     let mut buf = vec![0u8; 64 << 10];
-    for (start, end) in regions.into_iter().rev() {
-        if let Some(at) = last_non_nul(file, start, end, &mut buf)? {
+    let mut end = len;
+    while end > 0 {
+        let (start, stop) = match crate::sys::unix::last_data_region(file, end) {
+            Ok(Some(region)) => region,
+            Ok(None) => return Ok(0),
+            Err(_) => (0, end),
+        };
+        if let Some(at) = last_non_nul(file, start, stop, &mut buf)? {
             return Ok(at + 1);
         }
+        end = start;
     }
     Ok(0)
 }

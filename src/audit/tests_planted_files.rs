@@ -1,4 +1,5 @@
-//! Files planted next to the audit log (red-team round 19): the agent can write `target/`,
+//! Files planted next to the audit log (red-team rounds 19 and 20; the last test: the session's
+//! own files after `cargo clean`): the agent can write `target/`,
 //! where the log and its segments live. A named pipe, a terabyte of sparse NULs and a segment
 //! numbered `u64::MAX` neither hang nor stall `run`'s start nor break rotation. Each test
 //! failed on the code it was written against.
@@ -136,4 +137,98 @@ fn a_planted_segment_numbered_u64_max_does_not_break_rotation() {
             }
         }
     }
+}
+
+/// Red-team round 20: round 19 skipped holes with SEEK_DATA/SEEK_HOLE, but past 4096 data regions `data_end`
+/// falls back to reading the whole file backwards. The agent appends 4200 single NUL bytes,
+/// each in its own block, 256 MiB apart (16 MiB of disk, a few ms to make): ~1 TiB of file
+/// whose tail is all NUL, and which has 4201 regions. The fallback reads the full terabyte of
+/// holes, so `run`'s start stalls as long as before the fix (~40 min here).
+/// Expected: bounded start (walk the regions without a cap, keeping only the last ones, or
+/// judge NULs past a reservation's size as damage).
+#[test]
+fn many_nul_extents_do_not_stall_run_start() {
+    use std::os::unix::fs::FileExt;
+    let (_tmp, keys, path) = setup();
+    write_some(&path, &keys, 3);
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let len = file.metadata().unwrap().len();
+    let base = len.div_ceil(4096) * 4096 + (256 << 20);
+    for k in 0..4200u64 {
+        file.write_at(&[0u8], base + k * (256 << 20)).unwrap();
+    }
+    let outcome = open_within(&path, &keys, Duration::from_secs(15));
+    if outcome.is_none() {
+        file.set_len(len).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        outcome.is_some(),
+        "run's audit open was still reading a 1 TiB tail of 4200 NUL extents after 15 s"
+    );
+}
+
+/// `next_segment_number` takes "one past the highest number with a free successor". The agent
+/// plants `srv.18446744073709551614.jsonl` (u64::MAX - 1). The first rotation takes u64::MAX
+/// (a real segment), the second finds no successor for it and goes back to 4: the writer
+/// itself lays its chain out of numeric order (1, 2, 3, MAX, 4, ...). `audit verify` and
+/// `run`'s start (`segments.last()`) read segments in numeric order, so even after the human
+/// deletes the planted file, the genuine chain fails to verify.
+/// Expected: the next number is always above the chain's own last segment (numbers the chain
+/// did not write are passed over, never gone back below), or rotation refuses with a message.
+#[test]
+fn a_planted_segment_near_u64_max_never_puts_the_chain_out_of_order() {
+    use crate::audit::log::{AuditLog, AuditOptions};
+    let (_tmp, keys, path) = setup();
+    let opts = AuditOptions {
+        max_segment_bytes: 2_000,
+        ..AuditOptions::default()
+    };
+    let mut log = AuditLog::open_with(&path, &keys, &opts).unwrap();
+    let planted = path.with_file_name(format!("srv.{}.jsonl", u64::MAX - 1));
+    std::fs::write(&planted, b"").unwrap();
+    let pad = "p".repeat(100);
+    for n in 0..80 {
+        log.append("x", "R", Some("E"), json!({"n": n, "pad": pad}))
+            .and_then(|_| log.flush())
+            .unwrap();
+    }
+    drop(log);
+    let names: Vec<String> = crate::audit::scan::list_segments(&path)
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n.to_string())
+        .collect();
+    // The human finds the stray file and removes it; the writer's own records remain.
+    std::fs::remove_file(&planted).unwrap();
+    let verified = crate::audit::verify::verify(&path, &keys);
+    assert!(
+        verified.is_ok(),
+        "the writer's own chain (segments {names:?}) no longer verifies: {:?}",
+        verified.err().map(|f| f.reason)
+    );
+}
+
+/// `cargo clean` while a session runs (the user's or the agent's: an everyday command)
+/// removes `target/`. Before round 19 the next status/launch/facts write recreated the
+/// directories (`write_atomic` does `create_dir_all`); `DirWriter` holds the old, now deleted
+/// `target/mcp-dev` open, and `mkdirat`/`openat` in a deleted directory fail with ENOENT: the
+/// session never writes its status, launch records or facts again until it is restarted
+/// (each failure is only a verbose line). The next run starts cold, without the facts.
+/// Expected: a held root that was removed (`fstat` nlink 0, or ENOENT) is opened again.
+#[test]
+fn after_cargo_clean_the_sessions_files_are_written_again() {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().join("target/mcp-dev");
+    let w = crate::fsutil::DirWriter::open(&root).unwrap();
+    let status = root.join("status/srv.json");
+    w.write(&status, b"one").unwrap();
+    std::fs::remove_dir_all(d.path().join("target")).unwrap(); // `cargo clean`
+    // The next build recreates target/ (cargo), the session publishes again.
+    std::fs::create_dir_all(d.path().join("target/debug")).unwrap();
+    let r = w.write(&status, b"two");
+    assert!(
+        r.is_ok() && std::fs::read(&status).ok().as_deref() == Some(&b"two"[..]),
+        "after `cargo clean` the status file is not written again: {r:?}"
+    );
 }

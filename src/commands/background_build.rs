@@ -19,10 +19,10 @@ pub fn execute(args: BackgroundBuildArgs) -> CmdResult {
         .command
         .split_first()
         .ok_or_else(|| Failure::new(exit_codes::USAGE, "background-build needs a command"))?;
-    if let Some(dir) = args.log.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| Failure::error(e.to_string()))?;
-    }
-    let log = std::fs::File::create(&args.log)
+    // Under target/, which the agent can write: a link planted at the log is replaced, never
+    // written through (it would truncate the file it names).
+    crate::fsutil::remove_planted_link(&args.log);
+    let log = crate::fsutil::create_log_file(&args.log)
         .map_err(|e| Failure::error(format!("cannot create {}: {e}", args.log.display())))?;
     let err = log.try_clone().map_err(|e| Failure::error(e.to_string()))?;
     let mut child = Command::new(program)

@@ -714,8 +714,7 @@ impl Io for Shell {
         // same label (a host's probe copy, killed while the real session runs, used to leave
         // its "stopping" document on top of the session's).
         if snapshot["lifecycle"] == "stopping"
-            && let Some(owner) = std::fs::read(&self.status_file)
-                .ok()
+            && let Some(owner) = crate::fsutil::read_small_regular(&self.status_file, 16 << 20)
                 .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
                 .and_then(|v| v["supervisorPid"].as_u64())
             && owner as u32 != std::process::id()
@@ -768,8 +767,10 @@ impl Shell {
     /// Writes one of the session's own files below the held `target/mcp-dev`
     /// ([`crate::fsutil::DirWriter`]: no directory between followed, atomic rename).
     fn write_own(&self, path: &std::path::Path, bytes: &[u8]) {
+        // No root held (`target/mcp-dev` is a link, said at start): nothing is written, rather
+        // than through links.
         let Some(files) = &self.own_files else {
-            return write_atomic(path, bytes);
+            return;
         };
         if let Err(e) = files.write(path, bytes) {
             status::verbose_line(&format!("could not write {}: {e}", path.display()));
@@ -1269,7 +1270,16 @@ pub fn execute(args: RunArgs) -> CmdResult {
         status_file: layout.status_file(&label),
         launch_dir: layout.launch_dir(&label),
         facts_file: layout.facts_file(&label),
-        own_files: crate::fsutil::DirWriter::open(layout.root()).ok(),
+        own_files: match crate::fsutil::DirWriter::open(layout.root()) {
+            Ok(files) => Some(files),
+            Err(e) => {
+                status::warn(&format!(
+                    "{}: {e}; the status file, launch records and recorded facts are not written this session",
+                    layout.root().display()
+                ));
+                None
+            }
+        },
         started: Instant::now(),
         stops: stops.clone(),
         batching: false,

@@ -41,10 +41,11 @@ impl<I: Io> Session<I> {
             channel: Some(crate::approval::Channel::Host.as_str().into()),
             outcome: Some(outcome.to_string()),
         };
-        let epoch = self.current_epoch().map(str::to_string);
+        // Under the epoch it asked about (a rebuild may have come since).
+        let epoch = prompt.epoch.to_string();
         self.audit_record(
             audit::AUTHORIZATION_DENIED,
-            epoch.as_deref(),
+            Some(epoch.as_str()),
             records::data(&record),
         );
     }

@@ -15,8 +15,8 @@
 //! Rooms (each file says what it owns):
 //! - [`state`]: the state types (lifecycle, builds, child phase, pending tables, host view);
 //! - `lifecycle`: builds, spawning, replacing, exits, crash loop, shutdown;
-//! - `first_contact`: requests that arrive before a server is up (handshake, held requests,
-//!   recorded catalog, build failure at start);
+//! - `first_contact`: requests that arrive before a server is up (held requests, recorded
+//!   catalog, build failure at start); `handshake`: our handshake and a server that cannot serve;
 //! - `host`: messages from the host; `child`: messages from the server;
 //! - `catalog_fetch`: fetching and publishing catalogs, what each host connection was shown;
 //! - `router`: `tools/call` gating and forwarding; `inflight`: answers for requests whose
@@ -32,6 +32,7 @@ mod catalog_fetch;
 mod child;
 pub mod control;
 mod first_contact;
+mod handshake;
 mod host;
 mod inflight;
 mod lifecycle;

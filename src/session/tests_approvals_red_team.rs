@@ -1,4 +1,4 @@
-//! Red-team rounds 9 and 19 (approvals): each test failed on the code as found; the comment
+//! Red-team rounds 9, 19 and 20 (approvals): each test failed on the code as found; the comment
 //! says how.
 
 use serde_json::{Value, json};
@@ -407,5 +407,58 @@ fn a_modern_call_answered_with_the_form_and_never_retried_is_recorded() {
     assert!(
         recs.iter().any(|(k, _)| k == audit::AUTHORIZATION_DENIED),
         "a refused gated call (input_required, never retried) is in no audit record: {recs:?}"
+    );
+}
+
+/// `authorization_denied` records (kind, record epoch, data) naming `call_id`.
+fn denials_of(h: &mut Harness, call_id: &str) -> Vec<(Option<String>, Value)> {
+    h.io()
+        .audit
+        .iter()
+        .filter(|(k, _, d)| {
+            k == audit::AUTHORIZATION_DENIED && d.get("callId") == Some(&json!(call_id))
+        })
+        .map(|(_, e, d)| (e.clone(), d.clone()))
+        .collect()
+}
+
+/// Red-team round 20: round 19's `record_prompt_closed` stamps the record with the session's *current* epoch,
+/// not the prompt's (`Prompt::epoch`, the code the call was judged and asked about). A modern
+/// call is answered with the form under epoch A; the agent saves a file, the server is
+/// rebuilt (epoch B; modern prompts are left open on a rebuild), and the form is never
+/// retried. At expiry the refusal is recorded under epoch B: the audit log says code B
+/// refused a call that B never saw, and the journal of epoch A lacks it (its data even says
+/// `currentEpoch: A`). At session end (`fail_prompts` after the child is gone) it is recorded
+/// under no epoch at all.
+/// Expected: the record carries `prompt.epoch`.
+#[test]
+fn a_prompt_closed_after_a_rebuild_is_recorded_under_the_prompts_epoch() {
+    let mut h = Harness::new(|c| {
+        c.warm = true;
+        c.approval_timeout = std::time::Duration::from_secs(45);
+    });
+    let d = h.request("server/discover", json!({"_meta": modern_meta()}));
+    h.build(complete("a"));
+    assert!(h.answer(&d).is_some());
+    let l = h.request("tools/list", json!({"_meta": modern_meta()}));
+    assert!(h.answer(&l).is_some());
+    let epoch_a = h.current_epoch().expect("running");
+    let call = h.request(
+        "tools/call",
+        json!({"name": "write_item", "arguments": {"sku": "A-1"}, "_meta": modern_meta()}),
+    );
+    let a = h.answer(&call).unwrap();
+    assert_eq!(a["result"]["resultType"], "input_required", "{a}");
+    let epoch_b = h.rebuild("b");
+    assert_ne!(epoch_a, epoch_b);
+    h.advance(60_000);
+    let recs = denials_of(&mut h, &call.to_string());
+    assert_eq!(recs.len(), 1, "{recs:?}");
+    assert_eq!(
+        recs[0].0.as_deref(),
+        Some(epoch_a.as_str()),
+        "the refusal of a call asked about epoch {epoch_a} is recorded under {:?}: {:?}",
+        recs[0].0,
+        recs[0].1
     );
 }

@@ -389,3 +389,47 @@ fn a_rebuilt_server_silent_to_discovery_is_stopped_for_a_modern_host() {
     assert!(matches!(h.s.lifecycle, Lifecycle::StartFailed { .. }));
     assert_eq!(h.io().stopped.last(), Some(&epoch));
 }
+
+/// Red-team round 20. Round 18/19's `discovery_failed`: when a modern host has negotiated and the rebuilt
+/// server answers our `server/discover` with *any* error, the connection is closed and the
+/// supervisor exits (107), on the theory that the server "speaks only initialize". But an
+/// in-development server that fails its discover handler (an internal error, -32603; or a
+/// bad-params/version error) is not a legacy-only server: it is code that cannot serve yet,
+/// exactly like a silent one, which is stopped and waits for the next build while the
+/// session (its grants, its audit run, the host's connection) lives on. Here one save with a
+/// bug in the discover handler ends the whole session; the host, which would be served by
+/// the next build on the same connection, is disconnected (many hosts do not reconnect).
+/// Expected: only "method not found" (-32601) closes the connection; another error stops
+/// the server as one that cannot serve (`server_cannot_serve`), as the silent case does.
+#[test]
+fn a_rebuilt_servers_internal_error_to_discover_does_not_end_the_session() {
+    let meta = json!({protocol::PROTOCOL_VERSION: protocol::MODERN_VERSION,
+                      protocol::CLIENT_CAPABILITIES: {}});
+    let mut h = Harness::ungated(|c| c.warm = true);
+    let d = h.request("server/discover", json!({"_meta": meta}));
+    h.build(complete("a"));
+    assert!(h.answer(&d).unwrap().get("result").is_some());
+    let l = h.request("tools/list", json!({"_meta": meta}));
+    assert!(h.answer(&l).is_some());
+    let old = h.current_epoch().unwrap();
+    h.s.handle(Event::BuildFinished(Box::new(complete("b"))));
+    h.s.handle(Event::ChildStopped { epoch: old.clone() });
+    let epoch = h.s.child.as_ref().expect("b spawned").epoch.to_string();
+    let ours = loop {
+        let m = next_to_child(&mut h);
+        if m["method"] == "server/discover" {
+            break m;
+        }
+    };
+    from_child(
+        &mut h,
+        &epoch,
+        json!({"jsonrpc": "2.0", "id": ours["id"],
+               "error": {"code": -32603, "message": "internal error: called `Option::unwrap()` on a `None` value"}}),
+    );
+    assert!(
+        !h.io().host_closed && h.s.lifecycle != Lifecycle::Stopping,
+        "an internal error in the rebuilt server's discover handler closed the host's connection (lifecycle {:?})",
+        h.s.lifecycle
+    );
+}

@@ -348,57 +348,97 @@ mod tests {
     }
 }
 
-/// The regions of `file` (the first `len` bytes) that hold data, in order, as the file system
-/// reports them (`SEEK_DATA`/`SEEK_HOLE`: a hole reads as NUL bytes and costs nothing to skip).
-/// `None` when the file system cannot say, or past `most` regions (the caller then reads).
-pub fn data_regions(file: &std::fs::File, len: u64, most: usize) -> Option<Vec<(u64, u64)>> {
+/// The last region of `file` that holds data and starts before `end`, clipped to `end`, as the
+/// file system reports it (`SEEK_DATA`/`SEEK_HOLE`: a hole reads as NUL bytes and costs nothing
+/// to skip). Found by bisection, whatever the number of regions: "is there data at or after
+/// p" only changes once as p grows. `Ok(None)`: no data before `end`; `Err`: the file system
+/// cannot say (the caller reads instead). The file's offset is left where it was (unless the
+/// seek that puts it back fails).
+pub fn last_data_region(file: &std::fs::File, end: u64) -> std::io::Result<Option<(u64, u64)>> {
     use rustix::fs::{SeekFrom, seek};
-    // The seeks move the file's offset, which the caller may read from next: put it back.
-    let here = seek(file, SeekFrom::Current(0)).ok()?;
-    let regions = data_regions_from(file, len, most);
-    seek(file, SeekFrom::Start(here)).ok()?;
-    regions
-}
-
-fn data_regions_from(file: &std::fs::File, len: u64, most: usize) -> Option<Vec<(u64, u64)>> {
-    use rustix::fs::{SeekFrom, seek};
-    let mut regions = Vec::new();
-    let mut at = 0;
-    while at < len {
-        let start = match seek(file, SeekFrom::Data(at)) {
-            Ok(start) => start,
-            Err(rustix::io::Errno::NXIO) => break, // a hole to the end
-            Err(_) => return None,
-        };
-        let end = seek(file, SeekFrom::Hole(start)).ok()?.min(len);
-        if start >= len || regions.len() == most {
-            return (start >= len).then_some(regions);
+    let here = seek(file, SeekFrom::Current(0))?;
+    let data_at_or_after = |p: u64| -> std::io::Result<Option<u64>> {
+        match seek(file, SeekFrom::Data(p)) {
+            Ok(d) => Ok(Some(d)),
+            Err(rustix::io::Errno::NXIO) => Ok(None),
+            Err(e) => Err(e.into()),
         }
-        regions.push((start, end));
-        at = end;
-    }
-    Some(regions)
+    };
+    let hole_after = |q: u64| -> std::io::Result<u64> { Ok(seek(file, SeekFrom::Hole(q))?) };
+    let found = (|| {
+        // The largest p < end with data starting in p..end.
+        let starts_before_end =
+            |p: u64| -> std::io::Result<bool> { Ok(data_at_or_after(p)?.is_some_and(|d| d < end)) };
+        if end == 0 || !starts_before_end(0)? {
+            return Ok(None);
+        }
+        let (mut lo, mut hi) = (0u64, end); // data starts in lo..end; none in hi..end
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if starts_before_end(mid)? {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        // `lo` is the region's last data byte before `end`; its start is the smallest q
+        // whose next hole lies past `lo` (before the region, the next hole comes first).
+        let stop = hole_after(lo)?.min(end);
+        if hole_after(0)? > lo {
+            return Ok(Some((0, stop)));
+        }
+        let (mut q_lo, mut q_hi) = (1u64, lo); // the start is in q_lo..=q_hi
+        while q_lo < q_hi {
+            let mid = q_lo + (q_hi - q_lo) / 2;
+            if hole_after(mid)? > lo {
+                q_hi = mid;
+            } else {
+                q_lo = mid + 1;
+            }
+        }
+        Ok(Some((q_hi, stop)))
+    })();
+    seek(file, SeekFrom::Start(here))?;
+    found
 }
 
 #[cfg(test)]
 mod tests_regions {
     use std::io::{Read, Seek, SeekFrom, Write};
+    use std::os::unix::fs::FileExt;
 
-    /// A sparse file's holes are not data; the file's offset is where it was.
+    /// Holes are not data, however many regions there are; the file's offset is kept.
     #[test]
-    fn data_regions_skip_holes_and_keep_the_offset() {
+    fn the_last_data_region_is_found_past_holes_and_the_offset_kept() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("f");
         let mut f = std::fs::File::create(&p).unwrap();
         f.write_all(b"records\n").unwrap();
-        f.set_len(64 << 20).unwrap(); // a hole to the end
+        // 5,000 one-byte NUL regions 1 MiB apart, then a hole to 8 GiB.
+        for i in 1..=5000u64 {
+            f.write_all_at(&[0], i << 20).unwrap();
+        }
+        f.set_len(8 << 30).unwrap();
         let mut f = std::fs::File::open(&p).unwrap();
         f.seek(SeekFrom::Start(3)).unwrap();
-        let regions = super::data_regions(&f, 64 << 20, 16).expect("ext4 and tmpfs say");
-        assert_eq!(regions.len(), 1, "{regions:?}");
-        assert!(regions[0].0 == 0 && regions[0].1 < 64 << 20, "{regions:?}");
+        let (start, stop) = super::last_data_region(&f, 8 << 30)
+            .expect("ext4 and tmpfs say")
+            .expect("data");
+        assert!(
+            start <= 5000 << 20 && start > 4999 << 20,
+            "the region's start: {start}"
+        );
+        assert!(stop > 5000 << 20 && stop < 8 << 30, "{stop}");
+        assert_eq!(
+            super::last_data_region(&f, 8).unwrap().map(|r| r.0),
+            Some(0)
+        );
+        assert_eq!(super::last_data_region(&f, 0).unwrap(), None);
         let mut rest = String::new();
-        f.read_to_string(&mut rest).unwrap();
-        assert!(rest.starts_with("ords\n"), "the offset was kept");
+        Read::by_ref(&mut f)
+            .take(5)
+            .read_to_string(&mut rest)
+            .unwrap();
+        assert_eq!(rest, "ords\n", "the offset was kept");
     }
 }

@@ -1,0 +1,183 @@
+//! Handshake room: our `initialize` (or modern `server/discover`) to a fresh server, its
+//! deadline, and what happens when a server cannot serve (it refuses the handshake or never
+//! answers it): it is stopped and requests are answered at once with why, or, for a server that
+//! refuses only the modern handshake, the host's fallback `initialize` is passed to it.
+//!
+//! Must not touch: I/O (the port), gating, what the host is told before a server exists (the
+//! first-contact room).
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::*;
+use crate::proxy::envelope::{self, Message};
+
+impl<I: Io> Session<I> {
+    /// Sends our handshake to the fresh server of `epoch` (`initialize` with the host's params,
+    /// or modern `server/discover`) and arms its deadline.
+    pub(super) fn send_handshake(
+        &mut self,
+        epoch: EpochId,
+        answer: Option<RawId>,
+        modern: bool,
+        params: &Value,
+    ) {
+        let id = self.alloc(Pending::Handshake {
+            epoch: epoch.clone(),
+            answer,
+            modern,
+        });
+        self.set_phase(ChildPhase::Handshaking);
+        let wait = self.handshake_deadline();
+        let due = self.now() + wait.as_millis() as u64;
+        if let Some(c) = &mut self.child {
+            c.handshake_due_ms = Some(due);
+        }
+        self.io.schedule(wait, Timer::HandshakeDeadline);
+        let method = if modern {
+            "server/discover"
+        } else {
+            "initialize"
+        };
+        self.io
+            .to_child(&epoch, envelope::request_line(id, method, params));
+    }
+
+    /// How long a server has to answer our handshake: the first-start budget, at least
+    /// [`MIN_HANDSHAKE_DEADLINE`] (a budget of 0 means "requests never wait", not "no server
+    /// may start").
+    fn handshake_deadline(&self) -> Duration {
+        self.cfg.first_start_budget.max(MIN_HANDSHAKE_DEADLINE)
+    }
+
+    /// A server still handshaking at its deadline never answered: it is stopped as one that
+    /// cannot serve (held requests would otherwise each wait out a budget, again and again).
+    pub(super) fn handshake_deadline_over(&mut self) {
+        let now = self.now();
+        let Some(c) = &self.child else { return };
+        if c.stopping
+            || c.phase != ChildPhase::Handshaking
+            || c.handshake_due_ms.is_none_or(|due| due > now)
+        {
+            return; // answered, replaced, or a later server's deadline (its own timer comes)
+        }
+        if self.discovery_pending() {
+            return self.discovery_failed(None);
+        }
+        let secs = self.handshake_deadline().as_secs_f64();
+        self.server_cannot_serve(format!(
+            "did not answer `initialize` within {secs} s (the first-start budget); does it read stdin and write only JSON-RPC to stdout?"
+        ));
+    }
+
+    /// Our modern `server/discover` is in flight to the current server.
+    pub(super) fn discovery_pending(&self) -> bool {
+        let Some(c) = &self.child else { return false };
+        c.phase == ChildPhase::Handshaking
+            && self.pending.values().any(
+                |p| matches!(p, Pending::Handshake { epoch, modern: true, .. } if *epoch == c.epoch),
+            )
+    }
+
+    /// The server did not take our `server/discover` (it refused it, or its deadline passed):
+    /// it may still speak `initialize`, so it waits for one again. The host's waiting
+    /// `server/discover` requests get the server's own refusal (or ours, saying to use
+    /// `initialize`): the host falls back now, not after the budget.
+    pub(super) fn discovery_failed(&mut self, refusal: Option<&Message>) {
+        if self.host.negotiated.is_some() && self.era() == Some(Era::Modern) {
+            // The host is on the modern protocol already and sends no fallback `initialize`:
+            // a server that refuses discovery needs a new connection (whose client falls back);
+            // a silent one cannot serve at all.
+            return match refusal {
+                // "Method not found": it speaks only `initialize`, which a new connection
+                // falls back to.
+                Some(r) if error_code(r) == Some(-32601) => self.close_connection(
+                    "the new server refuses server/discover (it speaks only initialize); the host must reconnect",
+                ),
+                // Another error (a broken handler in the new code): it cannot serve now; the
+                // next build may.
+                Some(r) => {
+                    let said: String = String::from_utf8_lossy(&r.to_line())
+                        .trim()
+                        .chars()
+                        .take(300)
+                        .collect();
+                    self.server_cannot_serve(format!(
+                        "refused server/discover: {}",
+                        crate::sanitize::line(&said)
+                    ))
+                }
+                None => {
+                    let secs = self.handshake_deadline().as_secs_f64();
+                    self.server_cannot_serve(format!(
+                        "did not answer `server/discover` within {secs} s (the first-start budget)"
+                    ))
+                }
+            };
+        }
+        if refusal.is_none() {
+            self.io.status(
+                "the server has not answered server/discover; the host is told to use initialize",
+            );
+        }
+        let Some(c) = &mut self.child else { return };
+        let epoch = c.epoch.clone();
+        c.phase = ChildPhase::Started;
+        c.handshake_due_ms = None;
+        // A late answer to it is dropped as one to an unknown id.
+        self.pending.retain(
+            |_, p| !matches!(p, Pending::Handshake { epoch: e, modern: true, .. } if *e == epoch),
+        );
+        let mut kept = std::collections::VecDeque::new();
+        while let Some(h) = self.held.pop_front() {
+            if h.msg.method() != Some("server/discover") {
+                kept.push_back(h);
+                continue;
+            }
+            match refusal {
+                Some(r) => {
+                    let id = h.msg.id().expect("request").to_owned();
+                    if self.host.negotiated.is_none() {
+                        self.host.era = None;
+                    }
+                    self.io.to_host(r.to_line_with_id(&id));
+                }
+                None => self.refuse_discover(h.msg),
+            }
+        }
+        self.held = kept;
+    }
+
+    /// The running server cannot serve (it refused our handshake or never answered it): it is
+    /// stopped, and no server runs until the next successful build or `cargo mcp-dev restart`
+    /// (restarting the same code would fail the same way). Requests are answered with why.
+    pub(super) fn server_cannot_serve(&mut self, why: String) {
+        let Some(child) = self.child.take() else {
+            return;
+        };
+        self.io.status(&format!(
+            "server stopped: pid={} epoch={}: {why}; it starts again with the next successful build (save a change) or on `cargo mcp-dev restart`",
+            child.pid, child.epoch
+        ));
+        self.gate.server_exited(&child.epoch);
+        self.answer_in_flight(&child.epoch, None, "stopped", Some(&why));
+        self.record_exit(&child, "handshake failed", None);
+        self.io.stop(&child.epoch, STOP_GRACE_UNANSWERED);
+        if self.lifecycle != Lifecycle::Stopping {
+            self.lifecycle = Lifecycle::StartFailed {
+                message: format!("the server {why}"),
+            };
+        }
+        self.fail_held();
+        self.publish();
+    }
+}
+
+/// The `error.code` of an error answer.
+fn error_code(msg: &Message) -> Option<i64> {
+    serde_json::from_slice::<Value>(&msg.to_line())
+        .ok()?
+        .pointer("/error/code")?
+        .as_i64()
+}
