@@ -1291,10 +1291,7 @@ fn spent_stdout() -> std::process::ChildStdout {
 #[test]
 fn a_status_directory_swapped_for_a_link_while_running_is_not_written_through() {
     let setup = Setup::new();
-    let outside = setup.project.scratch().join("outside-dir");
-    std::fs::create_dir_all(&outside).unwrap();
-    let precious = outside.join(format!("{LABEL}.json"));
-    std::fs::write(&precious, "precious").unwrap();
+    let (outside, precious) = a_precious_file_outside(&setup);
     let status_dir = setup.project.target_dir().join("mcp-dev/status");
     let mut s = setup.start();
     s.ready_legacy();
@@ -1305,13 +1302,7 @@ fn a_status_directory_swapped_for_a_link_while_running_is_not_written_through() 
     // Anything that changes the status document: a gated call refused.
     let _ = s.call("7", "write", json!({"marker": "m"}));
     std::thread::sleep(Duration::from_millis(1500));
-    let now = std::fs::read_to_string(&precious).unwrap();
-    assert_eq!(
-        now,
-        "precious",
-        "the supervisor wrote its status document through a directory link planted while it ran: {}",
-        precious.display()
-    );
+    assert_untouched(&precious);
     s.finish();
 }
 
@@ -1327,10 +1318,7 @@ fn a_status_directory_swapped_for_a_link_while_running_is_not_written_through() 
 #[test]
 fn a_linked_target_mcp_dev_writes_none_of_the_sessions_files() {
     let setup = Setup::new();
-    let outside = setup.project.scratch().join("outside-dir");
-    std::fs::create_dir_all(&outside).unwrap();
-    let precious = outside.join(format!("{LABEL}.json"));
-    std::fs::write(&precious, "precious").unwrap();
+    let (outside, precious) = a_precious_file_outside(&setup);
     let target = setup.project.target_dir();
     let root = target.join("mcp-dev");
     let real = target.join("m");
@@ -1359,13 +1347,7 @@ fn a_linked_target_mcp_dev_writes_none_of_the_sessions_files() {
     {
         std::thread::sleep(Duration::from_millis(100));
     }
-    let now = std::fs::read_to_string(&precious).unwrap();
-    assert_eq!(
-        now,
-        "precious",
-        "the supervisor wrote its status document through a directory link planted while it ran: {}",
-        precious.display()
-    );
+    assert_untouched(&precious);
     s.finish();
 }
 
@@ -1465,5 +1447,24 @@ fn a_link_at_background_build_log_is_not_written_through() {
         "precious",
         "the background build's log was written through a link planted at {}",
         log.display()
+    );
+}
+
+/// A directory outside the project holding a file named like the status document: where a
+/// planted link would send the session's writes.
+fn a_precious_file_outside(setup: &Setup) -> (std::path::PathBuf, std::path::PathBuf) {
+    let outside = setup.project.scratch().join("outside-dir");
+    std::fs::create_dir_all(&outside).unwrap();
+    let precious = outside.join(format!("{LABEL}.json"));
+    std::fs::write(&precious, "precious").unwrap();
+    (outside, precious)
+}
+
+fn assert_untouched(precious: &std::path::Path) {
+    assert_eq!(
+        std::fs::read_to_string(precious).unwrap(),
+        "precious",
+        "the supervisor wrote its status document through a directory link planted while it ran: {}",
+        precious.display()
     );
 }
