@@ -335,17 +335,29 @@ pub fn create_log_file(path: &Path) -> io::Result<File> {
     Ok(file)
 }
 
-/// Reads a small file of ours that the agent may have replaced: no link followed, no wait on
-/// a named pipe, regular files only, at most `limit` bytes (`None` otherwise).
-pub fn read_small_regular(path: &Path, limit: u64) -> Option<Vec<u8>> {
-    use std::io::Read;
+/// Opens a file the agent may have planted or replaced, to read: no link followed, no wait on
+/// a named pipe (`O_NONBLOCK`; an open of a FIFO for reading blocks until a writer comes),
+/// regular files only.
+pub fn open_regular_nofollow(path: &Path) -> io::Result<File> {
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(crate::sys::unix::nofollow_nonblock_flags())
-        .open(path)
-        .ok()?;
-    let meta = file.metadata().ok()?;
-    if !meta.file_type().is_file() || meta.len() > limit {
+        .open(path)?;
+    if !file.metadata()?.file_type().is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    Ok(file)
+}
+
+/// Reads a small file of ours that the agent may have replaced ([`open_regular_nofollow`]),
+/// at most `limit` bytes (`None` otherwise).
+pub fn read_small_regular(path: &Path, limit: u64) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let file = open_regular_nofollow(path).ok()?;
+    if file.metadata().ok()?.len() > limit {
         return None;
     }
     let mut bytes = Vec::new();

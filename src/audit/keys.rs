@@ -400,17 +400,7 @@ pub(crate) use crate::sys::unix::{is_symlink_refusal as is_eloop, nofollow_flags
 /// Opens an existing file for reading without following a final symlink.
 pub(crate) fn open_nofollow(path: &Path) -> std::io::Result<File> {
     // Not blocking: a named pipe planted as a segment would hang `run`'s start in `open`.
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(crate::sys::unix::nofollow_nonblock_flags())
-        .open(path)?;
-    if !file.metadata()?.file_type().is_file() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("{} is not a regular file", path.display()),
-        ));
-    }
-    Ok(file)
+    crate::fsutil::open_regular_nofollow(path)
 }
 
 #[cfg(test)]

@@ -143,7 +143,7 @@ fn denied_calls_are_bounded() {
 // ----- in-host approval (legacy elicitation) ------------------------------------------------
 
 /// A legacy host that declared `capabilities.elicitation`, the server up, the catalog listed.
-fn ready_eliciting(h: &mut Harness) -> String {
+pub(super) fn ready_eliciting(h: &mut Harness) -> String {
     h.build(complete("a"));
     let id = h.request(
         "initialize",

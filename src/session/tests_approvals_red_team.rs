@@ -5,6 +5,7 @@ use serde_json::{Value, json};
 
 use super::approvals::PROMPT_ID_PREFIX;
 use super::testing::*;
+use super::tests_approvals::ready_eliciting;
 use super::*;
 
 /// A legacy host (no elicitation) connected, the server up with `tools`, the catalog listed.
@@ -276,21 +277,6 @@ fn a_suggested_approve_command_carries_the_tool_name_as_one_shell_word() {
         "a leading dash stays the option's value: {}",
         lines[1]
     );
-}
-
-/// A legacy host that declared `capabilities.elicitation`, the server up, the catalog listed.
-fn ready_eliciting(h: &mut Harness) -> String {
-    h.build(complete("a"));
-    let id = h.request(
-        "initialize",
-        json!({"protocolVersion": "2025-06-18", "capabilities": {"elicitation": {}},
-               "clientInfo": {"name": "test", "version": "1"}}),
-    );
-    h.initialized();
-    assert!(h.answer(&id).is_some());
-    let list = h.request("tools/list", json!({}));
-    assert!(h.answer(&list).is_some());
-    h.current_epoch().expect("running")
 }
 
 fn last_prompt(h: &mut Harness) -> Value {
