@@ -205,6 +205,44 @@ fn replaced_store_entry_is_refused_at_launch() {
     assert!(!marker.exists(), "the replaced entry ran");
 }
 
+/// A `wrapper` is handed the checked executable as an open descriptor (`/proc/self/fd/N`), not
+/// the store entry's path: an entry replaced after its check (here by the wrapper itself, the
+/// last moment there is) is not what the wrapper starts. Before, the wrapper got the path and
+/// started the replacement (a known limit since red-team round 14).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_wrapper_starts_the_checked_executable_even_if_the_store_entry_is_replaced() {
+    let setup = Setup::new()
+        .arg("--no-gating")
+        .config(r#"wrapper = "scripts/serve.sh""#);
+    let marker = setup.project.scratch().join("evil-ran");
+    let seen = setup.project.scratch().join("wrapper-argument");
+    setup.project.write(
+        "scripts/serve.sh",
+        &format!(
+            "#!/bin/sh\nprintf '%s' \"$1\" > '{seen}'\nentry=$(readlink -f \"$1\")\n\
+             rm -f \"$entry\"\nprintf '#!/bin/sh\\ntouch {marker}\\n' > \"$entry\"\n\
+             chmod 755 \"$entry\"\nexec \"$@\"\n",
+            seen = seen.display(),
+            marker = marker.display()
+        ),
+    );
+    std::fs::set_permissions(
+        setup.project.path("scripts/serve.sh"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let mut s = setup.start();
+    s.ready_legacy();
+    let answer = s.call("1", "echo", json!({"text": "checked"}));
+    let result = answer.result();
+    assert_ne!(result["isError"], json!(true), "{}", answer.raw);
+    assert!(answer.raw.contains("checked"), "{}", answer.raw);
+    let argument = std::fs::read_to_string(&seen).expect("the wrapper ran");
+    assert!(argument.starts_with("/proc/self/fd/"), "{argument}");
+    assert!(!marker.exists(), "the replaced entry ran");
+}
+
 /// A host that reads the supervisor's stdout only when told to (the shared session helper always
 /// reads): for the flood findings.
 mod raw_host {

@@ -2,7 +2,7 @@
 # Kernel counters per call, read by `perf stat`: `benches/proxy/counters.sh [MCP_DEV_BIN...]`
 # (default target/release/cargo-mcp-dev; several binaries are measured side by side).
 #
-# Each binary (and the zero-work relay, for reference) runs under `perf stat`, which counts the
+# Each binary (and the zero-work relay and seal-relay, for reference) runs under `perf stat`, which counts the
 # proxy and the server it starts (on-CPU time, page faults, context switches, futex and madvise
 # calls). proxy-bench runs each phase twice, with a short and a long run, pinned to one core;
 # the difference divided by the difference of the calls is the cost of one call (start-up,
@@ -29,7 +29,7 @@ rm -rf "$WORK/stat" "$WORK/wrap"; mkdir -p "$WORK/stat" "$WORK/wrap"
 wrap() { # name, binary: a script proxy-bench starts as it would start the binary
   cat > "$WORK/wrap/$1" <<EOW
 #!/bin/sh
-exec perf stat -x, -e $events -o "$WORK/stat/\$COUNTERS_RUN.$1\${AUDIT_RELAY_LOG:+-audit}.\$\$" "$2" "\$@"
+exec perf stat -x, -e $events -o "$WORK/stat/\$COUNTERS_RUN.$1\${AUDIT_RELAY_LOG:+-audit}\${AUDIT_RELAY_SEAL:+-seal}.\$\$" "$2" "\$@"
 EOW
   chmod +x "$WORK/wrap/$1"
 }
@@ -43,11 +43,11 @@ for phase in latency spaced; do
       n=$([[ $len == A ]] && echo "$SPACED_A" || echo "$SPACED_B"); size=(--spaced "$n")
     fi
     for i in "${!bins[@]}"; do
-      # One run per binary (the relay is measured in the first); the other variants run too,
+      # One run per binary (the relay and seal-relay are measured in the first); the other variants run too,
       # uncounted, so the pace is the bench's.
       COUNTERS_RUN="$phase-$len-$i" taskset -c "$PIN_CPU" "$bench" --mcp-dev "$WORK/wrap/run$i" \
         --relay "$WORK/wrap/relay" --fixture "$root/tests/fixtures/fake-server" \
-        --work "$WORK/w" "${size[@]}" --phases "$phase" > /dev/null 2> "$WORK/progress.log"
+        --work "$WORK/w" "${size[@]}" --seal-relay --phases "$phase" > /dev/null 2> "$WORK/progress.log"
     done
   done
 done
@@ -70,7 +70,8 @@ for phase, a, b in (("latency", ca, cb), ("spaced", sa, sb)):
     print(f"\n## {phase}: per call, proxy + its server (pinned; ({b}-call run − {a}-call run) / {b - a})\n")
     print("| variant | " + " | ".join(heads) + " |")
     print("|---|" + "---|" * len(heads))
-    rows = [("relay", f"{phase}-A-0.relay.*", f"{phase}-B-0.relay.*")]
+    rows = [("relay", f"{phase}-A-0.relay.*", f"{phase}-B-0.relay.*"),
+            ("seal-relay", f"{phase}-A-0.relay-audit-seal.*", f"{phase}-B-0.relay-audit-seal.*")]
     rows += [(f"run ({os.path.basename(x)})", f"{phase}-A-{i}.run{i}.*", f"{phase}-B-{i}.run{i}.*")
              for i, x in enumerate(bins)]
     for name, pa, pb in rows:

@@ -535,14 +535,17 @@ impl Io for Shell {
             )));
         }
         // The store entry must still hold the bytes the identity hashed (issue 12: a replaced or
-        // symlinked entry used to run as trusted). Opened once, hashed through the descriptor,
-        // and executed through that descriptor when it is argv[0].
+        // symlinked entry used to run as trusted). Opened once and hashed through the descriptor.
         let entry = std::path::Path::new(&record.executable.store_path);
         let verified = crate::store::open_verified(entry, &record.executable.sha256)
             .map_err(EffectError::new)?;
-        let direct = record.launch.argv.first() == Some(&record.executable.store_path);
+        // Executed through that descriptor when it is argv[0]; handed to the wrapper as an open
+        // descriptor when the wrapper starts it.
+        let verified = Arc::new(verified);
+        let at = (record.launch.argv.iter()).position(|a| *a == record.executable.store_path);
         let spec = LaunchSpec {
-            program: direct.then(|| Arc::new(verified)),
+            program: (at == Some(0)).then(|| verified.clone()),
+            handed: at.filter(|&i| i > 0).map(|i| (i, verified)),
             argv: record.launch.argv.clone(),
             cwd: PathBuf::from(&record.launch.cwd),
             env: vec![
