@@ -122,14 +122,19 @@ impl Prepared {
     }
 }
 
+/// The largest identity record read back (a record lists every dependency: a few MB at most).
+pub const LARGEST_RECORD: u64 = 64 << 20;
+
+/// Reads an identity record: ours in the target directory (which the agent can write: a named
+/// pipe there must not hang the read) or one the human names (`--expect`, `--diff`).
 pub fn read_record(path: &Path) -> Result<IdentityRecord, Failure> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
+    let text = crate::fsutil::read_regular(path, LARGEST_RECORD).map_err(|e| {
         Failure::error(format!(
             "could not read identity record `{}`: {e}",
             path.display()
         ))
     })?;
-    serde_json::from_str(&text).map_err(|e| {
+    serde_json::from_slice(&text).map_err(|e| {
         Failure::error(format!(
             "`{}` is not an identity record: {e}",
             path.display()

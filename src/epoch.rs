@@ -98,7 +98,7 @@ pub fn mint() -> String {
 
 /// First 12 characters of an epoch, for prefixes on stderr.
 pub fn short(epoch: &str) -> &str {
-    &epoch[..epoch.len().min(12)]
+    crate::sanitize::first_chars(epoch, 12)
 }
 
 /// What was started under one epoch.

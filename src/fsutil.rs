@@ -352,6 +352,38 @@ pub fn open_regular_nofollow(path: &Path) -> io::Result<File> {
     Ok(file)
 }
 
+/// Opens a file to read that may be a named pipe or a device where a file was expected (a path
+/// in the agent-writable tree, or one the human gave): no wait on the open (`O_NONBLOCK`),
+/// regular files only. Links are followed.
+pub fn open_regular(path: &Path) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(crate::sys::unix::nonblock_flags())
+        .open(path)?;
+    if !file.metadata()?.file_type().is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file".to_string(),
+        ));
+    }
+    Ok(file)
+}
+
+/// Reads a whole file through [`open_regular`], refusing one over `limit` bytes.
+pub fn read_regular(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let file = open_regular(path)?;
+    if file.metadata()?.len() > limit {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("larger than {limit} bytes"),
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(limit).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 /// Reads a small file of ours that the agent may have replaced ([`open_regular_nofollow`]),
 /// at most `limit` bytes (`None` otherwise).
 pub fn read_small_regular(path: &Path, limit: u64) -> Option<Vec<u8>> {

@@ -80,6 +80,13 @@ fn clean(text: &str, invisible_too: bool) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// The first `n` characters of `text`, a prefix for display (a short hash or epoch). Never cuts
+/// inside a character: a byte slice of text read from a file the agent can write panics on a
+/// multi-byte character at the cut.
+pub fn first_chars(text: &str, n: usize) -> &str {
+    text.char_indices().nth(n).map_or(text, |(i, _)| &text[..i])
+}
+
 /// One line of untrusted text, safe for a terminal (controls escaped, printable UTF-8 kept).
 pub fn line(text: &str) -> Cow<'_, str> {
     clean(text, false)
@@ -215,6 +222,18 @@ pub fn approve_call_command(call_id: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// Red-team round 21: prefixes were cut at a byte count, which panics inside a character.
+    #[test]
+    fn first_chars_cuts_at_characters() {
+        assert_eq!(
+            super::first_chars("aaaaaaaaaaaaaaaé0123", 16),
+            "aaaaaaaaaaaaaaaé"
+        );
+        assert_eq!(super::first_chars("01M97BQ6FTCS0CHB", 12), "01M97BQ6FTCS");
+        assert_eq!(super::first_chars("short", 12), "short");
+        assert_eq!(super::first_chars("", 3), "");
+    }
+
     #[test]
     fn colored_lines_keep_colour_and_nothing_else() {
         let coloured = "\u{1b}[1m\u{1b}[33mwarning\u{1b}[0m: look";

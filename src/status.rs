@@ -120,8 +120,11 @@ pub fn verbose_line(msg: &str) {
     }
 }
 
+/// Errors, warnings and notes carry names and paths from records the agent can write (a
+/// dependency name in an `--expect` record): shown as [`crate::sanitize::review`] shows them,
+/// invisible and bidi characters as `<U+XXXX>`.
 fn prefixed(word: &str, style: Style, msg: &str) {
-    let msg = &crate::sanitize::lines(msg);
+    let msg = &crate::sanitize::review_lines(msg);
     if color_enabled() {
         write_stderr(&format!("{}: {msg}", style.apply_to(word)));
     } else {

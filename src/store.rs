@@ -258,9 +258,9 @@ impl Store {
     /// entry's too (an entry rewritten since, by anyone, is not vouched for: the next capture
     /// reads the executable and replaces the entry).
     fn unchanged_since_stored(&self, executable: &Path, now: &StatStamp) -> Option<String> {
-        let text = fs::read_to_string(self.stamp_path(executable)?).ok()?;
+        let text = crate::fsutil::read_small_regular(&self.stamp_path(executable)?, 1 << 20)?;
         let (stamp, sha256, entry): (StatStamp, String, StatStamp) =
-            serde_json::from_str(&text).ok()?;
+            serde_json::from_slice(&text).ok()?;
         let on_disk = fs::symlink_metadata(self.entry_path(&sha256)).ok()?;
         (stamp == *now && on_disk.is_file() && StatStamp::of(&on_disk) == entry).then_some(sha256)
     }
@@ -322,7 +322,7 @@ impl Store {
 /// Marks an entry as recently used (gc keeps the most recent ones).
 fn touch(path: &Path) {
     // Entries are read-only; updating times needs no write permission for the owner.
-    if let Ok(f) = File::open(path) {
+    if let Ok(f) = crate::fsutil::open_regular(path) {
         let _ = f.set_modified(std::time::SystemTime::now());
     }
 }

@@ -484,7 +484,8 @@ impl ContentMemory {
 fn content_of(path: &Path) -> Option<Content> {
     use sha2::{Digest, Sha256};
     use std::io::Read;
-    let file = match std::fs::File::open(path) {
+    // Not waiting on a named pipe someone made in the tree (that would stop the watcher).
+    let file = match crate::fsutil::open_regular(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(Content::Absent),
         Err(_) => return None,
@@ -808,6 +809,31 @@ impl Rewatcher {
 mod tests {
     use super::*;
     use crossbeam_channel::unbounded;
+
+    /// A named pipe someone made in the watched tree is not compared by content (its open
+    /// would wait for a writer and stop the watcher). Red-team round 21 (the same class as the
+    /// planted files under `target/`).
+    #[test]
+    fn a_named_pipe_in_the_tree_is_not_opened_to_compare() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("pipe.rs");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let probe = fifo.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(content_of(&probe).is_none());
+        });
+        let answered = rx.recv_timeout(Duration::from_secs(5));
+        if answered.is_err() {
+            // Let the stuck open go, so the thread ends.
+            let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
+        }
+        assert_eq!(answered, Ok(true), "content_of waited on a named pipe");
+    }
 
     fn plan(ignore: &[&str]) -> WatchPlan {
         let mut b = GlobSetBuilder::new();

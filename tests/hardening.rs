@@ -7,7 +7,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::session::{LABEL, Setup};
+use common::fixture::Project;
+use common::session::{LABEL, SUITE, Setup};
 use serde_json::json;
 
 /// Critical finding "`id: null` bypasses approvals and the audit log": a `tools/call` with
@@ -1431,6 +1432,96 @@ fn a_fifo_planted_at_the_status_file_does_not_hang_shutdown() {
         exited.is_some(),
         "the supervisor did not exit within 20 s of the host closing the connection: it is stuck opening a named pipe planted at its status file"
     );
+}
+
+/// Every cycle (`build`, `check`, `identity`, each rebuild of `run`) reads the previous identity
+/// record back; the agent can write `target/`: a named pipe planted at
+/// `target/mcp-dev/identity/<label>.dev.json` is refused, not waited on. Red-team round 21:
+/// `build` (and the supervisor's next rebuild) hung for ever in `open`, as the status file's
+/// read did before round 20.
+#[test]
+fn a_fifo_planted_at_the_identity_record_does_not_hang_a_build() {
+    let p = Project::built_fake_server(SUITE);
+    p.build(&[]).expect_code(0);
+    let file = p.identity_file(LABEL, "dev");
+    std::fs::remove_file(&file).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&file)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let mut child = p
+        .command(["build"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        exits_within(&mut child, 30, &file),
+        "`cargo mcp-dev build` did not finish within 30 s: it is stuck opening a named pipe planted at its identity record"
+    );
+}
+
+/// `run` reads its recorded facts (`target/mcp-dev/facts/<label>.json`) at start: a named pipe
+/// planted there is not waited on (no link followed either). Red-team round 21: every later
+/// `run` hung before it answered anything.
+#[test]
+fn a_fifo_planted_at_the_facts_file_does_not_hang_run() {
+    let p = Project::built_fake_server(SUITE);
+    p.build(&[]).expect_code(0);
+    let facts = p.target_dir().join(format!("mcp-dev/facts/{LABEL}.json"));
+    // Control: with no pipe, a host that leaves at once ends the run.
+    let mut control = p
+        .command(["run"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        exits_within(&mut control, 30, &facts),
+        "control: `run` with a closed stdin should end"
+    );
+    let _ = std::fs::remove_file(&facts);
+    std::fs::create_dir_all(facts.parent().unwrap()).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&facts)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let mut child = p
+        .command(["run"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        exits_within(&mut child, 30, &facts),
+        "`cargo mcp-dev run` did not end within 30 s of its host leaving: it is stuck opening a named pipe planted at its facts file"
+    );
+}
+
+/// Waits up to `secs` for `child` to exit; on timeout opens `fifo` for writing (to let a
+/// stuck `open` go) and kills it. Returns whether it exited in time.
+fn exits_within(child: &mut std::process::Child, secs: u64, fifo: &std::path::Path) -> bool {
+    use std::time::{Duration, Instant};
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    use std::os::unix::fs::OpenOptionsExt;
+    let _w = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(fifo);
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = child.kill();
+    let _ = child.wait();
+    false
 }
 
 /// The other file the session has written under `target/mcp-dev` since issue 12 is not on

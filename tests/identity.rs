@@ -590,6 +590,53 @@ fn check_expect_names_the_differing_components_with_104() {
     ));
 }
 
+/// The identity record is a file in the target directory, which the agent can write: a
+/// checksum with a multi-byte character where `identity --deps` cuts it (16 characters) is
+/// shown, cut at a character. Red-team round 21: the cut was at byte 16 and the command
+/// panicked (exit 101).
+#[test]
+fn identity_deps_shows_a_recorded_checksum_with_a_multibyte_character() {
+    let p = fake_server();
+    p.build(&[]).expect_code(0);
+    let file = p.identity_file(LABEL, "dev");
+    let mut rec = p.record(LABEL, "dev");
+    let list = rec["dependencyTree"]["list"]
+        .as_array_mut()
+        .expect("a dependency list");
+    assert!(!list.is_empty(), "the fixture has dependencies");
+    // 15 ASCII bytes, then a 2-byte character spanning bytes 15..17.
+    list[0]["checksum"] = serde_json::json!("aaaaaaaaaaaaaaaé0123");
+    std::fs::write(&file, serde_json::to_string_pretty(&rec).unwrap()).unwrap();
+    let run = p.run(["identity", "--deps", "--no-build"]);
+    run.expect_code(0);
+    assert!(
+        run.stdout.contains("checksum aaaaaaaaaaaaaaaé "),
+        "{}",
+        run.stdout
+    );
+}
+
+/// An `--expect` record is a file anyone may have edited: the dependency names its failure
+/// notes carry are shown with bidi and invisible characters named (`<U+202E>`), so a name
+/// cannot reorder the line a human reads. Red-team round 21: the notes went through the plain
+/// line cleaner, which passes those characters.
+#[test]
+fn check_expect_notes_name_bidi_characters_of_the_record() {
+    let p = fake_server();
+    let expected = p.scratch().join("expected.json");
+    p.run(["check".as_ref(), "--out".as_ref(), expected.as_os_str()])
+        .expect_code(0);
+    let mut rec = parse_json(&std::fs::read_to_string(&expected).unwrap());
+    let list = rec["dependencyTree"]["list"].as_array_mut().unwrap();
+    let name = list[0]["name"].as_str().unwrap().to_string();
+    list[0]["name"] = serde_json::json!(format!("{name}\u{202e}evil"));
+    std::fs::write(&expected, rec.to_string()).unwrap();
+    let run = p.run(["check".as_ref(), "--expect".as_ref(), expected.as_os_str()]);
+    run.expect_code(104);
+    run.assert_stderr_has(format!("{name}<U+202E>evil"));
+    assert!(!run.stderr.contains('\u{202e}'), "{}", run.stderr);
+}
+
 /// A CI job starts `check` from the repository root (or anywhere), a developer from the package
 /// directory: the same server must pass, with the difference said, and recorded.
 #[test]

@@ -104,7 +104,10 @@ impl SetAside {
     /// One status line.
     pub fn status_line(&self, log: &Path) -> String {
         let head = match &self.previous_head {
-            Some((seq, hash)) => format!("old head seq {seq} {}", &hash[..hash.len().min(12)]),
+            Some((seq, hash)) => format!(
+                "old head seq {seq} {}",
+                crate::sanitize::first_chars(hash, 12)
+            ),
             None => "no anchored head".into(),
         };
         format!(

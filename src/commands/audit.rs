@@ -64,7 +64,7 @@ fn run_verify(a: &AuditPathArgs) -> CmdResult {
                 r.runs,
                 r.epochs,
                 r.head_seq,
-                &r.head_hash[..r.head_hash.len().min(16)]
+                crate::sanitize::first_chars(&r.head_hash, 16)
             ));
             if r.segments.len() > 1 {
                 for s in &r.segments {
@@ -108,7 +108,7 @@ fn run_verify(a: &AuditPathArgs) -> CmdResult {
                         .unwrap_or_else(|| "none".into()),
                     b.previous_head
                         .as_ref()
-                        .map(|(s, h)| format!("seq {s} {}", &h[..h.len().min(16)]))
+                        .map(|(s, h)| format!("seq {s} {}", crate::sanitize::first_chars(h, 16)))
                         .unwrap_or_else(|| "none".into()),
                 ));
                 match &b.previous {
@@ -116,7 +116,7 @@ fn run_verify(a: &AuditPathArgs) -> CmdResult {
                         "earlier chain verified: {} records, head {} {}",
                         p.records,
                         p.head_seq,
-                        &p.head_hash[..p.head_hash.len().min(16)]
+                        crate::sanitize::first_chars(&p.head_hash, 16)
                     )),
                     Err(f) => status::detail(&format!("earlier chain failed verification: {f}")),
                 }

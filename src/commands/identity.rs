@@ -259,7 +259,10 @@ fn deps_text(r: &IdentityRecord) -> String {
         let source = d.source.clone().unwrap_or_else(|| "path".into());
         s.push_str(&format!("{} {} {}", d.name, d.version, source));
         if let Some(c) = &d.checksum {
-            s.push_str(&format!(" checksum {}", &c[..c.len().min(16)]));
+            s.push_str(&format!(
+                " checksum {}",
+                crate::sanitize::first_chars(c, 16)
+            ));
         }
         if let Some(sd) = &d.source_digest {
             s.push_str(&format!(" sources {}", short(sd)));

@@ -420,7 +420,7 @@ impl Syncer {
             .spawn(move || {
                 for done in rx {
                     for f in &files {
-                        if let Ok(file) = std::fs::File::open(f) {
+                        if let Ok(file) = crate::fsutil::open_regular(f) {
                             let _ = file.sync_all();
                         }
                     }
@@ -488,7 +488,8 @@ impl Io for Shell {
     fn start_build(&mut self) {
         // What the build will overwrite, should it be set aside (`set_aside_build`).
         let identity_file = self.prep.lock().expect("prep").identity_file();
-        self.identity_before = Some(std::fs::read(&identity_file).ok());
+        self.identity_before =
+            Some(crate::fsutil::read_regular(&identity_file, crate::cycle::LARGEST_RECORD).ok());
         let events = self.events.clone();
         let prep = self.prep.clone();
         let args = self.server_args.clone();
@@ -1215,10 +1216,11 @@ pub fn execute(args: RunArgs) -> CmdResult {
             ));
         }
     };
-    let recorded: RecordedFacts = std::fs::read(layout.facts_file(&label))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default();
+    // Agent-writable: no link followed, no wait on a planted named pipe.
+    let recorded: RecordedFacts =
+        crate::fsutil::read_small_regular(&layout.facts_file(&label), 64 << 20)
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
     // Warm: a build of this identity was recorded and its stored executable is still there.
     let warm = prep
         .last_identity()

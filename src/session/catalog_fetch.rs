@@ -35,30 +35,79 @@ impl<I: Io> Session<I> {
         let id = self.alloc(Pending::CatalogPage {
             epoch: epoch.clone(),
         });
+        // Each page has a deadline: a server that never answers must not leave the session
+        // fetching (holding calls) for the rest of its epoch.
+        let wait = self.handshake_deadline();
+        let due = self.now() + wait.as_millis() as u64;
+        if let Some(c) = &mut self.child {
+            c.answer_due_ms = Some(due);
+        }
+        self.io.schedule(wait, Timer::ServerDeadline);
         self.io
             .to_child(&epoch, envelope::request_line(id, "tools/list", &params));
+    }
+
+    /// The current server is fetching the list of tools again (it said `list_changed`) after
+    /// giving this epoch a catalog; a call waits for it at most until its hold runs out.
+    pub(super) fn refreshing(&self) -> bool {
+        self.fetching() && self.gate.phase() != approval::Phase::IdentityPending
+    }
+
+    fn fetching(&self) -> bool {
+        matches!(&self.child, Some(c) if c.phase == ChildPhase::FetchingCatalog && !c.stopping)
+    }
+
+    /// Whether a host request (`method`) goes to the server while its catalog is fetched: all
+    /// but a call, which is judged by the catalog, and a first list (first contact answers it
+    /// with the catalog). The server is up: it answers the rest itself.
+    pub(super) fn serves_during_fetch(&self, method: Option<&str>) -> bool {
+        self.fetching()
+            && match method {
+                Some("tools/call") => false,
+                Some("tools/list") => self.refreshing(),
+                _ => true,
+            }
+    }
+
+    /// A catalog page not answered by its deadline: the fetch is given up as a failed page.
+    pub(super) fn catalog_deadline_over(&mut self) {
+        let secs = self.handshake_deadline().as_secs_f64();
+        self.give_up_fetch(&format!("was not answered within {secs} s"));
+    }
+
+    /// Ends the current fetch as a failed page (`why`); a late answer is not read as a page,
+    /// and a change announced meanwhile is not fetched again at once (the server is not
+    /// answering lists).
+    pub(super) fn give_up_fetch(&mut self, why: &str) {
+        let Some(c) = &mut self.child else { return };
+        c.changed_while_fetching = false;
+        let epoch = c.epoch.clone();
+        self.pending
+            .retain(|_, p| !matches!(p, Pending::CatalogPage { epoch: e } if *e == epoch));
+        self.catalog_page_failed(&epoch, why);
     }
 
     pub(super) fn on_catalog_page(&mut self, epoch: &str, msg: &Message) {
         let Some(pages_before) = self.child.as_ref().map(|c| c.pages_fetched) else {
             return;
         };
-        let refresh = self.gate.phase() != approval::Phase::IdentityPending;
-        if msg.is_error() && (pages_before > 0 || refresh) {
+        if msg.is_error() {
             // The server's own words, cut short (one line: the status sink escapes the rest).
+            // Not "no tools", even on a first page: an error lists nothing, so nothing is
+            // recorded as what this server listed (a later first contact would serve it).
             let line: Value = serde_json::from_slice(&msg.to_line()).unwrap_or_default();
             let why = line["error"]["message"].as_str().unwrap_or("an error");
             let why: String = why.chars().take(200).collect();
             return self.catalog_page_failed(epoch, &format!("failed ({why})"));
         }
-        if msg.is_error() {
-            // A new server without tools: an empty catalog is still a catalog (it said so).
-            return self.catalog_complete(epoch, Vec::new());
-        }
-        let Some((tools_text, next)) = envelope::list_result_parts(msg.result()) else {
+        // `tools` must be an array: anything else is no list (never read as "no tools").
+        let parts = envelope::list_result_parts(msg.result());
+        let Some((tools_text, next, tools)) = parts.and_then(|(text, next)| {
+            let tools = serde_json::from_str::<Vec<Value>>(text).ok()?;
+            Some((text, next, tools))
+        }) else {
             return self.catalog_page_failed(epoch, "was not a tool list");
         };
-        let tools: Vec<Value> = serde_json::from_str(tools_text).unwrap_or_default();
         // One page: remembered with its catalog, so the host's identical answers are cheap.
         self.pending_list_text =
             (pages_before == 0 && next.is_none()).then(|| tools_text.to_string());
@@ -132,16 +181,10 @@ impl<I: Io> Session<I> {
             .unwrap_or_default();
         self.pending_list_text = None;
         if self.gate.phase() != approval::Phase::IdentityPending {
-            self.io.status(&format!(
+            return self.keep_catalog(&format!(
                 "the server's tools/list page {} {why}; the catalog stays as it was",
                 pages.0 + 1
             ));
-            if let Some(c) = &mut self.child {
-                c.refetches = 0;
-            }
-            self.set_phase(ChildPhase::Ready);
-            self.flush_held();
-            return;
         }
         let kept = match pages.0 {
             0 => "its catalog is treated as empty".to_string(),
@@ -153,6 +196,17 @@ impl<I: Io> Session<I> {
         ));
         self.mark_catalog_partial();
         self.catalog_complete(epoch, pages.1);
+    }
+
+    /// A refresh that brought no usable list: the catalog this server gave stays, and the
+    /// fetch is over (`line` says why on the terminal).
+    fn keep_catalog(&mut self, line: &str) {
+        self.io.status(line);
+        if let Some(c) = &mut self.child {
+            c.refetches = 0;
+        }
+        self.set_phase(ChildPhase::Ready);
+        self.flush_held();
     }
 
     fn mark_catalog_partial(&mut self) {
@@ -173,6 +227,15 @@ impl<I: Io> Session<I> {
         }
         let (catalog, valid) = match Catalog::from_tools(tools) {
             Ok(c) => (c, true),
+            // A refresh that is no catalog (a name twice, as overlapping pages give) is no
+            // news: the server still serves the tools it listed (red-team round 21: every
+            // tool was announced removed).
+            Err(e) if self.gate.phase() != approval::Phase::IdentityPending => {
+                self.pending_list_text = None;
+                return self.keep_catalog(&format!(
+                    "server's tools/list is invalid ({e}); the catalog stays as it was"
+                ));
+            }
             Err(e) => {
                 self.io.status(&format!(
                     "server's tools/list is invalid ({e}); treating its catalog as empty"
@@ -195,12 +258,14 @@ impl<I: Io> Session<I> {
         whole &= valid;
         let digests = catalog.tool_digests().clone();
         let tools_json = catalog.tools_json();
+        let had_catalog = self.catalog.current().is_some();
         let (revision, diff) = self.catalog.observe(catalog);
         self.gate.catalog_fetched(epoch, revision.clone(), digests);
-        let summary = diff
-            .as_ref()
-            .map(|d| d.summary())
-            .unwrap_or_else(|| "first".into());
+        let summary = match &diff {
+            Some(d) => d.summary(),
+            None if had_catalog => "unchanged".into(),
+            None => "first".into(),
+        };
         let changes = diff.as_ref().map(|d| bounded_diff_lines(d.render_human()));
         if let Some(d) = &diff {
             self.io.status(&format!(
@@ -327,7 +392,9 @@ impl<I: Io> Session<I> {
             let known = match known {
                 Some(k) => k,
                 None => {
-                    let tools: Vec<Value> = serde_json::from_str(tools_text).unwrap_or_default();
+                    let Ok(tools) = serde_json::from_str::<Vec<Value>>(tools_text) else {
+                        return; // no list: the host holds no catalog from it
+                    };
                     let Ok(catalog) = Catalog::from_tools(tools) else {
                         return;
                     };
@@ -338,14 +405,19 @@ impl<I: Io> Session<I> {
                     }
                 }
             };
+            self.fetch_if_listed_newer(&known.catalog);
             return self.show_known_list(KnownList {
                 result_text: result_text.map(str::to_string),
                 ..known
             });
         }
-        if let Ok(tools) = serde_json::from_str::<Vec<Value>>(tools_text) {
-            self.host.list_pages.extend(tools);
-        }
+        let Ok(tools) = serde_json::from_str::<Vec<Value>>(tools_text) else {
+            // A page that is no list ends the listing without a catalog.
+            self.host.list_pages.clear();
+            self.host.list_next = None;
+            return;
+        };
+        self.host.list_pages.extend(tools);
         self.host.list_next = next.clone();
         if self.host.list_pages.len() > MAX_CATALOG_TOOLS {
             self.host.list_pages = Vec::new();
@@ -357,14 +429,28 @@ impl<I: Io> Session<I> {
         }
         if next.is_none() {
             let pages = std::mem::take(&mut self.host.list_pages);
-            if let Ok(c) = Catalog::from_tools(pages)
-                && self.host_was_shown(&c, "server", None)
-            {
-                self.publish();
+            if let Ok(c) = Catalog::from_tools(pages) {
+                self.fetch_if_listed_newer(&c);
+                if self.host_was_shown(&c, "server", None) {
+                    self.publish();
+                }
             }
         }
     }
 
+    /// The server just listed the host a catalog other than the one it gave the supervisor:
+    /// its tools changed without `list_changed` (allowed: hosts must not rely on it). Fetched
+    /// again, so calls are judged by what the server lists now, never refused with an older
+    /// definition than the host was just shown.
+    fn fetch_if_listed_newer(&mut self, listed: &Catalog) {
+        let current = self.catalog.current().map(|r| r.digest.as_str());
+        if self.child_ready() && current.is_some_and(|d| d != listed.digest()) {
+            self.io.verbose(
+                "the server listed tools that differ from its catalog without saying list_changed; fetching its catalog again",
+            );
+            self.fetch_catalog(None);
+        }
+    }
     /// The host was shown a whole one-page list whose catalog is known; it stays known.
     fn show_known_list(&mut self, known: KnownList) {
         let changed = self.host_was_shown(&known.catalog, "server", None);

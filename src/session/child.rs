@@ -199,6 +199,12 @@ impl<I: Io> Session<I> {
                 self.send_host(&msg);
                 return;
             }
+            // A late cancellation of its own request, already answered: ignored (as the spec
+            // says), not read as one of the host's requests under the same number.
+            let answered = &self.child_requests.answered;
+            if answered.iter().any(|id| id.get() == req_text) {
+                return;
+            }
             // The server ends one of the host's requests, which it knows under our id.
             if let Some(our) = req.as_u64() {
                 match self.pending.get(&our) {
@@ -459,6 +465,9 @@ impl<I: Io> Session<I> {
         }
         l.server_part = false;
         l.child_id = None;
+        // A stream reopened at a new server that refuses it: the host's acknowledgement named
+        // what the old server sent; it is acknowledged again with the supervisor's part only.
+        l.acknowledged = false;
         self.io.verbose(
             "the server does not serve subscriptions/listen; the supervisor sends tool-list changes on the host's stream",
         );

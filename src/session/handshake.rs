@@ -32,9 +32,9 @@ impl<I: Io> Session<I> {
         let wait = self.handshake_deadline();
         let due = self.now() + wait.as_millis() as u64;
         if let Some(c) = &mut self.child {
-            c.handshake_due_ms = Some(due);
+            c.answer_due_ms = Some(due);
         }
-        self.io.schedule(wait, Timer::HandshakeDeadline);
+        self.io.schedule(wait, Timer::ServerDeadline);
         let method = if modern {
             "server/discover"
         } else {
@@ -44,24 +44,30 @@ impl<I: Io> Session<I> {
             .to_child(&epoch, envelope::request_line(id, method, params));
     }
 
-    /// How long a server has to answer our handshake: the first-start budget, at least
-    /// [`MIN_HANDSHAKE_DEADLINE`] (a budget of 0 means "requests never wait", not "no server
-    /// may start").
-    fn handshake_deadline(&self) -> Duration {
+    /// How long a server has to answer our handshake or a catalog page: the first-start
+    /// budget, at least [`MIN_HANDSHAKE_DEADLINE`] (a budget of 0 means "requests never wait",
+    /// not "no server may start").
+    pub(super) fn handshake_deadline(&self) -> Duration {
         self.cfg.first_start_budget.max(MIN_HANDSHAKE_DEADLINE)
+    }
+
+    /// The current server's request of its phase (handshake, catalog page) reached its deadline.
+    pub(super) fn server_deadline_over(&mut self) {
+        let now = self.now();
+        let Some(c) = &self.child else { return };
+        if c.stopping || c.answer_due_ms.is_none_or(|due| due > now) {
+            return; // answered, replaced, or a later request's deadline (its own timer comes)
+        }
+        match c.phase {
+            ChildPhase::Handshaking => self.handshake_deadline_over(),
+            ChildPhase::FetchingCatalog => self.catalog_deadline_over(),
+            _ => {}
+        }
     }
 
     /// A server still handshaking at its deadline never answered: it is stopped as one that
     /// cannot serve (held requests would otherwise each wait out a budget, again and again).
-    pub(super) fn handshake_deadline_over(&mut self) {
-        let now = self.now();
-        let Some(c) = &self.child else { return };
-        if c.stopping
-            || c.phase != ChildPhase::Handshaking
-            || c.handshake_due_ms.is_none_or(|due| due > now)
-        {
-            return; // answered, replaced, or a later server's deadline (its own timer comes)
-        }
+    fn handshake_deadline_over(&mut self) {
         if self.discovery_pending() {
             return self.discovery_failed(None);
         }
@@ -124,7 +130,7 @@ impl<I: Io> Session<I> {
         let Some(c) = &mut self.child else { return };
         let epoch = c.epoch.clone();
         c.phase = ChildPhase::Started;
-        c.handshake_due_ms = None;
+        c.answer_due_ms = None;
         // A late answer to it is dropped as one to an unknown id.
         self.pending.retain(
             |_, p| !matches!(p, Pending::Handshake { epoch: e, modern: true, .. } if *e == epoch),

@@ -112,6 +112,7 @@ impl<I: Io> Session<I> {
                 self.open_supervisor_listen(msg)
             }
             _ if self.child_ready() => self.route_host_request(msg),
+            Method::Other if self.serves_during_fetch(msg.method()) => self.route_host_request(msg),
             Method::Discover => match self.hold_budget() {
                 // A real server's answer or, shortly, a fallback to `initialize`.
                 Some(_) => {
@@ -322,6 +323,11 @@ impl<I: Io> Session<I> {
         if self.current_epoch() != Some(epoch.as_str()) {
             return;
         }
+        let answered = &mut self.child_requests.answered;
+        if answered.len() >= ANSWERED_KEPT {
+            answered.pop_front();
+        }
+        answered.push_back(child_id.clone());
         msg.set_id(child_id);
         self.send_child(&epoch, &msg);
     }

@@ -114,7 +114,27 @@ impl<I: Io> Session<I> {
         for l in &mut self.listens {
             l.child_id = None;
         }
-        self.child_requests.open.retain(|_, (e, _)| e != epoch);
+        // The server's requests still open at the host are void: the supervisor, which
+        // issued them to the host, withdraws them (an elicitation form would stay open).
+        let mut void: Vec<u64> = (self.child_requests.open.iter())
+            .filter(|(_, (e, _))| e == epoch)
+            .map(|(id, _)| *id)
+            .collect();
+        void.sort_unstable();
+        let what = match cause {
+            "exited" => "exited".to_string(),
+            other => format!("was {other}"),
+        };
+        for id in void {
+            self.child_requests.open.remove(&id);
+            let why = format!("the server that asked (epoch {epoch}) {what}");
+            let params = json!({"requestId": id, "reason": why});
+            self.io.notify_host(envelope::notification_line(
+                "notifications/cancelled",
+                Some(&params),
+            ));
+        }
+        self.child_requests.answered.clear();
         self.child_requests.overflow_told = false;
         // Cancelled calls of this server get no late answer now.
         self.host.cancelled_calls.retain(|(_, e, _)| e != epoch);

@@ -95,8 +95,8 @@ pub enum Timer {
     HandshakeWait,
     /// Some approval prompt in the host reached its deadline.
     ApprovalDeadline,
-    /// Some server's handshake reached its deadline.
-    HandshakeDeadline,
+    /// Some server's handshake or catalog page reached its deadline.
+    ServerDeadline,
 }
 
 /// How a build ended, as the session needs it (the shell renders the status line).
@@ -536,7 +536,7 @@ impl<I: Io> Session<I> {
             } => self.on_sources_changed(paths, changed_after_leading_edge),
             Event::Timer(Timer::HeldDeadline) => self.expire_held(),
             Event::Timer(Timer::HandshakeWait) => self.handshake_wait_over(),
-            Event::Timer(Timer::HandshakeDeadline) => self.handshake_deadline_over(),
+            Event::Timer(Timer::ServerDeadline) => self.server_deadline_over(),
             Event::Timer(Timer::Restart) => self.restart_due(),
             Event::Timer(Timer::ApprovalDeadline) => self.expire_prompts(),
             Event::Control { reply, .. } if !reply.take_up() => {

@@ -80,8 +80,9 @@ pub struct ChildState {
     pub record: IdentityRecord,
     pub phase: ChildPhase,
     pub started_ms: u64,
-    /// When our handshake must have been answered (set when it is sent).
-    pub handshake_due_ms: Option<u64>,
+    /// When our request of the current phase (the handshake, a catalog page) must have been
+    /// answered (set when it is sent).
+    pub answer_due_ms: Option<u64>,
     pub stopping: bool,
     pub catalog_pages: Vec<Value>,
     /// Pages fetched for the current catalog (bounded by [`MAX_CATALOG_PAGES`]).
@@ -105,7 +106,7 @@ impl ChildState {
             record,
             phase: ChildPhase::Started,
             started_ms,
-            handshake_due_ms: None,
+            answer_due_ms: None,
             stopping: false,
             catalog_pages: Vec::new(),
             pages_fetched: 0,
@@ -287,6 +288,10 @@ pub struct HostConnection {
 pub struct ServerRequests {
     /// Our host-facing id → (epoch, the server's own id).
     pub open: HashMap<u64, (EpochId, RawIdText)>,
+    /// The server's own ids of its latest requests the host answered (at most
+    /// [`ANSWERED_KEPT`]): a late `notifications/cancelled` for one of them is about that
+    /// finished request, never one of the host's that the server knows under the same number.
+    pub answered: std::collections::VecDeque<RawIdText>,
     /// A request was refused for the limit and the status line said so; cleared once the
     /// host answers one (one line per overflow, not one per refused request).
     pub overflow_told: bool,
@@ -294,6 +299,8 @@ pub struct ServerRequests {
 
 /// `tools/list` requests remembered (see `HostConnection::list_requests`).
 pub const LIST_REQUESTS_KEPT: usize = 64;
+/// The server's answered requests remembered (see [`ServerRequests::answered`]).
+pub const ANSWERED_KEPT: usize = 64;
 /// Cancelled calls whose late answers are still recorded (see `HostConnection`).
 pub const CANCELLED_KEPT: usize = 64;
 

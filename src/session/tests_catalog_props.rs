@@ -290,15 +290,11 @@ impl Run {
         let Some((epoch, id, cursor)) = self.pages.pop_front() else {
             return;
         };
-        let first = cursor.is_none();
-        // What a fetch got whole: its pages first to last; an error or an unreadable answer to
-        // a first page is a server without tools (an empty catalog, by design).
-        let whole = match how {
-            Answer::Error | Answer::Unreadable if first => Some(Vec::new()),
-            _ => None,
-        };
+        // What a fetch got whole: its pages first to last. An error or an unreadable answer,
+        // even to a first page, lists nothing (red-team round 21: an error was recorded as an
+        // empty catalog, and a later first contact served `{"tools": []}`).
         let ended = self.reply(&epoch, id, &cursor, how);
-        if let Some(tools) = ended.or(whole) {
+        if let Some(tools) = ended {
             self.fetched_whole.extend(digest(&tools));
         }
     }

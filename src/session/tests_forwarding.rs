@@ -342,3 +342,108 @@ fn a_second_server_overflow_after_its_own_cancels_is_told() {
         "a second overflow of the server's requests, not said"
     );
 }
+
+/// A legacy session with the first server (`a`) up, its catalog fetched.
+fn ready() -> (Harness, String) {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    h.build(complete("a"));
+    let epoch = h.current_epoch().unwrap();
+    (h, epoch)
+}
+
+/// The server's own request (`roots/list`) was answered by the host; the server then sends a
+/// late `notifications/cancelled` for it (the spec says to ignore such a cancellation). Its id
+/// is in the server's id space: a host `tools/call` the server knows under the same number goes
+/// on, and its answer reaches the host. Red-team round 21: the call was answered "the server
+/// cancelled this request" and the server's real answer was dropped.
+#[test]
+fn a_late_cancel_of_the_servers_own_answered_request_ends_no_host_call() {
+    let (mut h, epoch) = ready();
+    h.answer_calls = false;
+    let c = h.call("write_item");
+    let sent = h
+        .io()
+        .call_messages
+        .last()
+        .cloned()
+        .expect("the call reached the server");
+    let ours = sent["id"].clone();
+    // The server's own request, under the same number (its id space is its own).
+    from_child(
+        &mut h,
+        &epoch,
+        json!({"jsonrpc": "2.0", "id": ours, "method": "roots/list", "params": {}}),
+    );
+    let relayed = h
+        .io()
+        .to_host
+        .iter()
+        .rev()
+        .find(|m| m["method"] == json!("roots/list"))
+        .cloned()
+        .expect("relayed to the host");
+    host_raw(
+        &mut h,
+        json!({"jsonrpc": "2.0", "id": relayed["id"], "result": {"roots": []}}),
+    );
+    let forwarded = next_to_child(&mut h);
+    assert_eq!(
+        forwarded["id"], ours,
+        "the host's answer went back under the server's id"
+    );
+    // Late cancellation of its own (already answered) request.
+    from_child(
+        &mut h,
+        &epoch,
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+               "params": {"requestId": ours, "reason": "timeout"}}),
+    );
+    assert_eq!(
+        h.answer(&c),
+        None,
+        "the host's call was answered as cancelled by the server, which never cancelled it"
+    );
+    // The server answers the call after all: that answer reaches the host.
+    from_child(
+        &mut h,
+        &epoch,
+        json!({"jsonrpc": "2.0", "id": ours, "result": {"content": []}}),
+    );
+    assert!(
+        h.answer(&c)
+            .is_some_and(|a| a["result"]["content"] == json!([]))
+    );
+}
+
+/// The server asked the host something (elicitation) and was replaced before the host
+/// answered: the supervisor, which issued that request to the host, cancels it, so the host's
+/// form does not stay open for a server that is gone. Red-team round 21: it was forgotten
+/// silently.
+#[test]
+fn a_server_request_open_at_the_host_is_withdrawn_when_its_server_is_replaced() {
+    let (mut h, epoch) = ready();
+    from_child(
+        &mut h,
+        &epoch,
+        json!({"jsonrpc": "2.0", "id": 0, "method": "elicitation/create",
+               "params": {"message": "confirm?", "requestedSchema": {"type": "object"}}}),
+    );
+    let relayed = h
+        .io()
+        .to_host
+        .iter()
+        .rev()
+        .find(|m| m["method"] == json!("elicitation/create"))
+        .cloned()
+        .expect("relayed to the host");
+    let new = h.rebuild("b");
+    assert_ne!(new, epoch);
+    let cancelled = h.io().to_host.iter().any(|m| {
+        m["method"] == json!("notifications/cancelled") && m["params"]["requestId"] == relayed["id"]
+    });
+    assert!(
+        cancelled,
+        "the host still holds an elicitation of a server that is gone (no cancellation)"
+    );
+}

@@ -232,3 +232,59 @@ fn listen_streams_are_bounded_and_ids_unique() {
     );
     assert_eq!(h.s.listens.len(), LISTEN_LIMIT);
 }
+
+/// A modern host's stream asks for tool and prompt changes; the first server honours prompts
+/// (its acknowledgement, re-tagged, tells the host so). After a rebuild the stream is reopened
+/// at the new server, which does not serve `subscriptions/listen` (rmcp's default): the host is
+/// acknowledged again with the supervisor's part only (tool changes). Red-team round 21: the
+/// refusal was absorbed and the host kept an acknowledgement saying prompt changes flow.
+#[test]
+fn a_reopened_stream_the_new_server_refuses_is_acknowledged_again_for_tools_only() {
+    let mut h = Harness::ungated(|c| c.warm = true);
+    let d = h.request("server/discover", json!({"_meta": meta()}));
+    h.build(complete("a"));
+    assert!(h.answer(&d).unwrap().get("result").is_some());
+    h.listen = ListenReply::Acknowledge(json!({"promptsListChanged": true}));
+    let l = h.request(
+        "subscriptions/listen",
+        json!({"_meta": meta(),
+               "notifications": {"toolsListChanged": true, "promptsListChanged": true}}),
+    );
+    let ack_of = |h: &mut Harness| {
+        h.io()
+            .to_host
+            .iter()
+            .rfind(|m| {
+                m["method"] == json!(ACK) && m["params"]["_meta"][protocol::SUBSCRIPTION_ID] == l
+            })
+            .cloned()
+    };
+    assert_eq!(
+        ack_of(&mut h).unwrap()["params"]["notifications"]["promptsListChanged"],
+        json!(true)
+    );
+    // The next server does not serve listen.
+    h.listen = ListenReply::Refuse;
+    let old = h.current_epoch().unwrap();
+    h.build(complete("b"));
+    h.s.handle(Event::ChildStopped { epoch: old });
+    h.serve();
+    assert!(
+        h.server_saw
+            .iter()
+            .filter(|m| *m == "subscriptions/listen")
+            .count()
+            >= 2
+    );
+    let ended = h.answer(&l).is_some()
+        || h.io().to_host.iter().any(|m| {
+            m["method"] == json!("notifications/cancelled") && m["params"]["requestId"] == l
+        });
+    let still_claimed =
+        ack_of(&mut h).unwrap()["params"]["notifications"]["promptsListChanged"] == json!(true);
+    assert!(
+        ended || !still_claimed,
+        "the host still holds an acknowledgement that prompt changes flow on stream {l}, which \
+         the running server refused"
+    );
+}

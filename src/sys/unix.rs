@@ -224,6 +224,12 @@ pub fn nofollow_nonblock_flags() -> i32 {
         .bits() as i32
 }
 
+/// Flags for opening a file to read without waiting when it is a named pipe or a device (links
+/// are followed: a path the human gave); the caller refuses anything not a regular file.
+pub fn nonblock_flags() -> i32 {
+    (rustix::fs::OFlags::CLOEXEC | rustix::fs::OFlags::NONBLOCK).bits() as i32
+}
+
 /// Whether an open failed because the path was a symbolic link (`ELOOP` under `O_NOFOLLOW`).
 pub fn is_symlink_refusal(e: &std::io::Error) -> bool {
     e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error())
