@@ -339,9 +339,13 @@ pub fn create_log_file(path: &Path) -> io::Result<File> {
 /// a named pipe (`O_NONBLOCK`; an open of a FIFO for reading blocks until a writer comes),
 /// regular files only.
 pub fn open_regular_nofollow(path: &Path) -> io::Result<File> {
+    open_regular_with(path, crate::sys::unix::nofollow_nonblock_flags())
+}
+
+fn open_regular_with(path: &Path, flags: i32) -> io::Result<File> {
     let file = OpenOptions::new()
         .read(true)
-        .custom_flags(crate::sys::unix::nofollow_nonblock_flags())
+        .custom_flags(flags)
         .open(path)?;
     if !file.metadata()?.file_type().is_file() {
         return Err(io::Error::new(
@@ -356,23 +360,16 @@ pub fn open_regular_nofollow(path: &Path) -> io::Result<File> {
 /// in the agent-writable tree, or one the human gave): no wait on the open (`O_NONBLOCK`),
 /// regular files only. Links are followed.
 pub fn open_regular(path: &Path) -> io::Result<File> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(crate::sys::unix::nonblock_flags())
-        .open(path)?;
-    if !file.metadata()?.file_type().is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "not a regular file".to_string(),
-        ));
-    }
-    Ok(file)
+    open_regular_with(path, crate::sys::unix::nonblock_flags())
 }
 
 /// Reads a whole file through [`open_regular`], refusing one over `limit` bytes.
 pub fn read_regular(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
+    read_bounded(open_regular(path)?, limit)
+}
+
+fn read_bounded(file: File, limit: u64) -> io::Result<Vec<u8>> {
     use std::io::Read;
-    let file = open_regular(path)?;
     if file.metadata()?.len() > limit {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
@@ -387,14 +384,7 @@ pub fn read_regular(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
 /// Reads a small file of ours that the agent may have replaced ([`open_regular_nofollow`]),
 /// at most `limit` bytes (`None` otherwise).
 pub fn read_small_regular(path: &Path, limit: u64) -> Option<Vec<u8>> {
-    use std::io::Read;
-    let file = open_regular_nofollow(path).ok()?;
-    if file.metadata().ok()?.len() > limit {
-        return None;
-    }
-    let mut bytes = Vec::new();
-    file.take(limit).read_to_end(&mut bytes).ok()?;
-    Some(bytes)
+    read_bounded(open_regular_nofollow(path).ok()?, limit).ok()
 }
 
 /// Removes a symbolic link found where one of our files belongs (before a writer that does

@@ -1444,20 +1444,9 @@ fn a_fifo_planted_at_the_identity_record_does_not_hang_a_build() {
     let p = Project::built_fake_server(SUITE);
     p.build(&[]).expect_code(0);
     let file = p.identity_file(LABEL, "dev");
-    std::fs::remove_file(&file).unwrap();
-    let made = std::process::Command::new("mkfifo")
-        .arg(&file)
-        .status()
-        .unwrap();
-    assert!(made.success());
-    let mut child = p
-        .command(["build"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    plant_fifo(&file);
     assert!(
-        exits_within(&mut child, 30, &file),
+        ends_within_30_s(&p, "build", &file),
         "`cargo mcp-dev build` did not finish within 30 s: it is stuck opening a named pipe planted at its identity record"
     );
 }
@@ -1470,43 +1459,40 @@ fn a_fifo_planted_at_the_facts_file_does_not_hang_run() {
     let p = Project::built_fake_server(SUITE);
     p.build(&[]).expect_code(0);
     let facts = p.target_dir().join(format!("mcp-dev/facts/{LABEL}.json"));
-    // Control: with no pipe, a host that leaves at once ends the run.
-    let mut control = p
-        .command(["run"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    // Control: with no pipe, a host that leaves at once (stdin closed) ends the run.
     assert!(
-        exits_within(&mut control, 30, &facts),
+        ends_within_30_s(&p, "run", &facts),
         "control: `run` with a closed stdin should end"
     );
-    let _ = std::fs::remove_file(&facts);
-    std::fs::create_dir_all(facts.parent().unwrap()).unwrap();
-    let made = std::process::Command::new("mkfifo")
-        .arg(&facts)
-        .status()
-        .unwrap();
-    assert!(made.success());
-    let mut child = p
-        .command(["run"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    plant_fifo(&facts);
     assert!(
-        exits_within(&mut child, 30, &facts),
+        ends_within_30_s(&p, "run", &facts),
         "`cargo mcp-dev run` did not end within 30 s of its host leaving: it is stuck opening a named pipe planted at its facts file"
     );
 }
 
-/// Waits up to `secs` for `child` to exit; on timeout opens `fifo` for writing (to let a
-/// stuck `open` go) and kills it. Returns whether it exited in time.
-fn exits_within(child: &mut std::process::Child, secs: u64, fifo: &std::path::Path) -> bool {
+/// Replaces `path` (or makes it) with a named pipe.
+fn plant_fifo(path: &std::path::Path) {
+    let _ = std::fs::remove_file(path);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(made.success());
+}
+
+/// Runs `cargo-mcp-dev COMMAND` with stdin closed and waits up to 30 s for it to end; on
+/// timeout opens `fifo` for writing (to let a stuck `open` go) and kills it. Whether it ended.
+fn ends_within_30_s(p: &Project, command: &str, fifo: &std::path::Path) -> bool {
+    use std::process::Stdio;
     use std::time::{Duration, Instant};
-    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut child = (p.command([command]).stdin(Stdio::null()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
         if let Ok(Some(_)) = child.try_wait() {
             return true;

@@ -410,6 +410,44 @@ impl Harness {
         self.answer(&id)
     }
 
+    /// A legacy ungated session with the first server (`a`) up, its catalog fetched; and its
+    /// epoch.
+    pub fn serving_legacy() -> (Harness, String) {
+        let mut h = Harness::ungated(|_| {});
+        h.connect_legacy();
+        h.build(complete("a"));
+        let epoch = h.current_epoch().unwrap();
+        (h, epoch)
+    }
+
+    /// Starts server `a` and answers its handshake (a second after it was sent); returns the
+    /// epoch and the supervisor's first `tools/list` to it, not answered.
+    pub fn start_until_first_list(&mut self) -> (String, Value) {
+        self.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+        loop {
+            let (e, msg) = self.io().to_child.pop_front().expect("a request");
+            if msg["method"] == json!("tools/list") {
+                return (e, msg);
+            }
+            let Some(id) = msg.get("id").cloned() else {
+                continue;
+            };
+            self.io().now_ms += 1_000;
+            let result = if msg["method"] == json!("initialize") {
+                json!({"protocolVersion": msg["params"]["protocolVersion"],
+                       "capabilities": {"tools": {}},
+                       "serverInfo": {"name": "fake", "version": "1"}})
+            } else {
+                json!({})
+            };
+            from_child(
+                self,
+                &e,
+                json!({"jsonrpc": "2.0", "id": id, "result": result}),
+            );
+        }
+    }
+
     /// Names of the tools in a `tools/list` answer.
     pub fn names(answer: &Value) -> Vec<String> {
         answer["result"]["tools"]

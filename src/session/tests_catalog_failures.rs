@@ -128,44 +128,15 @@ fn invalid_list_is_not_recorded_as_an_empty_catalog_shown_to_the_host() {
     );
 }
 
-/// A legacy session with the first server (`a`) up, its catalog fetched.
-fn ready() -> (Harness, String) {
-    let mut h = Harness::ungated(|_| {});
-    h.connect_legacy();
-    h.build(complete("a"));
-    let epoch = h.current_epoch().unwrap();
-    (h, epoch)
-}
-
 /// Starts server `a` and plays its handshake; the supervisor's own first `tools/list` is
 /// answered with `answer` (a `result` or an `error` member) instead of the fake server's list.
 fn first_fetch_answered_with(h: &mut Harness, answer: Value) {
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
-    loop {
-        let (e, msg) = h
-            .io()
-            .to_child
-            .pop_front()
-            .expect("a request to the server");
-        let Some(id) = msg.get("id").cloned() else {
-            continue;
-        };
-        let mut line = json!({"jsonrpc": "2.0", "id": id});
-        if msg["method"] == json!("tools/list") {
-            for (k, v) in answer.as_object().unwrap() {
-                line[k] = v.clone();
-            }
-            from_child(h, &e, line);
-            return;
-        }
-        line["result"] = if msg["method"] == json!("initialize") {
-            json!({"protocolVersion": msg["params"]["protocolVersion"], "capabilities": {"tools": {}},
-                   "serverInfo": {"name": "fake", "version": "1"}})
-        } else {
-            json!({})
-        };
-        from_child(h, &e, line);
+    let (epoch, list) = h.start_until_first_list();
+    let mut line = json!({"jsonrpc": "2.0", "id": list["id"]});
+    for (k, v) in answer.as_object().unwrap() {
+        line[k] = v.clone();
     }
+    from_child(h, &epoch, line);
 }
 
 /// The server answers the supervisor's `tools/list` with `tools` that is not an array (an
@@ -224,7 +195,7 @@ fn a_first_list_error_is_not_served_later_as_an_empty_catalog() {
 /// definition as the tool's `currentDefinition`.
 #[test]
 fn a_host_listing_newer_than_the_catalog_fetches_it_again() {
-    let (mut h, _epoch) = ready();
+    let (mut h, _epoch) = Harness::serving_legacy();
     // The server's tools change silently.
     h.tools = vec![tool("list_items", 1), tool("write_item", 2)];
     let l = h.request("tools/list", json!({}));
@@ -253,7 +224,7 @@ fn a_host_listing_newer_than_the_catalog_fetches_it_again() {
 /// round 21: its `catalog_refreshed` record said `first`.
 #[test]
 fn an_unchanged_refresh_is_recorded_as_unchanged() {
-    let (mut h, epoch) = ready();
+    let (mut h, epoch) = Harness::serving_legacy();
     from_child(&mut h, &epoch, list_changed());
     h.serve();
     let refreshed = h.audit_kinds(audit::CATALOG_REFRESHED);
@@ -273,7 +244,7 @@ fn an_unchanged_refresh_is_recorded_as_unchanged() {
 /// starting" about a server that was up.
 #[test]
 fn a_refresh_the_server_never_answers_holds_no_other_request() {
-    let (mut h, epoch) = ready();
+    let (mut h, epoch) = Harness::serving_legacy();
     from_child(&mut h, &epoch, list_changed());
     let refresh = next_to_child(&mut h);
     assert_eq!(refresh["method"], json!("tools/list"));
@@ -298,7 +269,7 @@ fn a_refresh_the_server_never_answers_holds_no_other_request() {
 /// longer exists in the server's current catalog".
 #[test]
 fn an_invalid_refresh_keeps_the_catalog() {
-    let (mut h, epoch) = ready();
+    let (mut h, epoch) = Harness::serving_legacy();
     let l = h.request("tools/list", json!({}));
     assert!(h.answer(&l).is_some());
     h.tools = vec![
@@ -323,7 +294,7 @@ fn an_invalid_refresh_keeps_the_catalog() {
 /// answers it; no "still starting". Round 21, with the test above.
 #[test]
 fn a_call_held_by_an_unanswered_refresh_reaches_the_server_after_its_hold() {
-    let (mut h, epoch) = ready();
+    let (mut h, epoch) = Harness::serving_legacy();
     from_child(&mut h, &epoch, list_changed());
     let refresh = next_to_child(&mut h);
     assert_eq!(refresh["method"], json!("tools/list"));
@@ -357,30 +328,9 @@ fn a_call_held_by_an_unanswered_refresh_reaches_the_server_after_its_hold() {
 fn a_first_list_never_answered_ends_at_its_deadline() {
     let mut h = Harness::ungated(|_| {});
     h.connect_legacy();
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
-    loop {
-        let (e, msg) = h
-            .io()
-            .to_child
-            .pop_front()
-            .expect("a request to the server");
-        if msg["method"] == json!("tools/list") {
-            break;
-        }
-        // The server takes a second to start: the handshake's own deadline passes before
-        // the list's, which must have one of its own.
-        h.io().now_ms += 1_000;
-        if let Some(id) = msg.get("id").cloned() {
-            let result = json!({"protocolVersion": msg["params"]["protocolVersion"],
-                                "capabilities": {"tools": {}},
-                                "serverInfo": {"name": "fake", "version": "1"}});
-            from_child(
-                &mut h,
-                &e,
-                json!({"jsonrpc": "2.0", "id": id, "result": result}),
-            );
-        }
-    }
+    // The server takes a second to answer its handshake: the handshake's own deadline passes
+    // before the list's, which must have one of its own.
+    h.start_until_first_list();
     // The server is up: what does not need its catalog goes to it meanwhile.
     let other = json!(77);
     host_raw(

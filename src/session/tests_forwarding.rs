@@ -343,15 +343,6 @@ fn a_second_server_overflow_after_its_own_cancels_is_told() {
     );
 }
 
-/// A legacy session with the first server (`a`) up, its catalog fetched.
-fn ready() -> (Harness, String) {
-    let mut h = Harness::ungated(|_| {});
-    h.connect_legacy();
-    h.build(complete("a"));
-    let epoch = h.current_epoch().unwrap();
-    (h, epoch)
-}
-
 /// The server's own request (`roots/list`) was answered by the host; the server then sends a
 /// late `notifications/cancelled` for it (the spec says to ignore such a cancellation). Its id
 /// is in the server's id space: a host `tools/call` the server knows under the same number goes
@@ -359,7 +350,7 @@ fn ready() -> (Harness, String) {
 /// cancelled this request" and the server's real answer was dropped.
 #[test]
 fn a_late_cancel_of_the_servers_own_answered_request_ends_no_host_call() {
-    let (mut h, epoch) = ready();
+    let (mut h, epoch) = Harness::serving_legacy();
     h.answer_calls = false;
     let c = h.call("write_item");
     let sent = h
@@ -422,7 +413,7 @@ fn a_late_cancel_of_the_servers_own_answered_request_ends_no_host_call() {
 /// silently.
 #[test]
 fn a_server_request_open_at_the_host_is_withdrawn_when_its_server_is_replaced() {
-    let (mut h, epoch) = ready();
+    let (mut h, epoch) = Harness::serving_legacy();
     from_child(
         &mut h,
         &epoch,
