@@ -37,12 +37,7 @@ impl<I: Io> Session<I> {
         });
         // Each page has a deadline: a server that never answers must not leave the session
         // fetching (holding calls) for the rest of its epoch.
-        let wait = self.handshake_deadline();
-        let due = self.now() + wait.as_millis() as u64;
-        if let Some(c) = &mut self.child {
-            c.answer_due_ms = Some(due);
-        }
-        self.io.schedule(wait, Timer::ServerDeadline);
+        self.set_answer_deadline();
         self.io
             .to_child(&epoch, envelope::request_line(id, "tools/list", &params));
     }

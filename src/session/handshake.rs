@@ -29,12 +29,7 @@ impl<I: Io> Session<I> {
             modern,
         });
         self.set_phase(ChildPhase::Handshaking);
-        let wait = self.handshake_deadline();
-        let due = self.now() + wait.as_millis() as u64;
-        if let Some(c) = &mut self.child {
-            c.answer_due_ms = Some(due);
-        }
-        self.io.schedule(wait, Timer::ServerDeadline);
+        self.set_answer_deadline();
         let method = if modern {
             "server/discover"
         } else {
@@ -51,12 +46,38 @@ impl<I: Io> Session<I> {
         self.cfg.first_start_budget.max(MIN_HANDSHAKE_DEADLINE)
     }
 
+    /// The current server's request of its phase (handshake, catalog page) must be answered
+    /// within [`Session::handshake_deadline`]; one timer is armed for the earliest such
+    /// deadline (a later one is armed again when it fires).
+    pub(super) fn set_answer_deadline(&mut self) {
+        let wait = self.handshake_deadline();
+        let due = self.now() + wait.as_millis() as u64;
+        if let Some(c) = &mut self.child {
+            c.answer_due_ms = Some(due);
+        }
+        self.arm_server_timer(due);
+    }
+
+    fn arm_server_timer(&mut self, due: u64) {
+        if self.armed.server.is_some_and(|armed| armed <= due) {
+            return;
+        }
+        self.armed.server = Some(due);
+        let wait = Duration::from_millis(due.saturating_sub(self.now()));
+        self.io.schedule(wait, Timer::ServerDeadline);
+    }
+
     /// The current server's request of its phase (handshake, catalog page) reached its deadline.
     pub(super) fn server_deadline_over(&mut self) {
+        self.armed.server = None;
         let now = self.now();
         let Some(c) = &self.child else { return };
-        if c.stopping || c.answer_due_ms.is_none_or(|due| due > now) {
-            return; // answered, replaced, or a later request's deadline (its own timer comes)
+        match c.answer_due_ms {
+            _ if c.stopping => return,
+            None => return,
+            // A later request's deadline (or a later server's): armed again for it.
+            Some(due) if due > now => return self.arm_server_timer(due),
+            Some(_) => {}
         }
         match c.phase {
             ChildPhase::Handshaking => self.handshake_deadline_over(),

@@ -126,6 +126,8 @@ pub const CATALOG_REFETCHES: usize = 3;
 pub struct ArmedTimers {
     pub held: Option<u64>,
     pub prompts: Option<u64>,
+    /// The server's handshake or catalog page (a thousand-page list costs one timer).
+    pub server: Option<u64>,
 }
 
 /// A server that fails to start is built again at most this often (see `spawn_child_as`).

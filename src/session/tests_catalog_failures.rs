@@ -364,3 +364,35 @@ fn a_first_list_never_answered_ends_at_its_deadline() {
             .is_none()
     );
 }
+
+/// A server that lists its tools over many pages costs one deadline timer, not one per page
+/// (the timer queue is bounded by the session, not by the server's paging). Round 21.
+#[test]
+fn a_paged_fetch_arms_one_deadline_timer() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    let (epoch, mut page) = h.start_until_first_list();
+    for n in 0..50 {
+        h.io().now_ms += 10;
+        let result = json!({"tools": [tool(&format!("t{n}"), 1)], "nextCursor": format!("c{n}")});
+        from_child(
+            &mut h,
+            &epoch,
+            json!({"jsonrpc": "2.0", "id": page["id"], "result": result}),
+        );
+        page = next_to_child(&mut h);
+        assert_eq!(page["method"], json!("tools/list"));
+    }
+    let armed = (h.io().timers.iter())
+        .filter(|(_, t)| *t == Timer::ServerDeadline)
+        .count();
+    assert_eq!(armed, 1, "one timer for the fetch's deadlines");
+    // The last page is still due: its deadline ends the fetch, with the 50 pages it got.
+    h.advance(DEFAULT_FIRST_START_BUDGET.as_millis() as u64 + 1);
+    assert!(
+        h.s.child
+            .as_ref()
+            .is_some_and(|c| c.phase == ChildPhase::Ready)
+    );
+    assert_eq!(h.s.catalog.catalog().map(|c| c.len()), Some(50));
+}
