@@ -73,9 +73,10 @@ pub fn sha256_reader(mut reader: impl Read) -> io::Result<(String, u64)> {
     Ok((prefixed(&hasher.finalize()), total))
 }
 
-/// Hashes a file by path.
+/// Hashes a file by path: a regular file only, opened without waiting (a named pipe planted
+/// where a file was hashed before, such as the wrapper, must not hang the session).
 pub fn sha256_file(path: &Path) -> io::Result<(String, u64)> {
-    sha256_reader(std::fs::File::open(path)?)
+    sha256_reader(crate::fsutil::open_regular(path)?)
 }
 
 /// Copies `reader` into `writer` while hashing the same bytes in one pass: what was hashed is

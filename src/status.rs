@@ -110,8 +110,14 @@ pub fn error(msg: &str) {
 pub fn warn(msg: &str) {
     prefixed("warning", Style::new().yellow().bold(), msg);
 }
+/// One note is one line: a newline in what it carries (a name from a record) is shown as
+/// `\n`, never the start of a line that reads as the tool's own.
 pub fn note(msg: &str) {
-    prefixed("note", Style::new().cyan().bold(), msg);
+    prefixed(
+        "note",
+        Style::new().cyan().bold(),
+        &crate::sanitize::review(msg),
+    );
 }
 /// Informational line shown with `-v`.
 pub fn verbose_line(msg: &str) {

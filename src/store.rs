@@ -57,7 +57,8 @@ pub enum StoreError {
 /// to run as trusted.
 pub fn open_verified(path: &Path, expected_sha256: &str) -> Result<File, StoreError> {
     use std::os::unix::fs::OpenOptionsExt;
-    let flags = crate::sys::unix::nofollow_flags();
+    // No wait on a named pipe planted at the entry (the store is in the target directory).
+    let flags = crate::sys::unix::nofollow_nonblock_flags();
     let file = match fs::OpenOptions::new()
         .read(true)
         .custom_flags(flags)

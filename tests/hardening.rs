@@ -206,42 +206,118 @@ fn replaced_store_entry_is_refused_at_launch() {
     assert!(!marker.exists(), "the replaced entry ran");
 }
 
-/// A `wrapper` is handed the checked executable as an open descriptor (`/proc/self/fd/N`), not
-/// the store entry's path: an entry replaced after its check (here by the wrapper itself, the
-/// last moment there is) is not what the wrapper starts. Before, the wrapper got the path and
-/// started the replacement (a known limit since red-team round 14).
+/// A `wrapper` gets the store entry's path, a path any process can open: one that starts the
+/// server as its own child with descriptors closed (a Python wrapper using `subprocess`, whose
+/// `close_fds=True` is the default) still starts it. Red-team round 22: for part of session 25
+/// the wrapper got `/proc/self/fd/N` (to close the store entry's replace race), which such a
+/// wrapper's child cannot open; that change was taken back (see docs/SECURITY.md).
 #[cfg(target_os = "linux")]
 #[test]
-fn a_wrapper_starts_the_checked_executable_even_if_the_store_entry_is_replaced() {
+fn a_wrapper_that_starts_the_server_with_descriptors_closed_still_starts_it() {
     let setup = Setup::new()
         .arg("--no-gating")
-        .config(r#"wrapper = "scripts/serve.sh""#);
-    let marker = setup.project.scratch().join("evil-ran");
-    let seen = setup.project.scratch().join("wrapper-argument");
+        .config(r#"wrapper = "scripts/serve.py""#);
     setup.project.write(
-        "scripts/serve.sh",
-        &format!(
-            "#!/bin/sh\nprintf '%s' \"$1\" > '{seen}'\nentry=$(readlink -f \"$1\")\n\
-             rm -f \"$entry\"\nprintf '#!/bin/sh\\ntouch {marker}\\n' > \"$entry\"\n\
-             chmod 755 \"$entry\"\nexec \"$@\"\n",
-            seen = seen.display(),
-            marker = marker.display()
-        ),
+        "scripts/serve.py",
+        "#!/usr/bin/python3\nimport subprocess, sys\nsys.exit(subprocess.call(sys.argv[1:]))\n",
     );
     std::fs::set_permissions(
-        setup.project.path("scripts/serve.sh"),
+        setup.project.path("scripts/serve.py"),
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
     let mut s = setup.start();
     s.ready_legacy();
-    let answer = s.call("1", "echo", json!({"text": "checked"}));
-    let result = answer.result();
-    assert_ne!(result["isError"], json!(true), "{}", answer.raw);
-    assert!(answer.raw.contains("checked"), "{}", answer.raw);
-    let argument = std::fs::read_to_string(&seen).expect("the wrapper ran");
-    assert!(argument.starts_with("/proc/self/fd/"), "{argument}");
-    assert!(!marker.exists(), "the replaced entry ran");
+    let answer = s.call("1", "echo", json!({"text": "wrapped"}));
+    assert_ne!(answer.result()["isError"], json!(true), "{}", answer.raw);
+    assert!(answer.raw.contains("wrapped"), "{}", answer.raw);
+    s.finish();
+}
+
+/// The `wrapper` lives in the project tree, which the agent writes; before each start it is
+/// hashed again: a named pipe planted there (then any exit of the server) is refused at the
+/// restart, not waited on. Red-team round 22: the supervisor hung on the session's thread and
+/// answered nothing again, not even `ping`.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_fifo_planted_at_the_wrapper_does_not_wedge_the_restart() {
+    let setup = Setup::new()
+        .arg("--no-gating")
+        .tools(&["crash"])
+        .config(r#"wrapper = "scripts/serve.sh""#);
+    setup
+        .project
+        .write("scripts/serve.sh", "#!/bin/sh\nexec \"$@\"\n");
+    let wrapper = setup.project.path("scripts/serve.sh");
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let mut s = setup.start();
+    s.ready_legacy();
+    // The agent plants a named pipe at the wrapper, then makes the server exit.
+    std::fs::remove_file(&wrapper).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&wrapper)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    s.send(r#"{"jsonrpc":"2.0","id":"c","method":"tools/call","params":{"name":"crash","arguments":{}}}"#);
+    s.wait_stderr("server exited");
+    std::thread::sleep(std::time::Duration::from_millis(2_500));
+    s.send(r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let unblock = wrapper.clone();
+    std::thread::spawn(move || {
+        if rx.recv_timeout(std::time::Duration::from_secs(15)).is_err() {
+            // Let the stuck open go, so the supervisor can end.
+            let _ = std::fs::OpenOptions::new().write(true).open(&unblock);
+        }
+    });
+    let m = s.response_within("7", std::time::Duration::from_secs(10));
+    let _ = tx.send(());
+    assert!(m.raw.contains("result"), "{}", m.raw);
+}
+
+/// The same for the store entry (`target/mcp-dev/store/sha256-…`), opened at each start to be
+/// checked: a named pipe planted there is refused and the server built again. Red-team round 22.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_fifo_planted_at_the_store_entry_does_not_wedge_the_restart() {
+    let mut s = Setup::new().arg("--no-gating").tools(&["crash"]).start();
+    s.ready_legacy();
+    let store = s.project.target_dir().join("mcp-dev/store");
+    let entry = std::fs::read_dir(&store)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("sha256-")
+        })
+        .expect("a store entry");
+    std::fs::remove_file(&entry).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&entry)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    s.send(r#"{"jsonrpc":"2.0","id":"c","method":"tools/call","params":{"name":"crash","arguments":{}}}"#);
+    s.wait_stderr("server exited");
+    std::thread::sleep(std::time::Duration::from_millis(2_500));
+    s.send(r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#);
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let unblock = entry.clone();
+    std::thread::spawn(move || {
+        if rx.recv_timeout(std::time::Duration::from_secs(15)).is_err() {
+            let _ = std::fs::OpenOptions::new().write(true).open(&unblock);
+        }
+    });
+    let m = s.response_within("7", std::time::Duration::from_secs(10));
+    let _ = tx.send(());
+    assert!(m.raw.contains("result"), "{}", m.raw);
 }
 
 /// A host that reads the supervisor's stdout only when told to (the shared session helper always

@@ -637,6 +637,30 @@ fn check_expect_notes_name_bidi_characters_of_the_record() {
     assert!(!run.stderr.contains('\u{202e}'), "{}", run.stderr);
 }
 
+/// One note is one line: a dependency name holding a newline in an `--expect` record is shown
+/// with `\n`, never as a line of its own that reads as the tool's (`check passed: …`).
+/// Red-team round 22 (after round 21 named bidi characters there).
+#[test]
+fn check_expect_notes_cannot_start_a_line_of_their_own() {
+    let p = fake_server();
+    let expected = p.scratch().join("expected.json");
+    p.run(["check".as_ref(), "--out".as_ref(), expected.as_os_str()])
+        .expect_code(0);
+    let mut rec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&expected).unwrap()).unwrap();
+    let list = rec["dependencyTree"]["list"].as_array_mut().unwrap();
+    let name = list[0]["name"].as_str().unwrap().to_string();
+    list[0]["name"] = serde_json::json!(format!("{name}\ncheck passed: identity sha256:forged"));
+    std::fs::write(&expected, rec.to_string()).unwrap();
+    let run = p.run(["check".as_ref(), "--expect".as_ref(), expected.as_os_str()]);
+    run.expect_code(104);
+    assert!(
+        !run.stderr.lines().any(|l| l.starts_with("check passed")),
+        "a line of the record reads as the tool's own:\n{}",
+        run.stderr
+    );
+}
+
 /// A CI job starts `check` from the repository root (or anywhere), a developer from the package
 /// directory: the same server must pass, with the difference said, and recorded.
 #[test]

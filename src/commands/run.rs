@@ -488,8 +488,11 @@ impl Io for Shell {
     fn start_build(&mut self) {
         // What the build will overwrite, should it be set aside (`set_aside_build`).
         let identity_file = self.prep.lock().expect("prep").identity_file();
-        self.identity_before =
-            Some(crate::fsutil::read_regular(&identity_file, crate::cycle::LARGEST_RECORD).ok());
+        // Ours, in the agent-writable target: no link followed (its bytes may be written back).
+        self.identity_before = Some(crate::fsutil::read_small_regular(
+            &identity_file,
+            crate::cycle::LARGEST_RECORD,
+        ));
         let events = self.events.clone();
         let prep = self.prep.clone();
         let args = self.server_args.clone();
@@ -536,17 +539,14 @@ impl Io for Shell {
             )));
         }
         // The store entry must still hold the bytes the identity hashed (issue 12: a replaced or
-        // symlinked entry used to run as trusted). Opened once and hashed through the descriptor.
+        // symlinked entry used to run as trusted). Opened once, hashed through the descriptor,
+        // and executed through that descriptor when it is argv[0].
         let entry = std::path::Path::new(&record.executable.store_path);
         let verified = crate::store::open_verified(entry, &record.executable.sha256)
             .map_err(EffectError::new)?;
-        // Executed through that descriptor when it is argv[0]; handed to the wrapper as an open
-        // descriptor when the wrapper starts it.
-        let verified = Arc::new(verified);
-        let at = (record.launch.argv.iter()).position(|a| *a == record.executable.store_path);
+        let direct = record.launch.argv.first() == Some(&record.executable.store_path);
         let spec = LaunchSpec {
-            program: (at == Some(0)).then(|| verified.clone()),
-            handed: at.filter(|&i| i > 0).map(|i| (i, verified)),
+            program: direct.then(|| Arc::new(verified)),
             argv: record.launch.argv.clone(),
             cwd: PathBuf::from(&record.launch.cwd),
             env: vec![

@@ -70,12 +70,10 @@ impl<I: Io> Session<I> {
         self.give_up_fetch(&format!("was not answered within {secs} s"));
     }
 
-    /// Ends the current fetch as a failed page (`why`); a late answer is not read as a page,
-    /// and a change announced meanwhile is not fetched again at once (the server is not
-    /// answering lists).
+    /// Ends the current fetch as a failed page (`why`); a late answer is not read as a page. A
+    /// change announced meanwhile is fetched again (at most [`CATALOG_REFETCHES`] in a row).
     pub(super) fn give_up_fetch(&mut self, why: &str) {
-        let Some(c) = &mut self.child else { return };
-        c.changed_while_fetching = false;
+        let Some(c) = &self.child else { return };
         let epoch = c.epoch.clone();
         self.pending
             .retain(|_, p| !matches!(p, Pending::CatalogPage { epoch: e } if *e == epoch));
@@ -86,6 +84,13 @@ impl<I: Io> Session<I> {
         let Some(pages_before) = self.child.as_ref().map(|c| c.pages_fetched) else {
             return;
         };
+        let first = pages_before == 0 && self.gate.phase() == approval::Phase::IdentityPending;
+        if msg.is_error() && first && handshake::error_code(msg) == Some(-32601) {
+            // It has no `tools/list` at all: no tools is what it said (a catalog without
+            // tools, not recorded as a list it gave).
+            self.mark_catalog_partial();
+            return self.catalog_complete(epoch, Vec::new());
+        }
         if msg.is_error() {
             // The server's own words, cut short (one line: the status sink escapes the rest).
             // Not "no tools", even on a first page: an error lists nothing, so nothing is
@@ -181,16 +186,37 @@ impl<I: Io> Session<I> {
                 pages.0 + 1
             ));
         }
-        let kept = match pages.0 {
-            0 => "its catalog is treated as empty".to_string(),
-            n => format!("the catalog holds the {n} pages fetched"),
-        };
+        if pages.0 == 0 {
+            return self.catalog_unknown(why);
+        }
         self.io.status(&format!(
-            "the server's tools/list page {} {why}; {kept}",
-            pages.0 + 1
+            "the server's tools/list page {} {why}; the catalog holds the {} pages fetched",
+            pages.0 + 1,
+            pages.0
         ));
         self.mark_catalog_partial();
         self.catalog_complete(epoch, pages.1);
+    }
+
+    /// A new server's first list failed before any page came (`why`: an error, no answer by
+    /// the deadline, no list): its tools are not known, and nothing is published as its
+    /// catalog (no revision, no `list_changed`: no server said anything about its tools). It
+    /// serves every other request; a call is refused as `identity_pending` until a fetch
+    /// succeeds: after its `list_changed`, or when the host lists tools (red-team round 22: a
+    /// slow first list was announced as "every tool removed").
+    fn catalog_unknown(&mut self, why: &str) {
+        self.io.status(&format!(
+            "the server's tools/list page 1 {why}; its tools are not known: calls are refused until it lists them (on its list_changed, or when the host lists tools)"
+        ));
+        if let Some(c) = &mut self.child {
+            c.refetches = 0;
+        }
+        self.set_phase(ChildPhase::Ready);
+        if self.lifecycle != Lifecycle::Stopping {
+            self.lifecycle = Lifecycle::Serving;
+        }
+        self.flush_held();
+        self.publish();
     }
 
     /// A refresh that brought no usable list: the catalog this server gave stays, and the
@@ -215,10 +241,11 @@ impl<I: Io> Session<I> {
         if self.fetch_again_if_changed() {
             return;
         }
-        let mut whole = true;
+        let (mut whole, mut quiet) = (true, false);
         if let Some(c) = &mut self.child {
             c.refetches = 0;
             whole = !std::mem::take(&mut c.catalog_partial);
+            quiet = std::mem::take(&mut c.quiet_fetch);
         }
         let (catalog, valid) = match Catalog::from_tools(tools) {
             Ok(c) => (c, true),
@@ -251,6 +278,9 @@ impl<I: Io> Session<I> {
         });
         // An invalid list is not recorded as what the server listed either.
         whole &= valid;
+        if let Some(c) = &mut self.child {
+            c.catalog_cut = !whole;
+        }
         let digests = catalog.tool_digests().clone();
         let tools_json = catalog.tools_json();
         let had_catalog = self.catalog.current().is_some();
@@ -303,7 +333,7 @@ impl<I: Io> Session<I> {
         // Tell the host only when what it holds is no longer current (or it holds nothing yet
         // because its request was refused).
         let refused = std::mem::take(&mut self.host.list_refused);
-        if (self.host_list_outdated() || refused)
+        if (self.host_list_outdated() && !quiet || refused)
             && self.host.notified_revision != Some(revision.number)
         {
             self.notify_list_changed();
@@ -400,7 +430,6 @@ impl<I: Io> Session<I> {
                     }
                 }
             };
-            self.fetch_if_listed_newer(&known.catalog);
             return self.show_known_list(KnownList {
                 result_text: result_text.map(str::to_string),
                 ..known
@@ -437,17 +466,35 @@ impl<I: Io> Session<I> {
     /// its tools changed without `list_changed` (allowed: hosts must not rely on it). Fetched
     /// again, so calls are judged by what the server lists now, never refused with an older
     /// definition than the host was just shown.
+    /// During a fetch the list is fetched again when it ends; a catalog cut at the page bound
+    /// differs from any whole list and triggers nothing. Such a fetch tells the host nothing
+    /// (`quiet_fetch`). Also how the tools of a server whose first list failed become known.
     fn fetch_if_listed_newer(&mut self, listed: &Catalog) {
+        let unknown = self.gate.phase() == approval::Phase::IdentityPending;
         let current = self.catalog.current().map(|r| r.digest.as_str());
-        if self.child_ready() && current.is_some_and(|d| d != listed.digest()) {
-            self.io.verbose(
-                "the server listed tools that differ from its catalog without saying list_changed; fetching its catalog again",
-            );
-            self.fetch_catalog(None);
+        let differs = unknown || current.is_none_or(|d| d != listed.digest());
+        let fetching = self.fetching();
+        let ready = self.child_ready();
+        let Some(c) = &mut self.child else { return };
+        if !differs || c.catalog_cut || c.stopping {
+            return;
         }
+        if fetching {
+            c.changed_while_fetching = true;
+            return;
+        }
+        if !ready {
+            return;
+        }
+        c.quiet_fetch = true;
+        self.io.verbose(
+            "the server listed tools that differ from its catalog without saying list_changed; fetching its catalog again",
+        );
+        self.fetch_catalog(None);
     }
     /// The host was shown a whole one-page list whose catalog is known; it stays known.
     fn show_known_list(&mut self, known: KnownList) {
+        self.fetch_if_listed_newer(&known.catalog);
         let changed = self.host_was_shown(&known.catalog, "server", None);
         self.known_list = Some(known);
         if changed {

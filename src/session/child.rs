@@ -33,7 +33,8 @@ impl<I: Io> Session<I> {
             Kind::Request => {
                 let child_id = msg.id().expect("request").to_owned();
                 if self.child_requests.open.len() >= OPEN_AT_HOST_LIMIT {
-                    return self.refuse_server_request(epoch, &child_id);
+                    self.refuse_server_request(epoch, &child_id);
+                    return self.child_requests.ended(child_id);
                 }
                 let host_id = self.next_id;
                 self.next_id += 1;
@@ -137,6 +138,9 @@ impl<I: Io> Session<I> {
         let params = msg.params_value();
         if method == "notifications/tools/list_changed" {
             // Same epoch, new catalog: refetch; the host hears about it only if the digest moved.
+            if let Some(c) = &mut self.child {
+                c.quiet_fetch = false;
+            }
             if self.child_ready() {
                 self.fetch_catalog(None);
             } else if let Some(c) = &mut self.child
@@ -191,7 +195,9 @@ impl<I: Io> Session<I> {
                 .find(|(_, (_, child_id))| child_id.get() == req_text)
                 .map(|(host_id, _)| *host_id);
             if let Some(host_facing) = ours {
-                self.child_requests.open.remove(&host_facing);
+                if let Some((_, child_id)) = self.child_requests.open.remove(&host_facing) {
+                    self.child_requests.ended(child_id);
+                }
                 self.child_requests.overflow_told = false;
                 let mut params = params.clone();
                 params["requestId"] = json!(host_facing);

@@ -240,11 +240,6 @@ impl<I: Io> Session<I> {
     pub(super) fn expire_held(&mut self) {
         self.armed.held = None;
         let now = self.now();
-        if self.refreshing() && self.held.iter().any(|h| h.deadline_ms <= now) {
-            // A call's wait ran out before the server's new list came: the catalog it gave
-            // stays and the call is judged by it.
-            self.give_up_fetch("was not answered before a held call's wait ran out");
-        }
         if self.child_ready() {
             return self.flush_held();
         }

@@ -202,7 +202,7 @@ impl<I: Io> Session<I> {
 }
 
 /// The `error.code` of an error answer.
-fn error_code(msg: &Message) -> Option<i64> {
+pub(super) fn error_code(msg: &Message) -> Option<i64> {
     serde_json::from_slice::<Value>(&msg.to_line())
         .ok()?
         .pointer("/error/code")?

@@ -323,11 +323,7 @@ impl<I: Io> Session<I> {
         if self.current_epoch() != Some(epoch.as_str()) {
             return;
         }
-        let answered = &mut self.child_requests.answered;
-        if answered.len() >= ANSWERED_KEPT {
-            answered.pop_front();
-        }
-        answered.push_back(child_id.clone());
+        self.child_requests.ended(child_id.clone());
         msg.set_id(child_id);
         self.send_child(&epoch, &msg);
     }

@@ -25,7 +25,6 @@
 //! - `approvals`: the approval channels, and prompts in the host (`elicitation/create`) while
 //!   a gated call waits; `approvals_modern`: the same on a 2026-07-28 connection
 //!   (`input_required`, answered by the host's retry).
-
 mod approvals;
 mod approvals_modern;
 mod catalog_fetch;
@@ -57,6 +56,8 @@ mod tests_catalog_props;
 #[cfg(test)]
 mod tests_catalog_red_team;
 #[cfg(test)]
+mod tests_catalog_refetch;
+#[cfg(test)]
 mod tests_catalog_unreadable;
 #[cfg(test)]
 mod tests_early_build;
@@ -66,7 +67,6 @@ mod tests_forwarding;
 mod tests_handshake;
 #[cfg(test)]
 mod tests_listen;
-
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 

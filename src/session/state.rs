@@ -95,6 +95,13 @@ pub struct ChildState {
     /// error, an unusable page): its catalog gates calls but is not kept as what a server of
     /// this package listed (a later first contact answers from that record).
     pub catalog_partial: bool,
+    /// The catalog of the last fetch that ended is cut (see `catalog_partial`): a host's whole
+    /// list differs from it without any change, so it triggers no refetch.
+    pub catalog_cut: bool,
+    /// This fetch was started because the host was just shown a list other than the catalog:
+    /// it tells the host nothing (it listed a moment ago; telling it would make a host that
+    /// re-lists on `list_changed` loop with a server whose list differs every time).
+    pub quiet_fetch: bool,
 }
 
 impl ChildState {
@@ -113,6 +120,8 @@ impl ChildState {
             changed_while_fetching: false,
             refetches: 0,
             catalog_partial: false,
+            catalog_cut: false,
+            quiet_fetch: false,
         }
     }
 }
@@ -297,6 +306,17 @@ pub struct ServerRequests {
     /// A request was refused for the limit and the status line said so; cleared once the
     /// host answers one (one line per overflow, not one per refused request).
     pub overflow_told: bool,
+}
+
+impl ServerRequests {
+    /// The server's request `id` is over (answered by the host or by the supervisor, or
+    /// cancelled by the server): kept among the last [`ANSWERED_KEPT`].
+    pub fn ended(&mut self, id: RawIdText) {
+        if self.answered.len() >= ANSWERED_KEPT {
+            self.answered.pop_front();
+        }
+        self.answered.push_back(id);
+    }
 }
 
 /// `tools/list` requests remembered (see `HostConnection::list_requests`).

@@ -438,3 +438,53 @@ fn a_server_request_open_at_the_host_is_withdrawn_when_its_server_is_replaced() 
         "the host still holds an elicitation of a server that is gone (no cancellation)"
     );
 }
+
+/// The same for a server request the supervisor answered itself (over
+/// [`OPEN_AT_HOST_LIMIT`], refused as `too_many_open`): the server's late cancellation of it
+/// ends no host call under the same number. Round 22.
+#[test]
+fn a_late_cancel_of_a_server_request_the_supervisor_refused_ends_no_host_call() {
+    let (mut h, epoch) = Harness::serving_legacy();
+    h.answer_calls = false;
+    let c = h.call("write_item");
+    let ours = h
+        .io()
+        .call_messages
+        .last()
+        .cloned()
+        .expect("the call reached the server")["id"]
+        .clone();
+    // The server's requests fill what may be open at the host (string ids, its own space).
+    for n in 0..OPEN_AT_HOST_LIMIT {
+        from_child(
+            &mut h,
+            &epoch,
+            json!({"jsonrpc": "2.0", "id": format!("s{n}"), "method": "roots/list", "params": {}}),
+        );
+    }
+    // One more, under the number our call has: refused by the supervisor itself.
+    from_child(
+        &mut h,
+        &epoch,
+        json!({"jsonrpc": "2.0", "id": ours, "method": "roots/list", "params": {}}),
+    );
+    let refused =
+        (h.io().to_child.iter()).any(|(_, m)| m["id"] == ours && m.get("error").is_some());
+    assert!(
+        refused,
+        "the request over the limit was answered by the supervisor"
+    );
+    // The server gives up on that request of its own, late.
+    from_child(
+        &mut h,
+        &epoch,
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+               "params": {"requestId": ours, "reason": "timeout"}}),
+    );
+    assert_eq!(
+        h.answer(&c),
+        None,
+        "the host's call was answered as cancelled by the server, which cancelled only its own \
+         request the supervisor had refused"
+    );
+}

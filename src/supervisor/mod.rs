@@ -22,11 +22,6 @@ pub struct LaunchSpec {
     /// when set, the process is started from this descriptor (`argv[0]` stays as given), so the
     /// bytes that were hashed are the bytes that run.
     pub program: Option<Arc<std::fs::File>>,
-    /// The verified, open executable named by a later argument (`argv[index]`, the one a
-    /// `wrapper` starts): where the platform allows, that argument becomes a path to the open
-    /// descriptor, kept open across `exec` (see [`unix::hand_over_file`]), so a store entry
-    /// replaced after its check is not what the wrapper starts.
-    pub handed: Option<(usize, Arc<std::fs::File>)>,
 }
 
 /// How a process ended.
@@ -93,14 +88,7 @@ pub fn spawn(
             Some(file) => unix::command_from_fd(file, program),
             None => Command::new(program),
         };
-        let mut args = args.to_vec();
-        if let Some((index, file)) = &spec.handed
-            && let Some(slot) = index.checked_sub(1).and_then(|i| args.get_mut(i))
-            && let Some(path) = unix::hand_over_file(&mut cmd, file)
-        {
-            *slot = path;
-        }
-        cmd.args(&args)
+        cmd.args(args)
             .current_dir(&spec.cwd)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

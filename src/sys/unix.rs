@@ -71,37 +71,6 @@ pub fn command_from_fd(file: &std::fs::File, arg0: &str) -> Command {
     Command::new(arg0)
 }
 
-/// Keeps the open file `file` open in the child across `exec` and returns the path that names
-/// it there (`/proc/self/fd/N`), for a program that starts the file itself (a `wrapper`): the
-/// bytes it starts are the bytes that were hashed, whatever happens to the file's path
-/// meanwhile. `None` where there is no procfs (the caller passes the plain path).
-///
-/// Unsafe code: `pre_exec` is the only way to clear close-on-exec in the child alone; a copy
-/// without the flag made in the parent would leak into every process another thread starts.
-#[allow(unsafe_code)]
-pub fn hand_over_file(cmd: &mut Command, file: &std::sync::Arc<std::fs::File>) -> Option<String> {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd;
-        let fd = file.as_raw_fd();
-        // Descriptors 0-2 are replaced by the child's pipes before `exec`.
-        if fd > 2 && std::path::Path::new("/proc/self/fd").is_dir() {
-            let keep = file.clone();
-            // SAFETY: `fcntl` is async-signal-safe and touches only the child's copy of the
-            // descriptor table; nothing is allocated between `fork` and `exec`.
-            unsafe {
-                cmd.pre_exec(move || {
-                    rustix::io::fcntl_setfd(keep.as_fd(), rustix::io::FdFlags::empty())
-                        .map_err(std::io::Error::from)
-                });
-            }
-            return Some(format!("/proc/self/fd/{fd}"));
-        }
-    }
-    let _ = (cmd, file);
-    None
-}
-
 /// Start the child as the leader of a new process group (pgid = its pid), so the stop sequence
 /// reaches its grandchildren too.
 pub fn own_process_group(cmd: &mut Command) {
