@@ -181,17 +181,7 @@ fn torn_last_write_is_kept_aside_and_the_chain_continues() {
 fn replaced_store_entry_is_refused_at_launch() {
     let mut s = Setup::new().start();
     s.ready_legacy();
-    let store = s.project.target_dir().join("mcp-dev/store");
-    let entry = std::fs::read_dir(&store)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("sha256-")
-        })
-        .expect("a store entry");
+    let entry = store_entry(&s);
     let digest = entry.file_name().unwrap().to_string_lossy()["sha256-".len()..].to_string();
     let marker = s.project.scratch().join("evil-ran");
     std::fs::remove_file(&entry).unwrap();
@@ -257,27 +247,7 @@ fn a_fifo_planted_at_the_wrapper_does_not_wedge_the_restart() {
     let mut s = setup.start();
     s.ready_legacy();
     // The agent plants a named pipe at the wrapper, then makes the server exit.
-    std::fs::remove_file(&wrapper).unwrap();
-    let made = std::process::Command::new("mkfifo")
-        .arg(&wrapper)
-        .status()
-        .unwrap();
-    assert!(made.success());
-    s.send(r#"{"jsonrpc":"2.0","id":"c","method":"tools/call","params":{"name":"crash","arguments":{}}}"#);
-    s.wait_stderr("server exited");
-    std::thread::sleep(std::time::Duration::from_millis(2_500));
-    s.send(r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let unblock = wrapper.clone();
-    std::thread::spawn(move || {
-        if rx.recv_timeout(std::time::Duration::from_secs(15)).is_err() {
-            // Let the stuck open go, so the supervisor can end.
-            let _ = std::fs::OpenOptions::new().write(true).open(&unblock);
-        }
-    });
-    let m = s.response_within("7", std::time::Duration::from_secs(10));
-    let _ = tx.send(());
-    assert!(m.raw.contains("result"), "{}", m.raw);
+    crash_then_ping(&mut s, &wrapper);
 }
 
 /// The same for the store entry (`target/mcp-dev/store/sha256-…`), opened at each start to be
@@ -287,8 +257,14 @@ fn a_fifo_planted_at_the_wrapper_does_not_wedge_the_restart() {
 fn a_fifo_planted_at_the_store_entry_does_not_wedge_the_restart() {
     let mut s = Setup::new().arg("--no-gating").tools(&["crash"]).start();
     s.ready_legacy();
+    let entry = store_entry(&s);
+    crash_then_ping(&mut s, &entry);
+}
+
+/// The session's store entry (`target/mcp-dev/store/sha256-…`).
+fn store_entry(s: &common::session::Session) -> std::path::PathBuf {
     let store = s.project.target_dir().join("mcp-dev/store");
-    let entry = std::fs::read_dir(&store)
+    std::fs::read_dir(&store)
         .unwrap()
         .map(|e| e.unwrap().path())
         .find(|p| {
@@ -297,19 +273,21 @@ fn a_fifo_planted_at_the_store_entry_does_not_wedge_the_restart() {
                 .to_string_lossy()
                 .starts_with("sha256-")
         })
-        .expect("a store entry");
-    std::fs::remove_file(&entry).unwrap();
-    let made = std::process::Command::new("mkfifo")
-        .arg(&entry)
-        .status()
-        .unwrap();
-    assert!(made.success());
+        .expect("a store entry")
+}
+
+/// Plants a named pipe at `planted`, makes the server exit (the `crash` tool), and checks the
+/// supervisor still answers `ping` after the restart (a writer is let in after 15 s so that a
+/// stuck `open` ends and the test can finish).
+#[cfg(target_os = "linux")]
+fn crash_then_ping(s: &mut common::session::Session, planted: &std::path::Path) {
+    plant_fifo(planted);
     s.send(r#"{"jsonrpc":"2.0","id":"c","method":"tools/call","params":{"name":"crash","arguments":{}}}"#);
     s.wait_stderr("server exited");
     std::thread::sleep(std::time::Duration::from_millis(2_500));
     s.send(r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#);
     let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let unblock = entry.clone();
+    let unblock = planted.to_path_buf();
     std::thread::spawn(move || {
         if rx.recv_timeout(std::time::Duration::from_secs(15)).is_err() {
             let _ = std::fs::OpenOptions::new().write(true).open(&unblock);

@@ -48,6 +48,12 @@ impl<I: Io> Session<I> {
         self.fetching() && self.gate.phase() != approval::Phase::IdentityPending
     }
 
+    /// Whether the catalog is the current server's (not one kept from an earlier server while
+    /// this one's first list failed).
+    pub(super) fn tools_known(&self) -> bool {
+        self.child.as_ref().is_none_or(|c| !c.tools_unknown)
+    }
+
     fn fetching(&self) -> bool {
         matches!(&self.child, Some(c) if c.phase == ChildPhase::FetchingCatalog && !c.stopping)
     }
@@ -56,10 +62,12 @@ impl<I: Io> Session<I> {
     /// but a call, which is judged by the catalog, and a first list (first contact answers it
     /// with the catalog). The server is up: it answers the rest itself.
     pub(super) fn serves_during_fetch(&self, method: Option<&str>) -> bool {
+        let unknown = !self.tools_known();
         self.fetching()
             && match method {
                 Some("tools/call") => false,
-                Some("tools/list") => self.refreshing(),
+                // A server up for a while (its first list failed) answers it itself.
+                Some("tools/list") => self.refreshing() || unknown,
                 _ => true,
             }
     }
@@ -210,6 +218,7 @@ impl<I: Io> Session<I> {
         ));
         if let Some(c) = &mut self.child {
             c.refetches = 0;
+            c.tools_unknown = true;
         }
         self.set_phase(ChildPhase::Ready);
         if self.lifecycle != Lifecycle::Stopping {
@@ -247,8 +256,8 @@ impl<I: Io> Session<I> {
             whole = !std::mem::take(&mut c.catalog_partial);
             quiet = std::mem::take(&mut c.quiet_fetch);
         }
-        let (catalog, valid) = match Catalog::from_tools(tools) {
-            Ok(c) => (c, true),
+        let catalog = match Catalog::from_tools(tools) {
+            Ok(c) => c,
             // A refresh that is no catalog (a name twice, as overlapping pages give) is no
             // news: the server still serves the tools it listed (red-team round 21: every
             // tool was announced removed).
@@ -258,28 +267,23 @@ impl<I: Io> Session<I> {
                     "server's tools/list is invalid ({e}); the catalog stays as it was"
                 ));
             }
+            // A new server's first list that is no catalog: its tools are not known (round 23:
+            // an empty catalog announced every tool removed).
             Err(e) => {
-                self.io.status(&format!(
-                    "server's tools/list is invalid ({e}); treating its catalog as empty"
-                ));
-                (
-                    Catalog::from_tools(Vec::new()).expect("empty catalog"),
-                    false,
-                )
+                self.pending_list_text = None;
+                return self.catalog_unknown(&format!("is invalid ({e})"));
             }
         };
-        // The bytes of an invalid list are not known as the empty fallback: a host given them
-        // was given what the server wrote, not an empty catalog.
-        let pending_list_text = self.pending_list_text.take().filter(|_| valid);
-        self.known_list = pending_list_text.map(|tools_text| KnownList {
+        self.known_list = self.pending_list_text.take().map(|tools_text| KnownList {
             tools_text,
             result_text: None,
             catalog: catalog.clone(),
         });
-        // An invalid list is not recorded as what the server listed either.
-        whole &= valid;
+        // Cut at the page or tool bound: a host's whole list always differs from it.
+        let bound = catalog.len() >= MAX_CATALOG_TOOLS;
         if let Some(c) = &mut self.child {
-            c.catalog_cut = !whole;
+            c.catalog_cut = bound || c.pages_fetched >= MAX_CATALOG_PAGES;
+            c.tools_unknown = false;
         }
         let digests = catalog.tool_digests().clone();
         let tools_json = catalog.tools_json();
@@ -518,6 +522,13 @@ impl<I: Io> Session<I> {
             .map(|r| r.number);
         let view = (shown.digest().to_string(), revision);
         let changed = self.host.shown_whole.as_ref() != Some(&view);
+        // A fetch started by a host's listing tells the host nothing only while what the host
+        // holds came from the server (round 23: a recorded list was answered meanwhile).
+        if source != "server"
+            && let Some(c) = &mut self.child
+        {
+            c.quiet_fetch = false;
+        }
         if changed {
             self.gate
                 .host_shown_catalog(shown.digest(), revision, shown.tool_digests().clone());

@@ -58,6 +58,8 @@ mod tests_catalog_red_team;
 #[cfg(test)]
 mod tests_catalog_refetch;
 #[cfg(test)]
+mod tests_catalog_unknown;
+#[cfg(test)]
 mod tests_catalog_unreadable;
 #[cfg(test)]
 mod tests_early_build;
@@ -67,8 +69,7 @@ mod tests_forwarding;
 mod tests_handshake;
 #[cfg(test)]
 mod tests_listen;
-use std::collections::{HashMap, VecDeque};
-use std::time::Duration;
+use std::{collections::HashMap, collections::VecDeque, time::Duration};
 
 use serde_json::{Value, json};
 
@@ -475,9 +476,8 @@ impl<I: Io> Session<I> {
         self.publish();
     }
 
-    /// Handles events that arrived together (host or server lines read at once): their audit
-    /// records go out in one write (group commit). Stops at the first event that ends the
-    /// session.
+    /// Handles events that arrived together (host or server lines read at once): their audit records
+    /// go out in one write (group commit). Stops at the first event that ends the session.
     pub fn handle_batch(&mut self, events: Vec<Event>) {
         self.io.begin_batch();
         self.batch_calls.clear();

@@ -29,6 +29,21 @@ impl<I: Io> Session<I> {
             }
             return;
         }
+        // A server whose first list failed (`catalog_unknown`): its tools are asked for again
+        // (at most every `CATALOG_RETRY_MS`), and the call waits for them, at most its hold: a
+        // host that never lists again still gets its calls judged once the server lists.
+        let now = self.now();
+        if self.child_ready()
+            && self.gate.phase() == approval::Phase::IdentityPending
+            && let Some(wait) = self.hold_budget()
+            && let Some(c) = &mut self.child
+            && c.list_retried_ms
+                .is_none_or(|at| now >= at + CATALOG_RETRY_MS)
+        {
+            c.list_retried_ms = Some(now);
+            self.fetch_catalog(None);
+            return self.hold(msg, wait);
+        }
         self.judge_call(msg, true)
     }
 

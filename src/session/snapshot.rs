@@ -153,10 +153,14 @@ impl<I: Io> Session<I> {
             latest_build: self.latest.as_ref().map(|r| r.identity_digest.clone()),
             pending_restart: self.pending_apply,
             last_build: self.last_build.clone(),
-            catalog: self.catalog.current().cloned(),
-            catalog_tools: self
+            // A server whose first list failed has no catalog yet: an earlier server's is not
+            // shown as if it were this one's (round 23).
+            catalog: self
                 .catalog
-                .catalog()
+                .current()
+                .cloned()
+                .filter(|_| self.tools_known()),
+            catalog_tools: (self.catalog.catalog().filter(|_| self.tools_known()))
                 .map(|c| c.names().map(str::to_string).collect()),
             host_catalog: self.gate.host_catalog().map(str::to_string),
             stale_tools: self
@@ -206,24 +210,29 @@ impl<I: Io> Session<I> {
                     .map(|(k, v)| (k.clone(), v.env.clone()))
                     .collect(),
             },
-            tool_policy: self.catalog.catalog().map(|c| {
-                c.names()
-                    .map(|t| {
-                        let mode = match policy.mode_for(t) {
-                            approval::ApprovalMode::PerCall => "per-call",
-                            approval::ApprovalMode::PerEpoch => "per-epoch",
-                        };
-                        let p = ToolPolicy {
-                            gated: policy.is_gated(t),
-                            mode: mode.into(),
-                            credential_scopes: policy.scopes_for(t),
-                        };
-                        (t.to_string(), p)
-                    })
-                    .collect()
-            }),
+            tool_policy: self
+                .catalog
+                .catalog()
+                .filter(|_| self.tools_known())
+                .map(|c| {
+                    c.names()
+                        .map(|t| {
+                            let mode = match policy.mode_for(t) {
+                                approval::ApprovalMode::PerCall => "per-call",
+                                approval::ApprovalMode::PerEpoch => "per-epoch",
+                            };
+                            let p = ToolPolicy {
+                                gated: policy.is_gated(t),
+                                mode: mode.into(),
+                                credential_scopes: policy.scopes_for(t),
+                            };
+                            (t.to_string(), p)
+                        })
+                        .collect()
+                }),
             since_last_approval: self.since_last_approval(),
-            catalog_details: self.catalog.catalog().map(|c| c.tools_json()),
+            catalog_details: (self.catalog.catalog().filter(|_| self.tools_known()))
+                .map(|c| c.tools_json()),
             audit_log: self.cfg.audit_path.clone(),
             socket: self.cfg.socket_path.clone(),
             updated_at,

@@ -102,6 +102,11 @@ pub struct ChildState {
     /// it tells the host nothing (it listed a moment ago; telling it would make a host that
     /// re-lists on `list_changed` loop with a server whose list differs every time).
     pub quiet_fetch: bool,
+    /// When a call last asked for the list of a server whose first list failed (see
+    /// [`CATALOG_RETRY_MS`]).
+    pub list_retried_ms: Option<u64>,
+    /// This server's first list failed and no fetch has succeeded since (`catalog_unknown`).
+    pub tools_unknown: bool,
 }
 
 impl ChildState {
@@ -122,12 +127,16 @@ impl ChildState {
             catalog_partial: false,
             catalog_cut: false,
             quiet_fetch: false,
+            list_retried_ms: None,
+            tools_unknown: false,
         }
     }
 }
 
 /// Fetches started over in a row because the server's tools changed during each.
 pub const CATALOG_REFETCHES: usize = 3;
+/// A call asks again for the list of a server whose first list failed at most this often.
+pub const CATALOG_RETRY_MS: u64 = 10_000;
 
 /// Timers shared by everything that waits on them: armed once for the earliest deadline (a
 /// flood of held requests or prompts costs one timer, not one each).

@@ -424,8 +424,24 @@ impl Harness {
     /// epoch and the supervisor's first `tools/list` to it, not answered.
     pub fn start_until_first_list(&mut self) -> (String, Value) {
         self.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+        self.handshake_until_first_list()
+    }
+
+    /// The same after a rebuild to `exe` replaced the server of epoch `old`.
+    pub fn rebuild_until_first_list(&mut self, exe: &str, old: &str) -> (String, Value) {
+        self.s.handle(Event::BuildFinished(Box::new(complete(exe))));
+        let epoch = old.to_string();
+        self.s.handle(Event::ChildStopped { epoch });
+        self.handshake_until_first_list()
+    }
+
+    fn handshake_until_first_list(&mut self) -> (String, Value) {
+        let current = self.current_epoch().expect("a server");
         loop {
             let (e, msg) = self.io().to_child.pop_front().expect("a request");
+            if e != current {
+                continue;
+            }
             if msg["method"] == json!("tools/list") {
                 return (e, msg);
             }

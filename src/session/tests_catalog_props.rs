@@ -106,9 +106,10 @@ struct Run {
     /// Digests of every whole listing the host was sent.
     shown: BTreeSet<String>,
     seen_to_host: usize,
-    /// Catalog fetches started (first pages) since the last one ended, and their epoch.
+    /// Fetches started (first pages) since the last one ended (`fetch_ends` ended), their epoch.
     fetch_run: usize,
     fetch_epoch: String,
+    fetch_ends: usize,
 }
 
 impl Run {
@@ -140,6 +141,7 @@ impl Run {
             shown: BTreeSet::new(),
             seen_to_host: 0,
             fetch_run: 0,
+            fetch_ends: 0,
             fetch_epoch: String::new(),
         };
         r.states.extend(digest(&r.server_tools()));
@@ -464,6 +466,10 @@ impl Run {
 
     /// The invariants that hold after every step.
     fn check(&mut self, max_run: usize) -> Result<(), TestCaseError> {
+        let ends = fetches_ended(&self.h.s.io);
+        if ends > std::mem::replace(&mut self.fetch_ends, ends) {
+            self.fetch_run = self.fetch_run.min(1); // at most one started since
+        }
         let s = &self.h.s;
         if let Some(c) = &s.child {
             let pages = s
@@ -585,4 +591,10 @@ proptest! {
         }
         r.drain()?;
     }
+}
+/// Fetches that ended: a record each, or a line saying the catalog stays or is not known.
+fn fetches_ended(io: &FakeIo) -> usize {
+    let ended = |l: &&String| l.contains("not known") || l.contains("stays");
+    let records = io.audit.iter().filter(|a| a.0 == audit::CATALOG_REFRESHED);
+    records.count() + io.status.iter().filter(ended).count()
 }

@@ -3,10 +3,22 @@
 //! catalog cut at the page bound, a new server's first list past its deadline, a change
 //! announced while a call waited. Each test failed on the code it was written against.
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::testing::*;
+use super::tests_catalog_unknown::Paged;
 use super::*;
+
+/// The server adds `delete_item` and says `list_changed`: the supervisor's refresh request (not
+/// answered) is returned.
+fn refresh_adding_delete_item(h: &mut Harness, epoch: &str) -> Value {
+    from_child(h, epoch, list_changed());
+    let refresh = next_to_child(h);
+    assert_eq!(refresh["method"], json!("tools/list"));
+    let names = ["list_items", "write_item", "delete_item"];
+    h.tools = names.iter().map(|n| tool(n, 1)).collect();
+    refresh
+}
 
 fn budget_ms() -> u64 {
     DEFAULT_FIRST_START_BUDGET.as_millis() as u64
@@ -20,15 +32,8 @@ fn budget_ms() -> u64 {
 #[test]
 fn a_host_shown_a_newer_list_during_a_refresh_gets_it_fetched_again() {
     let (mut h, epoch) = Harness::serving_legacy();
-    from_child(&mut h, &epoch, list_changed());
-    let refresh = next_to_child(&mut h);
-    assert_eq!(refresh["method"], json!("tools/list"));
     // Never answered. The server's tools changed; the host lists them from the server itself.
-    h.tools = vec![
-        tool("list_items", 1),
-        tool("write_item", 1),
-        tool("delete_item", 1),
-    ];
+    refresh_adding_delete_item(&mut h, &epoch);
     let l = h.request("tools/list", json!({}));
     let listed = h
         .answer(&l)
@@ -51,9 +56,9 @@ fn a_host_shown_a_newer_list_during_a_refresh_gets_it_fetched_again() {
 
 /// A rebuild starts server `b`, which does not answer the supervisor's first `tools/list` within
 /// the budget (a slow start): its tools are not known, and nothing is announced (no revision,
-/// no `list_changed`); a call is refused as `identity_pending`, not as a tool the server no
-/// longer has; once the host lists tools (answered by the server), the list is fetched and
-/// calls go through. Round 22: the first list past its deadline was "treated as empty": every
+/// no `list_changed`); a call asks for the list again and, when that fails too, is refused as
+/// `identity_pending`, not as a tool the server no longer has; once the host lists tools
+/// (answered by the server), the list is fetched and calls go through. Round 22: the first list past its deadline was "treated as empty": every
 /// tool announced removed.
 #[test]
 fn a_new_servers_first_list_past_its_deadline_announces_nothing() {
@@ -61,34 +66,9 @@ fn a_new_servers_first_list_past_its_deadline_announces_nothing() {
     let l = h.request("tools/list", json!({}));
     assert_eq!(Harness::names(&h.answer(&l).unwrap()).len(), 2);
     let notes_before = h.host_notes("notifications/tools/list_changed");
-    h.s.handle(Event::BuildFinished(Box::new(complete("b"))));
-    h.s.handle(Event::ChildStopped { epoch: old.clone() });
-    let new = h.current_epoch().unwrap();
+    // The new server handshakes; its first tools/list is not answered.
+    let (new, _) = h.rebuild_until_first_list("b", &old);
     assert_ne!(new, old);
-    // Play the new server's handshake; its first tools/list is not answered.
-    loop {
-        let (e, msg) = h
-            .io()
-            .to_child
-            .pop_front()
-            .expect("a request to the server");
-        if e != new {
-            continue;
-        }
-        if msg["method"] == json!("tools/list") {
-            break;
-        }
-        if let Some(id) = msg.get("id").cloned() {
-            let result = json!({"protocolVersion": msg["params"]["protocolVersion"],
-                                "capabilities": {"tools": {"listChanged": true}},
-                                "serverInfo": {"name": "fake", "version": "1"}});
-            from_child(
-                &mut h,
-                &e,
-                json!({"jsonrpc": "2.0", "id": id, "result": result}),
-            );
-        }
-    }
     // The budget passes; a call comes right after.
     h.io().now_ms += budget_ms() + 1;
     h.s.handle(Event::Timer(Timer::ServerDeadline));
@@ -97,6 +77,29 @@ fn a_new_servers_first_list_past_its_deadline_announces_nothing() {
         &mut h,
         json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
                "params": {"name": "list_items", "arguments": {}}}),
+    );
+    // The call asks for the list again and waits for it; the server fails it again: the call
+    // is refused (the list is asked for again by a call at most every CATALOG_RETRY_MS).
+    assert_eq!(
+        h.answer(&id),
+        None,
+        "held while the list is asked for again"
+    );
+    let again = loop {
+        let (e, m) = h
+            .io()
+            .to_child
+            .pop_front()
+            .expect("the list asked for again");
+        if e == new && m["method"] == json!("tools/list") {
+            break m;
+        }
+    };
+    from_child(
+        &mut h,
+        &new,
+        json!({"jsonrpc": "2.0", "id": again["id"],
+               "error": {"code": -32603, "message": "not ready"}}),
     );
     let told = h.host_notes("notifications/tools/list_changed") - notes_before;
     let answer = h.answer(&id);
@@ -171,14 +174,7 @@ fn a_change_announced_while_a_call_waited_is_not_forgotten() {
     let l = h.request("tools/list", json!({}));
     assert!(h.answer(&l).is_some());
     let told_before = h.host_notes("notifications/tools/list_changed");
-    from_child(&mut h, &epoch, list_changed());
-    let refresh = next_to_child(&mut h);
-    assert_eq!(refresh["method"], json!("tools/list"));
-    h.tools = vec![
-        tool("list_items", 1),
-        tool("write_item", 1),
-        tool("delete_item", 1),
-    ];
+    let refresh = refresh_adding_delete_item(&mut h, &epoch);
     let held = h.call("list_items");
     h.advance(DEFAULT_RESTART_HOLD.as_millis() as u64 + 1);
     assert!(
@@ -220,26 +216,25 @@ fn a_change_announced_while_a_call_waited_is_not_forgotten() {
 /// the supervisor fetch all 1,000 pages again.
 #[test]
 fn a_host_listing_past_the_page_bound_starts_no_fetch() {
-    let pages = MAX_CATALOG_PAGES + 1;
+    let pages = (0..=MAX_CATALOG_PAGES).map(|n| vec![tool(&format!("t{n:04}"), 1)]);
+    let mut server = Paged {
+        pages: pages.collect(),
+        fail_page: None,
+        supervisor_pages: 0,
+    };
     let mut h = Harness::ungated(|_| {});
     h.connect_legacy();
-    let mut supervisor_pages = 0;
     h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
-    serve_paged(&mut h, pages, &mut supervisor_pages);
+    server.serve(&mut h);
     assert!(h.s.child_ready());
-    let first_fetch = supervisor_pages;
+    let first_fetch = server.supervisor_pages;
     for round in 0..3 {
-        host_lists_all(&mut h, pages, &mut supervisor_pages, round);
+        server.host_lists(&mut h, &format!("r{round}"));
     }
-    let lines = (h.io().status.iter())
-        .filter(|l| l.contains("kept paging"))
-        .count();
-    assert!(
-        supervisor_pages == first_fetch,
-        "three host listings of an unchanged list made the supervisor fetch {} more pages \
-         ({lines} 'kept paging' status lines, {} catalog_refreshed records)",
-        supervisor_pages - first_fetch,
-        h.audit_kinds(audit::CATALOG_REFRESHED).len()
+    let more = server.supervisor_pages - first_fetch;
+    assert_eq!(
+        more, 0,
+        "three host listings of an unchanged list: {more} more pages fetched"
     );
 }
 
@@ -262,66 +257,29 @@ fn serve_changing(h: &mut Harness, lists: &mut u32) {
     }
 }
 
-/// A server that pages one tool at a time, one page past [`MAX_CATALOG_PAGES`].
-fn serve_paged(h: &mut Harness, pages: usize, supervisor_pages: &mut usize) {
-    while let Some((epoch, msg)) = h.io().to_child.pop_front() {
-        if msg["method"] != json!("tools/list") {
-            let Some(id) = msg.get("id").cloned() else {
-                continue;
-            };
-            let result = if msg["method"] == json!("initialize") {
-                json!({"protocolVersion": msg["params"]["protocolVersion"],
-                       "capabilities": {"tools": {}}, "serverInfo": {"name": "fake", "version": "1"}})
-            } else {
-                json!({})
-            };
-            from_child(
-                h,
-                &epoch,
-                json!({"jsonrpc": "2.0", "id": id, "result": result}),
-            );
-            continue;
-        }
-        let at: usize = msg["params"]["cursor"]
-            .as_str()
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        if matches!(
-            h.s.pending.get(&msg["id"].as_u64().unwrap_or(u64::MAX)),
-            Some(Pending::CatalogPage { .. })
-        ) {
-            *supervisor_pages += 1;
-        }
-        let mut result = json!({"tools": [tool(&format!("t{at:04}"), 1)]});
-        if at + 1 < pages {
-            result["nextCursor"] = json!((at + 1).to_string());
-        }
-        from_child(
-            h,
-            &epoch,
-            json!({"jsonrpc": "2.0", "id": msg["id"], "result": result}),
-        );
-    }
-}
-
-/// The host lists every page of the server's list (the host side has no page bound).
-fn host_lists_all(h: &mut Harness, pages: usize, supervisor_pages: &mut usize, round: usize) {
-    let mut cursor: Option<String> = None;
-    for n in 0..pages {
-        let id = json!(format!("r{round}-p{n}"));
-        let params = match &cursor {
-            Some(c) => json!({"cursor": c}),
-            None => json!({}),
-        };
-        host_raw(
-            h,
-            json!({"jsonrpc": "2.0", "id": id, "method": "tools/list", "params": params}),
-        );
-        serve_paged(h, pages, supervisor_pages);
-        let answer = h.answer(&id).expect("answered");
-        cursor = answer["result"]["nextCursor"].as_str().map(str::to_string);
-        if cursor.is_none() {
-            break;
-        }
-    }
+/// A host that never lists again (most do not) and a server whose first list failed: the next
+/// call asks the server for its list and waits for it (at most its hold), so the call is judged
+/// by the tools the server lists now. Round 22 follow-up: such a host's calls were refused
+/// until a rebuild.
+#[test]
+fn a_call_to_a_server_whose_tools_are_unknown_asks_for_them() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    let (epoch, list) = h.start_until_first_list();
+    from_child(
+        &mut h,
+        &epoch,
+        json!({"jsonrpc": "2.0", "id": list["id"],
+               "error": {"code": -32603, "message": "database unavailable"}}),
+    );
+    assert!(h.s.child_ready(), "the server serves the rest");
+    let c = h.call("list_items");
+    let answer = h.answer(&c).expect("answered once the server listed");
+    assert_eq!(Harness::tool_error(&answer), None, "{answer}");
+    let fetched = h
+        .io()
+        .status
+        .iter()
+        .any(|l| l.contains("its tools are not known"));
+    assert!(fetched, "{:?}", h.io().status);
 }

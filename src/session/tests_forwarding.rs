@@ -384,17 +384,7 @@ fn a_late_cancel_of_the_servers_own_answered_request_ends_no_host_call() {
         "the host's answer went back under the server's id"
     );
     // Late cancellation of its own (already answered) request.
-    from_child(
-        &mut h,
-        &epoch,
-        json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
-               "params": {"requestId": ours, "reason": "timeout"}}),
-    );
-    assert_eq!(
-        h.answer(&c),
-        None,
-        "the host's call was answered as cancelled by the server, which never cancelled it"
-    );
+    late_cancel_ends_no_call(&mut h, &epoch, &ours, &c);
     // The server answers the call after all: that answer reaches the host.
     from_child(
         &mut h,
@@ -475,16 +465,22 @@ fn a_late_cancel_of_a_server_request_the_supervisor_refused_ends_no_host_call() 
         "the request over the limit was answered by the supervisor"
     );
     // The server gives up on that request of its own, late.
+    late_cancel_ends_no_call(&mut h, &epoch, &ours, &c);
+}
+
+/// The server cancels its own request `ours`, late: the host's call `c`, which the server knows
+/// under the same number, is not answered for it.
+fn late_cancel_ends_no_call(h: &mut Harness, epoch: &str, ours: &Value, c: &Value) {
     from_child(
-        &mut h,
-        &epoch,
+        h,
+        epoch,
         json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
                "params": {"requestId": ours, "reason": "timeout"}}),
     );
     assert_eq!(
-        h.answer(&c),
+        h.answer(c),
         None,
         "the host's call was answered as cancelled by the server, which cancelled only its own \
-         request the supervisor had refused"
+         request"
     );
 }
