@@ -48,10 +48,15 @@ impl<I: Io> Session<I> {
         self.fetching() && self.gate.phase() != approval::Phase::IdentityPending
     }
 
-    /// Whether the catalog is the current server's (not one kept from an earlier server while
-    /// this one's first list failed).
+    /// Whether the catalog is the current server's: not while a new server's first list is
+    /// fetched or failed (the catalog is an earlier server's then). With no server running, the
+    /// last one's.
     pub(super) fn tools_known(&self) -> bool {
-        self.child.as_ref().is_none_or(|c| !c.tools_unknown)
+        self.child.is_none() || self.gate.phase() != approval::Phase::IdentityPending
+    }
+
+    fn tools_unknown(&self) -> bool {
+        self.child.as_ref().is_some_and(|c| c.tools_unknown)
     }
 
     fn fetching(&self) -> bool {
@@ -62,7 +67,7 @@ impl<I: Io> Session<I> {
     /// but a call, which is judged by the catalog, and a first list (first contact answers it
     /// with the catalog). The server is up: it answers the rest itself.
     pub(super) fn serves_during_fetch(&self, method: Option<&str>) -> bool {
-        let unknown = !self.tools_known();
+        let unknown = self.tools_unknown();
         self.fetching()
             && match method {
                 Some("tools/call") => false,
@@ -214,11 +219,12 @@ impl<I: Io> Session<I> {
     /// slow first list was announced as "every tool removed").
     fn catalog_unknown(&mut self, why: &str) {
         self.io.status(&format!(
-            "the server's tools/list page 1 {why}; its tools are not known: calls are refused until it lists them (on its list_changed, or when the host lists tools)"
+            "the server's tools/list page 1 {why}; its tools are not known: a call asks for them again (at most every 10 s), as do its list_changed and the host's tools/list; calls are refused until it lists them"
         ));
         if let Some(c) = &mut self.child {
             c.refetches = 0;
             c.tools_unknown = true;
+            c.quiet_fetch = false; // what the next fetch brings is news to the host
         }
         self.set_phase(ChildPhase::Ready);
         if self.lifecycle != Lifecycle::Stopping {
@@ -234,6 +240,7 @@ impl<I: Io> Session<I> {
         self.io.status(line);
         if let Some(c) = &mut self.child {
             c.refetches = 0;
+            c.quiet_fetch = false;
         }
         self.set_phase(ChildPhase::Ready);
         self.flush_held();
@@ -282,7 +289,7 @@ impl<I: Io> Session<I> {
         // Cut at the page or tool bound: a host's whole list always differs from it.
         let bound = catalog.len() >= MAX_CATALOG_TOOLS;
         if let Some(c) = &mut self.child {
-            c.catalog_cut = bound || c.pages_fetched >= MAX_CATALOG_PAGES;
+            c.catalog_cut = !whole && (bound || c.pages_fetched >= MAX_CATALOG_PAGES);
             c.tools_unknown = false;
         }
         let digests = catalog.tool_digests().clone();

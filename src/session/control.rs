@@ -337,9 +337,11 @@ impl<I: Io> Session<I> {
             record,
             &child.record,
         ));
+        // No comparison with a catalog that is not this server's (its first list failed).
         let catalog_lines = match (catalog, self.catalog.catalog()) {
-            (Some(old), Some(new)) => crate::catalog::diff(old, new).render_human(),
-            _ => Vec::new(),
+            _ if !self.tools_known() => Value::Null,
+            (Some(old), Some(new)) => json!(crate::catalog::diff(old, new).render_human()),
+            _ => json!([]),
         };
         json!({"epoch": epoch, "identity": identity, "catalog": catalog_lines})
     }

@@ -23,12 +23,14 @@ impl<I: Io> Session<I> {
             && msg
                 .params()
                 .is_some_and(|p| p.get().contains("\"requestState\""));
-        if may_be_retry {
-            if let Some(call) = self.on_prompt_retry(msg) {
-                self.judge_call(call, true);
+        let msg = if may_be_retry {
+            match self.on_prompt_retry(msg) {
+                Some(call) => call,
+                None => return,
             }
-            return;
-        }
+        } else {
+            msg
+        };
         // A server whose first list failed (`catalog_unknown`): its tools are asked for again
         // (at most every `CATALOG_RETRY_MS`), and the call waits for them, at most its hold: a
         // host that never lists again still gets its calls judged once the server lists.
@@ -41,6 +43,7 @@ impl<I: Io> Session<I> {
                 .is_none_or(|at| now >= at + CATALOG_RETRY_MS)
         {
             c.list_retried_ms = Some(now);
+            c.quiet_fetch = false;
             self.fetch_catalog(None);
             return self.hold(msg, wait);
         }

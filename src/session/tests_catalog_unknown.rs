@@ -1,10 +1,11 @@
 //! A server whose tools are not known (its first list failed) and what makes them known; which
-//! catalogs count as cut at the page bound; a fetch that tells the host nothing (red-team round
-//! 23). Each test failed on the code it was written against (862a652).
+//! catalogs count as cut at the page bound; a fetch that tells the host nothing; the status
+//! meanwhile (red-team rounds 23–24). Each test failed on the code it was written against.
 
 use serde_json::{Value, json};
 
 use super::testing::*;
+use super::tests_listen::meta;
 use super::*;
 
 fn budget_ms() -> u64 {
@@ -372,6 +373,184 @@ fn the_status_of_a_server_whose_tools_are_unknown_gives_no_catalog() {
     assert!(
         st["catalog"].is_null() && st["catalogTools"].is_null(),
         "the status of a server whose tools are not known gives a catalog: {} {}",
+        st["catalog"],
+        st["catalogTools"]
+    );
+}
+
+/// Server `b`'s tools are unknown. The host lists (b answers it) and the fetch that follows
+/// fails; b then gains `delete_item` without `list_changed`, and a call later asks b for its
+/// list: the catalog becomes b's three tools, and the host, which holds two, is told
+/// `list_changed`. Round 24: the failed fetch's quiet flag carried over to the call's.
+#[test]
+fn a_call_started_fetch_after_a_failed_quiet_fetch_tells_the_host() {
+    let (mut h, old) = Harness::serving_legacy();
+    let l = h.request("tools/list", json!({}));
+    assert_eq!(Harness::names(&h.answer(&l).unwrap()).len(), 2);
+    let new = rebuild_with_unknown_tools(&mut h, &old);
+    // The host lists; b answers it.
+    let l1 = json!("l1");
+    host_raw(
+        &mut h,
+        json!({"jsonrpc": "2.0", "id": l1, "method": "tools/list", "params": {}}),
+    );
+    let fwd = next_to_child(&mut h);
+    let tools = h.tools.clone();
+    from_child(
+        &mut h,
+        &new,
+        json!({"jsonrpc": "2.0", "id": fwd["id"], "result": {"tools": tools}}),
+    );
+    assert_eq!(Harness::names(&h.answer(&l1).unwrap()).len(), 2);
+    // The quiet fetch the listing started fails.
+    let fetch = next_to_child(&mut h);
+    assert_eq!(fetch["method"], json!("tools/list"));
+    from_child(
+        &mut h,
+        &new,
+        json!({"jsonrpc": "2.0", "id": fetch["id"], "error": {"code": -32603, "message": "busy"}}),
+    );
+    assert!(h.s.child_ready());
+    assert_eq!(h.s.gate.phase(), approval::Phase::IdentityPending);
+    // b gains a tool, says nothing; later a call asks for its list.
+    h.tools.push(tool("delete_item", 1));
+    h.advance(20_000);
+    let told_before = h.host_notes("notifications/tools/list_changed");
+    let c = h.call("list_items");
+    assert_eq!(Harness::tool_error(&h.answer(&c).unwrap()), None);
+    assert_eq!(h.s.catalog.catalog().map(|c| c.len()), Some(3));
+    let told = h.host_notes("notifications/tools/list_changed") - told_before;
+    assert!(
+        told > 0,
+        "the catalog is b's three tools, the host holds two (outdated: {}), yet it was never \
+         told list_changed (the call-started fetch was quiet)",
+        h.s.host_list_outdated()
+    );
+}
+
+/// A whole list of exactly [`MAX_CATALOG_PAGES`] pages (the last without `nextCursor`) is not
+/// cut: when the server adds a tool without `list_changed` and the host lists it, the
+/// supervisor fetches again and the call goes through. Round 24: any fetch of that many pages
+/// counted as cut, and the call was refused as "no longer exists".
+#[test]
+fn a_whole_list_of_exactly_the_page_bound_is_not_cut() {
+    let mut h = Harness::ungated(|_| {});
+    h.connect_legacy();
+    let mut server = Paged {
+        supervisor_pages: 0,
+        pages: (0..MAX_CATALOG_PAGES)
+            .map(|i| vec![tool(&format!("t{i}"), 1)])
+            .collect(),
+        fail_page: None,
+    };
+    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    server.serve(&mut h);
+    assert!(h.s.child_ready());
+    assert_eq!(
+        h.s.catalog.catalog().map(|c| c.len()),
+        Some(MAX_CATALOG_PAGES)
+    );
+    assert!(
+        h.s.recorded.catalog.is_some(),
+        "a whole list: recorded as one"
+    );
+    server.pages[MAX_CATALOG_PAGES - 1].push(tool("new_tool", 1));
+    let shown = server.host_lists(&mut h, "l");
+    server.serve(&mut h);
+    assert!(shown.iter().any(|n| n == "new_tool"));
+    let c = json!("call-new");
+    host_raw(
+        &mut h,
+        json!({"jsonrpc": "2.0", "id": c, "method": "tools/call",
+               "params": {"name": "new_tool", "arguments": {}}}),
+    );
+    server.serve(&mut h);
+    let answer = h.answer(&c).expect("answered");
+    assert_eq!(
+        Harness::tool_error(&answer),
+        None,
+        "the server listed new_tool to the host; a whole {MAX_CATALOG_PAGES}-page catalog was \
+         treated as cut at the page bound (catalog_cut: {:?}) and never fetched again: {answer}",
+        h.s.child.as_ref().map(|c| c.catalog_cut)
+    );
+}
+
+/// A 2026-07-28 host's call whose text holds `"requestState"` (an argument of that name; or a
+/// retry whose prompt a rebuild withdrew) to a server whose tools are unknown asks the server
+/// for its list like any other call. Round 24: it skipped that and was refused every time.
+#[test]
+fn a_modern_call_with_a_request_state_argument_asks_for_unknown_tools() {
+    let mut h = Harness::ungated(|c| c.warm = true);
+    let d = h.request("server/discover", json!({"_meta": meta()}));
+    h.build(complete("a"));
+    assert!(h.answer(&d).is_some());
+    let l = h.request("tools/list", json!({"_meta": meta()}));
+    assert_eq!(Harness::names(&h.answer(&l).unwrap()).len(), 2);
+    let old = h.current_epoch().unwrap();
+    let good = h.tools.clone();
+    h.tools = vec![tool("list_items", 1), tool("list_items", 1)];
+    h.build(complete("b"));
+    h.s.handle(Event::ChildStopped { epoch: old });
+    h.serve();
+    h.tools = good;
+    assert!(h.s.child_ready());
+    assert_eq!(h.s.gate.phase(), approval::Phase::IdentityPending);
+    h.advance(20_000);
+    let lists_before = h.server_saw.iter().filter(|m| *m == "tools/list").count();
+    let c = h.request(
+        "tools/call",
+        json!({"name": "list_items", "arguments": {"requestState": "draft"},
+               "_meta": meta()}),
+    );
+    let answer = h.answer(&c).expect("answered");
+    let lists = h.server_saw.iter().filter(|m| *m == "tools/list").count() - lists_before;
+    assert_eq!(
+        Harness::tool_error(&answer),
+        None,
+        "b is up and would list its tools; it was asked {lists} time(s): {answer}"
+    );
+}
+
+/// A tool was approved for server `a`, which then gained `delete_item`; a rebuild starts `b`,
+/// whose tools are unknown: `sinceLastApproval` gives no catalog change (a's is not b's).
+/// Round 24: it stated a's change as what changed up to b.
+#[test]
+fn status_since_last_approval_gives_no_catalog_diff_while_tools_are_unknown() {
+    let mut h = Harness::new(|_| {});
+    h.build(complete("a"));
+    h.connect_legacy().expect("initialized");
+    let list = h.request("tools/list", json!({}));
+    assert!(h.answer(&list).is_some());
+    let a = h.current_epoch().unwrap();
+    let r = h.control(json!({"op": "approve", "epoch": a, "tools": ["write_item"]}));
+    assert_eq!(r["ok"], true, "{r}");
+    h.tools.push(tool("delete_item", 1));
+    from_child(&mut h, &a, list_changed());
+    h.serve();
+    assert_eq!(h.s.catalog.catalog().map(|c| c.len()), Some(3));
+    rebuild_with_unknown_tools(&mut h, &a);
+    let st = h.s.status_json();
+    assert!(st["catalog"].is_null());
+    let since: &Value = &st["sinceLastApproval"];
+    assert!(
+        since["catalog"].is_null(),
+        "b's tools are unknown, yet the status says what its catalog changed since the \
+         approval: {since}"
+    );
+}
+
+/// While a new server's first list is fetched, the status gives no catalog (server `a`'s is not
+/// `b`'s). Round 24: round 23 hid it only once b's first list had failed.
+#[test]
+fn status_during_a_new_servers_first_list_gives_no_earlier_catalog() {
+    let (mut h, old) = Harness::serving_legacy();
+    let (new, _) = h.rebuild_until_first_list("b", &old);
+    let st = h.s.status_json();
+    assert_eq!(st["server"]["epoch"], json!(new));
+    assert_eq!(st["state"], json!("identity-pending"));
+    assert!(
+        st["catalog"].is_null() && st["catalogTools"].is_null(),
+        "b's tools are not fetched yet; the status gives a's catalog beside b's epoch: {} {}",
         st["catalog"],
         st["catalogTools"]
     );

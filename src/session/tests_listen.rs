@@ -10,7 +10,7 @@ use super::*;
 const ACK: &str = "notifications/subscriptions/acknowledged";
 const LIST_CHANGED: &str = "notifications/tools/list_changed";
 
-fn meta() -> Value {
+pub(super) fn meta() -> Value {
     json!({protocol::PROTOCOL_VERSION: protocol::MODERN_VERSION,
            protocol::CLIENT_CAPABILITIES: {}})
 }
