@@ -236,21 +236,8 @@ fn a_host_listing_while_tools_are_unknown_goes_to_the_server() {
         tool("delete_item", 1),
     ];
     // The host lists; b answers the host, not (yet) the supervisor's fetch that follows.
-    let l1 = json!("l1");
-    host_raw(
-        &mut h,
-        json!({"jsonrpc": "2.0", "id": l1, "method": "tools/list", "params": {}}),
-    );
-    let fwd = next_to_child(&mut h);
+    let fetch = host_lists_from(&mut h, &new, 3);
     let tools = h.tools.clone();
-    from_child(
-        &mut h,
-        &new,
-        json!({"jsonrpc": "2.0", "id": fwd["id"], "result": {"tools": tools}}),
-    );
-    assert_eq!(Harness::names(&h.answer(&l1).unwrap()).len(), 3);
-    let fetch = next_to_child(&mut h);
-    assert_eq!(fetch["method"], json!("tools/list"), "the quiet fetch");
     let told_before = h.host_notes("notifications/tools/list_changed");
     // The host lists again; held while the fetch runs, then answered.
     let l2 = json!("l2");
@@ -388,23 +375,8 @@ fn a_call_started_fetch_after_a_failed_quiet_fetch_tells_the_host() {
     let l = h.request("tools/list", json!({}));
     assert_eq!(Harness::names(&h.answer(&l).unwrap()).len(), 2);
     let new = rebuild_with_unknown_tools(&mut h, &old);
-    // The host lists; b answers it.
-    let l1 = json!("l1");
-    host_raw(
-        &mut h,
-        json!({"jsonrpc": "2.0", "id": l1, "method": "tools/list", "params": {}}),
-    );
-    let fwd = next_to_child(&mut h);
-    let tools = h.tools.clone();
-    from_child(
-        &mut h,
-        &new,
-        json!({"jsonrpc": "2.0", "id": fwd["id"], "result": {"tools": tools}}),
-    );
-    assert_eq!(Harness::names(&h.answer(&l1).unwrap()).len(), 2);
-    // The quiet fetch the listing started fails.
-    let fetch = next_to_child(&mut h);
-    assert_eq!(fetch["method"], json!("tools/list"));
+    // The host lists; b answers it. The quiet fetch the listing started fails.
+    let fetch = host_lists_from(&mut h, &new, 2);
     from_child(
         &mut h,
         &new,
@@ -554,4 +526,29 @@ fn status_during_a_new_servers_first_list_gives_no_earlier_catalog() {
         st["catalog"],
         st["catalogTools"]
     );
+}
+
+/// The host lists; server `epoch` answers it with `h.tools` (`tools` of them), and the
+/// supervisor's fetch that the listing starts is returned, not answered.
+fn host_lists_from(h: &mut Harness, epoch: &str, tools: usize) -> Value {
+    let l1 = json!("l1");
+    host_raw(
+        h,
+        json!({"jsonrpc": "2.0", "id": l1, "method": "tools/list", "params": {}}),
+    );
+    let fwd = next_to_child(h);
+    let listed = h.tools.clone();
+    from_child(
+        h,
+        epoch,
+        json!({"jsonrpc": "2.0", "id": fwd["id"], "result": {"tools": listed}}),
+    );
+    assert_eq!(Harness::names(&h.answer(&l1).unwrap()).len(), tools);
+    let fetch = next_to_child(h);
+    assert_eq!(
+        fetch["method"],
+        json!("tools/list"),
+        "the fetch the listing started"
+    );
+    fetch
 }
