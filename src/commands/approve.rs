@@ -70,11 +70,7 @@ pub fn execute(args: ApproveArgs) -> CmdResult {
             Failure::error("no server is running in this session (it may be building or crashed)")
         })?
         .to_string();
-    if st["state"] == "identity-pending" {
-        return Err(Failure::error(
-            "the server's identity is pending (its tool catalog is not fetched yet): try again in a moment",
-        ));
-    }
+    refuse_identity_pending(&st)?;
     let catalog: BTreeSet<String> = strings(&st["catalogTools"]).into_iter().collect();
     let tools: BTreeSet<String> = if args.tools.is_empty() {
         strings(&st["pendingApproval"]["tools"])
@@ -166,6 +162,17 @@ pub fn execute(args: ApproveArgs) -> CmdResult {
 
 /// `approve --call ID`: shows the denied call (tool, arguments, digest, epoch and what changed)
 /// and grants exactly that call. `--yes` is allowed: the human named the call.
+/// The running server's tool list is not known yet (being fetched, or its first list failed):
+/// nothing can be reviewed against it.
+fn refuse_identity_pending(st: &Value) -> Result<(), Failure> {
+    if st["state"] == "identity-pending" {
+        return Err(Failure::error(
+            "the server's identity is pending (its tool catalog is not fetched yet): try again in a moment",
+        ));
+    }
+    Ok(())
+}
+
 fn approve_call(args: &ApproveArgs, call_id: &str) -> CmdResult {
     let st = control_client::call(&args.control, &json!({"op": "status"}))?;
     let epoch = st
@@ -175,6 +182,8 @@ fn approve_call(args: &ApproveArgs, call_id: &str) -> CmdResult {
             Failure::error("no server is running in this session (it may be building or crashed)")
         })?
         .to_string();
+    // No review of a call against a catalog that is not this server's (round 25).
+    refuse_identity_pending(&st)?;
     let call = control_client::call(
         &args.control,
         &json!({"op": "deniedCall", "callId": call_id}),

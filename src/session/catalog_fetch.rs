@@ -40,6 +40,8 @@ impl<I: Io> Session<I> {
         self.set_answer_deadline();
         self.io
             .to_child(&epoch, envelope::request_line(id, "tools/list", &params));
+        // What waited for the server's handshake and does not need its list goes to it now.
+        self.flush_held();
     }
 
     /// The current server is fetching the list of tools again (it said `list_changed`) after
@@ -70,7 +72,7 @@ impl<I: Io> Session<I> {
         let unknown = self.tools_unknown();
         self.fetching()
             && match method {
-                Some("tools/call") => false,
+                Some("tools/call" | "server/discover" | "subscriptions/listen") => false,
                 // A server up for a while (its first list failed) answers it itself.
                 Some("tools/list") => self.refreshing() || unknown,
                 _ => true,

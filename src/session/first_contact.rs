@@ -226,14 +226,20 @@ impl<I: Io> Session<I> {
         }
     }
 
-    /// Releases held requests once the server is ready: each is judged as if it arrived now.
+    /// Releases held requests the server can take now: all once it is ready, and while its list
+    /// is fetched every one that does not need it (a call that starts a fetch must not strand
+    /// the requests behind it: round 25). Each is judged as if it arrived now; the rest stay
+    /// held, in order.
     pub(super) fn flush_held(&mut self) {
-        while self.child_ready() {
-            let Some(h) = self.held.pop_front() else {
-                break;
-            };
-            self.route_host_request(h.msg);
+        let mut kept = std::collections::VecDeque::new();
+        while let Some(h) = self.held.pop_front() {
+            if self.child_ready() || self.serves_during_fetch(h.msg.method()) {
+                self.route_host_request(h.msg);
+            } else {
+                kept.push_back(h);
+            }
         }
+        self.held = kept;
     }
 
     /// Held requests whose deadline passed get their answer now.

@@ -435,7 +435,9 @@ impl Harness {
         self.handshake_until_first_list()
     }
 
-    fn handshake_until_first_list(&mut self) -> (String, Value) {
+    /// Answers the current server's handshake; returns its epoch and the supervisor's first
+    /// `tools/list` to it, not answered.
+    pub fn handshake_until_first_list(&mut self) -> (String, Value) {
         let current = self.current_epoch().expect("a server");
         loop {
             let (e, msg) = self.io().to_child.pop_front().expect("a request");

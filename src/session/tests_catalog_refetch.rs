@@ -283,3 +283,65 @@ fn a_call_to_a_server_whose_tools_are_unknown_asks_for_them() {
         .any(|l| l.contains("its tools are not known"));
     assert!(fetched, "{:?}", h.io().status);
 }
+
+/// A rebuild: while server `b` handshakes, the host sends a call and a `resources/list` (both
+/// held). `b`'s first `tools/list` fails at once: its tools are unknown and the held requests
+/// are released; the call asks `b` for its list again (a fetch), and `resources/list` goes to
+/// `b`, which serves everything but its list meanwhile. Round 25: the release stopped at the
+/// call's fetch, and `resources/list` was answered by the supervisor at its hold deadline, "the
+/// MCP server is still starting".
+#[test]
+fn a_call_fetching_unknown_tools_strands_no_other_held_request() {
+    let (mut h, old) = Harness::serving_legacy();
+    h.s.handle(Event::BuildFinished(Box::new(complete("b"))));
+    h.s.handle(Event::ChildStopped { epoch: old });
+    let c = json!("c1");
+    let call = json!({"name": "list_items", "arguments": {}});
+    host_raw(
+        &mut h,
+        json!({"jsonrpc": "2.0", "id": c, "method": "tools/call", "params": call}),
+    );
+    let r = json!("r1");
+    host_raw(
+        &mut h,
+        json!({"jsonrpc": "2.0", "id": r, "method": "resources/list", "params": {}}),
+    );
+    let (b, first) = h.handshake_until_first_list();
+    let failed = json!({"code": -32603, "message": "not ready"});
+    from_child(
+        &mut h,
+        &b,
+        json!({"jsonrpc": "2.0", "id": first["id"], "error": failed}),
+    );
+    let sent: Vec<Value> = (h.io().to_child.iter())
+        .filter(|(e, _)| *e == b)
+        .map(|(_, m)| m["method"].clone())
+        .collect();
+    assert!(
+        sent.contains(&json!("tools/list")),
+        "the call asked again: {sent:?}"
+    );
+    assert!(
+        sent.contains(&json!("resources/list")),
+        "sent to b: {sent:?}"
+    );
+    assert_eq!(h.answer(&c), None, "the call waits for the list");
+}
+
+/// A request held while a new server handshakes goes to it as soon as its first list is asked
+/// for, when it does not need that list. Round 25: it waited for the whole fetch and, past its
+/// hold, was answered "still starting" by the supervisor.
+#[test]
+fn a_request_held_through_a_handshake_goes_to_the_server_when_its_list_is_fetched() {
+    let (mut h, old) = Harness::serving_legacy();
+    h.s.handle(Event::BuildFinished(Box::new(complete("b"))));
+    h.s.handle(Event::ChildStopped { epoch: old });
+    let r = json!("r1");
+    host_raw(
+        &mut h,
+        json!({"jsonrpc": "2.0", "id": r, "method": "resources/list", "params": {}}),
+    );
+    let (b, _first) = h.handshake_until_first_list();
+    let sent = (h.io().to_child.iter()).any(|(e, m)| *e == b && m["method"] == "resources/list");
+    assert!(sent, "held until the server's list came");
+}
