@@ -1465,12 +1465,7 @@ fn a_fifo_planted_at_the_status_file_does_not_hang_shutdown() {
     s.ready_legacy();
     s.wait_status("the session published", |v| v.get("lifecycle").is_some());
     std::thread::sleep(Duration::from_millis(500));
-    std::fs::remove_file(&status).unwrap();
-    let made = std::process::Command::new("mkfifo")
-        .arg(&status)
-        .status()
-        .unwrap();
-    assert!(made.success());
+    plant_fifo(&status);
     s.close_stdin();
     let exited = s.wait_exit(Duration::from_secs(20));
     if exited.is_none() {
@@ -1577,19 +1572,11 @@ fn ends_within_30_s(p: &Project, command: &str, fifo: &std::path::Path) -> bool 
 #[test]
 fn a_link_at_background_build_log_is_not_written_through() {
     let s = Setup::new().arg("--no-gating");
-    let root = s.project.target_dir().join("mcp-dev");
-    std::fs::create_dir_all(&root).unwrap();
     let outside = s.project.scratch().join("bashrc");
     std::fs::write(&outside, "precious").unwrap();
     // Another build holds the lock, so the first build is surely running when the host leaves.
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(root.join("build.lock"))
-        .unwrap();
-    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).unwrap();
-    let log = root.join("background-build.log");
+    let lock = s.hold_build_lock();
+    let log = s.project.target_dir().join("mcp-dev/background-build.log");
     let _ = std::fs::remove_file(&log);
     std::os::unix::fs::symlink(&outside, &log).unwrap();
     let mut s = s.start();

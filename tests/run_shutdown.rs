@@ -137,16 +137,8 @@ fn a_first_build_the_host_abandons_finishes_in_the_background() {
 #[test]
 fn a_first_build_abandoned_before_cargo_started_still_goes_on() {
     let s = Setup::new().arg("--no-gating");
-    let root = s.project.target_dir().join("mcp-dev");
-    std::fs::create_dir_all(&root).unwrap();
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(root.join("build.lock"))
-        .unwrap();
-    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).unwrap();
-    let log = root.join("background-build.log");
+    let lock = s.hold_build_lock();
+    let log = s.project.target_dir().join("mcp-dev/background-build.log");
     let _ = std::fs::remove_file(&log);
     let mut s = s.start();
     s.wait_stderr("waiting for another cargo mcp-dev build");

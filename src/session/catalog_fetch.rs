@@ -18,7 +18,8 @@ impl<I: Io> Session<I> {
         let modern = self.era() == Some(Era::Modern);
         let meta = self.host.modern_meta.clone();
         let Some(child) = &mut self.child else { return };
-        if cursor.is_none() {
+        let first_page = cursor.is_none();
+        if first_page {
             child.catalog_pages.clear();
             child.pages_fetched = 0;
             child.catalog_partial = false;
@@ -40,8 +41,10 @@ impl<I: Io> Session<I> {
         self.set_answer_deadline();
         self.io
             .to_child(&epoch, envelope::request_line(id, "tools/list", &params));
-        // What waited for the server's handshake and does not need its list goes to it now.
-        self.flush_held();
+        if first_page {
+            // What waited for the server's handshake and does not need its list goes to it now.
+            self.flush_held();
+        }
     }
 
     /// The current server is fetching the list of tools again (it said `list_changed`) after
@@ -53,7 +56,7 @@ impl<I: Io> Session<I> {
     /// Whether the catalog is the current server's: not while a new server's first list is
     /// fetched or failed (the catalog is an earlier server's then). With no server running, the
     /// last one's.
-    pub(super) fn tools_known(&self) -> bool {
+    pub(super) fn catalog_is_this_servers(&self) -> bool {
         self.child.is_none() || self.gate.phase() != approval::Phase::IdentityPending
     }
 

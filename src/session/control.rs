@@ -339,7 +339,7 @@ impl<I: Io> Session<I> {
         ));
         // No comparison with a catalog that is not this server's (its first list failed).
         let catalog_lines = match (catalog, self.catalog.catalog()) {
-            _ if !self.tools_known() => Value::Null,
+            _ if !self.catalog_is_this_servers() => Value::Null,
             (Some(old), Some(new)) => json!(crate::catalog::diff(old, new).render_human()),
             _ => json!([]),
         };

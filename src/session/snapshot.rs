@@ -159,9 +159,12 @@ impl<I: Io> Session<I> {
                 .catalog
                 .current()
                 .cloned()
-                .filter(|_| self.tools_known()),
-            catalog_tools: (self.catalog.catalog().filter(|_| self.tools_known()))
-                .map(|c| c.names().map(str::to_string).collect()),
+                .filter(|_| self.catalog_is_this_servers()),
+            catalog_tools: (self
+                .catalog
+                .catalog()
+                .filter(|_| self.catalog_is_this_servers()))
+            .map(|c| c.names().map(str::to_string).collect()),
             host_catalog: self.gate.host_catalog().map(str::to_string),
             stale_tools: self
                 .gate
@@ -213,7 +216,7 @@ impl<I: Io> Session<I> {
             tool_policy: self
                 .catalog
                 .catalog()
-                .filter(|_| self.tools_known())
+                .filter(|_| self.catalog_is_this_servers())
                 .map(|c| {
                     c.names()
                         .map(|t| {
@@ -231,8 +234,11 @@ impl<I: Io> Session<I> {
                         .collect()
                 }),
             since_last_approval: self.since_last_approval(),
-            catalog_details: (self.catalog.catalog().filter(|_| self.tools_known()))
-                .map(|c| c.tools_json()),
+            catalog_details: (self
+                .catalog
+                .catalog()
+                .filter(|_| self.catalog_is_this_servers()))
+            .map(|c| c.tools_json()),
             audit_log: self.cfg.audit_path.clone(),
             socket: self.cfg.socket_path.clone(),
             updated_at,

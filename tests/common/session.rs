@@ -133,6 +133,21 @@ impl Setup {
         self
     }
 
+    /// Takes the project's build lock, as another supervisor's build would: the session's first
+    /// build waits until the returned file is dropped.
+    pub fn hold_build_lock(&self) -> std::fs::File {
+        let root = self.project.target_dir().join("mcp-dev");
+        std::fs::create_dir_all(&root).unwrap();
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(root.join("build.lock"))
+            .unwrap();
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).unwrap();
+        lock
+    }
+
     pub fn start(self) -> Session {
         Session::start(self)
     }
