@@ -331,10 +331,17 @@ pub struct RunArgs {
     /// [default: 25s]
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub first_start_budget: Option<std::time::Duration>,
-    /// On a warm start, how long `initialize` waits for the server's own answer before the
-    /// supervisor answers it. [config: handshake-wait] [default: 5s]
+    /// How long `initialize` waits for the server's own answer before it is given the answer
+    /// a server of this package gave to the same protocol version in an earlier run (when one
+    /// is recorded; otherwise it waits up to the first-start budget, then gets an error that
+    /// says the server is still building). [config: handshake-wait] [default: 5s]
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub handshake_wait: Option<std::time::Duration>,
+    /// How long a host's `server/discover` probe (2026-07-28 clients) waits for a real server's
+    /// answer before the host is told to use `initialize`. Keep it under your host's probe
+    /// timeout (Claude Code gives up after about 3 s). [config: discover-wait] [default: 1s]
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub discover_wait: Option<std::time::Duration>,
     /// When the first build fails: `none` answers requests with the compiler error until a
     /// build succeeds; `last-good` runs the last successfully built server from the store
     /// (said in the status line and the launch record). [config: fallback] [default: none]

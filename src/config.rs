@@ -51,6 +51,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     "debounce-ms",
     "first-start-budget",
     "handshake-wait",
+    "discover-wait",
     "fallback",
     "audit-log",
     "audit-fsync",
@@ -84,6 +85,8 @@ pub struct McpDevConfig {
     pub first_start_budget: Option<String>,
     /// e.g. `"5s"` (humantime).
     pub handshake_wait: Option<String>,
+    /// e.g. `"1s"` (humantime).
+    pub discover_wait: Option<String>,
     /// `"none"` or `"last-good"`.
     pub fallback: Option<String>,
     pub audit_log: Option<String>,
@@ -477,6 +480,7 @@ impl LoadedConfig {
         for (key, value) in [
             ("first-start-budget", &c.first_start_budget),
             ("handshake-wait", &c.handshake_wait),
+            ("discover-wait", &c.discover_wait),
             ("approval-timeout", &c.approval_timeout),
         ] {
             if let Some(v) = value

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::session::{Session, Setup, alive};
 use rustix::process::Signal;
+use serde_json::json;
 
 /// Hosts wait about 2 s before killing a server; a little slack for a loaded test machine.
 const GRACE: Duration = Duration::from_millis(2500);
@@ -114,8 +115,15 @@ fn a_first_build_the_host_abandons_finishes_in_the_background() {
         .start();
     let log = s.project.target_dir().join("mcp-dev/background-build.log");
     let _ = std::fs::remove_file(&log);
-    s.initialize();
-    s.wait_stderr("handshake answered by the supervisor");
+    // The host's `initialize` waits for the server's own answer (issue 33): it leaves first.
+    let id = s.fresh_id();
+    s.request(
+        &id,
+        "initialize",
+        Some(json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                    "clientInfo": {"name": "impatient-host", "version": "1"}})),
+    );
+    s.wait_stderr("initialize waits for the server's own answer");
     let t = Instant::now();
     s.close_stdin();
     let status = s

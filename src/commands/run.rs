@@ -1197,6 +1197,12 @@ pub fn execute(args: RunArgs) -> CmdResult {
         &c.handshake_wait,
         crate::session::DEFAULT_HANDSHAKE_WAIT,
     )?;
+    let discover_wait = duration_setting(
+        args.discover_wait,
+        "discover-wait",
+        &c.discover_wait,
+        crate::session::DEFAULT_DISCOVER_WAIT,
+    )?;
     let approval_timeout = duration_setting(
         args.approval_timeout,
         "approval-timeout",
@@ -1240,6 +1246,7 @@ pub fn execute(args: RunArgs) -> CmdResult {
         gating_off,
         first_start_budget,
         handshake_wait,
+        discover_wait,
         restart_hold: crate::session::DEFAULT_RESTART_HOLD,
         warm,
         recorded,

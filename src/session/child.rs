@@ -323,7 +323,25 @@ impl<I: Io> Session<I> {
                     self.host.negotiated = Some(Negotiated {
                         protocol_version: version,
                         capabilities: result.get("capabilities").cloned().unwrap_or(json!({})),
-                        announced: false,
+                        from_record: false,
+                    });
+                    msg.set_result(&result);
+                }
+                if method == "initialize" && !msg.is_error() {
+                    // The host's `initialize` that reached a server past its own handshake (the
+                    // host gave up on its probe, which that server had answered): its answer is
+                    // what the host now holds, and a real answer to record.
+                    let mut result = msg.result_value();
+                    self.record_handshake(epoch, &result);
+                    protocol::advertise_list_changed(&mut result);
+                    self.host.negotiated = Some(Negotiated {
+                        protocol_version: result
+                            .get("protocolVersion")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default()
+                            .to_string(),
+                        capabilities: result.get("capabilities").cloned().unwrap_or(json!({})),
+                        from_record: false,
                     });
                     msg.set_result(&result);
                 }
@@ -351,7 +369,7 @@ impl<I: Io> Session<I> {
         &mut self,
         epoch: &str,
         msg: Message,
-        answer: Option<RawId>,
+        answer: Option<WaitingInitialize>,
         modern: bool,
     ) {
         if msg.is_error() && modern {
@@ -367,9 +385,9 @@ impl<I: Io> Session<I> {
                 .chars()
                 .take(300)
                 .collect();
-            if let Some(h) = answer {
+            if let Some(w) = answer {
                 let mut m = msg;
-                m.set_id(h);
+                m.set_id(w.host_id);
                 self.send_host(&m);
             }
             // It cannot serve this host: held requests are answered with why, not held again.
@@ -386,38 +404,37 @@ impl<I: Io> Session<I> {
             .to_string();
         let caps = result.get("capabilities").cloned().unwrap_or(json!({}));
         if !modern {
-            self.recorded.capabilities = Some(caps.clone());
-            let facts = self.recorded.clone();
-            self.io.record_facts(&facts);
+            self.record_handshake(epoch, &result);
         }
         match (self.host.negotiated.clone(), answer) {
-            (_, Some(host_id)) => {
+            (_, Some(w)) => {
                 protocol::advertise_list_changed(&mut result);
                 self.host.negotiated = Some(Negotiated {
                     protocol_version: version,
                     capabilities: result["capabilities"].clone(),
-                    announced: false,
+                    from_record: false,
                 });
-                self.io.to_host(envelope::result_line(&host_id, &result));
+                self.io.to_host(envelope::result_line(&w.host_id, &result));
             }
-            (Some(n), None) if n.announced && !modern => {
-                // The supervisor answered the handshake: only the version is binding.
+            (Some(n), None) if n.from_record && !modern => {
+                // The host holds a recorded answer of this package: the version is binding.
                 if version != n.protocol_version {
+                    let told = crate::sanitize::first_chars(&n.protocol_version, 40).to_string();
+                    let now = crate::sanitize::first_chars(&version, 40).to_string();
                     self.close_connection(&format!(
-                        "the host was told protocol {} (the version it asked for) while the server was building, but the server answers {version}; reconnect the server in the host (the server does not support the host's version)",
-                        n.protocol_version
+                        "protocol version changed: the host was given protocol {told} (recorded from an earlier build of this server) while the server was building, but the new build answers {now} (did its MCP SDK change?); reconnect the server in the host"
                     ));
                     return;
                 }
                 let norm = |c: &Value| protocol::capabilities_without_list_changed(c);
                 if norm(&n.capabilities) != norm(&caps) {
                     self.io.status(&format!(
-                        "the server's capabilities {} differ from those announced while it was building; reconnect the server in the host to use them",
+                        "the server's capabilities {} differ from those recorded from an earlier build, which the host was given; reconnect the server in the host to use them",
                         norm(&caps)
                     ));
                 }
                 if let Some(n) = &mut self.host.negotiated {
-                    n.announced = false;
+                    n.from_record = false;
                 }
             }
             (Some(n), None) => {
@@ -437,6 +454,10 @@ impl<I: Io> Session<I> {
                 }
             }
             (None, None) => {}
+        }
+        if let Some(w) = self.host.waiting_initialize.take() {
+            // A host `initialize` that arrived during this handshake: the server answers it.
+            self.initialize_to_server(w);
         }
         if modern {
             self.reopen_listens(epoch);

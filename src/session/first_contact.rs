@@ -20,8 +20,8 @@ impl<I: Io> Session<I> {
     /// Legacy `initialize` from the host.
     pub(super) fn on_host_initialize(&mut self, msg: Message) {
         let host_id = msg.id().expect("request").to_owned();
-        if self.host.waiting_initialize.is_some() {
-            // The first one still waits for the server's own answer: it keeps its place (and
+        if self.host.waiting_initialize.is_some() || self.initialize_at_server() {
+            // The first one still waits for a server's own answer: it keeps its place (and
             // its params); this one is refused rather than left unanswered.
             return self.io.to_host(envelope::error_line(
                 Some(&host_id),
@@ -43,78 +43,144 @@ impl<I: Io> Session<I> {
             "agentRun": self.agent_run, "client": self.host.client_info, "gating": if self.cfg.gating_off { "off" } else { "on" },
             "label": self.label(), "event": "initialize",
         }));
+        let now = self.now();
+        let waiting = WaitingInitialize {
+            host_id,
+            since_ms: now,
+            due_ms: now,
+        };
         match &self.child {
             Some(c) if c.phase == ChildPhase::Started && !c.stopping => {
                 // The server is up: the host gets its real answer, however slow within the
-                // handshake deadline (answering for it would commit to a version it may not
-                // speak).
+                // handshake deadline.
                 let epoch = c.epoch.clone();
-                self.send_handshake(epoch, Some(host_id), false, &params);
+                self.send_handshake(epoch, Some(waiting), false, &params);
             }
-            None if self.cfg.warm
-                && self.lifecycle == Lifecycle::FirstStart
-                && self.replacing.is_none()
-                && self.server_on_its_way() =>
+            Some(c)
+                if !c.stopping
+                    && matches!(c.phase, ChildPhase::FetchingCatalog | ChildPhase::Ready) =>
             {
-                // Warm start: the server is moments away; wait (bounded) for its own answer.
-                self.host.waiting_initialize = Some(WaitingInitialize { host_id });
-                self.io
-                    .schedule(self.cfg.handshake_wait, Timer::HandshakeWait);
+                self.initialize_to_server(waiting)
             }
-            _ => self.announce_initialize(host_id),
+            _ => self.initialize_without_server(waiting),
         }
     }
 
-    /// The warm-start wait is over and the server has not answered: answer it ourselves.
-    pub(super) fn handshake_wait_over(&mut self) {
-        if let Some(w) = self.host.waiting_initialize.take() {
-            self.announce_initialize(w.host_id);
-        }
-        // The host's `initialize` handed to a server's handshake that has not answered yet
-        // (it started during the wait, or was up and is silent): answered by us now; the
-        // handshake goes on without it (see `on_handshake_result`).
-        let waiting: Vec<RawId> = self
-            .pending
-            .values_mut()
-            .filter_map(|p| match p {
-                Pending::Handshake {
-                    answer,
-                    modern: false,
-                    ..
-                } => answer.take(),
-                _ => None,
-            })
-            .collect();
-        for host_id in waiting {
-            self.announce_initialize(host_id);
-        }
-    }
-
-    /// Answers `initialize` before a server is up: the version the host asked for (when we
-    /// know it), capabilities a real server of this package reported (else tools only), and
-    /// the package's own name. The first server is initialized with the host's own params;
-    /// only if it answers another version is the connection closed.
-    pub(super) fn announce_initialize(&mut self, host_id: RawId) {
-        let params = self.host.init_params.clone().unwrap_or(json!({}));
-        let requested = params
-            .get("protocolVersion")
-            .and_then(|v| v.as_str())
-            .unwrap_or(protocol::LEGACY_VERSIONS[0]);
-        let version = if protocol::LEGACY_VERSIONS.contains(&requested) {
-            requested.to_string()
-        } else {
-            protocol::LEGACY_VERSIONS[0].to_string()
+    /// The server is past its own handshake (it answered the host's probe, which the host gave
+    /// up on, or a first `initialize`): the host's `initialize` goes to it as it would on a
+    /// direct connection, and its own answer reaches the host.
+    pub(super) fn initialize_to_server(&mut self, w: WaitingInitialize) {
+        let Some(c) = &self.child else {
+            return self.initialize_without_server(w);
         };
-        let mut result = json!({
-            "protocolVersion": version,
-            "capabilities": self.recorded.capabilities.clone().unwrap_or(json!({"tools": {}})),
-            "serverInfo": {"name": self.cfg.package_name, "version": self.cfg.package_version},
+        let epoch = c.epoch.clone();
+        let params = self.host.init_params.clone().unwrap_or(json!({}));
+        let id = self.alloc(Pending::Host {
+            host_id: w.host_id,
+            method: "initialize".into(),
+            epoch: epoch.clone(),
+            call: None,
         });
+        self.io
+            .to_child(&epoch, envelope::request_line(id, "initialize", &params));
+    }
+
+    /// The host's `initialize` is with a server's handshake that has not answered yet.
+    fn initialize_at_server(&self) -> bool {
+        self.pending.values().any(|p| {
+            matches!(
+                p,
+                Pending::Handshake {
+                    answer: Some(_),
+                    ..
+                }
+            )
+        })
+    }
+
+    /// No server of this session can answer the host's `initialize` now. The rule (issue 33):
+    /// the host only ever gets a real server's answer to the version it asked for. It waits
+    /// while a server is on its way; after the handshake wait it may get the answer a real
+    /// server of this package gave to the same version (recorded, with the identity that gave
+    /// it), and past the first-start budget, or when no server is coming, it gets an error that
+    /// says why and what to do.
+    pub(super) fn initialize_without_server(&mut self, mut w: WaitingInitialize) {
+        let now = self.now();
+        let recorded = self.recorded_handshake().is_some();
+        let budget_end = w.since_ms + self.cfg.first_start_budget.as_millis() as u64;
+        let coming = self.lifecycle != Lifecycle::Stopping && self.hold_budget().is_some();
+        let due = if recorded {
+            (w.since_ms + self.cfg.handshake_wait.as_millis() as u64).min(budget_end)
+        } else {
+            budget_end
+        };
+        if coming && due > now {
+            self.io.status(&format!(
+                "initialize waits for the server's own answer ({}; at most {:.0} s{})",
+                self.absent_why(),
+                (due - now) as f64 / 1000.0,
+                if recorded {
+                    ", then the answer a server of this package gave before"
+                } else {
+                    ""
+                }
+            ));
+            w.due_ms = due;
+            self.host.waiting_initialize = Some(w);
+            return self
+                .io
+                .schedule(Duration::from_millis(due - now), Timer::HandshakeWait);
+        }
+        if recorded && self.lifecycle != Lifecycle::Stopping {
+            return self.answer_initialize_from_record(w.host_id);
+        }
+        self.refuse_initialize(w, coming);
+    }
+
+    /// The handshake wait or the budget of a waiting `initialize` is over.
+    pub(super) fn handshake_wait_over(&mut self) {
+        let now = self.now();
+        if self
+            .host
+            .waiting_initialize
+            .as_ref()
+            .is_some_and(|w| w.due_ms <= now)
+        {
+            let w = self.host.waiting_initialize.take().expect("checked");
+            self.initialize_without_server(w);
+        }
+    }
+
+    /// The answer a real server of this package gave to the version the host asks for.
+    fn recorded_handshake(&self) -> Option<&RecordedHandshake> {
+        let requested = self
+            .host
+            .init_params
+            .as_ref()?
+            .get("protocolVersion")?
+            .as_str()?;
+        self.recorded.handshakes.get(requested)
+    }
+
+    /// Gives the host the `initialize` answer a real server of this package gave to the same
+    /// requested version (said as such on stderr). The first server of this session is
+    /// initialized with the host's own params; if it answers another version, the connection
+    /// is closed with both versions named (see `on_handshake_result`).
+    fn answer_initialize_from_record(&mut self, host_id: RawId) {
+        let Some(rec) = self.recorded_handshake().cloned() else {
+            return;
+        };
+        let mut result = rec.result.clone();
         protocol::advertise_list_changed(&mut result);
+        let version = result
+            .get("protocolVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
         self.host.negotiated = Some(Negotiated {
             protocol_version: version.clone(),
-            capabilities: result["capabilities"].clone(),
-            announced: true,
+            capabilities: result.get("capabilities").cloned().unwrap_or(json!({})),
+            from_record: true,
         });
         let list = if self.hold_budget().is_some() {
             "tools/list waits for the server"
@@ -122,10 +188,43 @@ impl<I: Io> Session<I> {
             "tools/list is answered with why until a server runs"
         };
         self.io.status(&format!(
-            "handshake answered by the supervisor while {} (protocol {version}, as the host asked); {list}",
+            "initialize answered with the answer a server of this package gave before (protocol {}, epoch {}, identity {}) while {}; {list}",
+            crate::sanitize::first_chars(&version, 40),
+            crate::epoch::short(&rec.epoch),
+            crate::hashing::short(&rec.identity_digest),
             self.absent_why()
         ));
         self.io.to_host(envelope::result_line(&host_id, &result));
+    }
+
+    /// `initialize` with no real answer to give: why, and what to do.
+    fn refuse_initialize(&mut self, w: WaitingInitialize, timed_out: bool) {
+        let waited = self.now().saturating_sub(w.since_ms);
+        let (message, mut data) = if timed_out || self.hold_budget().is_some() {
+            (
+                format!(
+                    "the MCP server is still {} ({:.0} s so far) and no server of this package has answered this protocol version before; reconnect the server in the host when the build is done (`cargo mcp-dev status --follow` shows it)",
+                    self.starting_word(),
+                    waited as f64 / 1000.0
+                ),
+                json!({"error": "server_building", "waitedMs": waited,
+                       "retry": "reconnect the server in the host when the build is done"}),
+            )
+        } else {
+            self.unavailable_reason()
+        };
+        data["method"] = json!("initialize");
+        self.io.status(&format!(
+            "initialize answered with an error after {:.1} s while {}",
+            waited as f64 / 1000.0,
+            self.absent_why()
+        ));
+        self.io.to_host(envelope::error_line(
+            Some(&w.host_id),
+            codes::SERVER_UNAVAILABLE,
+            &message,
+            data,
+        ));
     }
 
     /// Holds a request until a server can answer it or its deadline passes.
@@ -255,19 +354,24 @@ impl<I: Io> Session<I> {
                 kept.push_back(h);
                 continue;
             }
-            let budget_end = h.since_ms + self.cfg.first_start_budget.as_millis() as u64;
-            if h.msg.method() == Some("server/discover") && self.child.is_some() && budget_end > now
-            {
-                // The server is up and handshaking: its own answer is close; wait out the
-                // budget (once: past it, the host falls back to `initialize`).
-                kept.push_back(Held {
-                    deadline_ms: budget_end,
-                    since_ms: h.since_ms,
-                    msg: h.msg,
-                });
-                continue;
+            // A server of this session is up and owes its answer by a deadline of its own
+            // (handshake, catalog page): held requests wait for it, never for a record.
+            let server_due = self
+                .child
+                .as_ref()
+                .filter(|c| !c.stopping && c.phase == ChildPhase::Handshaking)
+                .and_then(|c| c.answer_due_ms)
+                .filter(|due| *due > now);
+            match server_due {
+                Some(due) if h.msg.method() != Some("server/discover") => {
+                    kept.push_back(Held {
+                        deadline_ms: due,
+                        since_ms: h.since_ms,
+                        msg: h.msg,
+                    });
+                }
+                _ => self.answer_expired(h),
             }
-            self.answer_expired(h);
         }
         self.held = kept;
         self.arm_held_timer(now);
@@ -280,13 +384,30 @@ impl<I: Io> Session<I> {
             // The record is a whole list: never the answer to a page asked for by cursor.
             "tools/list"
                 if self.recorded.catalog.is_some()
+                    && self.child.is_none()
                     && h.msg.params_value().get("cursor").is_none() =>
             {
                 self.answer_list_from_record(h.msg)
             }
+            // A server of this session is up and lists its tools: it answers this one too.
+            "tools/list"
+                if self.child.as_ref().is_some_and(|c| {
+                    !c.stopping
+                        && matches!(c.phase, ChildPhase::FetchingCatalog | ChildPhase::Ready)
+                }) =>
+            {
+                self.route_host_request(h.msg)
+            }
             // Judged now: with no server this is `identity_pending`, said plainly.
             "tools/call" => self.on_host_call(h.msg),
-            "server/discover" => self.refuse_discover(h.msg),
+            "server/discover" => {
+                self.refuse_discover(h.msg);
+                if self.discovery_pending() && self.host.negotiated.is_none() {
+                    // The host falls back now: so does the server's handshake (its late
+                    // discover answer is dropped), and it waits for the host's `initialize`.
+                    self.discovery_failed(None);
+                }
+            }
             _ => {
                 let id = h.msg.id().expect("request").to_owned();
                 self.io.status(&format!(
@@ -315,10 +436,7 @@ impl<I: Io> Session<I> {
     /// `initialize`, which every server supports (the answer says why, in its message).
     pub(super) fn refuse_discover(&mut self, msg: Message) {
         let id = msg.id().expect("request").to_owned();
-        if self.host.negotiated.is_none() {
-            self.host.era = None;
-            self.host.modern_meta = None;
-        }
+        self.forget_probe_era();
         let building = self.hold_budget().is_some();
         self.io.to_host(envelope::error_line(
             Some(&id),
@@ -329,6 +447,16 @@ impl<I: Io> Session<I> {
             ),
             json!({"error": if building { "server_building" } else { "server_unavailable" }}),
         ));
+    }
+
+    /// The host's probe was refused: the era it implied is forgotten, unless the host has
+    /// already moved on (it sent `initialize`, or a server's answer fixed the era). Forgetting a
+    /// legacy era left a server started later never initialized (issue 33).
+    pub(super) fn forget_probe_era(&mut self) {
+        if self.host.negotiated.is_none() && self.host.era == Some(Era::Modern) {
+            self.host.era = None;
+            self.host.modern_meta = None;
+        }
     }
 
     /// The first-start budget ran out: the most recent catalog a real server of this package
@@ -439,7 +567,7 @@ impl<I: Io> Session<I> {
             self.answer_unavailable(h.msg);
         }
         if let Some(w) = self.host.waiting_initialize.take() {
-            self.announce_initialize(w.host_id);
+            self.initialize_without_server(w);
         }
     }
 }

@@ -19,7 +19,7 @@ impl<I: Io> Session<I> {
     pub(super) fn send_handshake(
         &mut self,
         epoch: EpochId,
-        answer: Option<RawId>,
+        answer: Option<WaitingInitialize>,
         modern: bool,
         params: &Value,
     ) {
@@ -37,6 +37,51 @@ impl<I: Io> Session<I> {
         };
         self.io
             .to_child(&epoch, envelope::request_line(id, method, params));
+    }
+
+    /// Keeps the server's `initialize` answer for the version the host asked for: a later host
+    /// asking for the same version may be given it while a build runs (bounded, see
+    /// [`RECORDED_HANDSHAKES`]).
+    pub(super) fn record_handshake(&mut self, epoch: &str, result: &Value) {
+        let Some(requested) = self
+            .host
+            .init_params
+            .as_ref()
+            .and_then(|p| p.get("protocolVersion"))
+            .and_then(Value::as_str)
+            .filter(|v| v.len() <= 64)
+            .map(str::to_string)
+        else {
+            return;
+        };
+        if result.to_string().len() > RECORDED_HANDSHAKE_BYTES {
+            return;
+        }
+        let Some(identity) = self
+            .child
+            .as_ref()
+            .map(|c| c.record.identity_digest.clone())
+        else {
+            return;
+        };
+        let recorded = RecordedHandshake {
+            result: result.clone(),
+            epoch: epoch.to_string(),
+            identity_digest: identity,
+            recorded_at: self.io.timestamp(),
+        };
+        let kept = &mut self.recorded.handshakes;
+        kept.insert(requested, recorded);
+        while kept.len() > RECORDED_HANDSHAKES {
+            let oldest = kept
+                .iter()
+                .min_by(|a, b| a.1.recorded_at.cmp(&b.1.recorded_at))
+                .map(|(k, _)| k.clone())
+                .expect("not empty");
+            kept.remove(&oldest);
+        }
+        let facts = self.recorded.clone();
+        self.io.record_facts(&facts);
     }
 
     /// How long a server has to answer our handshake or a catalog page: the first-start
@@ -165,9 +210,7 @@ impl<I: Io> Session<I> {
             match refusal {
                 Some(r) => {
                     let id = h.msg.id().expect("request").to_owned();
-                    if self.host.negotiated.is_none() {
-                        self.host.era = None;
-                    }
+                    self.forget_probe_era();
                     self.io.to_host(r.to_line_with_id(&id));
                 }
                 None => self.refuse_discover(h.msg),

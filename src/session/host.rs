@@ -114,9 +114,11 @@ impl<I: Io> Session<I> {
             _ if self.child_ready() => self.route_host_request(msg),
             Method::Other if self.serves_during_fetch(msg.method()) => self.route_host_request(msg),
             Method::Discover => match self.hold_budget() {
-                // A real server's answer or, shortly, a fallback to `initialize`.
+                // A real server's answer within the probe wait, else a fallback to
+                // `initialize` before the host gives up on its probe (a late answer to a
+                // probe the host abandoned drops the connection: issue 33).
                 Some(_) => {
-                    let wait = self.cfg.handshake_wait;
+                    let wait = self.cfg.discover_wait;
                     self.hold(msg, wait)
                 }
                 None => self.refuse_discover(msg),
@@ -192,12 +194,25 @@ impl<I: Io> Session<I> {
         match method.as_str() {
             "notifications/initialized" => {
                 self.host.initialized = true;
-                if let Some(c) = &self.child
-                    && c.phase == ChildPhase::AwaitingInitialized
-                {
-                    let epoch = c.epoch.clone();
-                    self.send_child(&epoch, &msg);
-                    self.fetch_catalog(None);
+                match &self.child {
+                    Some(c) if c.phase == ChildPhase::AwaitingInitialized => {
+                        let epoch = c.epoch.clone();
+                        self.send_child(&epoch, &msg);
+                        self.fetch_catalog(None);
+                    }
+                    // A server that got the host's own `initialize` past its handshake (see
+                    // `initialize_to_server`) waits for this, as it would directly.
+                    Some(c)
+                        if !c.stopping
+                            && matches!(
+                                c.phase,
+                                ChildPhase::FetchingCatalog | ChildPhase::Ready
+                            ) =>
+                    {
+                        let epoch = c.epoch.clone();
+                        self.send_child(&epoch, &msg);
+                    }
+                    _ => {}
                 }
             }
             "notifications/cancelled" => self.on_host_cancel(&msg),
@@ -345,8 +360,8 @@ impl<I: Io> Session<I> {
             None => {} // wait for the host's first message
             Some(Era::Legacy) => {
                 if let Some(params) = self.host.init_params.clone() {
-                    // A host `initialize` still waiting (warm start) gets the server's own answer.
-                    let answer = self.host.waiting_initialize.take().map(|w| w.host_id);
+                    // A host `initialize` still waiting gets the server's own answer.
+                    let answer = self.host.waiting_initialize.take();
                     self.send_handshake(epoch, answer, false, &params);
                 }
             }

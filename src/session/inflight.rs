@@ -86,23 +86,25 @@ impl<I: Io> Session<I> {
                         ));
                     }
                 }
-                // The host's `initialize` is answered by us (as at a cold start) while the
-                // session goes on: the next server is initialized with the host's params.
+                // The host's `initialize` waits again, for the next server (the session goes
+                // on): it is looked at once this transition is over (a timer due now), when
+                // it is known whether a server is coming.
                 Pending::Handshake {
-                    answer: Some(host_id),
+                    answer: Some(mut w),
                     modern: false,
                     ..
                 } if self.lifecycle != Lifecycle::Stopping
                     && self.cfg.restart != Restart::Disconnect =>
                 {
-                    self.announce_initialize(host_id)
+                    w.due_ms = self.now();
+                    self.host.waiting_initialize = Some(w);
+                    self.io.schedule(Duration::ZERO, Timer::HandshakeWait);
                 }
                 Pending::Handshake {
-                    answer: Some(host_id),
-                    ..
+                    answer: Some(w), ..
                 } => {
                     self.io.to_host(envelope::error_line(
-                        Some(&host_id),
+                        Some(&w.host_id),
                         codes::EPOCH_TRANSITION,
                         &format!("server {cause} during the handshake"),
                         json!({"error": "epoch_transition", "oldEpoch": epoch}),

@@ -64,6 +64,8 @@ mod tests_catalog_unreadable;
 #[cfg(test)]
 mod tests_early_build;
 #[cfg(test)]
+mod tests_first_contact_props;
+#[cfg(test)]
 mod tests_forwarding;
 #[cfg(test)]
 mod tests_handshake;
@@ -286,8 +288,12 @@ pub struct SessionConfig {
     pub gating_off: bool,
     /// How long requests wait for the first server of the session.
     pub first_start_budget: Duration,
-    /// How long a warm start waits for the server's own handshake answer.
+    /// How long `initialize` waits for the server's own answer before it is given the answer
+    /// a real server of this package gave to the same version (when one is recorded).
     pub handshake_wait: Duration,
+    /// How long a host's `server/discover` probe waits for a real server's answer before it is
+    /// told to use `initialize`.
+    pub discover_wait: Duration,
     /// How long calls wait for the next server during a restart.
     pub restart_hold: Duration,
     /// The binary was built before (an identity is recorded): a warm start is likely.
@@ -319,6 +325,7 @@ impl SessionConfig {
             gating_off: false,
             first_start_budget: DEFAULT_FIRST_START_BUDGET,
             handshake_wait: DEFAULT_HANDSHAKE_WAIT,
+            discover_wait: DEFAULT_DISCOVER_WAIT,
             restart_hold: DEFAULT_RESTART_HOLD,
             warm: false,
             recorded: RecordedFacts::default(),
@@ -334,8 +341,8 @@ impl SessionConfig {
 
 pub use control::ControlReply;
 pub use state::{
-    DEFAULT_APPROVAL_TIMEOUT, DEFAULT_FIRST_START_BUDGET, DEFAULT_HANDSHAKE_WAIT,
-    DEFAULT_MAX_OPEN_PROMPTS, DEFAULT_RESTART_HOLD,
+    DEFAULT_APPROVAL_TIMEOUT, DEFAULT_DISCOVER_WAIT, DEFAULT_FIRST_START_BUDGET,
+    DEFAULT_HANDSHAKE_WAIT, DEFAULT_MAX_OPEN_PROMPTS, DEFAULT_RESTART_HOLD,
 };
 
 pub struct Session<I: Io> {

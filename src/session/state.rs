@@ -183,7 +183,7 @@ pub enum Pending {
     /// id to answer when the host is still waiting for it.
     Handshake {
         epoch: EpochId,
-        answer: Option<RawId>,
+        answer: Option<WaitingInitialize>,
         modern: bool,
     },
     /// Our own `tools/list` page.
@@ -250,14 +250,23 @@ pub struct Listen {
 pub struct Negotiated {
     pub protocol_version: String,
     pub capabilities: Value,
-    /// Answered by the supervisor before a server was up (to be confirmed by the first one).
-    pub announced: bool,
+    /// The host's `initialize` was answered from [`RecordedFacts::handshakes`] (a real server
+    /// of this package, an earlier run) before this session's server was up: the first server's
+    /// own answer must confirm its version.
+    pub from_record: bool,
 }
 
-/// A host `initialize` answered by nobody yet (the warm-start wait).
-#[derive(Debug)]
+/// A host `initialize` that no server of this session has answered yet: it waits for one
+/// (bounded by the first-start budget), travels with the server's handshake while that runs,
+/// and comes back here if that server goes before answering.
+#[derive(Debug, Clone)]
 pub struct WaitingInitialize {
     pub host_id: RawId,
+    /// When the host sent it (the budget counts from here, across servers).
+    pub since_ms: u64,
+    /// When it is looked at again (the one `HandshakeWait` timer that counts; earlier ones
+    /// firing find it not due).
+    pub due_ms: u64,
 }
 
 /// The one host connection of this run (stdin/stdout).
@@ -340,14 +349,34 @@ pub const CANCELLED_KEPT: usize = 64;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RecordedFacts {
-    /// Capabilities of the last real `initialize` answer (never its protocol version: that
-    /// belongs to the host that asked).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub capabilities: Option<Value>,
+    /// The last real `initialize` answer of a server of this package for each protocol version
+    /// a host asked for (the key), at most [`RECORDED_HANDSHAKES`]. A later host asking for the
+    /// same version may be given it while the server builds: never an answer to another
+    /// version, never one the supervisor made up.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub handshakes: std::collections::BTreeMap<String, RecordedHandshake>,
     /// The last catalog a real server of this package returned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub catalog: Option<RecordedCatalog>,
 }
+
+/// A real server's `initialize` result, as it answered it, and which code answered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RecordedHandshake {
+    pub result: Value,
+    pub epoch: String,
+    pub identity_digest: String,
+    pub recorded_at: String,
+}
+
+/// Protocol versions whose `initialize` answer is kept (the oldest recorded is dropped first).
+pub const RECORDED_HANDSHAKES: usize = 8;
+/// An `initialize` result larger than this (JSON text) is not recorded.
+pub const RECORDED_HANDSHAKE_BYTES: usize = 64 << 10;
+/// How long a host's `server/discover` probe waits for a real server's answer before it is
+/// told to use `initialize` (Claude Code gives up on its probe after about 3 s).
+pub const DEFAULT_DISCOVER_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -213,6 +213,8 @@ pub struct Harness {
     pub listen: ListenReply,
     /// Every method the fake server was sent, in order (across epochs).
     pub server_saw: Vec<String>,
+    /// The same, with the epoch of the server that was sent it.
+    pub server_saw_in: Vec<(String, String)>,
 }
 
 /// The fake server's `subscriptions/listen` behaviour.
@@ -251,6 +253,7 @@ impl Harness {
             next_host_id: 0,
             listen: ListenReply::Refuse,
             server_saw: Vec::new(),
+            server_saw_in: Vec::new(),
         }
     }
 
@@ -356,6 +359,7 @@ impl Harness {
             }
             let method = msg["method"].as_str().unwrap_or_default().to_string();
             self.server_saw.push(method.clone());
+            self.server_saw_in.push((epoch.clone(), method.clone()));
             let Some(id) = msg.get("id").cloned() else {
                 continue;
             };
