@@ -207,7 +207,8 @@ pub enum Command {
     Restart(ControlArgs),
     /// Approve tools for the current execution epoch of the running supervisor (human channel).
     Approve(ApproveArgs),
-    /// Show the running supervisor's state: epoch, catalog revisions, grants, recent denials.
+    /// Show the running supervisor's state: epoch, catalog revisions, grants, recent denials;
+    /// `--follow`: its status lines as they are written (hosts hide them after connect).
     Status(StatusArgs),
     /// Verify or show the audit log.
     #[command(subcommand)]
@@ -437,6 +438,20 @@ pub struct StatusArgs {
     /// Print the status as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Keep printing the running session's status lines (and its server's stderr) as they are
+    /// written, on stdout: across rebuilds, and on to the next `run` when this one ends. Waits
+    /// for a session when none runs. Ctrl-C stops.
+    #[arg(short, long, conflicts_with = "json")]
+    pub follow: bool,
+    /// With --follow: the earlier lines of a running session shown first.
+    #[arg(
+        short = 'n',
+        long,
+        value_name = "N",
+        default_value_t = 10,
+        requires = "follow"
+    )]
+    pub lines: usize,
 }
 
 #[derive(Debug, Subcommand)]

@@ -15,6 +15,7 @@ pub mod new;
 pub mod restart;
 pub mod run;
 pub mod status;
+mod status_follow;
 mod timer_thread;
 
 use crate::cli::{Command, McpDev};
