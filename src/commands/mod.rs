@@ -9,6 +9,7 @@ pub mod build;
 pub mod check;
 pub mod control_client;
 pub mod demo;
+mod first_build;
 pub mod identity;
 pub mod init;
 pub mod new;
