@@ -49,6 +49,8 @@ pub mod heading {
     /// `run`'s own options: restart mode, debounce, watching, approvals, first start.
     pub const RUN: &str = "Run Options";
     pub const OUTPUT: &str = "Output";
+    /// The build `new` and `init` end with.
+    pub const FIRST_BUILD: &str = "First Build";
 }
 
 /// The one help text of `--message-format`, in every command that has it.
@@ -207,14 +209,17 @@ pub enum Command {
     Restart(ControlArgs),
     /// Approve tools for the current execution epoch of the running supervisor (human channel).
     Approve(ApproveArgs),
-    /// Show the running supervisor's state: epoch, catalog revisions, grants, recent denials.
+    /// Show the running supervisor's state: epoch, catalog revisions, grants, recent denials;
+    /// `--follow`: its status lines as they are written (hosts hide them after connect).
     Status(StatusArgs),
     /// Verify or show the audit log.
     #[command(subcommand)]
     Audit(AuditCommand),
-    /// Add cargo mcp-dev configuration, host snippets and CI templates to an existing server package.
+    /// Add cargo mcp-dev configuration, host snippets and CI templates to an existing server
+    /// package, then build it once (`--no-build` skips) so the first host connect is warm.
     Init(InitArgs),
-    /// Create a new MCP server package (rmcp) ready for `cargo mcp-dev run`.
+    /// Create a new MCP server package (rmcp) ready for `cargo mcp-dev run`, then build it once
+    /// (`--no-build` skips) so the first host connect is warm.
     New(NewArgs),
     /// Play a whole session on a throwaway server: approve, call, rebuild, stale denial, re-approve, audit.
     Demo(DemoArgs),
@@ -444,6 +449,20 @@ pub struct StatusArgs {
     /// Print the status as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Keep printing the running session's status lines (and its server's stderr) as they are
+    /// written, on stdout: across rebuilds, and on to the next `run` when this one ends. Waits
+    /// for a session when none runs. Ctrl-C stops.
+    #[arg(short, long, conflicts_with = "json")]
+    pub follow: bool,
+    /// With --follow: the earlier lines of a running session shown first.
+    #[arg(
+        short = 'n',
+        long,
+        value_name = "N",
+        default_value_t = 10,
+        requires = "follow"
+    )]
+    pub lines: usize,
 }
 
 #[derive(Debug, Subcommand)]
@@ -509,6 +528,8 @@ pub struct InitArgs {
     /// Overwrite files that already exist.
     #[arg(long)]
     pub force: bool,
+    #[command(flatten)]
+    pub first_build: FirstBuildArgs,
 }
 
 #[derive(Debug, Args)]
@@ -518,6 +539,28 @@ pub struct NewArgs {
     /// Create the package here instead of ./NAME.
     #[arg(long, value_name = "DIR")]
     pub path: Option<PathBuf>,
+    #[command(flatten)]
+    pub first_build: FirstBuildArgs,
+}
+
+/// The build `new` and `init` end with: the one `cargo mcp-dev build` does, for what the
+/// written host files run (default profile and features), so that a host's first `run`
+/// starts warm. Exit code 101 when it fails (the files are written all the same).
+#[derive(Debug, Args, Clone, Default)]
+pub struct FirstBuildArgs {
+    /// Do not build the server at the end (a host's first `run` then builds it, and the host
+    /// waits for that build).
+    #[arg(long, help_heading = heading::FIRST_BUILD)]
+    pub no_build: bool,
+    /// Build without accessing the network (passed to cargo).
+    #[arg(long, conflicts_with = "no_build", help_heading = heading::FIRST_BUILD)]
+    pub offline: bool,
+    /// Assert that Cargo.lock will remain unchanged (passed to cargo).
+    #[arg(long, conflicts_with = "no_build", help_heading = heading::FIRST_BUILD)]
+    pub locked: bool,
+    /// Equivalent to specifying both --locked and --offline (passed to cargo).
+    #[arg(long, conflicts_with = "no_build", help_heading = heading::FIRST_BUILD)]
+    pub frozen: bool,
 }
 
 #[derive(Debug, Args)]

@@ -4,7 +4,8 @@
 //! A Unix socket in an owner-only directory (0700, owned by us, checked), itself 0600, and every
 //! connection's peer uid is checked against ours. One JSON request line, one JSON answer line.
 //! Nothing reachable over MCP leads here. This module owns the socket and its framing; what an
-//! operation does is the session's business.
+//! operation does is the session's business, except reading the kept status lines
+//! ([`crate::status_feed`]), which the connection's thread answers itself.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
@@ -93,6 +94,16 @@ fn socket_dirs() -> Vec<PathBuf> {
 
 /// The socket of the supervisor for `label` building into `target_dir`.
 pub fn socket_path(target_dir: &Path, label: &str) -> PathBuf {
+    socket_paths(target_dir, label)
+        .into_iter()
+        .next()
+        .expect("at least one")
+}
+
+/// Every place the socket for `label` and `target_dir` can be, the one this environment
+/// binds first (see [`socket_path`]), then the same name in the other socket directories: a
+/// `run` started by a host with another environment (no `XDG_RUNTIME_DIR`) bound it there.
+pub fn socket_paths(target_dir: &Path, label: &str) -> Vec<PathBuf> {
     let key = crate::hashing::sha256_hex(format!("{}\0{label}", target_dir.display()).as_bytes());
     let name = format!(
         "{}-{}.sock",
@@ -101,15 +112,18 @@ pub fn socket_path(target_dir: &Path, label: &str) -> PathBuf {
     );
     // The first directory whose path fits in sun_path (a choice that depends only on the
     // environment, so `approve` finds the socket `run` bound).
-    for dir in socket_dirs() {
-        let p = dir.join(&name);
-        if p.as_os_str().len() <= 100 {
-            return p;
-        }
-    }
-    std::env::temp_dir()
-        .join(format!("cmd-{}", current_uid()))
-        .join(&key[..16])
+    let mut paths: Vec<PathBuf> = socket_dirs()
+        .into_iter()
+        .map(|dir| dir.join(&name))
+        .filter(|p| p.as_os_str().len() <= 100)
+        .collect();
+    paths.push(
+        std::env::temp_dir()
+            .join(format!("cmd-{}", current_uid()))
+            .join(&key[..16]),
+    );
+    paths.dedup();
+    paths
 }
 
 /// Creates (mode 0700) or checks the owner-only directory: it must be a real directory (not a
@@ -352,6 +366,16 @@ fn handle(stream: UnixStream, own: u32, events: Sender<Event>) {
         _ => return,
     };
     let answer = match serde_json::from_str::<Value>(&line) {
+        // The status lines kept for `status --follow`: read here, never queued behind the
+        // session's events (a follower polls; the session may be busy).
+        Ok(request)
+            if request.get("op").and_then(Value::as_str) == Some(crate::status_feed::OP) =>
+        {
+            match crate::status_feed::answer(&request) {
+                Some(result) => json!({"ok": true, "result": result}),
+                None => json!({"ok": false, "error": "this process keeps no status lines"}),
+            }
+        }
         Ok(request) => {
             let (tx, rx) = bounded(1);
             let (reply, wait) = crate::session::ControlReply::new(tx);

@@ -9,7 +9,8 @@ pub const OK: i32 = 0;
 pub const ERROR: i32 = 1;
 /// Bad command-line usage (clap's own code).
 pub const USAGE: i32 = 2;
-/// `cargo build` failed; its diagnostics were shown on stderr.
+/// `cargo build` failed; its diagnostics were shown on stderr (also the build `new` and `init`
+/// end with: their files are written all the same).
 pub const BUILD_FAILED: i32 = 101;
 /// `cargo metadata` failed (bad manifest, unknown package…), or cargo itself could not be run.
 pub const METADATA_FAILED: i32 = 102;
@@ -35,7 +36,10 @@ pub const TABLE: &[(i32, &str)] = &[
     (OK, "success"),
     (ERROR, "error (message on stderr)"),
     (USAGE, "bad command-line usage"),
-    (BUILD_FAILED, "cargo build failed (diagnostics shown)"),
+    (
+        BUILD_FAILED,
+        "cargo build failed (diagnostics shown; for new/init, files written)",
+    ),
     (
         METADATA_FAILED,
         "cargo metadata failed or cargo could not be run",

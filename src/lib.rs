@@ -29,6 +29,7 @@ pub mod proxy;
 pub mod sanitize;
 pub mod session;
 pub mod status;
+pub mod status_feed;
 pub mod store;
 pub mod supervisor;
 pub mod sys;

@@ -1,7 +1,8 @@
 //! Human status on stderr: the status pair, warnings, errors, and progress bars on a TTY only.
 //!
 //! Owns how status looks (cargo-style `error:`/`warning:` prefixes, colour per `--color` and
-//! `CARGO_TERM_COLOR`); it never writes to stdout and never decides anything.
+//! `CARGO_TERM_COLOR`); it never writes to stdout and never decides anything. In `run`, every
+//! line written here is also kept for `status --follow` ([`crate::status_feed`]).
 
 use std::io::{IsTerminal, Write};
 use std::sync::OnceLock;
@@ -62,6 +63,11 @@ pub fn progress_enabled() -> bool {
 }
 
 fn write_stderr(text: &str) {
+    crate::status_feed::record(crate::status_feed::Source::Ours, text);
+    write_stderr_unfed(text);
+}
+
+fn write_stderr_unfed(text: &str) {
     let mut err = std::io::stderr().lock();
     let _ = err.write_all(text.as_bytes());
     let _ = err.write_all(b"\n");
@@ -102,6 +108,12 @@ pub fn detail(text: &str) {
 /// Untrusted text goes through [`crate::sanitize`] first.
 pub fn raw(text: &str) {
     write_stderr(text);
+}
+
+/// [`raw`] for text the caller already gave [`crate::status_feed`] in another form (`run`'s
+/// JSON status events: the feed keeps the message, not the JSON around it).
+pub fn raw_unfed(text: &str) {
+    write_stderr_unfed(text);
 }
 
 pub fn error(msg: &str) {

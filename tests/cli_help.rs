@@ -185,3 +185,52 @@ fn top_level_help_points_to_the_documentation_by_path() {
         }
     }
 }
+
+/// `new` and `init` say they end with a build, and group its options; `status` offers
+/// `--follow` and says what it shows.
+#[test]
+fn new_init_and_status_help_name_the_first_build_and_follow() {
+    for cmd in ["new", "init"] {
+        let text = help(&[cmd, "--help"]);
+        let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            flat.contains(
+                "then build it once (`--no-build` skips) so the first host connect is warm"
+            ),
+            "{cmd}: {text}"
+        );
+        let g = groups(&text);
+        let first_build = g
+            .iter()
+            .find(|(h, _)| h == "First Build")
+            .map(|(_, o)| o.clone())
+            .unwrap_or_else(|| panic!("{cmd}: no First Build group\n{text}"));
+        assert_eq!(
+            first_build,
+            ["--no-build", "--offline", "--locked", "--frozen"],
+            "{cmd}"
+        );
+    }
+    let text = help(&["status", "--help"]);
+    let options = groups(&text)
+        .into_iter()
+        .find(|(h, _)| h == "Options")
+        .map(|(_, o)| o)
+        .unwrap();
+    for o in ["--follow", "--lines"] {
+        assert!(options.iter().any(|x| x == o), "{o}: {text}");
+    }
+    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat.contains("Ctrl-C stops"), "{text}");
+    // `--lines` only with `--follow`, `--follow` not with `--json`.
+    let out = Command::new(BIN)
+        .args(["mcp-dev", "status", "--follow", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = Command::new(BIN)
+        .args(["mcp-dev", "status", "-n", "3"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}

@@ -1,10 +1,13 @@
 //! `cargo mcp-dev new` and `init` through the real binary: the files they write, that every
 //! generated JSON/TOML file parses and says what it should, the no-overwrite rule and `--force`,
-//! bin/label detection, refusals, and (one slow test) that a `new` project builds and serves
-//! under `cargo mcp-dev run` with a raw JSON-RPC client.
+//! bin/label detection, refusals, the build both end with (the one `run` then finds warm; none
+//! with `--no-build`; a failed one explained, the files kept), and (one slow test) that a `new`
+//! project builds and serves under `cargo mcp-dev run` with a raw JSON-RPC client.
 //!
 //! Every test works in its own temporary directory with its own `CARGO_MCP_DEV_HOME`; fixtures
 //! from the repository are copied, never written to.
+
+mod common;
 
 use std::io::{BufRead, BufReader, Write as _};
 use std::path::{Path, PathBuf};
@@ -294,7 +297,7 @@ fn assert_already_initialized(o: &Output, label: &str, manifest: &Path) {
 #[test]
 fn new_says_it_is_ready_and_init_after_it_says_so_in_one_line() {
     let sb = Sandbox::new();
-    let o = sb.run(&["new", "ready-srv"]);
+    let o = sb.run(&["new", "--no-build", "ready-srv"]);
     assert_ok(&o);
     let root = sb.path().join("ready-srv");
     let manifest = root.join("Cargo.toml");
@@ -306,7 +309,12 @@ fn new_says_it_is_ready_and_init_after_it_says_so_in_one_line() {
     assert!(last.contains(manifest.to_str().unwrap()), "{last}");
     let before: Vec<String> = NEW_FILES.iter().map(|f| read(&root.join(f))).collect();
 
-    let o = sb.run(&["init", "--manifest-path", manifest.to_str().unwrap()]);
+    let o = sb.run(&[
+        "init",
+        "--no-build",
+        "--manifest-path",
+        manifest.to_str().unwrap(),
+    ]);
     assert_ok(&o);
     assert_already_initialized(&o, "ready-srv", &manifest);
     for (f, text) in NEW_FILES.iter().zip(&before) {
@@ -317,7 +325,7 @@ fn new_says_it_is_ready_and_init_after_it_says_so_in_one_line() {
 #[test]
 fn new_creates_a_complete_package() {
     let sb = Sandbox::new();
-    let o = sb.run(&["new", "notes-srv"]);
+    let o = sb.run(&["new", "--no-build", "notes-srv"]);
     assert_ok(&o);
     let root = sb.path().join("notes-srv");
     let err = stderr(&o);
@@ -407,7 +415,7 @@ fn every_generated_file_parses_even_with_a_hostile_path() {
     let sb = Sandbox::new();
     // Spaces, quotes, a backslash and `{{`: each must be escaped for JSON, TOML and sh.
     let dir = sb.path().join("we \"ird\" \\dir {{x}}").join("srv");
-    let o = sb.run(&["new", "srv", "--path", dir.to_str().unwrap()]);
+    let o = sb.run(&["new", "--no-build", "srv", "--path", dir.to_str().unwrap()]);
     assert_ok(&o);
     let manifest = dir.join("Cargo.toml");
     assert_host_files(&dir, "srv", &manifest);
@@ -452,7 +460,7 @@ fn new_refuses_a_non_empty_directory_and_bad_names() {
     let taken = sb.path().join("taken");
     std::fs::create_dir(&taken).unwrap();
     std::fs::write(taken.join("notes.txt"), "mine").unwrap();
-    let o = sb.run(&["new", "taken"]);
+    let o = sb.run(&["new", "--no-build", "taken"]);
     assert!(!o.status.success());
     assert!(
         stderr(&o).contains("already exists and is not empty"),
@@ -468,7 +476,7 @@ fn new_refuses_a_non_empty_directory_and_bad_names() {
         ("fn", "Rust keyword"),
         ("test", "reserved"),
     ] {
-        let o = sb.run(&["new", name]);
+        let o = sb.run(&["new", "--no-build", name]);
         assert_eq!(o.status.code(), Some(1), "{name}");
         let err = stderr(&o);
         assert!(
@@ -482,7 +490,7 @@ fn new_refuses_a_non_empty_directory_and_bad_names() {
     // An existing empty directory is fine (`--path`).
     let empty = sb.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
-    let o = sb.run(&["new", "ok-srv", "--path", "empty"]);
+    let o = sb.run(&["new", "--no-build", "ok-srv", "--path", "empty"]);
     assert_ok(&o);
     assert!(empty.join("src/main.rs").is_file());
 }
@@ -495,7 +503,7 @@ fn init_twice_skips_everything_then_force_overwrites() {
     let manifest = pkg.join("Cargo.toml");
     let mp = manifest.to_str().unwrap();
 
-    let first = sb.run(&["init", "--manifest-path", mp]);
+    let first = sb.run(&["init", "--no-build", "--manifest-path", mp]);
     assert_ok(&first);
     let err = stderr(&first);
     assert!(
@@ -515,7 +523,7 @@ fn init_twice_skips_everything_then_force_overwrites() {
     assert_host_files(&pkg, "tiny-srv", &manifest);
     let snapshot: Vec<String> = INIT_FILES.iter().map(|f| read(&pkg.join(f))).collect();
 
-    let second = sb.run(&["init", "--manifest-path", mp]);
+    let second = sb.run(&["init", "--no-build", "--manifest-path", mp]);
     assert_ok(&second);
     assert_already_initialized(&second, "tiny-srv", &manifest);
     assert_eq!(read(&manifest), after, "Cargo.toml untouched");
@@ -525,7 +533,7 @@ fn init_twice_skips_everything_then_force_overwrites() {
 
     // One file missing: it is created, the others are named on one line.
     std::fs::remove_file(pkg.join(".cursor/mcp.json")).unwrap();
-    let partial = sb.run(&["init", "--manifest-path", mp]);
+    let partial = sb.run(&["init", "--no-build", "--manifest-path", mp]);
     assert_ok(&partial);
     let err = stderr(&partial);
     assert!(err.contains("created .cursor/mcp.json\n"), "{err}");
@@ -544,11 +552,11 @@ fn init_twice_skips_everything_then_force_overwrites() {
     // A user's edit survives a plain init.
     std::fs::write(pkg.join(".mcp.json"), "edited").unwrap();
     std::fs::write(pkg.join("UPDATE-CONTRACT.md"), "edited").unwrap();
-    assert_ok(&sb.run(&["init", "--manifest-path", mp]));
+    assert_ok(&sb.run(&["init", "--no-build", "--manifest-path", mp]));
     assert_eq!(read(&pkg.join(".mcp.json")), "edited");
     // --force merges into a host configuration: one that is not JSON is refused, left as it
     // is, and nothing else is written either.
-    let refused = sb.run(&["init", "--manifest-path", mp, "--force"]);
+    let refused = sb.run(&["init", "--no-build", "--manifest-path", mp, "--force"]);
     assert_eq!(refused.status.code(), Some(1), "{}", stderr(&refused));
     assert!(
         stderr(&refused)
@@ -564,7 +572,7 @@ fn init_twice_skips_everything_then_force_overwrites() {
         r#"{"mcpServers": {"other": {"command": "x"}, "tiny-srv": {"command": "stale"}}}"#,
     )
     .unwrap();
-    let forced = sb.run(&["init", "--manifest-path", mp, "--force"]);
+    let forced = sb.run(&["init", "--no-build", "--manifest-path", mp, "--force"]);
     assert_ok(&forced);
     let err = stderr(&forced);
     for f in INIT_FILES {
@@ -605,6 +613,7 @@ fn init_leaves_a_users_bacon_toml_alone() {
     std::fs::write(pkg.join("bacon.toml"), mine).unwrap();
     let o = sb.run(&[
         "init",
+        "--no-build",
         "--manifest-path",
         pkg.join("Cargo.toml").to_str().unwrap(),
         "--force",
@@ -628,6 +637,7 @@ fn init_on_a_library_only_package_fails_clearly() {
     let before = read(&pkg.join("Cargo.toml"));
     let o = sb.run(&[
         "init",
+        "--no-build",
         "--manifest-path",
         pkg.join("Cargo.toml").to_str().unwrap(),
     ]);
@@ -651,7 +661,12 @@ fn init_detects_bin_and_label() {
     let pkg = sb.path().join("a");
     write_package(&pkg, "pkg-name", Some("srv-bin"), "");
     let manifest = pkg.join("Cargo.toml");
-    assert_ok(&sb.run(&["init", "--manifest-path", manifest.to_str().unwrap()]));
+    assert_ok(&sb.run(&[
+        "init",
+        "--no-build",
+        "--manifest-path",
+        manifest.to_str().unwrap(),
+    ]));
     let doc = toml_file(&manifest);
     let block = &doc["package"]["metadata"]["mcp-dev"];
     assert_eq!(block["bin"].as_str(), Some("srv-bin"));
@@ -673,7 +688,12 @@ fn init_detects_bin_and_label() {
         debounce-ms = 750\nexempt = [\"peek\"]\nper-call = [\"nuke\"]\nenv = [\"TWO_MODE\"]\n\n\
         [package.metadata.mcp-dev.credential-scopes.staging-api]\nenv = [\"TWO_TOKEN\"]\ntools = [\"push\"]\n";
     std::fs::write(&manifest, text).unwrap();
-    let o = sb.run(&["init", "--manifest-path", manifest.to_str().unwrap()]);
+    let o = sb.run(&[
+        "init",
+        "--no-build",
+        "--manifest-path",
+        manifest.to_str().unwrap(),
+    ]);
     assert_ok(&o);
     assert_eq!(read(&manifest), text);
     assert_host_files(&pkg, "custom", &manifest);
@@ -723,7 +743,7 @@ fn init_and_run_choose_among_several_bins_the_same_way() {
     copy_dir(&Path::new(REPO).join("tests/fixtures/two-bins"), &pkg);
     let manifest = pkg.join("Cargo.toml");
     let mp = manifest.to_str().unwrap();
-    let init = sb.run(&["init", "--manifest-path", mp]);
+    let init = sb.run(&["init", "--no-build", "--manifest-path", mp]);
     let run = run_with_stdin_closed(mp);
     let sentence = "error: package `two-bins` has several binaries (alpha, beta) and no `default-run`: pass --bin NAME, or set bin = \"NAME\" in [package.metadata.mcp-dev]";
     for (what, o) in [("init", &init), ("run", &run)] {
@@ -733,12 +753,19 @@ fn init_and_run_choose_among_several_bins_the_same_way() {
     assert!(!pkg.join(".mcp.json").exists());
 
     // `init --bin`, as the sentence says: the choice is written into the config block.
-    let o = sb.run(&["init", "--manifest-path", mp, "--bin", "beta"]);
+    let o = sb.run(&["init", "--no-build", "--manifest-path", mp, "--bin", "beta"]);
     assert_ok(&o);
     let block = &toml_file(&manifest)["package"]["metadata"]["mcp-dev"];
     assert_eq!(block["bin"].as_str(), Some("beta"));
     assert_host_files(&pkg, "beta", &manifest);
-    let o = sb.run(&["init", "--manifest-path", mp, "--bin", "gamma"]);
+    let o = sb.run(&[
+        "init",
+        "--no-build",
+        "--manifest-path",
+        mp,
+        "--bin",
+        "gamma",
+    ]);
     assert_eq!(o.status.code(), Some(1));
     assert!(
         stderr(&o)
@@ -758,7 +785,7 @@ fn init_and_run_choose_among_several_bins_the_same_way() {
     std::fs::write(&manifest, text).unwrap();
     let mp = manifest.to_str().unwrap();
     let note = "note: package `two-bins` has several binaries (alpha, beta): using `beta` (its `default-run`); to choose another, pass --bin NAME, or set bin = \"NAME\" in [package.metadata.mcp-dev]";
-    let init = sb.run(&["init", "--manifest-path", mp]);
+    let init = sb.run(&["init", "--no-build", "--manifest-path", mp]);
     assert_ok(&init);
     assert_eq!(
         stderr(&init).lines().next(),
@@ -793,6 +820,7 @@ fn init_puts_the_workflow_at_the_git_root() {
     write_package(&pkg, "inv", None, "");
     let o = sb.run(&[
         "init",
+        "--no-build",
         "--manifest-path",
         pkg.join("Cargo.toml").to_str().unwrap(),
     ]);
@@ -838,7 +866,12 @@ fn init_refuses_a_linked_directory_and_writes_nothing() {
     std::os::unix::fs::symlink(&elsewhere, pkg.join("mcp-dev")).unwrap();
     let before = tree(&pkg);
     let manifest = pkg.join("Cargo.toml");
-    let o = sb.run(&["init", "--manifest-path", manifest.to_str().unwrap()]);
+    let o = sb.run(&[
+        "init",
+        "--no-build",
+        "--manifest-path",
+        manifest.to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let err = stderr(&o);
     assert!(
@@ -857,7 +890,12 @@ fn init_refuses_a_linked_directory_and_writes_nothing() {
     );
     // A real directory there: the same run goes through.
     std::fs::remove_file(pkg.join("mcp-dev")).unwrap();
-    assert_ok(&sb.run(&["init", "--manifest-path", manifest.to_str().unwrap()]));
+    assert_ok(&sb.run(&[
+        "init",
+        "--no-build",
+        "--manifest-path",
+        manifest.to_str().unwrap(),
+    ]));
     assert_host_files(&pkg, "link-srv", &manifest);
 }
 
@@ -872,7 +910,12 @@ fn init_replaces_cargo_toml_keeping_its_mode_and_never_through_a_link() {
     let original = write_package(&pkg, "mode-srv", None, "");
     let manifest = pkg.join("Cargo.toml");
     std::fs::set_permissions(&manifest, std::fs::Permissions::from_mode(0o640)).unwrap();
-    assert_ok(&sb.run(&["init", "--manifest-path", manifest.to_str().unwrap()]));
+    assert_ok(&sb.run(&[
+        "init",
+        "--no-build",
+        "--manifest-path",
+        manifest.to_str().unwrap(),
+    ]));
     assert!(read(&manifest).starts_with(&original));
     let mode = std::fs::metadata(&manifest).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o640, "Cargo.toml keeps its permissions");
@@ -885,6 +928,7 @@ fn init_replaces_cargo_toml_keeping_its_mode_and_never_through_a_link() {
     std::os::unix::fs::symlink(&real, linked.join("Cargo.toml")).unwrap();
     let o = sb.run(&[
         "init",
+        "--no-build",
         "--manifest-path",
         linked.join("Cargo.toml").to_str().unwrap(),
     ]);
@@ -916,6 +960,7 @@ fn init_force_merges_into_vscode_servers_and_keeps_a_commented_file() {
     .unwrap();
     let o = sb.run(&[
         "init",
+        "--no-build",
         "--manifest-path",
         manifest.to_str().unwrap(),
         "--force",
@@ -938,6 +983,7 @@ fn init_force_merges_into_vscode_servers_and_keeps_a_commented_file() {
     std::fs::write(&vscode, commented).unwrap();
     let o = sb.run(&[
         "init",
+        "--no-build",
         "--manifest-path",
         manifest.to_str().unwrap(),
         "--force",
@@ -959,7 +1005,7 @@ fn new_refuses_a_non_utf8_path_and_creates_nothing() {
     let sb = Sandbox::new();
     let dir = sb.path().join(std::ffi::OsStr::from_bytes(b"srv-\xff"));
     let o = sb
-        .cmd(&["new", "u8-srv", "--path"])
+        .cmd(&["new", "--no-build", "u8-srv", "--path"])
         .arg(&dir)
         .output()
         .unwrap();
@@ -983,8 +1029,14 @@ fn a_failed_new_removes_only_what_it_created() {
     std::fs::create_dir(repo.join("empty")).unwrap();
     let before = tree(&repo);
     for (args, dir) in [
-        (vec!["new", "fail-srv", "--path", "empty"], "empty"),
-        (vec!["new", "fail-srv", "--path", "a/b/c"], "a/b/c"),
+        (
+            vec!["new", "--no-build", "fail-srv", "--path", "empty"],
+            "empty",
+        ),
+        (
+            vec!["new", "--no-build", "fail-srv", "--path", "a/b/c"],
+            "a/b/c",
+        ),
     ] {
         let o = sb.cmd(&args).current_dir(&repo).output().unwrap();
         assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
@@ -1054,7 +1106,7 @@ impl Drop for Client {
 #[test]
 fn new_project_builds_and_serves_under_run() {
     let sb = Sandbox::new();
-    let o = sb.run(&["new", "onboard-srv"]);
+    let o = sb.run(&["new", "--no-build", "onboard-srv"]);
     assert_ok(&o);
     let root = sb.path().join("onboard-srv");
     // Same dependency versions as the e2e fixture, whose target dir already holds rmcp & co.
@@ -1065,6 +1117,24 @@ fn new_project_builds_and_serves_under_run() {
     .unwrap();
     let target_dir = Path::new(REPO).join("target/e2e-fixture-target");
     let notes = sb.path().join("notes.jsonl");
+    // `init` in the package `new` made: nothing to write, and the build at its end (into the
+    // shared target dir, with the pinned lock), so that `run` below starts warm.
+    let o = sb
+        .cmd(&[
+            "init",
+            "--manifest-path",
+            root.join("Cargo.toml").to_str().unwrap(),
+        ])
+        .env("CARGO_TARGET_DIR", &target_dir)
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    assert!(
+        stderr(&o).contains("is already initialized"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stderr(&o).contains("build complete: "), "{}", stderr(&o));
 
     let mut child = sb
         .cmd(&[
@@ -1080,6 +1150,8 @@ fn new_project_builds_and_serves_under_run() {
             sb.path().join("audit.jsonl").to_str().unwrap(),
         ])
         .env("ONBOARD_SRV_NOTES_FILE", &notes)
+        // Where the host files start it (and where `init` built it).
+        .current_dir(&root)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -1191,6 +1263,11 @@ fn new_project_builds_and_serves_under_run() {
     let err = client.stderr.lock().unwrap().clone();
     assert!(err.contains("server started: pid="), "{err}");
     assert!(
+        err.lines()
+            .any(|l| l.starts_with("build complete: ") && l.contains(" unchanged (")),
+        "run found the build `init` recorded (a warm start): {err}"
+    );
+    assert!(
         err.contains("call denied: add_note (authorization_required)"),
         "{err}"
     );
@@ -1227,7 +1304,7 @@ fn generated_inspector_script_calls_a_tool_through_the_real_inspector_cli() {
     let inspector = peers_dir().join("node/node_modules/.bin/mcp-inspector");
     assert!(inspector.is_file(), "{} missing", inspector.display());
     let sb = Sandbox::new();
-    assert_ok(&sb.run(&["new", "inspect-srv"]));
+    assert_ok(&sb.run(&["new", "--no-build", "inspect-srv"]));
     let root = sb.path().join("inspect-srv");
     let manifest = root.join("Cargo.toml");
     // The write tool exempt, so one one-shot process can run it; the log with this run's key.
@@ -1446,7 +1523,7 @@ fn workflow_installs_cargo_mcp_dev_the_way_it_was_installed() {
     };
     let install_step = |exe: &Path, pkg: &str| -> String {
         let o = Command::new(exe)
-            .args(["mcp-dev", "new", pkg])
+            .args(["mcp-dev", "new", "--no-build", pkg])
             .current_dir(sb.path())
             .env("CARGO_MCP_DEV_HOME", sb.path().join("home"))
             .output()
@@ -1518,4 +1595,181 @@ fn workflow_installs_cargo_mcp_dev_the_way_it_was_installed() {
             env!("CARGO_PKG_VERSION")
         )
     );
+}
+
+// ----- the build `new` and `init` end with ---------------------------------------------------
+
+/// `init` ends with the build `cargo mcp-dev build` does: after the files, the same status
+/// line, an identity recorded with its stored executable (what `run` takes for a warm start);
+/// `build` afterwards finds the same identity. `--no-build` builds nothing.
+#[test]
+fn init_ends_with_the_build_that_build_and_run_would_do() {
+    let sb = Sandbox::new();
+    let pkg = sb.path().join("pkg");
+    write_package(&pkg, "warm-srv", None, "");
+    let manifest = pkg.join("Cargo.toml");
+    let mp = manifest.to_str().unwrap();
+    let o = sb.run(&["init", "--manifest-path", mp]);
+    assert_ok(&o);
+    let err = stderr(&o);
+    let created = err.find("created .mcp.json\n").expect("files first");
+    let building = err
+        .find("building the server once now, so that a host connecting next gets its tools at once (--no-build skips this)")
+        .unwrap_or_else(|| panic!("{err}"));
+    let built = err
+        .find("build complete: target/debug/warm-srv changed (none -> sha256:")
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(created < building && building < built, "{err}");
+    let record = json_file(&pkg.join("target/mcp-dev/identity/warm-srv.dev.json"));
+    let stored = record["executable"]["storePath"].as_str().unwrap();
+    assert!(Path::new(stored).is_file(), "{stored}");
+    let digest = record["identityDigest"].as_str().unwrap().to_string();
+
+    // The same build as `build`'s (run where the host files start `run`: the package).
+    let o = sb
+        .cmd(&["build", "--manifest-path", mp])
+        .current_dir(&pkg)
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    assert!(
+        stderr(&o).contains("build complete: target/debug/warm-srv unchanged ("),
+        "{}",
+        stderr(&o)
+    );
+    let again = json_file(&pkg.join("target/mcp-dev/identity/warm-srv.dev.json"));
+    assert_eq!(again["identityDigest"], json!(digest));
+
+    // --no-build: the files, no build.
+    let other = sb.path().join("other");
+    write_package(&other, "cold-srv", None, "");
+    let o = sb.run(&[
+        "init",
+        "--no-build",
+        "--manifest-path",
+        other.join("Cargo.toml").to_str().unwrap(),
+    ]);
+    assert_ok(&o);
+    assert!(other.join(".mcp.json").is_file());
+    assert!(
+        !stderr(&o).contains("build complete") && !stderr(&o).contains("building"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!other.join("target").exists(), "nothing built");
+}
+
+/// A server that does not compile: `init` still writes every file, shows the compiler's
+/// output, says what failed (the first error with its place) and how to try again, and exits
+/// 101 (as `build` does). Following the note then works.
+#[test]
+fn a_failed_first_build_is_explained_and_the_files_are_written_all_the_same() {
+    let sb = Sandbox::new();
+    let pkg = sb.path().join("pkg");
+    let original = write_package(&pkg, "broken-srv", None, "");
+    std::fs::write(
+        pkg.join("src/main.rs"),
+        "fn main() {\n    let x: u32 = \"a\";\n}\n",
+    )
+    .unwrap();
+    let manifest = pkg.join("Cargo.toml");
+    let mp = manifest.to_str().unwrap();
+    let o = sb.run(&["init", "--manifest-path", mp]);
+    assert_eq!(o.status.code(), Some(101), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("error[E0308]: mismatched types"),
+        "cargo's output: {err}"
+    );
+    assert!(
+        err.contains("build failed: 1 error in src/main.rs (last good: none)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("error: the server does not build (1 error; the first: src/main.rs:2:18: error[E0308]: mismatched types)"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("note: the configuration block and host files were written all the same; fix the cause and build with `cargo mcp-dev build --manifest-path {mp}`")),
+        "{err}"
+    );
+    for f in INIT_FILES {
+        assert!(pkg.join(f).is_file(), "{f} written");
+    }
+    assert!(read(&manifest).starts_with(&original));
+    assert!(read(&manifest).contains("[package.metadata.mcp-dev]"));
+    assert_host_files(&pkg, "broken-srv", &manifest);
+
+    std::fs::write(pkg.join("src/main.rs"), "fn main() {}\n").unwrap();
+    assert_ok(&sb.run(&["build", "--manifest-path", mp]));
+}
+
+/// `new` ends with the build too; when cargo cannot even resolve the package (offline, no
+/// crates cached) it says so, keeps the package, and says how to try again. The cargo flag
+/// reaches cargo.
+#[test]
+fn new_that_cannot_fetch_its_dependencies_keeps_the_package_and_says_how_to_retry() {
+    let sb = Sandbox::new();
+    let empty_cargo_home = sb.path().join("cargo-home");
+    std::fs::create_dir_all(&empty_cargo_home).unwrap();
+    let o = sb
+        .cmd(&["new", "offline-srv", "--offline"])
+        .env("CARGO_HOME", &empty_cargo_home)
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(102), "{err}");
+    let root = sb.path().join("offline-srv");
+    for f in NEW_FILES {
+        assert!(root.join(f).is_file(), "{f} kept: {err}");
+    }
+    assert!(
+        err.contains("error: the server could not be built: "),
+        "{err}"
+    );
+    assert!(err.contains("offline"), "cargo's reason: {err}");
+    assert!(
+        err.contains(&format!(
+            "note: the package and its host files were written to {} all the same; fix the cause and build with `cargo mcp-dev build --manifest-path {}`",
+            root.display(),
+            root.join("Cargo.toml").display()
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("ready: "), "not ready: {err}");
+}
+
+/// The point of the build: a host's first `run` right after `init` starts warm. A real
+/// session on the fake server: its first build finds the identity `init` recorded
+/// (`unchanged`), and the host's `initialize` is answered by the server, never by the
+/// supervisor for a server still building.
+#[test]
+fn run_right_after_init_starts_warm() {
+    use common::fixture::Project;
+    use common::session::Setup;
+    let project = Project::built_fake_server(common::session::SUITE);
+    let o = project.run(["init"]);
+    assert!(o.code == 0, "{}", o.stderr);
+    assert!(
+        o.stderr
+            .contains("build complete: target/debug/fake-server changed (none -> "),
+        "{}",
+        o.stderr
+    );
+    let mut s = Setup::on(project).start();
+    s.ready_legacy();
+    let lines = s.stderr_lines();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("build complete: target/debug/fake-server unchanged (")),
+        "{lines:?}"
+    );
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains("while the server is being built")),
+        "a cold start: {lines:?}"
+    );
+    s.finish();
 }

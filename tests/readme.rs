@@ -154,7 +154,7 @@ fn generated() -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().canonicalize().unwrap().join("my-server");
     let out = Command::new(BIN)
-        .args(["mcp-dev", "new", "my-server", "--path"])
+        .args(["mcp-dev", "new", "--no-build", "my-server", "--path"])
         .arg(&root)
         .env("CARGO_MCP_DEV_HOME", tmp.path().join("home"))
         .output()

@@ -206,7 +206,7 @@ fn a_failed_new_leaves_no_half_written_package() {
     std::fs::create_dir_all(&home).unwrap();
     let new = || {
         Command::new(bin())
-            .args(["mcp-dev", "new", "rt17new"])
+            .args(["mcp-dev", "new", "--no-build", "rt17new"])
             .current_dir(&repo)
             .env("CARGO_MCP_DEV_HOME", &home)
             .output()
@@ -241,7 +241,7 @@ fn new_refuses_a_non_utf8_directory() {
         .path()
         .join(std::ffi::OsStr::from_bytes(b"srv-\xff\xfe"));
     let out = Command::new(bin())
-        .args(["mcp-dev", "new", "rt17u"])
+        .args(["mcp-dev", "new", "--no-build", "rt17u"])
         .arg("--path")
         .arg(&dir)
         .current_dir(tmp.path())

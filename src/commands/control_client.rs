@@ -13,13 +13,30 @@ use crate::{control, exit_codes};
 /// The socket path: `--socket`, else derived from the project's target dir and label.
 pub fn locate(args: &ControlArgs) -> Result<(PathBuf, String), Failure> {
     if let Some(s) = &args.socket {
-        return Ok((
-            s.clone(),
-            args.label
-                .clone()
-                .unwrap_or_else(|| s.display().to_string()),
-        ));
+        return Ok((s.clone(), socket_label(args, s)));
     }
+    let (target_dir, label) = target_and_label(args)?;
+    Ok((control::socket_path(&target_dir, &label), label))
+}
+
+/// Every path the socket can be at ([`control::socket_paths`]; only `--socket` when given),
+/// and the label.
+pub fn locate_all(args: &ControlArgs) -> Result<(Vec<PathBuf>, String), Failure> {
+    if let Some(s) = &args.socket {
+        return Ok((vec![s.clone()], socket_label(args, s)));
+    }
+    let (target_dir, label) = target_and_label(args)?;
+    Ok((control::socket_paths(&target_dir, &label), label))
+}
+
+fn socket_label(args: &ControlArgs, socket: &std::path::Path) -> String {
+    args.label
+        .clone()
+        .unwrap_or_else(|| socket.display().to_string())
+}
+
+/// The project's target directory and the label (`--label`, else the package's).
+fn target_and_label(args: &ControlArgs) -> Result<(PathBuf, String), Failure> {
     let cargo = CargoArgs {
         manifest_path: args.manifest_path.clone(),
         package: args.package.clone(),
@@ -31,10 +48,7 @@ pub fn locate(args: &ControlArgs) -> Result<(PathBuf, String), Failure> {
         .label
         .clone()
         .unwrap_or_else(|| prep.target.label.clone());
-    Ok((
-        control::socket_path(&prep.target.resolved.target_dir, &label),
-        label,
-    ))
+    Ok((prep.target.resolved.target_dir.clone(), label))
 }
 
 /// One request; `ok:false` answers become errors, an absent supervisor exits 106.

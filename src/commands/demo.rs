@@ -302,6 +302,11 @@ pub fn execute(args: DemoArgs) -> CmdResult {
         &crate::cli::NewArgs {
             name: DEMO_NAME.into(),
             path: Some(project.clone()),
+            // The demo builds it itself, narrated.
+            first_build: crate::cli::FirstBuildArgs {
+                no_build: true,
+                ..Default::default()
+            },
         },
         true,
     )

@@ -1,6 +1,7 @@
 //! `cargo mcp-dev init`: adds cargo mcp-dev to an existing server package: the
 //! `[package.metadata.mcp-dev]` block, host configuration snippets, `UPDATE-CONTRACT.md`, a CI
-//! workflow and watch-loop templates.
+//! workflow and watch-loop templates; then builds it once ([`super::first_build`]) so that a
+//! host opened next starts warm.
 //!
 //! Owns which files are generated, where, and the rule that no existing file is overwritten
 //! without `--force` (one `created|overwrote X` line per file written, one line naming every file
@@ -19,7 +20,7 @@ use crate::config::{GateSetting, LoadedConfig, McpDevConfig};
 use crate::cycle::Prepared;
 use crate::error::{CmdResult, Failure};
 use crate::templates::{self, Template, Vars, json_string, shell_word, toml_key, toml_string};
-use crate::{exit_codes, fsutil, status, watch, workspace};
+use crate::{fsutil, status, watch, workspace};
 
 /// What the generated files are filled from.
 #[derive(Debug, Clone)]
@@ -74,7 +75,13 @@ pub fn execute(args: InitArgs) -> CmdResult {
             out.skipped.len(),
             project.manifest_path.display()
         ));
-        return Ok(exit_codes::OK);
+        // Still built: a host opened next finds it warm (cargo has nothing to do when it is).
+        return super::first_build::run(
+            &project.manifest_path,
+            args.bin.as_deref(),
+            &args.first_build,
+            "the host files were in place already",
+        );
     }
     out.commit()?;
     if had_table {
@@ -84,7 +91,12 @@ pub fn execute(args: InitArgs) -> CmdResult {
         ));
     }
     out.finish(&project);
-    Ok(exit_codes::OK)
+    super::first_build::run(
+        &project.manifest_path,
+        args.bin.as_deref(),
+        &args.first_build,
+        "the configuration block and host files were written all the same",
+    )
 }
 
 /// Host files name the package by its path: one that is not UTF-8 would come out with U+FFFD

@@ -9,12 +9,14 @@ pub mod build;
 pub mod check;
 pub mod control_client;
 pub mod demo;
+mod first_build;
 pub mod identity;
 pub mod init;
 pub mod new;
 pub mod restart;
 pub mod run;
 pub mod status;
+mod status_follow;
 mod timer_thread;
 
 use crate::cli::{Command, McpDev};

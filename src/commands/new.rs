@@ -4,7 +4,9 @@
 //!
 //! Owns the package name rules, the refusal to write into an existing non-empty directory (or
 //! one whose path is not UTF-8), and removing what a failed run created.
-//! It runs no cargo command (the package is known without `cargo metadata`), so it works offline.
+//! Writing the package runs no cargo command (the package is known without `cargo metadata`),
+//! so that part works offline; then the package is built once ([`super::first_build`], which
+//! fetches rmcp and tokio unless `--no-build`), and a failed build leaves the files in place.
 
 use std::path::{Path, PathBuf};
 
@@ -25,6 +27,15 @@ pub const NOTES_FILE: &str = "notes.jsonl";
 pub fn execute(args: NewArgs) -> CmdResult {
     create(&args, false)?;
     let manifest = package_dir(&args)?.canonicalize()?.join("Cargo.toml");
+    super::first_build::run(
+        &manifest,
+        None,
+        &args.first_build,
+        &format!(
+            "the package and its host files were written to {} all the same",
+            manifest.parent().unwrap_or(&manifest).display()
+        ),
+    )?;
     status::line(&format!(
         "ready: `{}` is an MCP server package set up for cargo mcp-dev (no `init` needed); try `cargo mcp-dev run --manifest-path {}`, or open the directory in a host: .mcp.json, .vscode/mcp.json and .cursor/mcp.json are in place (mcp-dev/README.md for the others)",
         args.name,

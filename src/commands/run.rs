@@ -46,7 +46,8 @@ impl StatusSink {
             let line = crate::sanitize::line(line);
             let event = serde_json::json!({"event": "status", "label": self.label, "message": line,
                 "time": humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()});
-            status::raw(&event.to_string());
+            crate::status_feed::record(crate::status_feed::Source::Ours, &line);
+            status::raw_unfed(&event.to_string());
         } else {
             status::line(line);
         }
@@ -613,6 +614,11 @@ impl Io for Shell {
                 loop {
                     match reader.next_frame() {
                         Ok(Frame::Line(line)) => {
+                            // Kept for `status --follow` (colour removed there, then cleaned).
+                            crate::status_feed::record(
+                                crate::status_feed::Source::Server,
+                                &format!("{prefix}{}", String::from_utf8_lossy(&line)),
+                            );
                             // The server's stderr reaches the user's terminal: no escape
                             // sequences (issue 12, terminal escape injection).
                             let text = crate::sanitize::bytes_line(&line);
@@ -623,7 +629,9 @@ impl Io for Shell {
                             let _ = err.write_all(out.as_bytes());
                         }
                         Ok(Frame::Oversize { len, .. }) => {
-                            let _ = writeln!(err, "{prefix}<{len} bytes on one line, not shown>");
+                            let text = format!("{prefix}<{len} bytes on one line, not shown>");
+                            crate::status_feed::record(crate::status_feed::Source::Server, &text);
+                            let _ = writeln!(err, "{text}");
                         }
                         Ok(Frame::Eof) | Err(_) => break,
                     }
@@ -997,6 +1005,31 @@ fn sweep_planted_links(layout: &crate::paths::Layout, label: &str) {
     }
 }
 
+/// The command that follows this session's status lines from a terminal: bare in the package
+/// directory (where the host usually starts `run`), else with the flags that find this
+/// session's socket.
+fn follow_command(prep: &Prepared, cargo: &crate::cli::CargoArgs) -> String {
+    let mut cmd = String::from("cargo mcp-dev status --follow");
+    let root = &prep.target.resolved.package_root;
+    let here = std::env::current_dir()
+        .ok()
+        .and_then(|d| d.canonicalize().ok());
+    let mut flag = |name: &str, path: &std::path::Path| {
+        let text = path.display().to_string();
+        cmd.push_str(&format!(
+            " {name} {}",
+            crate::sanitize::shell_word(&text).unwrap_or(text)
+        ));
+    };
+    if here.as_deref() != root.canonicalize().ok().as_deref() {
+        flag("--manifest-path", &prep.target.resolved.manifest_path);
+    }
+    if let Some(dir) = &cargo.target_dir {
+        flag("--target-dir", dir);
+    }
+    cmd
+}
+
 /// The policy from configuration and flags.
 /// A per-call tool is gated whatever `--exempt` or a `gate` list says (the configuration refuses
 /// the conflict; flags can still make it): returns the tools this changed.
@@ -1054,6 +1087,8 @@ pub fn policy_from(config: &LoadedConfig, gating_off: bool) -> Policy {
 
 pub fn execute(args: RunArgs) -> CmdResult {
     output::reserve_stdout_for_jsonrpc();
+    // Every status line from here on is also kept for `status --follow`.
+    crate::status_feed::enable();
     let started = Instant::now();
     let prep = Prepared::new(&args.cargo)?;
     let t = &prep.target;
@@ -1304,15 +1339,24 @@ pub fn execute(args: RunArgs) -> CmdResult {
         pumps: Vec::new(),
         identity_before: None,
     };
+    // The first line a host may keep: it names where the later ones can be seen.
     sink.emit(&format!(
-        "session started: {label} (restart mode {}, gating {}, audit {}, control {})",
+        "session started: {label} (restart mode {}, gating {}, audit {}, control {}){}",
         restart.as_str(),
         if gating_off { "off" } else { "on" },
         audit_path.display(),
         socket
             .as_ref()
             .map(|p| p.display().to_string())
-            .unwrap_or_else(|| "none".into())
+            .unwrap_or_else(|| "none".into()),
+        if socket.is_some() {
+            format!(
+                "; status lines: follow them with `{}`",
+                follow_command(&prep, &args.cargo)
+            )
+        } else {
+            String::new()
+        }
     ));
     let shared: Shared = Arc::new(Mutex::new(Session::new(shell, cfg, policy)));
     {

@@ -1,4 +1,5 @@
-//! `cargo mcp-dev status`: the running supervisor's state (human or `--json`).
+//! `cargo mcp-dev status`: the running supervisor's state (human or `--json`); with `--follow`,
+//! its status lines as they are written ([`super::status_follow`]).
 
 use serde_json::{Value, json};
 
@@ -8,6 +9,9 @@ use crate::error::CmdResult;
 use crate::{exit_codes, output};
 
 pub fn execute(args: StatusArgs) -> CmdResult {
+    if args.follow {
+        return super::status_follow::execute(&args);
+    }
     let status = control_client::call(&args.control, &json!({"op": "status"}))?;
     if args.json {
         // Tool names and call ids are the server's and the agent's: the same JSON, with what a

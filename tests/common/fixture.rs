@@ -155,6 +155,17 @@ impl Project {
         Project::at(tmp, root)
     }
 
+    /// An empty project directory (stands in for a project moved out of its owner).
+    pub fn empty() -> Project {
+        let tmp = tempfile::Builder::new()
+            .prefix("mcp-dev-empty-")
+            .tempdir()
+            .expect("temp dir");
+        let root = tmp.path().join("empty");
+        std::fs::create_dir_all(&root).unwrap();
+        Project::at(tmp, root)
+    }
+
     fn at(tmp: tempfile::TempDir, root: PathBuf) -> Project {
         let home = tmp.path().join("home");
         std::fs::create_dir_all(&home).unwrap();

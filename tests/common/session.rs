@@ -64,8 +64,14 @@ impl Default for Setup {
 impl Setup {
     /// A fresh prebuilt copy of `fake-server`; `run` with no extra flags, gating on.
     pub fn new() -> Setup {
+        Setup::on(Project::built_fake_server(SUITE))
+    }
+
+    /// A session on `project` as it is (e.g. the project of a session that ended, for the next
+    /// `run` of the same package).
+    pub fn on(project: Project) -> Setup {
         Setup {
-            project: Project::built_fake_server(SUITE),
+            project,
             args: Vec::new(),
             env: Vec::new(),
             timeout: DEFAULT_TIMEOUT,
@@ -752,6 +758,19 @@ impl Session {
     #[track_caller]
     pub fn finish(self) {
         self.finish_with(0)
+    }
+
+    /// [`Session::finish`], handing back the project (for the next `run` of it).
+    #[track_caller]
+    pub fn finish_keeping_project(mut self) -> Project {
+        self.close_stdin();
+        let status = match self.wait_exit(Duration::from_secs(5)) {
+            Some(s) => s,
+            None => self.timed_out("the supervisor to exit after stdin closed"),
+        };
+        assert_eq!(status.code(), Some(0), "supervisor exit status {status:?}");
+        self.check_clean();
+        std::mem::replace(&mut self.project, Project::empty())
     }
 
     /// No non-JSON on the host's stdout and no fake-server left.
