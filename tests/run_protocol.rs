@@ -38,7 +38,7 @@ fn assert_echo(msg: &common::rpc::Msg, args: &Value, revision: &str) -> u64 {
 #[test]
 fn host_ids_come_back_exactly_and_the_server_sees_only_integer_ids() {
     let mut s = Setup::new().arg("--no-gating").start();
-    // Cold start: answered at once from the package (no facts yet), with the host's id 0.
+    // Cold start: the server's own answer (issue 33), with the host's id 0.
     let init = s.initialize_with_id("0");
     assert_eq!(init.id.as_deref(), Some("0"));
     assert_eq!(
@@ -46,7 +46,7 @@ fn host_ids_come_back_exactly_and_the_server_sees_only_integer_ids() {
         json!({"jsonrpc": "2.0", "id": 0, "result": {
             "protocolVersion": "2025-06-18",
             "capabilities": {"tools": {"listChanged": true}},
-            "serverInfo": {"name": "fake-server", "version": "0.1.0"}}})
+            "serverInfo": {"name": "fake-server", "version": "r1"}}})
     );
     s.server_started();
     s.sync_tools(&["echo", "write"]);
@@ -561,9 +561,9 @@ impl ErrorCode for common::rpc::Msg {
 
 #[test]
 fn server_discover_before_the_first_build_falls_back_to_initialize() {
-    // A wait shorter than any build: the probe is answered before a server exists.
+    // A probe wait shorter than any build: the probe is answered before a server exists.
     let mut s = Setup::new()
-        .args(&["--no-gating", "--handshake-wait", "10ms"])
+        .args(&["--no-gating", "--discover-wait", "10ms"])
         .start();
     let d = s.roundtrip(
         r#""d0""#,
@@ -586,7 +586,11 @@ fn server_discover_before_the_first_build_falls_back_to_initialize() {
 
 #[test]
 fn server_discover_during_a_quick_first_build_gets_the_servers_answer() {
-    let mut s = Setup::new().arg("--no-gating").start();
+    // A probe wait longer than the fake server's quick build (the default 1 s is under Claude
+    // Code's 3 s probe timeout, and a loaded CI machine can take longer than that to build).
+    let mut s = Setup::new()
+        .args(&["--no-gating", "--discover-wait", "20s"])
+        .start();
     let d = s.roundtrip(
         r#""d0""#,
         "server/discover",
