@@ -15,7 +15,7 @@
 
 use serde_json::{Value, json};
 
-use super::approvals::{PROMPT_ID_PREFIX, requested_schema};
+use super::approvals::{Form, PROMPT_ID_PREFIX};
 use super::*;
 use crate::audit::records;
 use crate::hashing;
@@ -86,10 +86,9 @@ impl<I: Io> Session<I> {
 
     /// Answers a refused call with the approval form as its one input request, and remembers
     /// the prompt until the retry or the deadline. The call itself is not held.
-    pub(super) fn prompt_modern(&mut self, prompt_id: String, prompt: Prompt, message: String) {
+    pub(super) fn prompt_modern(&mut self, prompt_id: String, prompt: Prompt, form: &Form) {
         let host_id = prompt.host_id.clone();
-        let params = json!({"mode": "form", "message": message,
-                            "requestedSchema": requested_schema()});
+        let params = form.params(true);
         let result = json!({
             "resultType": "input_required",
             "inputRequests": {prompt_id.clone(): {"method": "elicitation/create", "params": params}},
