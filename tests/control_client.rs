@@ -259,6 +259,7 @@ fn follow_typeahead_key_never_decides_an_unseen_call() {
                     .push(req["callId"].as_str().unwrap_or("").to_string());
                 let mut g = grant(req["tool"].as_str().unwrap_or(""));
                 g["kind"] = json!("call");
+                g["expiresWhen"] = json!("firstUse");
                 json!({"ok": true, "result": {"grant": g}})
             }
             _ => json!({"ok": false, "error": "unexpected"}),

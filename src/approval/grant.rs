@@ -33,7 +33,8 @@ pub enum GrantKind {
 /// `run-end`; `firstUse`; kind `call` or `epoch`). Unknown values are shown as they are.
 pub fn lifetime_words<'a>(expires_when: &'a str, kind: Option<&str>) -> &'a str {
     match (expires_when, kind) {
-        ("firstUse" | "first-use", Some("call")) => "this call only",
+        // A `call` grant covers one call, whatever else is recorded.
+        (_, Some("call")) => "this call only",
         ("firstUse" | "first-use", _) => "its next call only",
         ("runEnd" | "run-end", _) => "until the next rebuild",
         (other, _) => other,

@@ -87,6 +87,14 @@ fn read_answer(msg: &Message) -> Answer {
     read_answer_value(&msg.result_value())
 }
 
+/// Whether an elicitation result is the person's no (decline, cancel, or the Decline choice).
+pub(super) fn is_a_no(result: &Value) -> bool {
+    matches!(
+        read_answer_value(result),
+        Answer::Declined | Answer::Cancelled | Answer::Accept(Decision::Deny)
+    )
+}
+
 /// An elicitation result (`{action, content}`), as a response or as a modern input response.
 fn read_answer_value(result: &Value) -> Answer {
     match result.get("action").and_then(Value::as_str) {

@@ -360,3 +360,52 @@ proptest! {
         }
     }
 }
+
+/// The person's no that comes after the form closed (its deadline passed) is still their no:
+/// the retry is refused as declined, never with how to approve another way.
+#[test]
+fn a_late_decline_is_still_a_decline() {
+    for answer in [
+        json!({"action": "decline"}),
+        json!({"action": "cancel"}),
+        json!({"action": "accept", "content": {"decision": "deny"}}),
+    ] {
+        let mut h = modern(true);
+        let args = json!({"sku": "late"});
+        let first = call(&mut h, args.clone(), json!({}));
+        let (state, _) = form(&h.answer(&first).unwrap());
+        h.advance(h.s.cfg.approval_timeout.as_millis() as u64 + 1);
+        let late =
+            json!({"requestState": state, "inputResponses": {state.clone(): answer.clone()}});
+        let r = call(&mut h, args.clone(), late);
+        let a = h.answer(&r).unwrap();
+        assert_eq!(
+            Harness::tool_error(&a).as_deref(),
+            Some("authorization_required"),
+            "{a}"
+        );
+        super::tests_approvals::form::assert_told_declined(&a);
+        let denied = h.audit_kinds(audit::AUTHORIZATION_DENIED).pop().unwrap();
+        assert_eq!(denied["channel"], "host");
+        assert!(
+            denied["outcome"]
+                .as_str()
+                .unwrap()
+                .contains("after the form had closed"),
+            "{denied}"
+        );
+        assert_eq!(forwarded_calls(&mut h), 0);
+    }
+    // A late accept is judged as a plain call: refused, nothing granted.
+    let mut h = modern(true);
+    let first = call(&mut h, json!({"sku": "late"}), json!({}));
+    let (state, _) = form(&h.answer(&first).unwrap());
+    h.advance(h.s.cfg.approval_timeout.as_millis() as u64 + 1);
+    let r = call(&mut h, json!({"sku": "late"}), accept(&state, "tool"));
+    let a = h.answer(&r).unwrap();
+    assert_eq!(
+        Harness::tool_error(&a).as_deref(),
+        Some("authorization_required")
+    );
+    assert!(h.audit_kinds(audit::APPROVAL_GRANTED).is_empty());
+}
