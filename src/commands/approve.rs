@@ -250,7 +250,7 @@ fn eprint_flush(text: &str) {
 }
 
 /// How long the grants `approve` issues for `tools` last, in a person's words (per-call tools
-/// get their own grant, for one call).
+/// share their own grant, used up by one call).
 fn tools_lifetime(st: &Value, tools: &BTreeSet<String>) -> String {
     let per_call: Vec<String> = tools
         .iter()
@@ -259,9 +259,14 @@ fn tools_lifetime(st: &Value, tools: &BTreeSet<String>) -> String {
         .collect();
     match per_call.len() {
         0 => "until the next rebuild".into(),
-        n if n == tools.len() => "for one call (any arguments)".into(),
+        1 if tools.len() == 1 => "for its next call only".into(),
+        n if n == tools.len() => "for the next call of one of them only".into(),
+        1 => format!(
+            "until the next rebuild; {} for its next call only",
+            per_call[0]
+        ),
         _ => format!(
-            "until the next rebuild; {} for one call (any arguments)",
+            "until the next rebuild; {} for the next call of one of them only",
             per_call.join(", ")
         ),
     }

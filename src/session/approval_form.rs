@@ -154,10 +154,10 @@ impl<I: Io> Session<I> {
         let per_call = tools
             .iter()
             .any(|t| self.gate.policy().mode_for(t) == crate::approval::ApprovalMode::PerCall);
-        if per_call {
-            "for one call (any arguments)"
-        } else {
-            "until the next rebuild"
+        match (per_call, tools.len()) {
+            (false, _) => "until the next rebuild",
+            (true, 1) => "for its next call only",
+            (true, _) => "for the next call of one of them only",
         }
     }
 

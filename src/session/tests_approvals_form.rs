@@ -239,3 +239,31 @@ fn a_terminal_refusal_cites_this_builds_used_grant() {
         "{text}"
     );
 }
+
+/// A per-call tool's grant lasts one call: its choice says so, not "until the next rebuild".
+#[test]
+fn a_per_call_tools_choice_says_it_lasts_one_call() {
+    let policy = crate::approval::Policy {
+        per_call_tools: ["write_item".to_string()].into(),
+        ..crate::approval::Policy::default()
+    };
+    let mut h = Harness::with_policy(|_| {}, policy);
+    ready_eliciting(&mut h);
+    let call = h.call_with("write_item", json!({"a": 1}));
+    let p = last_prompt(&mut h);
+    let head = form_head(p["params"]["message"].as_str().unwrap());
+    assert_eq!(
+        head[2],
+        "Allow only this call, or `write_item` for its next call only; or decline."
+    );
+    let (_, labels) = choices(&p["params"]);
+    assert_eq!(labels[1], "`write_item` for its next call only");
+    answer_prompt(&mut h, &p["id"], accept("tool"));
+    assert_eq!(Harness::tool_error(&h.answer(&call).unwrap()), None);
+    let g = grants(&mut h).pop().unwrap();
+    assert_eq!(g["grant"]["expiresWhen"], "firstUse");
+    assert_eq!(
+        crate::approval::lifetime_words("firstUse", g["kind"].as_str()),
+        "its next call only"
+    );
+}
