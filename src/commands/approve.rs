@@ -331,7 +331,7 @@ pub(super) fn review(
                 out.push_str(&format!("    catalog: {}\n", r(&l)));
             }
         }
-        None => out.push_str("  first approval in this run\n"),
+        None => out.push_str("  first approval in this session\n"),
     }
     let details = st["catalogDetails"].as_array().cloned().unwrap_or_default();
     for t in tools {
