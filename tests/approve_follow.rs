@@ -46,7 +46,7 @@ fn follow_grants_one_call_with_one_key() {
         shown.contains("pty-<U+202E>once") && !shown.contains('\u{202e}'),
         "agent text is shown, its escape sequences neutralised: {shown}"
     );
-    let at = screen.wait_for(at, "[o] this call once");
+    let at = screen.wait_for(at, "[o] only this call");
     // A key that means nothing grants nothing; `o` grants this call once.
     keyboard.write_all(b"y").unwrap();
     std::thread::sleep(Duration::from_millis(600));
@@ -54,7 +54,7 @@ fn follow_grants_one_call_with_one_key() {
     assert_eq!(st["grants"], json!([]), "{st}");
     keyboard.write_all(b"o").unwrap();
     let at = screen.wait_for(at, "approved: write for epoch");
-    screen.wait_for(at, "this call once");
+    screen.wait_for(at, "this call only");
     let st = status_json(&s);
     assert_eq!(st["grants"][0]["kind"], json!("call"), "{st}");
 
@@ -69,7 +69,7 @@ fn follow_grants_one_call_with_one_key() {
     // It shows up again; `d` denies (nothing granted), `q` quits.
     let at = screen.wait_for(at, "A call needs a grant");
     keyboard.write_all(b"d").unwrap();
-    let at = screen.wait_for(at, "denied: nothing granted");
+    let at = screen.wait_for(at, "declined: nothing granted");
     keyboard.write_all(b"q").unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     let status = loop {

@@ -259,6 +259,7 @@ fn follow_typeahead_key_never_decides_an_unseen_call() {
                     .push(req["callId"].as_str().unwrap_or("").to_string());
                 let mut g = grant(req["tool"].as_str().unwrap_or(""));
                 g["kind"] = json!("call");
+                g["expiresWhen"] = json!("firstUse");
                 json!({"ok": true, "result": {"grant": g}})
             }
             _ => json!({"ok": false, "error": "unexpected"}),
@@ -277,7 +278,7 @@ fn follow_typeahead_key_never_decides_an_unseen_call() {
         .spawn()
         .unwrap();
     let at = screen.wait_for(0, "A call needs a grant");
-    let at = screen.wait_for(at, "[o] this call once");
+    let at = screen.wait_for(at, "[o] only this call");
     assert!(
         screen.text()[..at].contains("\"A\""),
         "call A is on screen: {}",
@@ -285,7 +286,7 @@ fn follow_typeahead_key_never_decides_an_unseen_call() {
     );
     // A double press while A is on screen.
     keyboard.write_all(b"oo").unwrap();
-    screen.wait_for(at, "(grant G1, this call once)");
+    screen.wait_for(at, "(grant G1, this call only)");
     std::thread::sleep(Duration::from_secs(3));
     let _ = keyboard.write_all(b"q");
     std::thread::sleep(Duration::from_millis(500));

@@ -178,7 +178,11 @@ impl Denial {
                         "; {tool} was approved for epoch {old} only, so also {}",
                         approve()
                     )),
-                    (Some(_), _) => s.push_str(&format!("; also {}", approve())),
+                    (Some(_), Some(this)) => s.push_str(&format!(
+                        "; {tool} was approved for one call in this build (epoch {this}), which has run, so also {}",
+                        approve()
+                    )),
+                    (Some(_), None) => s.push_str(&format!("; also {}", approve())),
                     (None, _) => {}
                 }
                 s.push('.');
@@ -194,12 +198,32 @@ impl Denial {
                 self.approved_epoch.as_deref().unwrap_or("?"),
                 approve()
             ),
+            DenialReason::AuthorizationRequired if self.approved_epoch.is_some() => format!(
+                "{tool} was approved for one call in this build (epoch {}), and that call has run: it needs your approval again: {}.",
+                self.approved_epoch.as_deref().unwrap_or("?"),
+                approve()
+            ),
             DenialReason::AuthorizationRequired => {
                 format!("{tool} needs your approval: {}.", approve())
             }
         }
     }
 }
+
+/// The sentence the model gets when the person asked in the host said no to this call
+/// (declined, cancelled, denied, or let the form time out): never how to approve, so the agent is
+/// not invited to route around the person's answer.
+pub fn declined_hint(tool: &str, outcome: &str) -> String {
+    let tool = tool.replace('`', "\\`");
+    format!(
+        "The person was asked in the host to approve this call of {tool} and did not approve it ({outcome}). \
+         The call was not run. Do not retry it and do not ask for approval another way; tell the user it was not approved."
+    )
+}
+
+/// The `retry` text of a call the person declined (replaces the reason's own).
+pub const RETRY_DECLINED: &str =
+    "do not retry: the person declined this call; do not ask for approval another way";
 
 /// A denial as kept for `status`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -53,6 +53,10 @@ pub struct Gate {
     live: Vec<Grant>,
     /// Grants of past epochs (oldest first); kept only to explain denials.
     stale: Vec<Grant>,
+    /// Grants used up by their one call, of any epoch (oldest first); kept only to explain
+    /// denials (a refusal cites the newest grant, not an older epoch's). Never revoked (they
+    /// authorize nothing); a revocation naming one forgets it.
+    spent: Vec<Grant>,
     run_ended: bool,
     denials: Vec<DeniedCall>,
     /// Gated tools that were refused for lack of a grant and not approved since.
@@ -70,6 +74,7 @@ impl Gate {
             host_view: None,
             live: Vec::new(),
             stale: Vec::new(),
+            spent: Vec::new(),
             run_ended: false,
             denials: Vec::new(),
             requested: BTreeSet::new(),
@@ -322,6 +327,7 @@ impl Gate {
             RevokeTarget::Id(id) => &g.id == id,
             RevokeTarget::All => true,
         };
+        self.spent.retain(|g| !matches(g));
         let mut removed = Vec::new();
         for list in [&mut self.live, &mut self.stale] {
             let (gone, kept): (Vec<Grant>, Vec<Grant>) = list.drain(..).partition(|g| matches(g));
@@ -336,6 +342,7 @@ impl Gate {
         self.run_ended = true;
         self.live.clear();
         self.stale.clear();
+        self.spent.clear();
         self.requested.clear();
     }
 
@@ -370,12 +377,10 @@ impl Gate {
             .live
             .iter()
             .position(|g| g.covers_call(tool, &scopes, arguments_digest));
-        // The epoch of the newest retired grant for this tool (read only for a refusal).
+        // The epoch of the newest grant for this tool that no longer authorizes (read only
+        // for a refusal): a used grant of this epoch is newer than any of a past epoch.
         let stale = |gate: &Gate| {
-            gate.stale
-                .iter()
-                .rev()
-                .find(|g| g.tool_scope.contains(tool))
+            gate.newest_spent_grant(tool)
                 .map(|g| g.execution_epoch.clone())
         };
 
@@ -386,7 +391,8 @@ impl Gate {
             let mut denial = self.denial(tool, &scopes, DenialReason::CatalogStale);
             if gated && in_catalog && live.is_none() {
                 let stale = stale(self);
-                denial.authorization = Some(if stale.is_some() {
+                let past = stale.as_ref().is_some_and(|e| !self.is_current_epoch(e));
+                denial.authorization = Some(if past {
                     PendingAuthorization::Stale
                 } else {
                     PendingAuthorization::Required
@@ -422,7 +428,13 @@ impl Gate {
         if let Some(index) = chosen {
             let kind = self.live[index].kind;
             let grant_id = if self.live[index].expires_when == Expiry::FirstUse {
-                self.live.remove(index).id
+                let used = self.live.remove(index);
+                let id = used.id.clone();
+                if self.spent.len() == STALE_GRANTS {
+                    self.spent.remove(0);
+                }
+                self.spent.push(used);
+                id
             } else {
                 self.live[index].id.clone()
             };
@@ -434,7 +446,10 @@ impl Gate {
         }
         let mut denial = self.denial(tool, &scopes, DenialReason::AuthorizationRequired);
         if let Some(approved) = stale(self) {
-            denial.reason = DenialReason::AuthorizationStale;
+            // A grant of this epoch that was used up: approval is required again (not stale).
+            if !self.is_current_epoch(&approved) {
+                denial.reason = DenialReason::AuthorizationStale;
+            }
             denial.approved_epoch = Some(approved);
         }
         self.deny(denial, true, now)
@@ -468,6 +483,20 @@ impl Gate {
             denial: denial.clone(),
         });
         CallDecision::Deny(denial)
+    }
+
+    /// The newest grant naming `tool` that no longer authorizes a call: used up in this
+    /// epoch, or of a past epoch (by issue time; the later one on a tie).
+    fn newest_spent_grant(&self, tool: &str) -> Option<&Grant> {
+        self.stale
+            .iter()
+            .chain(&self.spent)
+            .filter(|g| g.tool_scope.contains(tool))
+            .max_by_key(|g| g.issued_at)
+    }
+
+    fn is_current_epoch(&self, epoch: &EpochId) -> bool {
+        self.current.as_ref().is_some_and(|c| &c.epoch == epoch)
     }
 
     fn retire_live_grants(&mut self) {

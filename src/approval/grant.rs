@@ -28,6 +28,28 @@ pub enum GrantKind {
     Call,
 }
 
+/// How long a grant lasts, in the words a person reads (the form's choices, `audit show`,
+/// `approve`, `status`): `expires_when` and `kind` as recorded (`runEnd` or the older
+/// `run-end`; `firstUse`; kind `call` or `epoch`). Unknown values are shown as they are.
+pub fn lifetime_words<'a>(expires_when: &'a str, kind: Option<&str>) -> &'a str {
+    match (expires_when, kind) {
+        // A `call` grant covers one call, whatever else is recorded.
+        (_, Some("call")) => "this call only",
+        ("firstUse" | "first-use", _) => "its next call only",
+        ("runEnd" | "run-end", _) => "until the next rebuild",
+        (other, _) => other,
+    }
+}
+
+impl Expiry {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Expiry::RunEnd => "runEnd",
+            Expiry::FirstUse => "firstUse",
+        }
+    }
+}
+
 impl GrantKind {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -87,6 +109,11 @@ fn default_channel() -> Channel {
 }
 
 impl Grant {
+    /// How long it lasts, in a person's words ([`lifetime_words`]).
+    pub fn lifetime(&self) -> &'static str {
+        lifetime_words(self.expires_when.as_str(), Some(self.kind.as_str()))
+    }
+
     /// Whether this grant names `tool` and every scope in `scopes`, whatever the arguments.
     /// A `call` grant never covers a tool in general: see [`Grant::covers_call`].
     pub(super) fn covers(&self, tool: &str, scopes: &BTreeSet<String>) -> bool {

@@ -20,8 +20,10 @@
 //!    connection (or never shown this tool) is judged against the current catalog;
 //! 3. `unknown_tool`: the tool is not in the current catalog;
 //! 4. for a gated tool, a live grant of this run naming the current epoch and covering the tool
-//!    and every credential scope it uses; otherwise `authorization_stale` if a grant covered the
-//!    tool under another epoch, else `authorization_required`.
+//!    and every credential scope it uses; otherwise the refusal cites the newest grant of the
+//!    tool that no longer authorizes (`approvedEpoch`): `authorization_stale` when it is of
+//!    another epoch, `authorization_required` when it is this epoch's, used up, or when there is
+//!    none.
 
 mod denial;
 mod gate;

@@ -902,6 +902,8 @@ mod model {
         per_call: bool,
         /// False once used (per-call), revoked, or the run ended.
         alive: bool,
+        /// False once revoked or the run ended: a used grant is still cited by a refusal.
+        cited: bool,
     }
 
     /// The rules restated from the module doc, independent of `Gate`'s data layout.
@@ -950,14 +952,15 @@ mod model {
                 .collect()
         }
 
-        fn stale_epochs(&self, tool: &str) -> BTreeSet<EpochId> {
+        /// The epoch of the newest grant naming `tool` that no longer authorizes (used, or of
+        /// another epoch), not revoked: the one a refusal cites.
+        fn cited_epoch(&self, tool: &str) -> Option<EpochId> {
             self.grants
                 .iter()
-                .filter(|g| {
-                    g.alive && Some(&g.epoch) != self.running.as_ref() && g.tools.contains(tool)
-                })
+                .rev()
+                .filter(|g| g.cited && g.tools.contains(tool))
+                .find(|g| !(g.alive && Some(&g.epoch) == self.running.as_ref()))
                 .map(|g| g.epoch.clone())
-                .collect()
         }
 
         fn expected_call(&self, tool: &str) -> Result<(), DenialReason> {
@@ -976,10 +979,11 @@ mod model {
             if !self.gated(tool) || !self.valid(tool).is_empty() {
                 return Ok(());
             }
-            if self.stale_epochs(tool).is_empty() {
-                Err(DenialReason::AuthorizationRequired)
-            } else {
-                Err(DenialReason::AuthorizationStale)
+            match self.cited_epoch(tool) {
+                Some(e) if Some(&e) != self.running.as_ref() => {
+                    Err(DenialReason::AuthorizationStale)
+                }
+                _ => Err(DenialReason::AuthorizationRequired),
             }
         }
 
@@ -1123,7 +1127,7 @@ mod model {
                                 prop_assert_eq!(&grant.tool_scope, &r.tools);
                                 prop_assert_eq!(grant.expires_when == Expiry::FirstUse, per_call);
                                 m.grants.push(ModelGrant {
-                                    id: GrantId::new(id), epoch: r.epoch, tools: r.tools, scopes: r.credential_scopes, per_call, alive: true,
+                                    id: GrantId::new(id), epoch: r.epoch, tools: r.tools, scopes: r.credential_scopes, per_call, alive: true, cited: true,
                                 });
                             }
                             (Err(e), Err(g)) => prop_assert_eq!(e, g),
@@ -1133,7 +1137,7 @@ mod model {
                     Step::Call { tool } => {
                         let tool = tool_name(tool);
                         let expected = m.expected_call(&tool);
-                        let stale_epochs = m.stale_epochs(&tool);
+                        let cited = m.cited_epoch(&tool);
                         match gate.decide_call(&tool, now) {
                             CallDecision::Forward { grant_id, credential_scopes, .. } => {
                                 prop_assert_eq!(expected, Ok(()), "forwarded {}", tool);
@@ -1162,13 +1166,18 @@ mod model {
                                 prop_assert_eq!(expected, Err(d.reason), "tool {}", tool);
                                 prop_assert_eq!(d.current_epoch.as_ref(), m.running.as_ref());
                                 prop_assert_eq!(&d.tool, &tool);
+                                // A refusal for lack of a grant cites the newest grant (issue 33).
+                                if matches!(d.reason, DenialReason::AuthorizationStale | DenialReason::AuthorizationRequired) {
+                                    prop_assert_eq!(&d.approved_epoch, &cited);
+                                }
                                 if d.reason == DenialReason::AuthorizationStale {
                                     let approved = d.approved_epoch.clone().expect("approvedEpoch");
-                                    prop_assert!(stale_epochs.contains(&approved));
                                     prop_assert_ne!(Some(&approved), m.running.as_ref());
                                 }
-                                if d.reason == DenialReason::CatalogStale && d.authorization == Some(PendingAuthorization::Stale) {
-                                    prop_assert!(stale_epochs.contains(d.approved_epoch.as_ref().expect("approvedEpoch")));
+                                if d.reason == DenialReason::CatalogStale && d.authorization.is_some() {
+                                    prop_assert_eq!(&d.approved_epoch, &cited);
+                                    let past = cited.as_ref().is_some_and(|e| Some(e) != m.running.as_ref());
+                                    prop_assert_eq!(d.authorization == Some(PendingAuthorization::Stale), past);
                                 }
                                 let payload = d.payload();
                                 prop_assert_eq!(payload["error"].as_str(), Some(d.reason.as_str()));
@@ -1185,14 +1194,18 @@ mod model {
                         let removed: BTreeSet<GrantId> = gate.revoke(target.clone()).into_iter().map(|g| g.id).collect();
                         let expected: BTreeSet<GrantId> = m.grants.iter_mut()
                             .filter(|g| g.alive && (target == RevokeTarget::All || target == RevokeTarget::Id(g.id.clone())))
-                            .map(|g| { g.alive = false; g.id.clone() })
+                            .map(|g| { g.alive = false; g.cited = false; g.id.clone() })
                             .collect();
                         prop_assert_eq!(removed, expected);
+                        if target == RevokeTarget::All {
+                            // Used grants are forgotten too (never reported revoked).
+                            m.grants.iter_mut().for_each(|g| g.cited = false);
+                        }
                     }
                     Step::EndRun => {
                         gate.end_run();
                         m.ended = true;
-                        m.grants.iter_mut().for_each(|g| g.alive = false);
+                        m.grants.iter_mut().for_each(|g| { g.alive = false; g.cited = false; });
                     }
                 }
                 // State invariants after every step.

@@ -307,7 +307,10 @@ impl Journals {
                 g.revoked
                     .clone()
                     .map(|t| format!("revoked {t}"))
-                    .unwrap_or_else(|| dash(&g.expires_when)),
+                    .unwrap_or_else(|| match &g.expires_when {
+                        Some(e) => crate::approval::lifetime_words(e, g.kind.as_deref()).to_owned(),
+                        None => "-".into(),
+                    }),
             ]
         });
         table(

@@ -33,7 +33,7 @@ pub fn execute(args: ApproveArgs) -> CmdResult {
                     g["toolScope"],
                     g["credentialScope"],
                     g["executionEpoch"].as_str().unwrap_or("?"),
-                    g["expiresWhen"].as_str().unwrap_or("?")
+                    grant_lifetime(g)
                 );
                 output::stdout_line(&crate::sanitize::review(&line))?;
             }
@@ -103,7 +103,9 @@ pub fn execute(args: ApproveArgs) -> CmdResult {
         args.credential_scopes.iter().cloned().collect()
     };
 
-    status::raw(&review(&st, &epoch, &tools, &scopes));
+    let mut text = review(&st, &epoch, &tools, &scopes);
+    text.push_str(&format!("  lasts     {}\n", tools_lifetime(&st, &tools)));
+    status::raw(&text);
     if args.yes && args.all_requested {
         status::line(&format!(
             "granting every requested tool: {}",
@@ -150,11 +152,11 @@ pub fn execute(args: ApproveArgs) -> CmdResult {
     }
     for g in &granted {
         status::line(&format!(
-            "approved: {} for epoch {} (grant {}, expires {})",
+            "approved: {} for epoch {} (grant {}, lasts {})",
             crate::sanitize::review(&strings(&g["toolScope"]).join(", ")),
             g["executionEpoch"].as_str().unwrap_or("?"),
             g["id"].as_str().unwrap_or("?"),
-            g["expiresWhen"].as_str().unwrap_or("?")
+            grant_lifetime(g)
         ));
     }
     Ok(exit_codes::OK)
@@ -196,6 +198,7 @@ fn approve_call(args: &ApproveArgs, call_id: &str) -> CmdResult {
         .collect();
     let mut text = review(&st, &epoch, &tools, &scopes);
     text.push_str(&call_review(&call));
+    text.push_str("  lasts     this call only (these arguments, once)\n");
     status::raw(&text);
     if !args.yes && !confirmed("Approve this one call? [y/N] ")? {
         return Ok(exit_codes::ERROR);
@@ -244,6 +247,38 @@ fn eprint_flush(text: &str) {
     let mut e = std::io::stderr();
     let _ = e.write_all(text.as_bytes());
     let _ = e.flush();
+}
+
+/// How long the grants `approve` issues for `tools` last, in a person's words (per-call tools
+/// share their own grant, used up by one call).
+fn tools_lifetime(st: &Value, tools: &BTreeSet<String>) -> String {
+    let per_call: Vec<String> = tools
+        .iter()
+        .filter(|t| st["toolPolicy"][t.as_str()]["mode"] == "per-call")
+        .map(|t| crate::sanitize::review(t).into_owned())
+        .collect();
+    match per_call.len() {
+        0 => "until the next rebuild".into(),
+        1 if tools.len() == 1 => "for its next call only".into(),
+        n if n == tools.len() => "for the next call of one of them only".into(),
+        1 => format!(
+            "until the next rebuild; {} for its next call only",
+            per_call[0]
+        ),
+        _ => format!(
+            "until the next rebuild; {} for the next call of one of them only",
+            per_call.join(", ")
+        ),
+    }
+}
+
+/// How long a grant (as the control socket sends it) lasts, in a person's words.
+pub(super) fn grant_lifetime(g: &Value) -> String {
+    crate::sanitize::review(crate::approval::lifetime_words(
+        g["expiresWhen"].as_str().unwrap_or("?"),
+        g["kind"].as_str(),
+    ))
+    .into_owned()
 }
 
 pub(super) fn strings(v: &Value) -> Vec<String> {
@@ -296,7 +331,7 @@ pub(super) fn review(
                 out.push_str(&format!("    catalog: {}\n", r(&l)));
             }
         }
-        None => out.push_str("  first approval in this run\n"),
+        None => out.push_str("  first approval in this session\n"),
     }
     let details = st["catalogDetails"].as_array().cloned().unwrap_or_default();
     for t in tools {

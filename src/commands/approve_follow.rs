@@ -62,7 +62,7 @@ pub fn execute(args: &ApproveArgs) -> CmdResult {
     let keys = key_reader();
     let st = control_client::call(&control, &json!({"op": "status"}))?;
     status::raw(&format!(
-        "{} `{}` (agent run {}): waiting for calls that need a grant.\nKeys: o = this call once, t = this tool for this epoch, a = all requested tools for this epoch, d = deny, q = quit\n",
+        "{} `{}` (agent run {}): waiting for calls that need a grant.\nKeys: o = only this call, t = the tool until the next rebuild, a = every requested tool until the next rebuild, d = decline, q = quit\n",
         console::style("Following approvals for").bold(),
         sanitize::review(st["label"].as_str().unwrap_or("?")),
         sanitize::review(st["agentRun"].as_str().unwrap_or("?")),
@@ -110,10 +110,13 @@ pub fn execute(args: &ApproveArgs) -> CmdResult {
         text.push_str(&review(&st, &epoch, &tools, &scopes));
         text.push_str(&call_review(&shown));
         let requested = strings(&st["pendingApproval"]["tools"]);
+        let mut all: BTreeSet<String> = requested.iter().cloned().collect();
+        all.insert(tool.clone());
         text.push_str(&format!(
-            "  requested tools: {}\n[o] this call once  [t] {} for this epoch  [a] all requested  [d] deny  [q] quit\n",
+            "  requested tools: {}\n[o] only this call  [t] {} until the next rebuild  [a] {} until the next rebuild  [d] decline  [q] quit\n",
             sanitize::review(&requested.join(", ")),
-            sanitize::review(&tool)
+            sanitize::review(&tool),
+            sanitize::review(&all.iter().cloned().collect::<Vec<_>>().join(", "))
         ));
         status::raw(&text);
         let drawn = Instant::now();
@@ -136,7 +139,7 @@ pub fn execute(args: &ApproveArgs) -> CmdResult {
         let request = match key {
             Key::Quit => return Ok(exit_codes::OK),
             Key::Deny => {
-                status::line("denied: nothing granted (the call stays refused)");
+                status::line("declined: nothing granted (the call stays refused)");
                 continue;
             }
             Key::Once => json!({"op": "approveCall", "epoch": epoch, "callId": shown["callId"],
@@ -161,11 +164,7 @@ pub fn execute(args: &ApproveArgs) -> CmdResult {
                     sanitize::review(&strings(&g["toolScope"]).join(", ")),
                     g["executionEpoch"].as_str().unwrap_or("?"),
                     g["id"].as_str().unwrap_or("?"),
-                    if g["kind"] == "call" {
-                        "this call once"
-                    } else {
-                        "this epoch"
-                    }
+                    super::approve::grant_lifetime(g)
                 ));
             }
             Err(e) => status::line(&format!("not granted: {}", e.message)),

@@ -87,7 +87,7 @@ pub fn render(v: &Value) -> String {
             g["toolScope"],
             g["credentialScope"],
             s(&g, "/executionEpoch"),
-            s(&g, "/expiresWhen")
+            crate::approval::lifetime_words(s(&g, "/expiresWhen"), g["kind"].as_str())
         ));
     }
     for d in v

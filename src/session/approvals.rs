@@ -25,10 +25,14 @@ use crate::approval::{
 use crate::proxy::envelope::{self, Message};
 use crate::sanitize;
 
+#[path = "approval_form.rs"]
+mod form;
+pub(super) use form::Form;
+#[cfg(test)]
+pub use form::{FORM_HEAD_COLUMNS, columns};
+
 /// The prefix of every prompt's request id.
 pub const PROMPT_ID_PREFIX: &str = "cargo-mcp-dev/approval/";
-/// How much of the call's arguments the form shows (characters).
-const FORM_ARGUMENTS: usize = 600;
 /// The form's one field.
 pub const DECISION_FIELD: &str = "decision";
 
@@ -37,9 +41,9 @@ pub const DECISION_FIELD: &str = "decision";
 pub enum Decision {
     /// This call once (a `call` grant).
     Once,
-    /// This tool for this epoch.
+    /// This tool for this epoch (until the next rebuild).
     Tool,
-    /// Every requested tool for this epoch.
+    /// Every requested tool for this epoch (offered only when it names more than the tool).
     Requested,
     Deny,
 }
@@ -58,15 +62,6 @@ impl Decision {
             Decision::Tool => "tool",
             Decision::Requested => "requested",
             Decision::Deny => "deny",
-        }
-    }
-
-    fn title(self) -> &'static str {
-        match self {
-            Decision::Once => "Allow this call once",
-            Decision::Tool => "Allow this tool for this epoch",
-            Decision::Requested => "Allow all requested tools for this epoch",
-            Decision::Deny => "Deny",
         }
     }
 
@@ -92,6 +87,14 @@ fn read_answer(msg: &Message) -> Answer {
     read_answer_value(&msg.result_value())
 }
 
+/// Whether an elicitation result is the person's no (decline, cancel, or the Decline choice).
+pub(super) fn is_a_no(result: &Value) -> bool {
+    matches!(
+        read_answer_value(result),
+        Answer::Declined | Answer::Cancelled | Answer::Accept(Decision::Deny)
+    )
+}
+
 /// An elicitation result (`{action, content}`), as a response or as a modern input response.
 fn read_answer_value(result: &Value) -> Answer {
     match result.get("action").and_then(Value::as_str) {
@@ -112,28 +115,6 @@ fn read_answer_value(result: &Value) -> Answer {
         }
         _ => Answer::Invalid("no known action".into()),
     }
-}
-
-/// The form's schema: one required enum field (titled choices, the form every client era reads).
-pub fn requested_schema() -> Value {
-    json!({
-        "type": "object",
-        "properties": {
-            DECISION_FIELD: {
-                "type": "string",
-                "title": "Decision",
-                "enum": Decision::ALL.iter().map(|d| d.as_str()).collect::<Vec<_>>(),
-                "enumNames": Decision::ALL.iter().map(|d| d.title()).collect::<Vec<_>>(),
-            }
-        },
-        "required": [DECISION_FIELD],
-    })
-}
-
-/// An epoch id shortened for people (the last 8 characters of the ULID differ between epochs).
-fn short(epoch: &str) -> String {
-    let n = epoch.chars().count();
-    epoch.chars().skip(n.saturating_sub(8)).collect()
 }
 
 impl<I: Io> Session<I> {
@@ -201,7 +182,7 @@ impl<I: Io> Session<I> {
             return Err(call);
         }
         let modern = self.era() == Some(Era::Modern);
-        let (prompt_id, prompt, message) = self.new_prompt(
+        let (prompt_id, prompt, form) = self.new_prompt(
             call,
             denial,
             epoch.clone(),
@@ -210,9 +191,9 @@ impl<I: Io> Session<I> {
         );
         let tool = prompt.tool.clone();
         if modern {
-            self.prompt_modern(prompt_id, prompt, message);
+            self.prompt_modern(prompt_id, prompt, &form);
         } else {
-            let params = json!({"message": message, "requestedSchema": requested_schema()});
+            let params = form.params(false);
             let line = json!({"jsonrpc": "2.0", "id": prompt_id, "method": "elicitation/create", "params": params});
             self.prompts.insert(prompt_id, prompt);
             let mut bytes = line.to_string().into_bytes();
@@ -239,13 +220,13 @@ impl<I: Io> Session<I> {
         epoch: EpochId,
         (call_id, arguments_digest, arguments): (&str, &str, &str),
         modern: bool,
-    ) -> (String, Prompt, String) {
+    ) -> (String, Prompt, Form) {
         let host_id = call.id().expect("request").to_owned();
         let tool = denial.tool.clone();
         let mut requested = self.gate.pending_requests().0;
         requested.insert(tool.clone());
         let prompt_id = format!("{PROMPT_ID_PREFIX}{}", self.io.mint_id());
-        let message = self.prompt_message(&tool, &epoch, &requested, arguments);
+        let form = self.form(&tool, &epoch, &requested, arguments);
         let deadline_ms = self.now() + self.cfg.approval_timeout.as_millis() as u64;
         let prompt = Prompt {
             call,
@@ -259,81 +240,7 @@ impl<I: Io> Session<I> {
             denial: denial.clone(),
             modern,
         };
-        (prompt_id, prompt, message)
-    }
-
-    /// The form's text: what is being approved, in plain words. Server and agent text is
-    /// passed through [`sanitize::review`] (a host shows it to the person deciding).
-    fn prompt_message(
-        &self,
-        tool: &str,
-        epoch: &str,
-        requested: &BTreeSet<String>,
-        arguments: &str,
-    ) -> String {
-        let r = |t: &str| sanitize::review(t).into_owned();
-        let mut m = format!(
-            "cargo mcp-dev: the agent wants to call `{}` on server `{}`.\nAgent run: {}\nEpoch: {} (the server as built now)\n",
-            r(tool),
-            r(self.label()),
-            self.agent_run,
-            short(epoch),
-        );
-        m.push_str(&self.change_summary(tool));
-        let shown: String = arguments.chars().take(FORM_ARGUMENTS).collect();
-        let cut = if arguments.chars().nth(FORM_ARGUMENTS).is_some() {
-            " … (cut)"
-        } else {
-            ""
-        };
-        m.push_str(&format!("Arguments: {}{cut}\n", r(&shown)));
-        let others: Vec<String> = requested.iter().map(|t| r(t)).collect();
-        m.push_str(&format!(
-            "Choices: once = only this call with these arguments; tool = `{}` until the next rebuild; requested = {} until the next rebuild; deny = refuse the call.",
-            r(tool),
-            others.join(", ")
-        ));
-        m
-    }
-
-    /// What changed since the last approved epoch, for one tool (issue 14, item 5).
-    fn change_summary(&self, tool: &str) -> String {
-        let since = self.since_last_approval();
-        if since.is_null() {
-            return match &self.approved_baseline {
-                Some(_) => "No rebuild since the last approval.\n".into(),
-                None => "First approval in this run.\n".into(),
-            };
-        }
-        let identity = since["identity"].as_str().unwrap_or("");
-        let prefix = format!("{tool}:");
-        let lines: Vec<String> = since["catalog"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .filter(|l| {
-                let body = l.get(2..).unwrap_or("");
-                body == tool || body.starts_with(&prefix)
-            })
-            .map(|l| sanitize::review(l).into_owned())
-            .collect();
-        let identity = if identity.is_empty() {
-            "nothing (restart only)".to_string()
-        } else if identity.contains(',') {
-            identity.to_string()
-        } else {
-            format!("{identity} only")
-        };
-        let catalog = if lines.is_empty() {
-            "tool definition unchanged".to_string()
-        } else {
-            format!("tool definition changed: {}", lines.join("; "))
-        };
-        format!(
-            "Since the last approved epoch {}: identity changed: {identity}; {catalog}.\n",
-            short(since["epoch"].as_str().unwrap_or("?"))
-        )
+        (prompt_id, prompt, form)
     }
 
     /// A host response whose id is a string: ours if it names an open prompt. Anything else
@@ -374,10 +281,13 @@ impl<I: Io> Session<I> {
             Answer::Accept(Decision::Deny) => "denied in the host".to_string(),
             Answer::Declined => "declined in the host".to_string(),
             Answer::Cancelled => "cancelled in the host".to_string(),
-            Answer::Invalid(why) => format!("invalid answer from the host ({why})"),
+            Answer::Invalid(why) => {
+                let outcome = format!("invalid answer from the host ({why})");
+                return self.refuse_prompted(prompt, &outcome);
+            }
             Answer::Accept(decision) => return self.prompt_accepted(prompt, decision),
         };
-        self.refuse_prompted(prompt, &outcome);
+        self.refuse_declined(prompt, &outcome);
     }
 
     fn prompt_accepted(&mut self, prompt: Prompt, decision: Decision) {
@@ -434,6 +344,9 @@ impl<I: Io> Session<I> {
                 self.record_grant(&grant, "host elicitation");
                 // Judged again: forwarded under the new grant (never prompts twice).
                 self.judge_call(prompt.call, false);
+                // Other calls whose forms the grant now covers (the tools it named) run too,
+                // their forms withdrawn.
+                self.release_covered_prompts();
             }
             Err(e) => {
                 let outcome = format!("approved in the host, but no grant: {e}");
@@ -442,15 +355,32 @@ impl<I: Io> Session<I> {
         }
     }
 
-    /// The call of a prompt that yielded no grant gets its denial, saying what happened.
+    /// The call of a prompt that yielded no grant, though the person did not say no (the code
+    /// was rebuilt or exited during the prompt, the host's answer was not a choice, the session
+    /// ends): its denial says what happened. A person was asked: never how to approve elsewhere.
     pub(super) fn refuse_prompted(&mut self, prompt: Prompt, outcome: &str) {
+        self.refuse_prompted_as(prompt, outcome, false);
+    }
+
+    /// The call of a prompt the person said no to (declined, cancelled, denied, or let time
+    /// out): the model is told the person declined it and not to retry it or seek approval
+    /// another way.
+    pub(super) fn refuse_declined(&mut self, prompt: Prompt, outcome: &str) {
+        self.refuse_prompted_as(prompt, outcome, true);
+    }
+
+    fn refuse_prompted_as(&mut self, prompt: Prompt, outcome: &str, declined: bool) {
         let denial = &prompt.denial;
         let mut payload = denial.payload();
-        payload["approval"] = json!({"channel": "host", "outcome": outcome});
-        let hint = format!(
-            "Approval was asked in the host: {outcome}. The call was not run. {}",
-            denial.human_hint()
-        );
+        payload["approval"] = json!({"channel": "host", "outcome": outcome, "declined": declined});
+        let hint = if declined {
+            payload["retry"] = json!(crate::approval::RETRY_DECLINED);
+            crate::approval::declined_hint(&prompt.tool, outcome)
+        } else {
+            format!(
+                "Approval was asked in the host: {outcome}. The call was not run; calling it again asks the person again."
+            )
+        };
         self.record_prompt_closed(&prompt, outcome);
         self.io.status(&format!(
             "call refused: {} ({}): {}",
@@ -482,7 +412,10 @@ impl<I: Io> Session<I> {
                     // Answered already (input_required): the retry finds the grant.
                     continue;
                 }
-                self.withdraw_prompt(&id, "approved in another channel");
+                self.withdraw_prompt(
+                    &id,
+                    "covered by a grant given since (in another form or channel)",
+                );
                 self.denied_calls.retain(|d| d.call_id != p.call_id);
                 self.judge_call(p.call, false);
             }
@@ -555,7 +488,7 @@ impl<I: Io> Session<I> {
                 }
                 self.withdraw_prompt(&id, "no answer in time");
                 let secs = self.cfg.approval_timeout.as_secs();
-                self.refuse_prompted(p, &format!("timed out in the host after {secs}s"));
+                self.refuse_declined(p, &format!("timed out in the host after {secs}s"));
             }
         }
         self.arm_prompt_timer();

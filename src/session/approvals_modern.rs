@@ -15,7 +15,7 @@
 
 use serde_json::{Value, json};
 
-use super::approvals::{PROMPT_ID_PREFIX, requested_schema};
+use super::approvals::{Form, PROMPT_ID_PREFIX};
 use super::*;
 use crate::audit::records;
 use crate::hashing;
@@ -86,10 +86,9 @@ impl<I: Io> Session<I> {
 
     /// Answers a refused call with the approval form as its one input request, and remembers
     /// the prompt until the retry or the deadline. The call itself is not held.
-    pub(super) fn prompt_modern(&mut self, prompt_id: String, prompt: Prompt, message: String) {
+    pub(super) fn prompt_modern(&mut self, prompt_id: String, prompt: Prompt, form: &Form) {
         let host_id = prompt.host_id.clone();
-        let params = json!({"mode": "form", "message": message,
-                            "requestedSchema": requested_schema()});
+        let params = form.params(true);
         let result = json!({
             "resultType": "input_required",
             "inputRequests": {prompt_id.clone(): {"method": "elicitation/create", "params": params}},
@@ -127,6 +126,16 @@ impl<I: Io> Session<I> {
                 sanitize::review(&tool),
                 sanitize::review(&prompt_id.chars().take(80).collect::<String>())
             ));
+            // The person's no that came after the form closed is still their no: the call is
+            // refused as declined (never judged, never told how to approve elsewhere).
+            let late_no = params
+                .get(INPUT_RESPONSES)
+                .and_then(|r| r.get(&prompt_id))
+                .is_some_and(super::approvals::is_a_no);
+            if late_no {
+                self.refuse_late_no(&host_id, &tool, &digest);
+                return None;
+            }
             // Judged as a plain call (it cannot prompt again): without a grant, refused.
             let stripped = without_round_trip(msg);
             self.judge_call(stripped, false);
@@ -150,6 +159,47 @@ impl<I: Io> Session<I> {
             ),
         }
         None
+    }
+}
+
+impl<I: Io> Session<I> {
+    /// A retry carrying the person's no to a form that is no longer open: refused as declined,
+    /// recorded (`authorization_denied`, channel `host`).
+    fn refuse_late_no(&mut self, host_id: &RawId, tool: &str, digest: &str) {
+        let outcome = "declined in the host (after the form had closed)";
+        let denial = crate::approval::Denial {
+            reason: crate::approval::DenialReason::AuthorizationRequired,
+            tool: tool.to_string(),
+            approved_epoch: None,
+            current_epoch: self.current_epoch().map(crate::epoch::EpochId::from),
+            host_catalog: None,
+            current_catalog: None,
+            credential_scopes: self.gate.policy().scopes_for(tool).into_iter().collect(),
+            authorization: None,
+        };
+        let mut payload = denial.payload();
+        payload["approval"] = json!({"channel": "host", "outcome": outcome, "declined": true});
+        payload["retry"] = json!(crate::approval::RETRY_DECLINED);
+        let record = records::AuthorizationDenied {
+            call_id: json!(host_id.get()),
+            tool: tool.to_string(),
+            reason: denial.reason.as_str().into(),
+            approved_epoch: None,
+            current_epoch: denial.current_epoch.as_deref().map(str::to_string),
+            arguments_digest: Some(digest.to_string()),
+            channel: Some(crate::approval::Channel::Host.as_str().into()),
+            outcome: Some(outcome.into()),
+        };
+        let epoch = self.current_epoch().map(str::to_string);
+        self.audit_record(
+            audit::AUTHORIZATION_DENIED,
+            epoch.as_deref(),
+            records::data(&record),
+        );
+        let hint = crate::approval::declined_hint(tool, outcome);
+        let result = self.tool_error(&payload, &hint);
+        self.io.to_host(envelope::result_line(host_id, &result));
+        self.publish();
     }
 }
 

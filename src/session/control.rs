@@ -305,11 +305,11 @@ impl<I: Io> Session<I> {
             .into_owned(),
         };
         self.io.status(&format!(
-            "approved: {} for epoch {} (grant {}, expires {}, via {})",
+            "approved: {} for epoch {} (grant {}, lasts {}, via {})",
             what,
             epoch,
             grant.id,
-            g["expiresWhen"].as_str().unwrap_or("?"),
+            grant.lifetime(),
             grant.channel.as_str(),
         ));
         self.publish();

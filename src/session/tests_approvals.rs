@@ -6,6 +6,10 @@ use serde_json::{Value, json};
 use super::testing::*;
 use super::*;
 
+#[path = "tests_approvals_form.rs"]
+pub(super) mod form;
+use form::{assert_told_declined, choices, form_head, human_text};
+
 /// A legacy host connected, the server up and its catalog listed by the host.
 fn ready(h: &mut Harness) -> String {
     h.build(complete("a"));
@@ -203,23 +207,39 @@ fn accept_once_in_the_host_runs_exactly_that_call() {
             .starts_with(approvals::PROMPT_ID_PREFIX),
         "{p}"
     );
-    // The form: one enum field with the four choices, and the facts in plain words.
+    // The form: one enum field whose choices say what they allow (no tool but this one was
+    // requested: no "every requested tool" choice), and the facts in plain words.
+    let (values, labels) = choices(&p["params"]);
+    assert_eq!(values, json!(["once", "tool", "deny"]));
     assert_eq!(
-        p["params"]["requestedSchema"]["properties"]["decision"]["enum"],
-        json!(["once", "tool", "requested", "deny"])
+        labels,
+        json!([
+            "Only this call",
+            "`write_item` until the next rebuild",
+            "Decline: do not run this call"
+        ])
     );
     assert_eq!(
         p["params"]["requestedSchema"]["required"],
         json!(["decision"])
     );
     let text = p["params"]["message"].as_str().unwrap();
-    assert!(text.contains("`write_item`"), "{text}");
+    // The first 3 lines (all a host may show): the tool and its arguments, what changed, how
+    // long a grant lasts; each fits 76 columns.
+    let head = form_head(text);
+    assert!(head[0].starts_with("Run `write_item` with {"), "{text}");
+    assert!(head[0].contains("\"sku\":\"A-1"), "{text}");
+    assert_eq!(head[1], "First approval in this session.");
+    assert_eq!(
+        head[2],
+        "Allow only this call, or `write_item` until the next rebuild; or decline."
+    );
+    // The details after them.
     assert!(text.contains(&h.s.agent_run().to_string()), "{text}");
     assert!(
         text.contains(&epoch[epoch.len().saturating_sub(8)..]),
         "{text}"
     );
-    assert!(text.contains("First approval in this run"), "{text}");
     assert!(text.contains("\"sku\""), "{text}");
     assert!(
         !text.contains('\u{1b}') && !text.contains('\u{202e}'),
@@ -252,39 +272,6 @@ fn accept_once_in_the_host_runs_exactly_that_call() {
 }
 
 #[test]
-fn tool_and_requested_choices_grant_for_the_epoch() {
-    let mut h = Harness::new(|_| {});
-    ready_eliciting(&mut h);
-    let c1 = h.call_with("write_item", json!({"a": 1}));
-    let p1 = last_prompt(&mut h)["id"].clone();
-    answer_prompt(&mut h, &p1, accept("tool"));
-    assert_eq!(Harness::tool_error(&h.answer(&c1).unwrap()), None);
-    let g = grants(&mut h).pop().unwrap();
-    assert_eq!(g["kind"], "epoch");
-    assert_eq!(g["grant"]["toolScope"], json!(["write_item"]));
-    // Other arguments: covered by the tool grant, no prompt.
-    let c2 = h.call_with("write_item", json!({"a": 2}));
-    assert_eq!(Harness::tool_error(&h.answer(&c2).unwrap()), None);
-    assert_eq!(prompts(&mut h).len(), 1);
-    // `requested`: the tool and the others requested so far.
-    let c3 = h.call_with("list_items", json!({}));
-    let p = last_prompt(&mut h);
-    assert!(
-        p["params"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("list_items"),
-        "{p}"
-    );
-    answer_prompt(&mut h, &p["id"], accept("requested"));
-    assert_eq!(Harness::tool_error(&h.answer(&c3).unwrap()), None);
-    assert_eq!(
-        grants(&mut h).pop().unwrap()["grant"]["toolScope"],
-        json!(["list_items"])
-    );
-}
-
-#[test]
 fn decline_cancel_deny_and_invalid_answers_refuse_the_call_and_grant_nothing() {
     for (answer, outcome) in [
         (json!({"action": "decline"}), "declined in the host"),
@@ -309,6 +296,19 @@ fn decline_cancel_deny_and_invalid_answers_refuse_the_call_and_grant_nothing() {
             Some("authorization_required"),
             "{answer}"
         );
+        // The person said no: the model is told so, never how to approve another way. An
+        // answer that is no choice is not the person's no, but a person was asked: still no
+        // `approve` command.
+        if outcome == "invalid answer" {
+            let text = human_text(&a);
+            assert!(!text.contains("cargo mcp-dev approve"), "{text}");
+            assert_eq!(
+                a["result"]["_meta"]["dev.cargo-mcp-dev/error"]["approval"]["declined"],
+                json!(false)
+            );
+        } else {
+            assert_told_declined(&a);
+        }
         let approval = &a["result"]["_meta"]["dev.cargo-mcp-dev/error"]["approval"];
         assert_eq!(approval["channel"], "host", "{a}");
         assert!(
@@ -345,6 +345,7 @@ fn a_prompt_times_out_and_a_late_answer_grants_nothing() {
     let a = h.answer(&call).expect("refused at the deadline");
     let outcome = a["result"]["_meta"]["dev.cargo-mcp-dev/error"]["approval"]["outcome"].clone();
     assert!(outcome.as_str().unwrap().contains("timed out"), "{a}");
+    assert_told_declined(&a);
     answer_prompt(&mut h, &pid, accept("tool"));
     assert!(grants(&mut h).is_empty());
     assert!(h.s.prompts.is_empty());
@@ -376,6 +377,14 @@ fn a_rebuild_during_the_prompt_voids_the_answer() {
     let a = h.answer(&call).expect("refused at the rebuild");
     let outcome = approval_outcome(&a);
     assert!(outcome.contains("rebuilt during the prompt"), "{outcome}");
+    // Not the person's no: the model may call again (and the person is asked again), but is
+    // never told how to approve outside the host.
+    let text = human_text(&a);
+    assert!(
+        text.contains("calling it again asks the person again"),
+        "{text}"
+    );
+    assert!(!text.contains("cargo mcp-dev approve"), "{text}");
     assert!(h.s.prompts.is_empty());
     // The host's answer that still comes finds no open prompt: nothing is granted, and the
     // call is not answered twice (`answer` checks).
@@ -397,6 +406,12 @@ fn a_rebuild_during_the_prompt_voids_the_answer() {
     assert!(
         text.contains("identity changed: executable only; tool definition unchanged"),
         "{text}"
+    );
+    // The same in the first 3 lines, in plain words.
+    let head = form_head(&text);
+    assert_eq!(
+        head[1],
+        "New build since your last approval; tool definition unchanged."
     );
 }
 

@@ -65,7 +65,12 @@ fn the_form_comes_back_as_an_input_request_and_the_retry_runs_once() {
     let first = call(&mut h, args.clone(), json!({}));
     let (state, params) = form(&h.answer(&first).unwrap());
     assert_eq!(params["mode"], "form");
-    assert!(params["message"].as_str().unwrap().contains("write_item"));
+    // The same form as in the legacy era: the head a person decides from, labelled choices.
+    let head = super::tests_approvals::form::form_head(params["message"].as_str().unwrap());
+    assert_eq!(head[0], r#"Run `write_item` with {"qty":3,"sku":"A-1"}?"#);
+    assert_eq!(head[1], "First approval in this session.");
+    let (_, labels) = super::tests_approvals::form::choices(&params);
+    assert_eq!(labels[1], "`write_item` until the next rebuild");
     assert_eq!(forwarded_calls(&mut h), 0, "nothing ran yet");
 
     let retry = call(&mut h, args.clone(), accept(&state, "once"));
@@ -158,6 +163,7 @@ fn decline_refuses_and_a_rebuild_voids_the_answer() {
         Harness::tool_error(&a).as_deref(),
         Some("authorization_required")
     );
+    super::tests_approvals::form::assert_told_declined(&a);
     let denied = h.audit_kinds(audit::AUTHORIZATION_DENIED).pop().unwrap();
     assert_eq!(denied["channel"], "host");
     assert!(
@@ -353,4 +359,53 @@ proptest! {
             prop_assert!(m["params"].get("inputResponses").is_none(), "{}", m);
         }
     }
+}
+
+/// The person's no that comes after the form closed (its deadline passed) is still their no:
+/// the retry is refused as declined, never with how to approve another way.
+#[test]
+fn a_late_decline_is_still_a_decline() {
+    for answer in [
+        json!({"action": "decline"}),
+        json!({"action": "cancel"}),
+        json!({"action": "accept", "content": {"decision": "deny"}}),
+    ] {
+        let mut h = modern(true);
+        let args = json!({"sku": "late"});
+        let first = call(&mut h, args.clone(), json!({}));
+        let (state, _) = form(&h.answer(&first).unwrap());
+        h.advance(h.s.cfg.approval_timeout.as_millis() as u64 + 1);
+        let late =
+            json!({"requestState": state, "inputResponses": {state.clone(): answer.clone()}});
+        let r = call(&mut h, args.clone(), late);
+        let a = h.answer(&r).unwrap();
+        assert_eq!(
+            Harness::tool_error(&a).as_deref(),
+            Some("authorization_required"),
+            "{a}"
+        );
+        super::tests_approvals::form::assert_told_declined(&a);
+        let denied = h.audit_kinds(audit::AUTHORIZATION_DENIED).pop().unwrap();
+        assert_eq!(denied["channel"], "host");
+        assert!(
+            denied["outcome"]
+                .as_str()
+                .unwrap()
+                .contains("after the form had closed"),
+            "{denied}"
+        );
+        assert_eq!(forwarded_calls(&mut h), 0);
+    }
+    // A late accept is judged as a plain call: refused, nothing granted.
+    let mut h = modern(true);
+    let first = call(&mut h, json!({"sku": "late"}), json!({}));
+    let (state, _) = form(&h.answer(&first).unwrap());
+    h.advance(h.s.cfg.approval_timeout.as_millis() as u64 + 1);
+    let r = call(&mut h, json!({"sku": "late"}), accept(&state, "tool"));
+    let a = h.answer(&r).unwrap();
+    assert_eq!(
+        Harness::tool_error(&a).as_deref(),
+        Some("authorization_required")
+    );
+    assert!(h.audit_kinds(audit::APPROVAL_GRANTED).is_empty());
 }

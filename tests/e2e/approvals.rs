@@ -79,6 +79,46 @@ fn host_outcome(p: &Value) -> String {
         .to_string()
 }
 
+/// The first 3 lines of a form's message (all Claude Code shows of it), each at most 76
+/// columns (`chars` is enough here: the fixture's names and arguments are ASCII).
+fn form_head(message: &str) -> Vec<String> {
+    let head: Vec<String> = message.lines().take(3).map(str::to_string).collect();
+    assert_eq!(head.len(), 3, "{message}");
+    for l in &head {
+        assert!(
+            l.chars().count() <= 76,
+            "a head line over 76 columns: {l:?}"
+        );
+    }
+    head
+}
+
+/// The choices' labels of a shown form.
+fn labels(shown: &Value) -> Value {
+    shown["requestedSchema"]["properties"]["decision"]["enumNames"].clone()
+}
+
+/// The person said no: the model is told so (the tool result's sentence and payload), and is
+/// never told how to approve another way.
+fn assert_told_declined(r: &Value, client: Client) {
+    let p = denial_payload(r, "authorization_required", client);
+    assert_eq!(p["approval"]["declined"], json!(true), "{p}");
+    assert!(
+        p["retry"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("do not retry"),
+        "{p}"
+    );
+    let text = r["content"][1]["text"].as_str().unwrap_or_default();
+    assert!(text.contains("did not approve it"), "{text}");
+    assert!(text.contains("Do not retry it"), "{text}");
+    assert!(
+        !text.contains("cargo mcp-dev approve") && !r.to_string().contains("cargo mcp-dev approve"),
+        "{client:?}: the model is told how to route around the person: {r}"
+    );
+}
+
 /// Accept "this call once" runs exactly that call; decline and cancel refuse the next one.
 fn accept_once_then_decline(name: &str, client: Client) {
     let mut s = Scenario::new(name, secs(150));
@@ -97,15 +137,30 @@ fn accept_once_then_decline(name: &str, client: Client) {
     assert_wrote(&r, "A", pid, "host-once");
     let shown = prompt_shown(&mut d);
     let text = shown["message"].as_str().unwrap_or_default();
-    assert!(text.contains("`write_item`"), "{shown}");
-    assert!(text.contains(&epoch[epoch.len() - 8..]), "{shown}");
-    assert!(
-        text.contains("host-once"),
-        "the arguments are shown: {shown}"
+    // What the person sees first (Claude Code shows 3 lines): the tool and its arguments,
+    // what changed, how long a grant lasts.
+    let head = form_head(text);
+    assert_eq!(
+        head[0], r#"Run `write_item` with {"qty":1,"sku":"host-once"}?"#,
+        "{shown}"
     );
+    assert_eq!(head[1], "First approval in this session.", "{shown}");
+    assert_eq!(
+        head[2],
+        "Allow only this call, or `write_item` until the next rebuild; or decline."
+    );
+    assert!(text.contains(&epoch[epoch.len() - 8..]), "{shown}");
     assert_eq!(
         shown["requestedSchema"]["properties"]["decision"]["enum"],
-        json!(["once", "tool", "requested", "deny"])
+        json!(["once", "tool", "deny"])
+    );
+    assert_eq!(
+        labels(&shown),
+        json!([
+            "Only this call",
+            "`write_item` until the next rebuild",
+            "Decline: do not run this call"
+        ])
     );
     let g = grants_of(&s);
     assert_eq!(g.len(), 1, "{g:?}");
@@ -116,18 +171,16 @@ fn accept_once_then_decline(name: &str, client: Client) {
     assert_eq!(calls[0]["data"]["argumentsDigest"], g[0]["argumentsDigest"]);
     // The grant was for one call: the same call again asks again, and a decline refuses it.
     policy(&mut d, "decline", None);
-    let p = d.call_denied(
-        "write_item",
-        json!({"sku": "host-once", "qty": 1}),
-        "authorization_required",
-    );
+    let r = write(&mut d, "host-once", 1);
+    assert_told_declined(&r, client);
+    let p = denial_payload(&r, "authorization_required", client);
     assert!(host_outcome(&p).starts_with("declined in the host"), "{p}");
+    // The grant cited is this build's (used), not none or an older one.
+    assert_eq!(p["approvedEpoch"], json!(epoch), "{p}");
     policy(&mut d, "cancel", None);
-    let p = d.call_denied(
-        "write_item",
-        json!({"sku": "host-once", "qty": 1}),
-        "authorization_required",
-    );
+    let r = write(&mut d, "host-once", 1);
+    assert_told_declined(&r, client);
+    let p = denial_payload(&r, "authorization_required", client);
     assert!(host_outcome(&p).starts_with("cancelled in the host"), "{p}");
     assert_eq!(s.side_effect_lines().len(), 1, "only the approved call ran");
     assert_eq!(grants_of(&s).len(), 1);
@@ -264,11 +317,9 @@ fn a07_unanswered_prompt_times_out_ts_v1() {
     let mut d = s.driver(Client::TsV1Elicit, &["--approval-timeout", "3s"], &[]);
     start(&s, &mut d);
     policy(&mut d, "hold", None);
-    let p = d.call_denied(
-        "write_item",
-        json!({"sku": "nobody", "qty": 1}),
-        "authorization_required",
-    );
+    let r = write(&mut d, "nobody", 1);
+    assert_told_declined(&r, Client::TsV1Elicit);
+    let p = denial_payload(&r, "authorization_required", Client::TsV1Elicit);
     assert!(host_outcome(&p).contains("timed out"), "{p}");
     assert!(grants_of(&s).is_empty());
     close_clean(&s, d);
@@ -317,4 +368,56 @@ fn a10_late_answer_after_the_deadline_python2_modern() {
 #[test]
 fn a11_accept_once_then_decline_python2_legacy() {
     accept_once_then_decline("a11", Client::Py2ElicitLegacy);
+}
+
+/// Issue 33 item 8: after a rebuild and a new grant, a refusal cites the newest grant (this
+/// build's), the form says what changed in plain words, and `audit show` gives each grant's
+/// lifetime in the form's words.
+fn newest_grant_after_a_rebuild(name: &str, client: Client) {
+    let mut s = Scenario::new(name, secs(240));
+    let mut d = driver_for(&mut s, client);
+    let (_, epoch_a) = start(&s, &mut d);
+    policy(&mut d, "accept", Some("tool"));
+    assert_eq!(write(&mut d, "first", 1)["isError"], json!(false));
+    let (_, epoch_b, _) = rebuild(&s, &d, &epoch_a, to_b);
+    policy(&mut d, "accept", Some("once"));
+    assert_eq!(write(&mut d, "second", 1)["isError"], json!(false));
+    let shown = prompt_shown(&mut d);
+    let head = form_head(shown["message"].as_str().unwrap_or_default());
+    assert_eq!(
+        head[1], "New build since your last approval; tool definition unchanged.",
+        "{shown}"
+    );
+    policy(&mut d, "decline", None);
+    let r = write(&mut d, "third", 1);
+    assert_told_declined(&r, client);
+    let p = denial_payload(&r, "authorization_required", client);
+    assert_eq!(p["approvedEpoch"], json!(epoch_b), "the newest grant: {p}");
+    assert_eq!(p["currentEpoch"], json!(epoch_b), "{p}");
+    let mut args = vec!["audit".to_string(), "show".to_string()];
+    args.extend(s.control_args());
+    let out = s.mcp_dev(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "audit show: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(shown.contains("until the next rebuild"), "{shown}");
+    assert!(shown.contains("this call only"), "{shown}");
+    assert!(
+        !shown.contains("runEnd") && !shown.contains("firstUse"),
+        "{shown}"
+    );
+    close_clean(&s, d);
+}
+
+#[test]
+fn a12_newest_grant_after_a_rebuild_ts_v1() {
+    newest_grant_after_a_rebuild("a12", Client::TsV1Elicit);
+}
+
+#[test]
+fn a13_newest_grant_after_a_rebuild_python2_modern() {
+    newest_grant_after_a_rebuild("a13", Client::Py2Elicit);
 }
