@@ -549,7 +549,8 @@ fn s08_cold_start_python2_probe_and_ts_v2_double_spawn() {
             structured(&d.call("list_items", json!({})))["revision"],
             json!("A")
         );
-        let presented = records_of(&s.audit_records(), "catalog_presented");
+        let records = s.audit_records();
+        let presented = records_of(&records, "catalog_presented");
         assert!(
             presented
                 .iter()
