@@ -107,7 +107,18 @@ impl<I: Io> Session<I> {
 
     /// Answers one pending host request that the server's output cannot answer.
     fn answer_broken(&mut self, id: u64, why: &str, payload: Value) {
+        let carried = self.take_initialize_carried_by(id);
         let Some(Pending::Host { host_id, call, .. }) = self.pending.remove(&id) else {
+            // Our handshake carrying the host's `initialize`: the server's answer is broken,
+            // so the host gets that, as the server's (once: it is answered now).
+            if let Some(init) = carried {
+                self.io.to_host(envelope::error_line(
+                    Some(&init.host_id),
+                    codes::SERVER_UNAVAILABLE,
+                    why,
+                    payload,
+                ));
+            }
             return;
         };
         if let Some(call) = call {
@@ -269,6 +280,10 @@ impl<I: Io> Session<I> {
                 call,
                 ..
             } => {
+                if method == "initialize" {
+                    // The host's own `initialize`, passed to a server past its handshake.
+                    return self.on_initialize_answer(epoch, id, &msg);
+                }
                 if method == "subscriptions/listen" && self.server_refused_listen(&host_id, &msg) {
                     return;
                 }
@@ -327,24 +342,6 @@ impl<I: Io> Session<I> {
                     });
                     msg.set_result(&result);
                 }
-                if method == "initialize" && !msg.is_error() {
-                    // The host's `initialize` that reached a server past its own handshake (the
-                    // host gave up on its probe, which that server had answered): its answer is
-                    // what the host now holds, and a real answer to record.
-                    let mut result = msg.result_value();
-                    self.record_handshake(epoch, &result);
-                    protocol::advertise_list_changed(&mut result);
-                    self.host.negotiated = Some(Negotiated {
-                        protocol_version: result
-                            .get("protocolVersion")
-                            .and_then(Value::as_str)
-                            .unwrap_or_default()
-                            .to_string(),
-                        capabilities: result.get("capabilities").cloned().unwrap_or(json!({})),
-                        from_record: false,
-                    });
-                    msg.set_result(&result);
-                }
                 // Sent with the host's id; `msg` keeps the server's (one copy of a large answer).
                 self.io.to_host(msg.to_line_with_id(&host_id));
                 if let Some(record) = result_record {
@@ -358,8 +355,8 @@ impl<I: Io> Session<I> {
                     }
                 }
             }
-            Pending::Handshake { answer, modern, .. } => {
-                self.on_handshake_result(epoch, msg, answer, modern)
+            Pending::Handshake { modern, asked, .. } => {
+                self.on_handshake_result(epoch, id, msg, modern, asked)
             }
             Pending::CatalogPage { .. } => self.on_catalog_page(epoch, &msg),
         }
@@ -368,10 +365,12 @@ impl<I: Io> Session<I> {
     fn on_handshake_result(
         &mut self,
         epoch: &str,
+        id: u64,
         msg: Message,
-        answer: Option<WaitingInitialize>,
         modern: bool,
+        asked: Option<String>,
     ) {
+        let answer = self.take_initialize_carried_by(id);
         if msg.is_error() && modern {
             // It may speak only `initialize`: the host hears its refusal and falls back.
             self.io
@@ -404,7 +403,7 @@ impl<I: Io> Session<I> {
             .to_string();
         let caps = result.get("capabilities").cloned().unwrap_or(json!({}));
         if !modern {
-            self.record_handshake(epoch, &result);
+            self.record_handshake(epoch, asked.as_deref(), &result);
         }
         match (self.host.negotiated.clone(), answer) {
             (_, Some(w)) => {
@@ -418,9 +417,14 @@ impl<I: Io> Session<I> {
             }
             (Some(n), None) if n.from_record && !modern => {
                 // The host holds a recorded answer of this package: the version is binding.
-                if version != n.protocol_version {
+                // As the server said it (no default for a missing version: a version nobody
+                // said must not be named in the status line).
+                let said = result.get("protocolVersion").and_then(Value::as_str);
+                if said != Some(n.protocol_version.as_str()) {
                     let told = crate::sanitize::first_chars(&n.protocol_version, 40).to_string();
-                    let now = crate::sanitize::first_chars(&version, 40).to_string();
+                    let now = said.map_or("no protocol version".to_string(), |v| {
+                        crate::sanitize::first_chars(v, 40).to_string()
+                    });
                     self.close_connection(&format!(
                         "protocol version changed: the host was given protocol {told} (recorded from an earlier build of this server) while the server was building, but the new build answers {now} (did its MCP SDK change?); reconnect the server in the host"
                     ));
@@ -455,10 +459,9 @@ impl<I: Io> Session<I> {
             }
             (None, None) => {}
         }
-        if let Some(w) = self.host.waiting_initialize.take() {
-            // A host `initialize` that arrived during this handshake: the server answers it.
-            self.initialize_to_server(w);
-        }
+        // A host `initialize` that waits (it arrived during this handshake, which did not carry
+        // it): the server answers it, as on a direct connection.
+        self.initialize_to_server();
         if modern {
             self.reopen_listens(epoch);
             self.fetch_catalog(None);

@@ -1,9 +1,9 @@
 //! First-contact room: requests that arrive before a server can answer them.
 //!
-//! Owns: the legacy handshake answered by the supervisor (with the version the host asked
-//! for, never one remembered from another host), the warm-start wait for the server's own
-//! answer, held requests and their deadlines, the recorded catalog answered when the
-//! first-start budget runs out, and the answers given while the build is broken.
+//! Owns: held requests and their deadlines, the discover probe's answer when no server can
+//! give one, the recorded catalog answered when the first-start budget runs out (never once a
+//! server of this session was up), and the answers given while the build is broken. The host's
+//! `initialize` is the `initialize` room's.
 //!
 //! The rule (README "First contact"): no answer the host receives describes state that no real
 //! server produced. Must not touch: gating (held calls are judged by the router when released),
@@ -17,216 +17,6 @@ use super::*;
 use crate::proxy::envelope::{self, Message};
 
 impl<I: Io> Session<I> {
-    /// Legacy `initialize` from the host.
-    pub(super) fn on_host_initialize(&mut self, msg: Message) {
-        let host_id = msg.id().expect("request").to_owned();
-        if self.host.waiting_initialize.is_some() || self.initialize_at_server() {
-            // The first one still waits for a server's own answer: it keeps its place (and
-            // its params); this one is refused rather than left unanswered.
-            return self.io.to_host(envelope::error_line(
-                Some(&host_id),
-                -32600,
-                "initialize is already in progress on this connection",
-                json!({"error": "initialize_in_progress"}),
-            ));
-        }
-        if self.discovery_pending() {
-            // The host fell back from `server/discover`: so does the server's handshake.
-            self.discovery_failed(None);
-        }
-        let params = msg.params_value();
-        self.host.era = Some(Era::Legacy);
-        self.host.client_info = params.get("clientInfo").cloned();
-        self.host.init_params = Some(params.clone());
-        self.host.initialized = false;
-        self.audit_record(audit::RUN_STARTED, None, json!({
-            "agentRun": self.agent_run, "client": self.host.client_info, "gating": if self.cfg.gating_off { "off" } else { "on" },
-            "label": self.label(), "event": "initialize",
-        }));
-        let now = self.now();
-        let waiting = WaitingInitialize {
-            host_id,
-            since_ms: now,
-            due_ms: now,
-        };
-        match &self.child {
-            Some(c) if c.phase == ChildPhase::Started && !c.stopping => {
-                // The server is up: the host gets its real answer, however slow within the
-                // handshake deadline.
-                let epoch = c.epoch.clone();
-                self.send_handshake(epoch, Some(waiting), false, &params);
-            }
-            Some(c)
-                if !c.stopping
-                    && matches!(c.phase, ChildPhase::FetchingCatalog | ChildPhase::Ready) =>
-            {
-                self.initialize_to_server(waiting)
-            }
-            _ => self.initialize_without_server(waiting),
-        }
-    }
-
-    /// The server is past its own handshake (it answered the host's probe, which the host gave
-    /// up on, or a first `initialize`): the host's `initialize` goes to it as it would on a
-    /// direct connection, and its own answer reaches the host.
-    pub(super) fn initialize_to_server(&mut self, w: WaitingInitialize) {
-        let Some(c) = &self.child else {
-            return self.initialize_without_server(w);
-        };
-        let epoch = c.epoch.clone();
-        let params = self.host.init_params.clone().unwrap_or(json!({}));
-        let id = self.alloc(Pending::Host {
-            host_id: w.host_id,
-            method: "initialize".into(),
-            epoch: epoch.clone(),
-            call: None,
-        });
-        self.io
-            .to_child(&epoch, envelope::request_line(id, "initialize", &params));
-    }
-
-    /// The host's `initialize` is with a server's handshake that has not answered yet.
-    fn initialize_at_server(&self) -> bool {
-        self.pending.values().any(|p| {
-            matches!(
-                p,
-                Pending::Handshake {
-                    answer: Some(_),
-                    ..
-                }
-            )
-        })
-    }
-
-    /// No server of this session can answer the host's `initialize` now. The rule (issue 33):
-    /// the host only ever gets a real server's answer to the version it asked for. It waits
-    /// while a server is on its way; after the handshake wait it may get the answer a real
-    /// server of this package gave to the same version (recorded, with the identity that gave
-    /// it), and past the first-start budget, or when no server is coming, it gets an error that
-    /// says why and what to do.
-    pub(super) fn initialize_without_server(&mut self, mut w: WaitingInitialize) {
-        let now = self.now();
-        let recorded = self.recorded_handshake().is_some();
-        let budget_end = w.since_ms + self.cfg.first_start_budget.as_millis() as u64;
-        let coming = self.lifecycle != Lifecycle::Stopping && self.hold_budget().is_some();
-        let due = if recorded {
-            (w.since_ms + self.cfg.handshake_wait.as_millis() as u64).min(budget_end)
-        } else {
-            budget_end
-        };
-        if coming && due > now {
-            self.io.status(&format!(
-                "initialize waits for the server's own answer ({}; at most {:.0} s{})",
-                self.absent_why(),
-                (due - now) as f64 / 1000.0,
-                if recorded {
-                    ", then the answer a server of this package gave before"
-                } else {
-                    ""
-                }
-            ));
-            w.due_ms = due;
-            self.host.waiting_initialize = Some(w);
-            return self
-                .io
-                .schedule(Duration::from_millis(due - now), Timer::HandshakeWait);
-        }
-        if recorded && self.lifecycle != Lifecycle::Stopping {
-            return self.answer_initialize_from_record(w.host_id);
-        }
-        self.refuse_initialize(w, coming);
-    }
-
-    /// The handshake wait or the budget of a waiting `initialize` is over.
-    pub(super) fn handshake_wait_over(&mut self) {
-        let now = self.now();
-        if self
-            .host
-            .waiting_initialize
-            .as_ref()
-            .is_some_and(|w| w.due_ms <= now)
-        {
-            let w = self.host.waiting_initialize.take().expect("checked");
-            self.initialize_without_server(w);
-        }
-    }
-
-    /// The answer a real server of this package gave to the version the host asks for.
-    fn recorded_handshake(&self) -> Option<&RecordedHandshake> {
-        let requested = self
-            .host
-            .init_params
-            .as_ref()?
-            .get("protocolVersion")?
-            .as_str()?;
-        self.recorded.handshakes.get(requested)
-    }
-
-    /// Gives the host the `initialize` answer a real server of this package gave to the same
-    /// requested version (said as such on stderr). The first server of this session is
-    /// initialized with the host's own params; if it answers another version, the connection
-    /// is closed with both versions named (see `on_handshake_result`).
-    fn answer_initialize_from_record(&mut self, host_id: RawId) {
-        let Some(rec) = self.recorded_handshake().cloned() else {
-            return;
-        };
-        let mut result = rec.result.clone();
-        protocol::advertise_list_changed(&mut result);
-        let version = result
-            .get("protocolVersion")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
-        self.host.negotiated = Some(Negotiated {
-            protocol_version: version.clone(),
-            capabilities: result.get("capabilities").cloned().unwrap_or(json!({})),
-            from_record: true,
-        });
-        let list = if self.hold_budget().is_some() {
-            "tools/list waits for the server"
-        } else {
-            "tools/list is answered with why until a server runs"
-        };
-        self.io.status(&format!(
-            "initialize answered with the answer a server of this package gave before (protocol {}, epoch {}, identity {}) while {}; {list}",
-            crate::sanitize::first_chars(&version, 40),
-            crate::epoch::short(&rec.epoch),
-            crate::hashing::short(&rec.identity_digest),
-            self.absent_why()
-        ));
-        self.io.to_host(envelope::result_line(&host_id, &result));
-    }
-
-    /// `initialize` with no real answer to give: why, and what to do.
-    fn refuse_initialize(&mut self, w: WaitingInitialize, timed_out: bool) {
-        let waited = self.now().saturating_sub(w.since_ms);
-        let (message, mut data) = if timed_out || self.hold_budget().is_some() {
-            (
-                format!(
-                    "the MCP server is still {} ({:.0} s so far) and no server of this package has answered this protocol version before; reconnect the server in the host when the build is done (`cargo mcp-dev status --follow` shows it)",
-                    self.starting_word(),
-                    waited as f64 / 1000.0
-                ),
-                json!({"error": "server_building", "waitedMs": waited,
-                       "retry": "reconnect the server in the host when the build is done"}),
-            )
-        } else {
-            self.unavailable_reason()
-        };
-        data["method"] = json!("initialize");
-        self.io.status(&format!(
-            "initialize answered with an error after {:.1} s while {}",
-            waited as f64 / 1000.0,
-            self.absent_why()
-        ));
-        self.io.to_host(envelope::error_line(
-            Some(&w.host_id),
-            codes::SERVER_UNAVAILABLE,
-            &message,
-            data,
-        ));
-    }
-
     /// Holds a request until a server can answer it or its deadline passes.
     pub(super) fn hold(&mut self, msg: Message, wait: Duration) {
         if self.held.len() >= HELD_LIMIT {
@@ -383,9 +173,7 @@ impl<I: Io> Session<I> {
         match method.as_str() {
             // The record is a whole list: never the answer to a page asked for by cursor.
             "tools/list"
-                if self.recorded.catalog.is_some()
-                    && self.child.is_none()
-                    && h.msg.params_value().get("cursor").is_none() =>
+                if self.record_answers_lists() && h.msg.params_value().get("cursor").is_none() =>
             {
                 self.answer_list_from_record(h.msg)
             }
@@ -459,6 +247,20 @@ impl<I: Io> Session<I> {
         }
     }
 
+    /// A held list may be answered from the recorded catalog: no server of this session is up,
+    /// and none was, or the last one produced that record (never an earlier build's catalog once
+    /// this session ran newer code: red team of issue 33).
+    fn record_answers_lists(&self) -> bool {
+        let Some(rec) = &self.recorded.catalog else {
+            return false;
+        };
+        self.child.is_none()
+            && self
+                .last_started
+                .as_ref()
+                .is_none_or(|e| e.as_str() == rec.epoch)
+    }
+
     /// The first-start budget ran out: the most recent catalog a real server of this package
     /// produced, recorded as the source of what the host was shown.
     fn answer_list_from_record(&mut self, msg: Message) {
@@ -491,7 +293,7 @@ impl<I: Io> Session<I> {
 
     /// What the server is doing while requests wait: `building` (first start, no server yet)
     /// or `starting` (a server process exists, or a restart is under way).
-    fn starting_word(&self) -> &'static str {
+    pub(super) fn starting_word(&self) -> &'static str {
         if self.child.is_none()
             && (self.lifecycle == Lifecycle::FirstStart
                 || self.start_rebuild_pending()
@@ -566,8 +368,7 @@ impl<I: Io> Session<I> {
         while let Some(h) = self.held.pop_front() {
             self.answer_unavailable(h.msg);
         }
-        if let Some(w) = self.host.waiting_initialize.take() {
-            self.initialize_without_server(w);
-        }
+        // Nothing may be coming: the host's `initialize` is looked at now (a record, or why).
+        self.initialize_after_transition();
     }
 }

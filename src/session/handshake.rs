@@ -15,18 +15,16 @@ use crate::proxy::envelope::{self, Message};
 
 impl<I: Io> Session<I> {
     /// Sends our handshake to the fresh server of `epoch` (`initialize` with the host's params,
-    /// or modern `server/discover`) and arms its deadline.
-    pub(super) fn send_handshake(
-        &mut self,
-        epoch: EpochId,
-        answer: Option<WaitingInitialize>,
-        modern: bool,
-        params: &Value,
-    ) {
+    /// or modern `server/discover`) and arms its deadline; returns our id of it.
+    pub(super) fn send_handshake(&mut self, epoch: EpochId, modern: bool, params: &Value) -> u64 {
+        let asked = (!modern)
+            .then(|| params.get("protocolVersion").and_then(Value::as_str))
+            .flatten()
+            .map(str::to_string);
         let id = self.alloc(Pending::Handshake {
             epoch: epoch.clone(),
-            answer,
             modern,
+            asked,
         });
         self.set_phase(ChildPhase::Handshaking);
         self.set_answer_deadline();
@@ -37,23 +35,19 @@ impl<I: Io> Session<I> {
         };
         self.io
             .to_child(&epoch, envelope::request_line(id, method, params));
+        id
     }
 
-    /// Keeps the server's `initialize` answer for the version the host asked for: a later host
+    /// Keeps the server's `initialize` answer under the version it was asked for: a later host
     /// asking for the same version may be given it while a build runs (bounded, see
-    /// [`RECORDED_HANDSHAKES`]).
-    pub(super) fn record_handshake(&mut self, epoch: &str, result: &Value) {
-        let Some(requested) = self
-            .host
-            .init_params
-            .as_ref()
-            .and_then(|p| p.get("protocolVersion"))
-            .and_then(Value::as_str)
-            .filter(|v| v.len() <= 64)
-            .map(str::to_string)
-        else {
+    /// [`RECORDED_HANDSHAKES`]). Only an answer whose `protocolVersion` is a string is kept.
+    pub(super) fn record_handshake(&mut self, epoch: &str, asked: Option<&str>, result: &Value) {
+        let Some(requested) = asked.filter(|v| v.len() <= 64).map(str::to_string) else {
             return;
         };
+        if !result.get("protocolVersion").is_some_and(Value::is_string) {
+            return;
+        }
         if result.to_string().len() > RECORDED_HANDSHAKE_BYTES {
             return;
         }

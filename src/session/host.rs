@@ -358,16 +358,11 @@ impl<I: Io> Session<I> {
         let epoch = child.epoch.clone();
         match self.host.era {
             None => {} // wait for the host's first message
-            Some(Era::Legacy) => {
-                if let Some(params) = self.host.init_params.clone() {
-                    // A host `initialize` still waiting gets the server's own answer.
-                    let answer = self.host.waiting_initialize.take();
-                    self.send_handshake(epoch, answer, false, &params);
-                }
-            }
+            // A host `initialize` still waiting rides on it (the server's own answer).
+            Some(Era::Legacy) => self.handshake_legacy(epoch),
             Some(Era::Modern) => {
                 let params = json!({"_meta": self.host.modern_meta.clone().unwrap_or(json!({}))});
-                self.send_handshake(epoch, None, true, &params);
+                self.send_handshake(epoch, true, &params);
             }
         }
     }

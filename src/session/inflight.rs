@@ -28,6 +28,15 @@ impl<I: Io> Session<I> {
             let Some(p) = self.pending.remove(&id) else {
                 continue;
             };
+            if self
+                .host
+                .initialize
+                .as_ref()
+                .is_some_and(|i| i.at_server == Some(id))
+            {
+                self.initialize_lost_its_server(id, epoch, cause);
+                continue;
+            }
             match p {
                 Pending::Host {
                     host_id,
@@ -86,30 +95,6 @@ impl<I: Io> Session<I> {
                         ));
                     }
                 }
-                // The host's `initialize` waits again, for the next server (the session goes
-                // on): it is looked at once this transition is over (a timer due now), when
-                // it is known whether a server is coming.
-                Pending::Handshake {
-                    answer: Some(mut w),
-                    modern: false,
-                    ..
-                } if self.lifecycle != Lifecycle::Stopping
-                    && self.cfg.restart != Restart::Disconnect =>
-                {
-                    w.due_ms = self.now();
-                    self.host.waiting_initialize = Some(w);
-                    self.io.schedule(Duration::ZERO, Timer::HandshakeWait);
-                }
-                Pending::Handshake {
-                    answer: Some(w), ..
-                } => {
-                    self.io.to_host(envelope::error_line(
-                        Some(&w.host_id),
-                        codes::EPOCH_TRANSITION,
-                        &format!("server {cause} during the handshake"),
-                        json!({"error": "epoch_transition", "oldEpoch": epoch}),
-                    ));
-                }
                 _ => {}
             }
         }
@@ -142,5 +127,28 @@ impl<I: Io> Session<I> {
         self.host.cancelled_calls.retain(|(_, e, _)| e != epoch);
         self.host.list_pages.clear();
         self.host.list_next = None;
+    }
+
+    /// The request that carried the host's `initialize` (our id `id`) is gone with its server.
+    /// The session goes on: the `initialize` waits again, looked at once this transition is
+    /// over (a timer due now), when it is known whether a server is coming. A closing or
+    /// `disconnect` session answers it now.
+    fn initialize_lost_its_server(&mut self, id: u64, epoch: &str, cause: &str) {
+        if self.lifecycle != Lifecycle::Stopping && self.cfg.restart != Restart::Disconnect {
+            let now = self.now();
+            if let Some(init) = &mut self.host.initialize {
+                init.due_ms = now;
+            }
+            // After the transition (a timer due now): the next server may be on its way.
+            return self.io.schedule(Duration::ZERO, Timer::HandshakeWait);
+        }
+        if let Some(init) = self.take_initialize_carried_by(id) {
+            self.io.to_host(envelope::error_line(
+                Some(&init.host_id),
+                codes::EPOCH_TRANSITION,
+                &format!("server {cause} during the handshake"),
+                json!({"error": "epoch_transition", "oldEpoch": epoch}),
+            ));
+        }
     }
 }

@@ -330,6 +330,7 @@ impl<I: Io> Session<I> {
         };
         // Started: a later failure to start may have a cause a build fixes again.
         self.rebuilt_for_start = None;
+        self.last_started = Some(epoch.clone());
         // A server runs (after `BuildBroken`: the last good build, by `cargo mcp-dev restart`).
         if matches!(
             self.lifecycle,

@@ -34,6 +34,7 @@ mod first_contact;
 mod handshake;
 mod host;
 mod inflight;
+mod initialize;
 mod lifecycle;
 pub mod protocol;
 mod router;
@@ -65,6 +66,8 @@ mod tests_catalog_unreadable;
 mod tests_early_build;
 #[cfg(test)]
 mod tests_first_contact_props;
+#[cfg(test)]
+mod tests_first_contact_red_team;
 #[cfg(test)]
 mod tests_forwarding;
 #[cfg(test)]
@@ -390,6 +393,9 @@ pub struct Session<I: Io> {
     /// The epoch, identity and catalog of the last approval (what `approve` diffs against).
     approved_baseline: Option<(String, IdentityRecord, Option<crate::catalog::Catalog>)>,
     recorded: RecordedFacts,
+    /// The epoch of the last server this session started: once one was up, a held list is
+    /// answered from the record only if that server produced it (never an earlier build's).
+    last_started: Option<EpochId>,
     /// Calls refused for lack of a grant, newest last (bounded: [`state::DENIED_CALLS`]).
     denied_calls: VecDeque<DeniedCallRecord>,
     /// Approval prompts open in the host, by request id (bounded by `cfg.max_open_prompts`).
@@ -434,6 +440,7 @@ impl<I: Io> Session<I> {
             exit_code: None,
             approved_baseline: None,
             recorded,
+            last_started: None,
             denied_calls: VecDeque::new(),
             prompts: std::collections::BTreeMap::new(),
         }
@@ -542,7 +549,7 @@ impl<I: Io> Session<I> {
                 changed_after_leading_edge,
             } => self.on_sources_changed(paths, changed_after_leading_edge),
             Event::Timer(Timer::HeldDeadline) => self.expire_held(),
-            Event::Timer(Timer::HandshakeWait) => self.handshake_wait_over(),
+            Event::Timer(Timer::HandshakeWait) => self.judge_initialize(),
             Event::Timer(Timer::ServerDeadline) => self.server_deadline_over(),
             Event::Timer(Timer::Restart) => self.restart_due(),
             Event::Timer(Timer::ApprovalDeadline) => self.expire_prompts(),

@@ -179,12 +179,13 @@ pub enum Pending {
         epoch: EpochId,
         call: Option<CallInfo>,
     },
-    /// Our replay of the host's `initialize` (or modern `server/discover`); `answer` is the host
-    /// id to answer when the host is still waiting for it.
+    /// Our replay of the host's `initialize` (or modern `server/discover`). Whether it carries
+    /// the host's own `initialize` is [`HostInitialize::at_server`]'s to say (one fact, one
+    /// place); `asked` is the protocol version the server was asked for (legacy).
     Handshake {
         epoch: EpochId,
-        answer: Option<WaitingInitialize>,
         modern: bool,
+        asked: Option<String>,
     },
     /// Our own `tools/list` page.
     CatalogPage { epoch: EpochId },
@@ -256,17 +257,22 @@ pub struct Negotiated {
     pub from_record: bool,
 }
 
-/// A host `initialize` that no server of this session has answered yet: it waits for one
-/// (bounded by the first-start budget), travels with the server's handshake while that runs,
-/// and comes back here if that server goes before answering.
+/// The host's `initialize` from its arrival until it is answered: kept here alone, with its
+/// own deadline, wherever it is (waiting for a server, or sent to one). Whatever becomes of the
+/// request it rode on (the server exits, is replaced, answers with a broken line), it is looked
+/// at again at its deadline, so it is answered exactly once and within its budget (issue 33).
 #[derive(Debug, Clone)]
-pub struct WaitingInitialize {
+pub struct HostInitialize {
     pub host_id: RawId,
     /// When the host sent it (the budget counts from here, across servers).
     pub since_ms: u64,
     /// When it is looked at again (the one `HandshakeWait` timer that counts; earlier ones
     /// firing find it not due).
     pub due_ms: u64,
+    /// Our id of the request that carries it to a server (our handshake, or the host's own
+    /// request to a server past its handshake). A dangling id (that request is gone: our ids
+    /// are never reused) means it waits again.
+    pub at_server: Option<u64>,
 }
 
 /// The one host connection of this run (stdin/stdout).
@@ -298,8 +304,8 @@ pub struct HostConnection {
     /// and the cursor asked for (`None`: from the first page). An answer to a request not
     /// kept here is forwarded and not taken for anything the host holds.
     pub list_requests: VecDeque<(u64, Option<String>)>,
-    /// An `initialize` held for the server's own answer.
-    pub waiting_initialize: Option<WaitingInitialize>,
+    /// The host's `initialize`, until it is answered.
+    pub initialize: Option<HostInitialize>,
     /// The host asked for the catalog and got an error (nothing to show yet): tell it when
     /// the first catalog exists.
     pub list_refused: bool,
