@@ -259,7 +259,7 @@ class Handler(BaseHTTPRequestHandler):
             # Claude Code 2.1.197 starts the turn before its MCP servers are connected and
             # offers a tool to wait for them: a model that needs the server's tools calls it.
             waiter = next((w for w in waiters if w in names), None)
-            if waiter and waited < SCRIPT.get("max_waits", 3):
+            if waiter and waited < SCRIPT.get("max_waits", 8):
                 log({"event": "wait_call", "api": "anthropic", "tool": waiter})
                 return self.anthropic_reply(body, model, tool=waiter, arguments={})
             log({"event": "tool_missing", "api": "anthropic", "toolNames": names})
