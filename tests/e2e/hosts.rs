@@ -823,6 +823,73 @@ fn hosts_rebuild_during_session_claude_2_1_197() {
     rebuild_during_session("h-reb-c197", Host::Claude197);
 }
 
+/// A changed tool definition during one session: `list_items`'s description is edited with
+/// REVISION. The call must answer from the new build; which description the model was shown
+/// in the next turn is recorded (the issue saw Claude Code 2.1.337 refetch the list after
+/// `list_changed` and still send the model the old description).
+fn changed_definition_during_session(name: &str, host: Host) {
+    let mut s = Scenario::new(name, secs(360));
+    prebuild(&mut s, &["--no-gating"]);
+    let fm = FakeModel::start(&s, list_script());
+    let mut rig = HostRig::new(&s, host, &["--no-gating"]);
+    let mut session = ClaudeSession::start(&s, &mut rig, &fm);
+    let (first, recs) = session.prompt(&s, &rig, &fm, "session, before the edit", HOST_TIMEOUT);
+    let first = first.unwrap_or_else(|| panic!("{host:?}: {}", model_got(&recs)));
+    assert_real_answer(&first, "A", "first prompt");
+    let epoch_a = epoch_of(&s);
+    let edited = Instant::now();
+    s.edit("src/main.rs", |t| {
+        t.replacen(
+            "List the inventory items and the server revision",
+            "List the inventory items and the server revision (definition B)",
+            1,
+        )
+    });
+    to_b(&s);
+    let t = wait_new_server(&s, &epoch_a, edited);
+    eprintln!("{host:?}: rebuilt server up {t:.1}s after the edit");
+    // The supervisor tells the host (list_changed); give it a moment to refetch.
+    std::thread::sleep(secs(3));
+    let (second, recs) = session.prompt(
+        &s,
+        &rig,
+        &fm,
+        "session, after a definition change",
+        HOST_TIMEOUT,
+    );
+    let shown: Vec<String> = recs
+        .iter()
+        .filter(|r| r["event"] == json!("request"))
+        .filter_map(|r| r["tools"][0]["description"].as_str().map(String::from))
+        .collect();
+    let saw_new = shown.iter().any(|d| d.contains("(definition B)"));
+    report(
+        host,
+        "definition changed during the session",
+        &format!(
+            "model shown the {} description",
+            if saw_new { "new" } else { "old" }
+        ),
+        edited.elapsed(),
+    );
+    let second = second.unwrap_or_else(|| panic!("{host:?}: {}", model_got(&recs)));
+    assert_real_answer(&second, "B", "second prompt, after the definition change");
+    assert!(!shown.is_empty(), "{host:?}: the model was shown the tool");
+    session.close(host);
+    drop(fm);
+    s.assert_no_processes_left(secs(15));
+}
+
+#[test]
+fn hosts_changed_definition_during_session_claude_2_1_337() {
+    changed_definition_during_session("h-def-c337", Host::Claude337);
+}
+
+#[test]
+fn hosts_changed_definition_during_session_claude_2_1_197() {
+    changed_definition_during_session("h-def-c197", Host::Claude197);
+}
+
 // ----- 4. slow builds at start, a broken build fixed during a session, gating -----------------
 
 /// Adds a build script that sleeps `secs` (the first build after it is slow).
