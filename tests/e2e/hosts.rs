@@ -1085,3 +1085,65 @@ fn gate_on(name: &str, host: Host) {
 fn hosts_gate_on_claude_2_1_337() {
     gate_on("h-gate-c337", Host::Claude337);
 }
+
+/// Gating on with a one-shot host (no person to answer): the model must be told the call
+/// needs approval (never given an answer), within the run's timeout.
+fn gate_on_one_shot(name: &str, host: Host) {
+    let mut s = Scenario::new(name, secs(300));
+    prebuild(&mut s, &[]);
+    let fm = FakeModel::start(&s, list_script());
+    let mut rig = HostRig::new(&s, host, &[]);
+    let r = rig.run_prompt(&s, &fm, "gate on, nobody to approve", HOST_TIMEOUT);
+    let results: Vec<&Value> = r
+        .iter()
+        .filter(|r| r["event"] == json!("tool_result"))
+        .collect();
+    assert_eq!(results.len(), 1, "{host:?}: {}", model_got(&r));
+    assert!(
+        results[0]["found"].is_null(),
+        "an unapproved call ran: {}",
+        results[0]
+    );
+    let told = results[0]["text"].as_str().unwrap_or("");
+    eprintln!("{host:?}: gate on, the model was told: {told}");
+    assert!(
+        told.contains("list_items") && told.contains("authorization_required"),
+        "{host:?}: {}",
+        results[0]
+    );
+    drop(fm);
+    s.assert_no_processes_left(secs(15));
+}
+
+#[test]
+fn hosts_gate_on_codex() {
+    gate_on_one_shot("h-gate-codex", Host::Codex);
+}
+
+#[test]
+fn hosts_gate_on_gemini() {
+    gate_on_one_shot("h-gate-gemini", Host::Gemini);
+}
+
+#[test]
+fn hosts_slow_rebuild_at_start_gemini() {
+    slow_rebuild_after_probe("h-slow-gemini", Host::Gemini);
+}
+
+#[test]
+#[ignore = "needs the first-contact fix (issue 33 items 1-3)"]
+fn hosts_slow_rebuild_at_start_codex() {
+    slow_rebuild_after_probe("h-slow-codex", Host::Codex);
+}
+
+#[test]
+#[ignore = "needs the first-contact fix (issue 33 items 1-3)"]
+fn hosts_slow_cold_2025_06_18_gemini() {
+    slow_cold_2025_06_18("h-old-gemini", Host::Gemini);
+}
+
+#[test]
+#[ignore = "needs the first-contact fix (issue 33 items 1-3)"]
+fn hosts_slow_cold_2025_06_18_codex() {
+    slow_cold_2025_06_18("h-old-codex", Host::Codex);
+}
