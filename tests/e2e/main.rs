@@ -14,6 +14,7 @@
 mod approvals;
 mod first_contact;
 mod harness;
+mod hosts;
 
 use std::path::Path;
 use std::process::Command;
