@@ -40,6 +40,7 @@ impl<I: Io> Session<I> {
             arguments_digest: Some(prompt.arguments_digest.clone()),
             channel: Some(crate::approval::Channel::Host.as_str().into()),
             outcome: Some(outcome.to_string()),
+            mismatches: None,
         };
         // Under the epoch it asked about (a rebuild may have come since).
         let epoch = prompt.epoch.to_string();

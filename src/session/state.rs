@@ -274,6 +274,10 @@ pub struct HostConnection {
     pub client_info: Option<Value>,
     /// Each tool as this host was last shown it (to diff a stale call against).
     pub shown_tools: std::collections::BTreeMap<String, Value>,
+    /// For a tool of `shown_tools`, the different definition this host was shown before it:
+    /// what a model that kept its old definition holds (a call whose arguments do not match
+    /// is shown the diff from it).
+    pub replaced_tools: std::collections::BTreeMap<String, Value>,
     /// `(digest, revision)` of the whole catalog `shown_tools` and the gate's host view hold,
     /// `None` once a single tool was presented on its own (a stale-call result).
     pub shown_whole: Option<(String, Option<u64>)>,
