@@ -544,22 +544,12 @@ impl<I: Io> Session<I> {
         if changed {
             self.gate
                 .host_shown_catalog(shown.digest(), revision, shown.tool_digests().clone());
-            let before = std::mem::replace(
-                &mut self.host.shown_tools,
+            self.host.show_tools(
                 shown
                     .names()
                     .filter_map(|n| shown.tool(n).map(|t| (n.to_string(), t.clone())))
                     .collect(),
             );
-            let now_shown = &self.host.shown_tools;
-            self.host
-                .replaced_tools
-                .retain(|name, _| now_shown.contains_key(name));
-            for (name, old) in before {
-                if now_shown.get(&name).is_some_and(|new| new != &old) {
-                    self.host.replaced_tools.insert(name, old);
-                }
-            }
             self.host.shown_whole = Some(view);
         }
         let epoch = self.current_epoch().map(str::to_string);

@@ -334,9 +334,7 @@ impl<I: Io> Session<I> {
         match &current {
             Some(def) => {
                 payload["currentDefinition"] = definition_payload(&tool, def);
-                if let Some(old) = self.host.shown_tools.insert(tool.clone(), def.clone()) {
-                    self.host.replaced_tools.insert(tool.clone(), old);
-                }
+                self.host.show_tool(&tool, def.clone());
             }
             None => {
                 payload["currentDefinition"] = Value::Null;
@@ -420,9 +418,7 @@ impl<I: Io> Session<I> {
             "the tool's current definition is in currentDefinition: call again with arguments that match it (refetch tools/list to see every change)"
         );
         if !shown_now {
-            if let Some(old) = self.host.shown_tools.insert(tool.clone(), def.clone()) {
-                self.host.replaced_tools.insert(tool.clone(), old);
-            }
+            self.host.show_tool(&tool, def.clone());
             self.gate
                 .host_shown_tool(&tool, Some(digest.clone()), revision);
             self.host.shown_whole = None;
