@@ -81,7 +81,9 @@ impl ArgumentMismatch {
 /// One tool's input schema, ready to check calls against.
 #[derive(Debug)]
 enum InputCheck {
-    /// No `inputSchema` (or `null`): only the protocol's rule that arguments are an object.
+    /// No `inputSchema` (or `null`), or one that takes any object (`{"type":"object"}`, the
+    /// schema of a tool without parameters): only the protocol's rule that arguments are an
+    /// object, without reading them (the per-call path of most tools stays as it was).
     ObjectOnly,
     /// With the schema's expanded size (values one validation may visit per argument value).
     Compiled(Box<jsonschema::Validator>, usize),
@@ -195,6 +197,7 @@ impl InputSchemas {
         self.compiles += 1;
         let schema = match definition.get("inputSchema") {
             None | Some(Value::Null) => return InputCheck::ObjectOnly,
+            Some(schema) if accepts_any_object(schema) => return InputCheck::ObjectOnly,
             Some(schema) => schema,
         };
         let expanded = match within_bounds(schema).and_then(|()| expanded_size(schema)) {
@@ -246,6 +249,23 @@ impl InputSchemas {
     /// Schemas compiled so far (how often the cache missed).
     pub fn compiles(&self) -> u64 {
         self.compiles
+    }
+}
+
+/// Whether `schema` takes every object: `true`, `{}`, or only `"type": "object"`, empty
+/// `properties`, `additionalProperties` `true` or `{}`, and annotations.
+fn accepts_any_object(schema: &Value) -> bool {
+    let empty = |v: &Value| v.as_object().is_some_and(|m| m.is_empty());
+    match schema {
+        Value::Bool(true) => true,
+        Value::Object(map) => map.iter().all(|(key, value)| match key.as_str() {
+            "type" => value == "object",
+            "properties" => empty(value),
+            "additionalProperties" => value == &Value::Bool(true) || empty(value),
+            "$schema" | "title" | "description" | "$comment" | "examples" => true,
+            _ => false,
+        }),
+        _ => false,
     }
 }
 

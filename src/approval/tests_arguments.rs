@@ -152,6 +152,9 @@ fn a_tool_without_input_schema_or_with_an_empty_one_takes_any_object() {
         json!({"name": "t", "inputSchema": null}),
         json!({"name": "t", "inputSchema": {}}),
         json!({"name": "t", "inputSchema": {"type": "object"}}),
+        json!({"name": "t", "inputSchema": {"type": "object", "properties": {},
+               "additionalProperties": true, "$schema": "https://json-schema.org/draft/2020-12/schema"}}),
+        json!({"name": "t", "inputSchema": true}),
     ] {
         let mut g = gate_with(A, "c1", &["t"]);
         for args in [None, Some("{}"), Some(r#"{"anything":[1,{"x":null}]}"#)] {
@@ -161,6 +164,26 @@ fn a_tool_without_input_schema_or_with_an_empty_one_takes_any_object() {
             );
         }
         assert!(g.take_input_notices().is_none(), "nothing to say for {def}");
+    }
+}
+
+#[test]
+fn a_schema_that_looks_open_but_is_not_is_checked() {
+    for (schema, args) in [
+        (json!({"type": "object", "minProperties": 1}), "{}"),
+        (
+            json!({"type": "object", "additionalProperties": false}),
+            r#"{"a":1}"#,
+        ),
+        (
+            json!({"type": "object", "properties": {}, "required": ["a"]}),
+            "{}",
+        ),
+        (json!(false), "{}"),
+    ] {
+        let def = json!({"name": "t", "inputSchema": schema});
+        let mut g = gate_with(A, "c1", &["t"]);
+        refused(judge(&mut g, "c1", &def, Some(args)));
     }
 }
 
@@ -332,7 +355,7 @@ fn a_hostile_or_broken_schema_is_not_checked_and_said_once() {
     );
     // Too much text.
     assert_unchecked(
-        json!({"name": "t", "inputSchema": {"description": "x".repeat(300 * 1024)}}),
+        json!({"name": "t", "inputSchema": {"properties": {"a": {"description": "x".repeat(300 * 1024)}}}}),
         "{}",
         "KiB",
     );
