@@ -8,8 +8,9 @@
 //!
 //! Run: `cargo bench --bench arguments` (for a quick build, without the release profile's
 //! fat LTO: `CARGO_PROFILE_BENCH_LTO=false CARGO_PROFILE_BENCH_CODEGEN_UNITS=16`). Under
-//! callgrind, `BENCH_ITERS=100000 BENCH_BATCHES=1 BENCH_ONLY=checked|unchecked` runs one
-//! variant alone, so two runs' instruction counts give the difference per call.
+//! callgrind, `BENCH_ITERS=N BENCH_BATCHES=1 BENCH_ONLY=checked|unchecked
+//! BENCH_CASE=echo|write_item` runs one variant of one case alone: the difference of two runs'
+//! instruction counts (two values of N) over the difference of N is the cost of one decision.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -67,7 +68,11 @@ fn main() {
             r#"{"sku":"widget","qty":12}"#,
         ),
     ];
+    let case = std::env::var("BENCH_CASE").ok();
     for (tool, def, args) in &cases {
+        if case.as_deref().is_some_and(|c| c != *tool) {
+            continue;
+        }
         let mut g = gate(tool);
         let mut run = |checked: bool| {
             let mut samples = Vec::with_capacity(batches);
