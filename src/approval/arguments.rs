@@ -31,6 +31,11 @@ pub const MAX_SCHEMA_TEXT: usize = 256 * 1024;
 /// and each reference cycle unrolled to the deepest arguments serde_json reads (so a chain of
 /// references that doubles at each step, or a cycle that branches, is past it).
 pub const MAX_EXPANDED_NODES: usize = 20_000;
+/// Nesting of the schema as validation walks it (references followed, cycles unrolled): what
+/// bounds the validator's recursion, so a deep walk cannot overflow the stack of the thread
+/// that judges the call (the host reader's or a server reader's, 2 MiB: the deepest walk this
+/// allows needs under 1 MiB in a debug build, `the_deepest_validation_the_bounds_allow_fits_the_stack`).
+pub const MAX_EXPANDED_DEPTH: usize = 1_024;
 /// Times a reference cycle is unrolled: one more than the nesting serde_json reads (128), so
 /// a cycle that descends into the arguments at each turn is counted for the deepest ones.
 const UNROLL: usize = 129;
@@ -318,7 +323,8 @@ fn within_bounds(schema: &Value) -> Result<(), String> {
 /// its own `$id`) make the schema unchecked rather than unbounded. Iterative: no recursion.
 fn expanded_size(root: &Value) -> Result<usize, String> {
     enum Step<'a> {
-        Visit(&'a Value),
+        /// A value, at this depth of the walk.
+        Visit(&'a Value, usize),
         /// Leaving a reference's target: its count on the current path goes down.
         Leave(usize),
     }
@@ -329,7 +335,7 @@ fn expanded_size(root: &Value) -> Result<usize, String> {
     };
     let mut on_path: HashMap<usize, usize> = HashMap::new();
     let mut visited = 0usize;
-    let mut steps = vec![Step::Visit(root)];
+    let mut steps = vec![Step::Visit(root, 1)];
     while let Some(step) = steps.pop() {
         let value = match step {
             Step::Leave(key) => {
@@ -338,16 +344,22 @@ fn expanded_size(root: &Value) -> Result<usize, String> {
                 }
                 continue;
             }
-            Step::Visit(value) => value,
+            Step::Visit(value, depth) => (value, depth),
         };
+        let (value, depth) = value;
         visited += 1;
         if visited > MAX_EXPANDED_NODES {
             return Err(format!(
                 "its inputSchema expands (through $ref) to more than {MAX_EXPANDED_NODES} values"
             ));
         }
+        if depth > MAX_EXPANDED_DEPTH {
+            return Err(format!(
+                "its inputSchema nests (through $ref) more than {MAX_EXPANDED_DEPTH} levels deep"
+            ));
+        }
         match value {
-            Value::Array(items) => steps.extend(items.iter().map(Step::Visit)),
+            Value::Array(items) => steps.extend(items.iter().map(|v| Step::Visit(v, depth + 1))),
             Value::Object(map) => {
                 for (key, child) in map {
                     match (key.as_str(), child) {
@@ -369,7 +381,7 @@ fn expanded_size(root: &Value) -> Result<usize, String> {
                             if *n < UNROLL {
                                 *n += 1;
                                 steps.push(Step::Leave(key));
-                                steps.push(Step::Visit(target));
+                                steps.push(Step::Visit(target, depth + 1));
                             }
                         }
                         ("$dynamicRef" | "$recursiveRef", Value::String(_)) => {
@@ -378,7 +390,7 @@ fn expanded_size(root: &Value) -> Result<usize, String> {
                         ("$id", Value::String(_)) if !std::ptr::eq(value, root) => {
                             return unsupported("a subschema with its own $id");
                         }
-                        _ => steps.push(Step::Visit(child)),
+                        _ => steps.push(Step::Visit(child, depth + 1)),
                     }
                 }
             }

@@ -511,3 +511,56 @@ proptest! {
         prop_assert_eq!(forwarded(&d), valid, "{} -> {:?}", text, d);
     }
 }
+
+/// The deepest validation the bounds allow fits in half the 2 MiB stack of the threads that
+/// judge calls (the host reader, the server readers): a cycle of references that descends one level of
+/// the arguments per turn, each turn as deep as [`MAX_EXPANDED_DEPTH`] lets it be, against
+/// arguments nested as deep as serde_json reads. One level deeper per turn is not checked.
+#[test]
+fn the_deepest_validation_the_bounds_allow_fits_the_stack() {
+    let cycle = |hops: usize| {
+        let mut defs = serde_json::Map::new();
+        for i in 0..hops {
+            defs.insert(
+                format!("d{i}"),
+                json!({"allOf": [{"$ref": format!("#/$defs/d{}", i + 1)}]}),
+            );
+        }
+        defs.insert(
+            format!("d{hops}"),
+            json!({"type": "object", "properties": {"x": {"$ref": "#/$defs/d0"}}}),
+        );
+        json!({"name": "t", "inputSchema": {"$ref": "#/$defs/d0", "$defs": defs}})
+    };
+    // Each hop is three levels (object, allOf, item), each turn three more (object,
+    // properties, x), and the walk unrolls 129 turns: 129 × (3 × hops + 3) + 1 levels.
+    let hops = (MAX_EXPANDED_DEPTH / 129 - 3) / 3;
+    assert!(129 * (3 * hops + 3) < MAX_EXPANDED_DEPTH);
+    assert!(129 * (3 * (hops + 1) + 3) > MAX_EXPANDED_DEPTH);
+    let mut deep = String::from("{}");
+    for _ in 0..126 {
+        deep = format!(r#"{{"x":{deep}}}"#);
+    }
+    let stack: usize = std::env::var("ARGS_TEST_STACK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1 << 20);
+    std::thread::Builder::new()
+        .stack_size(stack)
+        .spawn(move || {
+            let def = cycle(hops);
+            let mut g = gate_with(A, "c1", &["t"]);
+            let d = judge(&mut g, "c1", &def, Some(&deep));
+            assert_eq!(g.take_input_notices(), None, "checked");
+            assert!(forwarded(&d), "{d:?}");
+            let bad = deep.replacen("{}", "1", 1);
+            refused(judge(&mut g, "c1", &def, Some(&bad)));
+            let mut g = gate_with(A, "c1", &["t"]);
+            let _ = judge(&mut g, "c1", &cycle(hops + 1), Some(&deep));
+            let notices = g.take_input_notices().expect("one hop more is not checked");
+            assert!(notices[0].1.contains("levels deep"), "{notices:?}");
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+}
