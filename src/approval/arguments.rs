@@ -42,6 +42,9 @@ const UNROLL: usize = 129;
 /// Work one validation may do, as (bytes of arguments / 2) × expanded schema values: past it a
 /// call is forwarded unchecked (huge arguments against a big schema).
 const MAX_WORK: usize = 50_000_000;
+/// Work past which only the first mismatch is looked for (the validator collects every error
+/// of a call before it returns one).
+const MAX_WORK_FOR_ALL_ERRORS: usize = 100_000;
 /// Size of one compiled pattern (and of its lazy DFA), bytes.
 const REGEX_SIZE_LIMIT: usize = 1 << 20;
 /// Compiled schemas kept; past it the cache starts over (each is compiled again at its next call).
@@ -151,8 +154,10 @@ impl InputSchemas {
                 "arguments must be a JSON object",
             )]);
         }
-        let validator = match check {
-            InputCheck::Compiled(v, expanded) if text.len() / 2 * expanded <= MAX_WORK => v,
+        let (validator, work) = match check {
+            InputCheck::Compiled(v, expanded) if text.len() / 2 * expanded <= MAX_WORK => {
+                (v, text.len() / 2 * expanded)
+            }
             _ => return Ok(()),
         };
         let empty = Value::Object(serde_json::Map::new());
@@ -173,8 +178,16 @@ impl InputSchemas {
         if validator.is_valid(instance) {
             return Ok(());
         }
+        // Every error is collected by `iter_errors` before the first is returned: only for
+        // small work; else the first one alone (`validate` stops at it).
+        let errors: Box<dyn Iterator<Item = jsonschema::ValidationError<'_>>> =
+            if work <= MAX_WORK_FOR_ALL_ERRORS {
+                Box::new(validator.iter_errors(instance))
+            } else {
+                Box::new(validator.validate(instance).err().into_iter())
+            };
         let mut mismatches = Vec::new();
-        for e in validator.iter_errors(instance) {
+        for e in errors {
             use jsonschema::error::ValidationErrorKind as Kind;
             if matches!(
                 e.kind(),

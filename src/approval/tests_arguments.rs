@@ -458,6 +458,21 @@ fn hostile_references_are_bounded_in_time() {
 }
 
 #[test]
+fn big_arguments_report_their_first_mismatch_only() {
+    // Every element fails: the validator would collect 50,000 errors; the first is enough.
+    let def =
+        json!({"name": "t", "inputSchema": {"properties": {"a": {"items": {"type": "string"}}}}});
+    let mut g = gate_with(A, "c1", &["t"]);
+    let args = json!({"a": vec![1; 50_000]}).to_string();
+    let d = refused(judge(&mut g, "c1", &def, Some(&args)));
+    assert_eq!(d.mismatches.len(), 1, "{d:?}");
+    assert_eq!(d.mismatches[0].path, "/a/0");
+    let small = json!({"a": [1, 2, 3, 4]}).to_string();
+    let d = refused(judge(&mut g, "c1", &def, Some(&small)));
+    assert_eq!(d.mismatches.len(), MISMATCHES_REPORTED, "{d:?}");
+}
+
+#[test]
 fn mismatch_text_is_shortened_and_safe_to_show() {
     let def = json!({"name": "t", "inputSchema": {"type": "object", "additionalProperties": false,
         "properties": {"mode": {"enum": ["\u{1b}]0;owned\u{7}", "\u{202e}evil"]}}}});
