@@ -26,6 +26,7 @@ pub enum DenialReason {
     IdentityPending,
     CatalogStale,
     UnknownTool,
+    ArgumentsInvalid,
     AuthorizationStale,
     AuthorizationRequired,
 }
@@ -36,6 +37,7 @@ impl DenialReason {
             DenialReason::IdentityPending => "identity_pending",
             DenialReason::CatalogStale => "catalog_stale",
             DenialReason::UnknownTool => "unknown_tool",
+            DenialReason::ArgumentsInvalid => "arguments_invalid",
             DenialReason::AuthorizationStale => "authorization_stale",
             DenialReason::AuthorizationRequired => "authorization_required",
         }
@@ -49,6 +51,9 @@ impl DenialReason {
             }
             DenialReason::CatalogStale => "tool catalog changed since the host last fetched it",
             DenialReason::UnknownTool => "tool is not in the current catalog",
+            DenialReason::ArgumentsInvalid => {
+                "arguments do not match the tool's current definition (its inputSchema in the current catalog)"
+            }
             DenialReason::AuthorizationStale => "server execution epoch changed",
             DenialReason::AuthorizationRequired => {
                 "tool requires human approval for this execution epoch"
@@ -65,6 +70,9 @@ impl DenialReason {
             DenialReason::CatalogStale => "refresh tool metadata (tools/list), then call again",
             DenialReason::UnknownTool => {
                 "refresh tool metadata (tools/list) and call a listed tool"
+            }
+            DenialReason::ArgumentsInvalid => {
+                "call again with arguments that match the tool's current definition"
             }
             DenialReason::AuthorizationStale => "refresh tool metadata and request authorization",
             DenialReason::AuthorizationRequired => {
@@ -98,6 +106,9 @@ pub struct Denial {
     pub credential_scopes: Vec<String>,
     /// Only on `catalog_stale` for a gated tool with no live grant.
     pub authorization: Option<PendingAuthorization>,
+    /// Only on `arguments_invalid`: what did not match (at most
+    /// [`super::MISMATCHES_REPORTED`], shortened and safe to show).
+    pub mismatches: Vec<super::ArgumentMismatch>,
 }
 
 impl Denial {
@@ -115,13 +126,18 @@ impl Denial {
         if let Some(epoch) = &self.current_epoch {
             p.insert("currentEpoch".into(), json!(epoch));
         }
-        if self.reason == DenialReason::CatalogStale {
+        if matches!(
+            self.reason,
+            DenialReason::CatalogStale | DenialReason::ArgumentsInvalid
+        ) {
             p.insert("hostCatalog".into(), json!(self.host_catalog));
         }
         if let Some(rev) = &self.current_catalog
             && matches!(
                 self.reason,
-                DenialReason::CatalogStale | DenialReason::UnknownTool
+                DenialReason::CatalogStale
+                    | DenialReason::UnknownTool
+                    | DenialReason::ArgumentsInvalid
             )
         {
             p.insert("currentCatalog".into(), json!(rev));
@@ -132,6 +148,9 @@ impl Denial {
                 PendingAuthorization::Required => "required",
             };
             p.insert("authorization".into(), json!(status));
+        }
+        if self.reason == DenialReason::ArgumentsInvalid {
+            p.insert("mismatches".into(), json!(self.mismatches));
         }
         p.insert("retry".into(), json!(self.reason.retry()));
         p.insert("tool".into(), json!(self.tool));
@@ -191,6 +210,18 @@ impl Denial {
             DenialReason::UnknownTool => {
                 format!(
                     "{tool} is not in the server's current tool list: let the agent refresh tools/list."
+                )
+            }
+            DenialReason::ArgumentsInvalid => {
+                let what = self
+                    .mismatches
+                    .first()
+                    .map(|m| format!(" ({})", m.describe()))
+                    .unwrap_or_default();
+                format!(
+                    "The arguments of {tool} do not match its current definition{what}: the agent may hold an old \
+                     definition of the tool (some hosts keep it after refetching); the call was refused with the \
+                     current one, or reconnect the server in the host."
                 )
             }
             DenialReason::AuthorizationStale => format!(

@@ -61,6 +61,9 @@ pub struct Gate {
     denials: Vec<DeniedCall>,
     /// Gated tools that were refused for lack of a grant and not approved since.
     requested: BTreeSet<String>,
+    /// Compiled input schemas, per tool and definition digest (kept across epochs: a rebuild
+    /// that serves the same definition compiles nothing).
+    inputs: InputSchemas,
 }
 
 impl Gate {
@@ -78,6 +81,7 @@ impl Gate {
             run_ended: false,
             denials: Vec::new(),
             requested: BTreeSet::new(),
+            inputs: InputSchemas::default(),
         }
     }
 
@@ -366,6 +370,21 @@ impl Gate {
         arguments_digest: Option<&str>,
         now: u64,
     ) -> CallDecision {
+        self.decide_call_checked(tool, arguments_digest, None, now)
+    }
+
+    /// [`Gate::decide_call_with`] with the call's arguments checked against the tool's current
+    /// definition: `call` holds the arguments' JSON text (`None` when the call has none) and
+    /// the tool's definition in the current catalog with its digest. The definition is used
+    /// only when its digest is the one this gate holds for the tool (never a definition of
+    /// another catalog); without one the arguments are not checked.
+    pub fn decide_call_checked(
+        &mut self,
+        tool: &str,
+        arguments_digest: Option<&str>,
+        call: Option<CheckedCall<'_>>,
+        now: u64,
+    ) -> CallDecision {
         let scopes = self.policy.scopes_for(tool);
         let gated = self.policy.is_gated(tool);
         let Some((_, catalog)) = self.current.as_ref().and_then(|c| c.catalog.as_ref()) else {
@@ -404,6 +423,16 @@ impl Gate {
         }
         if !in_catalog {
             let denial = self.denial(tool, &scopes, DenialReason::UnknownTool);
+            return self.deny(denial, false, now);
+        }
+        if let Some(call) = call
+            && catalog.get(tool).map(String::as_str) == Some(call.digest)
+            && let Err(mismatches) =
+                self.inputs
+                    .check(tool, call.digest, call.definition, call.arguments)
+        {
+            let mut denial = self.denial(tool, &scopes, DenialReason::ArgumentsInvalid);
+            denial.mismatches = mismatches;
             return self.deny(denial, false, now);
         }
         if !gated {
@@ -468,6 +497,7 @@ impl Gate {
             current_catalog: catalog.map(|(revision, _)| revision.clone()),
             credential_scopes: scopes.iter().cloned().collect(),
             authorization: None,
+            mismatches: Vec::new(),
         }
     }
 
@@ -579,6 +609,28 @@ impl Gate {
     pub fn host_catalog(&self) -> Option<&str> {
         self.host_catalog.as_deref()
     }
+
+    /// Tools whose current input schema is not checked, with why (each once per definition).
+    pub fn take_input_notices(&mut self) -> Option<Vec<(String, String)>> {
+        self.inputs
+            .has_notices()
+            .then(|| self.inputs.take_notices())
+    }
+
+    /// The compiled input schemas (for tests and figures).
+    pub fn input_schemas(&self) -> &InputSchemas {
+        &self.inputs
+    }
+}
+
+/// What [`Gate::decide_call_checked`] checks a call's arguments with.
+#[derive(Debug, Clone, Copy)]
+pub struct CheckedCall<'a> {
+    /// The call's `arguments` JSON text, `None` when absent.
+    pub arguments: Option<&'a str>,
+    /// The tool's definition in the current catalog, and its digest there.
+    pub definition: &'a serde_json::Value,
+    pub digest: &'a str,
 }
 
 #[cfg(test)]

@@ -19,19 +19,28 @@
 //!    tool: calls to unchanged tools go through. A host that was never shown a catalog in this
 //!    connection (or never shown this tool) is judged against the current catalog;
 //! 3. `unknown_tool`: the tool is not in the current catalog;
-//! 4. for a gated tool, a live grant of this run naming the current epoch and covering the tool
+//! 4. `arguments_invalid`: the call's arguments are not an object, or do not validate against
+//!    the tool's `inputSchema` in the current catalog (`arguments`: bounded, compiled once per
+//!    definition; a schema too big or that does not compile is not checked), whatever the host
+//!    was shown: its model may hold an old definition. Judged before grants, so a malformed call
+//!    never asks a person nor spends a per-call grant;
+//! 5. for a gated tool, a live grant of this run naming the current epoch and covering the tool
 //!    and every credential scope it uses; otherwise the refusal cites the newest grant of the
 //!    tool that no longer authorizes (`approvedEpoch`): `authorization_stale` when it is of
 //!    another epoch, `authorization_required` when it is this epoch's, used up, or when there is
 //!    none.
 
+mod arguments;
 mod denial;
 mod gate;
 mod grant;
 mod policy;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_arguments;
 
+pub use arguments::*;
 pub use denial::*;
 pub use gate::*;
 pub use grant::*;

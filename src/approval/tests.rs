@@ -490,6 +490,7 @@ fn every_denial_payload_and_hint() {
         current_catalog: Some(rev(2, "c2")),
         credential_scopes: vec![],
         authorization: None,
+        mismatches: Vec::new(),
     };
     let cases = [
         (
@@ -1267,6 +1268,7 @@ fn a_suggested_approve_tool_command_is_one_command_in_fish_too() {
         current_catalog: None,
         credential_scopes: vec![],
         authorization: None,
+        mismatches: Vec::new(),
     };
     let hint = d.human_hint();
     let cmd = hint

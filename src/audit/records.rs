@@ -117,8 +117,8 @@ pub struct ToolResult {
 pub struct AuthorizationDenied {
     pub call_id: Value,
     pub tool: String,
-    /// `identity_pending`, `catalog_stale`, `unknown_tool`, `authorization_required`,
-    /// `authorization_stale`, `build_failed`, `server_unavailable`.
+    /// `identity_pending`, `catalog_stale`, `unknown_tool`, `arguments_invalid`,
+    /// `authorization_required`, `authorization_stale`, `build_failed`, `server_unavailable`.
     pub reason: String,
     #[serde(default)]
     pub approved_epoch: Option<String>,
@@ -135,6 +135,10 @@ pub struct AuthorizationDenied {
     /// For a host-channel denial: `declined`, `cancelled`, `timed out`, `epoch changed`, ….
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<String>,
+    /// For `arguments_invalid`: what did not match the tool's input schema (`/qty: …`; at
+    /// most three, shortened, without the arguments' values).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mismatches: Option<Vec<String>>,
 }
 
 /// `call_failed_epoch_transition`: a call in flight when its server was replaced or exited.

@@ -40,6 +40,7 @@ impl<I: Io> Session<I> {
             arguments_digest: Some(prompt.arguments_digest.clone()),
             channel: Some(crate::approval::Channel::Host.as_str().into()),
             outcome: Some(outcome.to_string()),
+            mismatches: None,
         };
         // Under the epoch it asked about (a rebuild may have come since).
         let epoch = prompt.epoch.to_string();
@@ -176,6 +177,7 @@ impl<I: Io> Session<I> {
             current_catalog: None,
             credential_scopes: self.gate.policy().scopes_for(tool).into_iter().collect(),
             authorization: None,
+            mismatches: Vec::new(),
         };
         let mut payload = denial.payload();
         payload["approval"] = json!({"channel": "host", "outcome": outcome, "declined": true});
@@ -189,6 +191,7 @@ impl<I: Io> Session<I> {
             arguments_digest: Some(digest.to_string()),
             channel: Some(crate::approval::Channel::Host.as_str().into()),
             outcome: Some(outcome.into()),
+            mismatches: None,
         };
         let epoch = self.current_epoch().map(str::to_string);
         self.audit_record(

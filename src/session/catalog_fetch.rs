@@ -544,10 +544,12 @@ impl<I: Io> Session<I> {
         if changed {
             self.gate
                 .host_shown_catalog(shown.digest(), revision, shown.tool_digests().clone());
-            self.host.shown_tools = shown
-                .names()
-                .filter_map(|n| shown.tool(n).map(|t| (n.to_string(), t.clone())))
-                .collect();
+            self.host.show_tools(
+                shown
+                    .names()
+                    .filter_map(|n| shown.tool(n).map(|t| (n.to_string(), t.clone())))
+                    .collect(),
+            );
             self.host.shown_whole = Some(view);
         }
         let epoch = self.current_epoch().map(str::to_string);

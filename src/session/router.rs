@@ -9,7 +9,7 @@
 use serde_json::{Value, json};
 
 use super::*;
-use crate::approval::{CallDecision, Channel, Denial, DenialReason};
+use crate::approval::{CallDecision, Channel, CheckedCall, Denial, DenialReason};
 use crate::audit::records;
 use crate::catalog::{self, Catalog};
 use crate::hashing;
@@ -73,13 +73,30 @@ impl<I: Io> Session<I> {
             return self.refuse_unavailable_call(&host_id, &tool);
         }
         let wall = self.io.wall_ms();
-        match self.gate.decide_call_with(&tool, Some(&args_digest), wall) {
+        // The tool's definition in the current catalog: the gate checks the arguments against
+        // its input schema (compiled once per definition).
+        let call = self.catalog.catalog().and_then(|c| {
+            Some(CheckedCall {
+                arguments: arguments.map(|a| a.get()),
+                definition: c.tool(&tool)?,
+                digest: c.tool_digests().get(&tool)?,
+            })
+        });
+        let decision = self
+            .gate
+            .decide_call_checked(&tool, Some(&args_digest), call, wall);
+        if let Some(notices) = self.gate.take_input_notices() {
+            self.tell_unchecked_schemas(notices);
+        }
+        match decision {
             CallDecision::Deny(denial) => {
                 let epoch_now = self.current_epoch().map(str::to_string);
                 let mut payload = denial.payload();
                 let mut hint = denial.human_hint();
                 if denial.reason == DenialReason::CatalogStale {
                     hint = self.present_current_definition(&denial, &mut payload);
+                } else if denial.reason == DenialReason::ArgumentsInvalid {
+                    hint = self.present_definition_for_arguments(&denial, &mut payload);
                 }
                 let needs_grant = matches!(
                     denial.reason,
@@ -117,6 +134,8 @@ impl<I: Io> Session<I> {
                     arguments_digest: Some(args_digest.clone()),
                     channel: needs_grant.then(|| channel.as_str().to_string()),
                     outcome: None,
+                    mismatches: (denial.reason == DenialReason::ArgumentsInvalid)
+                        .then(|| denial.mismatches.iter().map(|m| m.describe()).collect()),
                 };
                 self.audit_record(
                     audit::AUTHORIZATION_DENIED,
@@ -314,14 +333,8 @@ impl<I: Io> Session<I> {
         });
         match &current {
             Some(def) => {
-                payload["currentDefinition"] = json!({
-                    "name": tool,
-                    "description": def.get("description"),
-                    "inputSchema": def.get("inputSchema"),
-                    "outputSchema": def.get("outputSchema"),
-                    "annotations": def.get("annotations"),
-                });
-                self.host.shown_tools.insert(tool.clone(), def.clone());
+                payload["currentDefinition"] = definition_payload(&tool, def);
+                self.host.show_tool(&tool, def.clone());
             }
             None => {
                 payload["currentDefinition"] = Value::Null;
@@ -363,6 +376,96 @@ impl<I: Io> Session<I> {
         text
     }
 
+    /// A call whose arguments do not match the tool's current definition: its result shows
+    /// that definition and what changed from the one this host was shown before it (or from
+    /// what it was shown, when that differs): a model that kept an old definition learns the
+    /// new one here. A host that was not shown this definition yet is recorded as shown it, as
+    /// for a stale call. Returns the sentence for the model.
+    fn present_definition_for_arguments(&mut self, denial: &Denial, payload: &mut Value) -> String {
+        let tool = denial.tool.clone();
+        let current = self
+            .catalog
+            .catalog()
+            .and_then(|c| Some((c.tool(&tool)?.clone(), c.tool_digests().get(&tool)?.clone())));
+        let Some((def, digest)) = current else {
+            return denial.human_hint(); // unreachable: the gate judged against this catalog
+        };
+        let revision = self.catalog.current().map(|r| r.number);
+        let shown_now = self
+            .gate
+            .host_shown(&tool)
+            .is_some_and(|s| s.digest == digest);
+        let base = if shown_now {
+            self.host.replaced_tools.get(&tool).cloned()
+        } else {
+            self.host.shown_tools.get(&tool).cloned()
+        };
+        let one = |t: &Value| Catalog::from_tools(vec![t.clone()]).ok();
+        let changes = match (base.as_ref().and_then(one), one(&def)) {
+            (Some(old), Some(new)) => catalog::diff(&old, &new).render_human(),
+            _ => Vec::new(),
+        };
+        payload["currentDefinition"] = definition_payload(&tool, &def);
+        payload["changes"] = json!(changes);
+        if !changes.is_empty() {
+            payload["changesFrom"] = json!(if shown_now {
+                "the definition this host was shown before the current one"
+            } else {
+                "the definition this host was last shown"
+            });
+        }
+        payload["retry"] = json!(
+            "the tool's current definition is in currentDefinition: call again with arguments that match it (refetch tools/list to see every change)"
+        );
+        if !shown_now {
+            self.host.show_tool(&tool, def.clone());
+            self.gate
+                .host_shown_tool(&tool, Some(digest.clone()), revision);
+            self.host.shown_whole = None;
+            let epoch = self.current_epoch().map(str::to_string);
+            self.audit_record(
+                audit::CATALOG_PRESENTED,
+                epoch.as_deref(),
+                json!({"connection": self.agent_run, "source": "arguments-mismatch result",
+                       "tool": tool, "digest": digest, "revision": revision}),
+            );
+        }
+        let what: Vec<String> = denial.mismatches.iter().map(|m| m.describe()).collect();
+        let mut text = format!(
+            "The arguments do not match the current definition of the tool `{tool}` (catalog revision {}): {}. \
+             Its current description: {}. Its current input schema: {}.",
+            revision.unwrap_or(0),
+            what.join("; "),
+            def.get("description")
+                .and_then(|d| d.as_str())
+                .unwrap_or("(none)"),
+            def.get("inputSchema")
+                .map(|s| s.to_string())
+                .unwrap_or_else(|| "{}".into())
+        );
+        if !changes.is_empty() {
+            text.push_str(&format!(
+                " Changes from the definition this host was shown before: {}.",
+                changes.join("; ")
+            ));
+        }
+        text.push_str(
+            " The call was not run; call again with arguments that match the current definition.",
+        );
+        text
+    }
+
+    /// One status line per tool whose input schema is not checked (each once per definition).
+    fn tell_unchecked_schemas(&mut self, notices: Vec<(String, String)>) {
+        for (tool, why) in notices {
+            let tool =
+                crate::sanitize::review(crate::sanitize::first_chars(&tool, 128)).into_owned();
+            self.io.status(&format!(
+                "arguments of {tool} are not checked against its input schema: {why}"
+            ));
+        }
+    }
+
     /// Once per revision: the host was told the list changed and still calls with old
     /// definitions (Claude Code before v2.1.233, Python and most TS apps never refetch).
     fn note_host_not_refetching(&mut self) {
@@ -382,6 +485,17 @@ impl<I: Io> Session<I> {
             "the host has not refetched tools/list {told}(catalog revision {revision}); stale calls are refused with the new definition. In Claude Code, `/mcp` reconnects the server"
         ));
     }
+}
+
+/// A tool's definition as a refused call's result shows it.
+fn definition_payload(tool: &str, def: &Value) -> Value {
+    json!({
+        "name": tool,
+        "description": def.get("description"),
+        "inputSchema": def.get("inputSchema"),
+        "outputSchema": def.get("outputSchema"),
+        "annotations": def.get("annotations"),
+    })
 }
 
 impl<I: Io> Session<I> {

@@ -11,6 +11,10 @@ use super::*;
 
 const V: &str = "2025-06-18";
 
+// Declared here: `mod.rs` is at the 600-line bound `the_core_imports_no_io` keeps.
+#[path = "tests_arguments.rs"]
+mod arguments;
+
 fn call_result_text(a: &Value) -> String {
     a["result"]["content"][0]["text"]
         .as_str()

@@ -1012,3 +1012,118 @@ fn s10_inspector_cli_one_shots() {
     );
     s.assert_no_processes_left(secs(10));
 }
+
+// ----- 11. arguments checked against the current definition (issue 33, item 5) -------------------
+
+/// Revision B where `write_item` requires a `warehouse` (a property that became required).
+fn to_b_with_required_warehouse(s: &Scenario) {
+    s.edit("src/main.rs", |t| {
+        t.replacen(
+            "    qty: i64,\n",
+            "    qty: i64,\n    /// Warehouse (required from revision B).\n    #[allow(dead_code)]\n    warehouse: String,\n",
+            1,
+        )
+    });
+    s.set_revision("A", "B");
+}
+
+/// A call whose arguments do not match the running server's input schema is refused with the
+/// current definition, whatever the host fetched: `qty` as a string (before any grant: nobody
+/// is asked to approve a call that cannot run), then, after a rebuild that made `warehouse`
+/// required and a refetch by the host, the old arguments a model that kept the old definition
+/// would send (Claude Code does). Nothing runs until the arguments match.
+#[test]
+fn s11_arguments_checked_against_the_current_definition() {
+    let mut s = Scenario::new("s11", secs(240));
+    let mut d = s.driver(Client::Py2, &[], &[]);
+    let (_, epoch_a) = start(&s, &mut d);
+    let p = d.call_denied(
+        "write_item",
+        json!({"sku": "a", "qty": "1"}),
+        "arguments_invalid",
+    );
+    assert_eq!(p["tool"], json!("write_item"), "{p}");
+    assert_eq!(p["currentEpoch"], json!(epoch_a), "{p}");
+    assert_eq!(p["mismatches"][0]["path"], json!("/qty"), "{p}");
+    assert_eq!(
+        p["currentDefinition"]["inputSchema"]["properties"]["qty"]["type"],
+        json!("integer"),
+        "{p}"
+    );
+    assert!(
+        p["reason"]
+            .as_str()
+            .unwrap()
+            .contains("do not match the tool's current definition"),
+        "{p}"
+    );
+    s.approve(&["write_item"]);
+    assert_wrote(&write(&mut d, "a", 1), "A", start_pid(&s), "a");
+    let (pid_b, epoch_b, mark) = rebuild(&s, &d, &epoch_a, to_b_with_required_warehouse);
+    assert_eq!(d.stderr.grep(mark, "catalog changed:").len(), 1);
+    // The host refetches: what it holds is the current catalog.
+    assert_eq!(d.list_tools(), TOOLS);
+    s.wait_status("host holds the new catalog", secs(10), |st| {
+        st["hostCatalog"] == st["catalog"]["digest"]
+    });
+    s.approve(&["write_item"]);
+    // Its model still calls with the old definition.
+    let p = d.call_denied(
+        "write_item",
+        json!({"sku": "b", "qty": 2}),
+        "arguments_invalid",
+    );
+    assert_eq!(p["currentEpoch"], json!(epoch_b), "{p}");
+    assert_eq!(p["mismatches"][0]["keyword"], json!("required"), "{p}");
+    assert!(
+        p["mismatches"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("warehouse"),
+        "{p}"
+    );
+    assert!(
+        p["currentDefinition"]["inputSchema"]["required"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("warehouse")),
+        "{p}"
+    );
+    let changes = p["changes"].to_string();
+    assert!(
+        changes.contains("warehouse"),
+        "the diff from the definition the host was shown before: {p}"
+    );
+    assert_eq!(
+        s.side_effect_lines().len(),
+        1,
+        "a refused call must not run"
+    );
+    let r = d.call(
+        "write_item",
+        json!({"sku": "b", "qty": 2, "warehouse": "east"}),
+    );
+    assert_wrote(&r, "B", pid_b, "b");
+    let denied: Vec<Value> = records_of(&s.audit_records(), "authorization_denied")
+        .into_iter()
+        .filter(|r| r["data"]["reason"] == json!("arguments_invalid"))
+        .cloned()
+        .collect();
+    assert_eq!(denied.len(), 2, "{denied:?}");
+    assert!(
+        denied[0]["data"]["mismatches"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("/qty"),
+        "{denied:?}"
+    );
+    close_clean(&s, d);
+    assert_audit_verifies(&s);
+}
+
+/// The pid of the first server started in this scenario.
+fn start_pid(s: &Scenario) -> u32 {
+    records_of(&s.audit_records(), "server_started")[0]["data"]["pid"]
+        .as_u64()
+        .unwrap() as u32
+}
