@@ -252,6 +252,20 @@ pub fn declined_hint(tool: &str, outcome: &str) -> String {
     )
 }
 
+/// What the model is told when the person approved in a form that had already closed: the call
+/// did not run, and calling again shows the person a new form (never how to approve elsewhere).
+pub fn late_answer_hint(tool: &str) -> String {
+    let tool = tool.replace('`', "\\`");
+    format!(
+        "The approval form for this call of {tool} had closed (it timed out) before the person's answer arrived, \
+         so the call was not run. Calling it again shows the person a new form."
+    )
+}
+
+/// The `retry` text of a call whose approval came after its form closed.
+pub const RETRY_LATE_ANSWER: &str =
+    "call again: the person is shown a new approval form; do not ask for approval another way";
+
 /// The `retry` text of a call the person declined (replaces the reason's own).
 pub const RETRY_DECLINED: &str =
     "do not retry: the person declined this call; do not ask for approval another way";

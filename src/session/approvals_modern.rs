@@ -129,12 +129,21 @@ impl<I: Io> Session<I> {
             ));
             // The person's no that came after the form closed is still their no: the call is
             // refused as declined (never judged, never told how to approve elsewhere).
-            let late_no = params
+            let late_answer = params
                 .get(INPUT_RESPONSES)
                 .and_then(|r| r.get(&prompt_id))
-                .is_some_and(super::approvals::is_a_no);
-            if late_no {
-                self.refuse_late_no(&host_id, &tool, &digest);
+                .cloned();
+            if let Some(answer) = late_answer {
+                // The person answered a form that had closed (its deadline passed, or it was
+                // answered or withdrawn): a no is still their no; a yes grants nothing (the
+                // form it answers is gone), and the model is told to call again, which asks
+                // the person again; never how to approve another way (issue 33).
+                self.refuse_late_answer(
+                    &host_id,
+                    &tool,
+                    &digest,
+                    super::approvals::is_a_no(&answer),
+                );
                 return None;
             }
             // Judged as a plain call (it cannot prompt again): without a grant, refused.
@@ -164,10 +173,15 @@ impl<I: Io> Session<I> {
 }
 
 impl<I: Io> Session<I> {
-    /// A retry carrying the person's no to a form that is no longer open: refused as declined,
-    /// recorded (`authorization_denied`, channel `host`).
-    fn refuse_late_no(&mut self, host_id: &RawId, tool: &str, digest: &str) {
-        let outcome = "declined in the host (after the form had closed)";
+    /// A retry carrying the person's answer to a form that is no longer open: refused, recorded
+    /// (`authorization_denied`, channel `host`). A no is refused as declined; a yes as too late
+    /// (the call may be made again, which shows a new form).
+    fn refuse_late_answer(&mut self, host_id: &RawId, tool: &str, digest: &str, no: bool) {
+        let outcome = if no {
+            "declined in the host (after the form had closed)"
+        } else {
+            "approved in the host after the form had closed (it had timed out or was withdrawn)"
+        };
         let denial = crate::approval::Denial {
             reason: crate::approval::DenialReason::AuthorizationRequired,
             tool: tool.to_string(),
@@ -180,8 +194,12 @@ impl<I: Io> Session<I> {
             mismatches: Vec::new(),
         };
         let mut payload = denial.payload();
-        payload["approval"] = json!({"channel": "host", "outcome": outcome, "declined": true});
-        payload["retry"] = json!(crate::approval::RETRY_DECLINED);
+        payload["approval"] = json!({"channel": "host", "outcome": outcome, "declined": no});
+        payload["retry"] = json!(if no {
+            crate::approval::RETRY_DECLINED
+        } else {
+            crate::approval::RETRY_LATE_ANSWER
+        });
         let record = records::AuthorizationDenied {
             call_id: json!(host_id.get()),
             tool: tool.to_string(),
@@ -199,7 +217,11 @@ impl<I: Io> Session<I> {
             epoch.as_deref(),
             records::data(&record),
         );
-        let hint = crate::approval::declined_hint(tool, outcome);
+        let hint = if no {
+            crate::approval::declined_hint(tool, outcome)
+        } else {
+            crate::approval::late_answer_hint(tool)
+        };
         let result = self.tool_error(&payload, &hint);
         self.io.to_host(envelope::result_line(host_id, &result));
         self.publish();

@@ -37,65 +37,61 @@ impl<I: Io> Session<I> {
                 self.initialize_lost_its_server(id, epoch, cause);
                 continue;
             }
-            match p {
-                Pending::Host {
-                    host_id,
-                    method,
-                    call,
-                    ..
-                } => {
-                    if method == "subscriptions/listen" {
-                        continue; // carried to the next child
-                    }
-                    let payload = json!({
-                        "error": "epoch_transition",
-                        "reason": if cause == "replaced" { "the server was replaced while this request was in flight" } else { "the server exited while this request was in flight" },
-                        "cause": cause,
-                        "oldEpoch": epoch,
-                        "newEpoch": new_epoch,
-                        "exit": exit,
-                        "mayHaveRun": true,
-                        "retried": false,
-                        "retry": "refresh tool metadata, check whether the call took effect, then decide whether to call again",
-                    });
-                    if let Some(call) = call {
-                        let record = records::CallFailedEpochTransition {
-                            call_id: json!(call.call_id),
-                            tool: call.tool.clone(),
-                            old_epoch: Some(epoch.to_string()),
-                            new_epoch: new_epoch.map(str::to_string),
-                            cause: Some(cause.to_string()),
-                        };
-                        self.audit_record(
-                            audit::CALL_FAILED_EPOCH_TRANSITION,
-                            Some(epoch),
-                            records::data(&record),
-                        );
-                        let what = if cause == "replaced" {
-                            "was replaced"
-                        } else {
-                            "exited"
-                        };
-                        let hint = format!(
-                            "The server running epoch {epoch} {what} while `{}` was in flight; it may or may not have run and was not retried.",
-                            call.tool
-                        );
-                        self.io.to_host(envelope::result_line(
-                            &host_id,
-                            &self.tool_error(&payload, &hint),
-                        ));
-                    } else {
-                        self.io.to_host(envelope::error_line(
-                            Some(&host_id),
-                            codes::EPOCH_TRANSITION,
-                            &format!(
-                                "server {cause} while the request was in flight (epoch {epoch})"
-                            ),
-                            payload,
-                        ));
-                    }
+            if let Pending::Host {
+                host_id,
+                method,
+                call,
+                ..
+            } = p
+            {
+                if method == "subscriptions/listen" {
+                    continue; // carried to the next child
                 }
-                _ => {}
+                let payload = json!({
+                    "error": "epoch_transition",
+                    "reason": if cause == "replaced" { "the server was replaced while this request was in flight" } else { "the server exited while this request was in flight" },
+                    "cause": cause,
+                    "oldEpoch": epoch,
+                    "newEpoch": new_epoch,
+                    "exit": exit,
+                    "mayHaveRun": true,
+                    "retried": false,
+                    "retry": "refresh tool metadata, check whether the call took effect, then decide whether to call again",
+                });
+                if let Some(call) = call {
+                    let record = records::CallFailedEpochTransition {
+                        call_id: json!(call.call_id),
+                        tool: call.tool.clone(),
+                        old_epoch: Some(epoch.to_string()),
+                        new_epoch: new_epoch.map(str::to_string),
+                        cause: Some(cause.to_string()),
+                    };
+                    self.audit_record(
+                        audit::CALL_FAILED_EPOCH_TRANSITION,
+                        Some(epoch),
+                        records::data(&record),
+                    );
+                    let what = if cause == "replaced" {
+                        "was replaced"
+                    } else {
+                        "exited"
+                    };
+                    let hint = format!(
+                        "The server running epoch {epoch} {what} while `{}` was in flight; it may or may not have run and was not retried.",
+                        call.tool
+                    );
+                    self.io.to_host(envelope::result_line(
+                        &host_id,
+                        &self.tool_error(&payload, &hint),
+                    ));
+                } else {
+                    self.io.to_host(envelope::error_line(
+                        Some(&host_id),
+                        codes::EPOCH_TRANSITION,
+                        &format!("server {cause} while the request was in flight (epoch {epoch})"),
+                        payload,
+                    ));
+                }
             }
         }
         for l in &mut self.listens {

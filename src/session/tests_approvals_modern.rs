@@ -408,4 +408,18 @@ fn a_late_decline_is_still_a_decline() {
         Some("authorization_required")
     );
     assert!(h.audit_kinds(audit::APPROVAL_GRANTED).is_empty());
+    // The person approved, too late: the model is told so and that calling again asks again;
+    // never how to approve another way (Claude Code 2.1.337 keeps the expired form on screen).
+    let text = a.to_string();
+    assert!(!text.contains("cargo mcp-dev approve"), "{a}");
+    assert!(
+        text.contains("had closed") && text.contains("new form"),
+        "{a}"
+    );
+    assert_eq!(
+        a["result"]["_meta"]["dev.cargo-mcp-dev/error"]["approval"]["declined"],
+        json!(false),
+        "{a}"
+    );
+    assert_eq!(forwarded_calls(&mut h), 0);
 }

@@ -18,20 +18,7 @@ fn driver_for(s: &mut Scenario, client: Client) -> Driver {
 
 /// `cargo mcp-dev build` of the scenario's project: the next `run` starts warm.
 fn prebuild(s: &Scenario) {
-    let manifest = s.manifest().display().to_string();
-    let target = s.target.display().to_string();
-    let out = s.mcp_dev(&[
-        "build",
-        "--manifest-path",
-        &manifest,
-        "--target-dir",
-        &target,
-    ]);
-    assert!(
-        out.status.success(),
-        "prebuild: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    s.build_now();
 }
 
 /// Sets how the driver's "person" answers the next prompts.

@@ -424,18 +424,8 @@ fn fc_cold_start_ts_v1() {
         .wait_for(0, "initialize answered with an error after", secs(10));
     d.kill_host();
     d.wait_exit(secs(20));
-    // The build the host left goes on in the background.
-    let log = s.mcp_dev_dir().join("background-build.log");
-    let deadline = std::time::Instant::now() + secs(420);
-    loop {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if text.contains("cargo mcp-dev: background build finished") {
-            assert!(text.contains("exit status: 0"), "{text}");
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "{text}");
-        std::thread::sleep(std::time::Duration::from_millis(500));
-    }
+    // The build the host left goes on in the background: waited for on cargo's lock.
+    s.build_now();
     // The host reconnects: warm now, the server's own answers.
     let mut d = s.driver(Client::TsV1, &["--no-gating"], &[]);
     d.connect(30_000);

@@ -460,6 +460,26 @@ impl Scenario {
         }
     }
 
+    /// `cargo mcp-dev build` of the scenario's project, asserted to succeed: the next `run`
+    /// starts warm. A build still running (one a host left in the background) is waited for on
+    /// cargo's lock first.
+    pub fn build_now(&self) {
+        let manifest = self.manifest().display().to_string();
+        let target = self.target.display().to_string();
+        let out = self.mcp_dev(&[
+            "build",
+            "--manifest-path",
+            &manifest,
+            "--target-dir",
+            &target,
+        ]);
+        assert!(
+            out.status.success(),
+            "cargo mcp-dev build: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// Runs `cargo-mcp-dev ARGS…` (approve, status, audit, identity …) to completion.
     pub fn mcp_dev(&self, args: &[&str]) -> Output {
         let mut cmd = Command::new(bin());

@@ -561,20 +561,7 @@ fn codex_first_turn_then_warm(
         model_got(first)
     );
     // Waits on the build lock for the background build, then finds nothing to do.
-    let manifest = s.manifest().display().to_string();
-    let target = s.target.display().to_string();
-    let out = s.mcp_dev(&[
-        "build",
-        "--manifest-path",
-        &manifest,
-        "--target-dir",
-        &target,
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    s.build_now();
     let r = rig.run_prompt(s, fm, &format!("{state}, the next codex run"), HOST_TIMEOUT);
     rig.expect_answer(&r, revision, &format!("{state}, the next run"));
 }
