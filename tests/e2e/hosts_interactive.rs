@@ -315,6 +315,31 @@ fn assert_refused(result: &Value, outcome: &str) {
     );
 }
 
+/// "Only this call": expand the choices (their labels asserted), select the first, move to
+/// Accept, submit.
+fn accept_once(t: &mut Terminal, s: &Scenario, step: &str) {
+    t.keys(&["Right"]);
+    let screen = t.wait_screen(s, &format!("{step}-choices"), secs(10), |sc| {
+        sc.contains("Decline: do not run this call")
+    });
+    for label in [
+        "Only this call",
+        "`write_item` until the next rebuild",
+        "Decline: do not run this call",
+    ] {
+        assert!(screen.contains(label), "choice {label:?}: {screen}");
+    }
+    t.keys(&["Space"]);
+    t.wait_screen(s, &format!("{step}-selected"), secs(10), |sc| {
+        decision_shows(sc, "Only this call")
+    });
+    t.keys(&["Enter"]);
+    t.wait_screen(s, &format!("{step}-accept-focused"), secs(10), |sc| {
+        sc.contains("❯ Accept")
+    });
+    t.keys(&["Enter"]);
+}
+
 /// The form's Decline button: from the field down to the buttons, over to Decline, Enter.
 fn decline(t: &mut Terminal, s: &Scenario, step: &str) {
     t.keys(&["Down"]);
@@ -371,7 +396,18 @@ enum Era {
     Modern,
 }
 
-fn interactive_gate(name: &str, host: Host, era: Era) {
+/// One interactive Claude Code in a terminal, ready for a prompt, its server up. Fields drop
+/// in order: the terminal first, the scenario (which kills whatever is left) last.
+struct Rig {
+    t: Terminal,
+    _debug: KeepDebug,
+    fm: FakeModel,
+    home: PathBuf,
+    started: Instant,
+    s: Scenario,
+}
+
+fn start_rig(name: &str, host: Host) -> Rig {
     let mut s = Scenario::new(name, secs(420));
     prebuild(&mut s, &[]);
     hosts_ready();
@@ -464,29 +500,30 @@ fn interactive_gate(name: &str, host: Host, era: Era) {
     // The server is up with its catalog before the person types.
     s.wait_ready(None);
 
-    // 1. "Only this call": expand the choices, select the first, focus Accept, submit.
+    Rig {
+        t,
+        _debug,
+        fm,
+        home,
+        started,
+        s,
+    }
+}
+
+fn interactive_gate(name: &str, host: Host, era: Era) {
+    let Rig {
+        mut t,
+        _debug,
+        fm,
+        home,
+        started,
+        s,
+    } = start_rig(name, host);
+
+    // 1. "Only this call".
     let from = fm.records().len();
     prompt_until_form(&mut t, &s, host, "1-once");
-    t.keys(&["Right"]);
-    let screen = t.wait_screen(&s, "1-once-choices", secs(10), |sc| {
-        sc.contains("Decline: do not run this call")
-    });
-    for label in [
-        "Only this call",
-        "`write_item` until the next rebuild",
-        "Decline: do not run this call",
-    ] {
-        assert!(screen.contains(label), "choice {label:?}: {screen}");
-    }
-    t.keys(&["Space"]);
-    t.wait_screen(&s, "1-once-selected", secs(10), |sc| {
-        decision_shows(sc, "Only this call")
-    });
-    t.keys(&["Enter"]);
-    t.wait_screen(&s, "1-once-accept-focused", secs(10), |sc| {
-        sc.contains("❯ Accept")
-    });
-    t.keys(&["Enter"]);
+    accept_once(&mut t, &s, "1-once");
     let once = tool_result_after(&s, &fm, from, secs(60));
     assert_eq!(once["isError"], json!(false), "{once}");
     assert_eq!(once["found"]["sku"], json!(SKU), "{once}");
@@ -622,6 +659,68 @@ fn interactive_gate(name: &str, host: Host, era: Era) {
     drop(t);
     drop(fm);
     s.assert_no_processes_left(secs(15));
+}
+
+/// 2026-07-28 era: nobody answers until the approval timeout closes the prompt; then the
+/// person says yes ("Only this call") to the form still on the screen. The retry names a
+/// closed prompt: the call must not run, and the model must not be sent to approve another way
+/// (the person did answer, in the host).
+fn late_yes(name: &str, host: Host) {
+    let Rig {
+        mut t,
+        _debug,
+        fm,
+        home: _,
+        started,
+        s,
+    } = start_rig(name, host);
+    let from = fm.records().len();
+    let audit_from = s.audit_records().len();
+    prompt_until_form(&mut t, &s, host, "late-yes");
+    let outcome = format!("not retried in the host within {APPROVAL_TIMEOUT_SECS}s");
+    let deadline = Instant::now() + s.within(secs(APPROVAL_TIMEOUT_SECS + 30));
+    while !s.audit_records().into_iter().skip(audit_from).any(|r| {
+        r["type"] == json!("authorization_denied") && r["data"]["outcome"] == json!(outcome)
+    }) {
+        assert!(
+            Instant::now() < deadline,
+            "the prompt was not closed: {outcome}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(secs(2));
+    accept_once(&mut t, &s, "late-yes");
+    let late = tool_result_after(&s, &fm, from, secs(60));
+    let text = late["text"].as_str().unwrap_or("").to_string();
+    eprintln!("{host:?} (terminal): yes after the timeout, the model was told: {text}");
+    report(
+        host,
+        "terminal (tmux): yes after the approval timeout",
+        &model_got(&fm.records()),
+        started.elapsed(),
+    );
+    assert!(
+        late["found"].is_null(),
+        "a call allowed after its form closed ran: {late}"
+    );
+    assert!(
+        s.side_effect_lines().is_empty(),
+        "{:?}",
+        s.side_effect_lines()
+    );
+    assert!(
+        !text.contains("cargo mcp-dev approve"),
+        "the person answered in the host; the model is not sent to approve another way: {text}"
+    );
+    drop(t);
+    drop(fm);
+    s.assert_no_processes_left(secs(15));
+}
+
+#[test]
+#[ignore = "a yes after the approval timeout (2026-07-28 era) sends the model to `cargo mcp-dev approve`"]
+fn hosts_terminal_late_yes_claude_2_1_337() {
+    late_yes("t-late-c337", Host::Claude337);
 }
 
 #[test]
