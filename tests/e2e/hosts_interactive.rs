@@ -515,13 +515,15 @@ fn start_rig(name: &str, host: Host) -> Rig {
 }
 
 fn interactive_gate(name: &str, host: Host, era: Era) {
+    // Bound scenario first: locals drop in reverse, so on a failure the terminal, the debug
+    // copy and the fake model go before the scenario kills what is left.
     let Rig {
-        mut t,
-        _debug,
-        fm,
-        home,
-        started,
         s,
+        started,
+        home,
+        fm,
+        _debug,
+        mut t,
     } = start_rig(name, host);
 
     // 1. "Only this call".
@@ -670,13 +672,15 @@ fn interactive_gate(name: &str, host: Host, era: Era) {
 /// closed prompt: the call must not run, and the model must not be sent to approve another way
 /// (the person did answer, in the host).
 fn late_yes(name: &str, host: Host) {
+    // Bound scenario first: locals drop in reverse, so on a failure the terminal, the debug
+    // copy and the fake model go before the scenario kills what is left.
     let Rig {
-        mut t,
-        _debug,
-        fm,
-        home: _,
-        started,
         s,
+        started,
+        home: _,
+        fm,
+        _debug,
+        mut t,
     } = start_rig(name, host);
     let from = fm.records().len();
     let audit_from = s.audit_records().len();
