@@ -27,7 +27,7 @@ pub enum Host {
 }
 
 impl Host {
-    fn dir(self) -> &'static str {
+    pub fn dir(self) -> &'static str {
         match self {
             Host::Claude337 => "claude-2.1.337",
             Host::Claude197 => "claude-2.1.197",
@@ -36,7 +36,7 @@ impl Host {
         }
     }
 
-    fn bin(self) -> PathBuf {
+    pub fn bin(self) -> PathBuf {
         let name = match self {
             Host::Claude337 | Host::Claude197 => "claude",
             Host::Codex => "codex",
@@ -55,7 +55,7 @@ impl Host {
 }
 
 /// The hosts installed once per test binary; a failure fails the scenario (never a skip).
-fn hosts_ready() {
+pub fn hosts_ready() {
     static READY: OnceLock<Result<(), String>> = OnceLock::new();
     let r = READY.get_or_init(|| {
         let t = Instant::now();
@@ -80,7 +80,7 @@ fn hosts_ready() {
 }
 
 /// A toolchain variable the supervisor's cargo needs although the host runs with a temp HOME.
-fn toolchain_env() -> Vec<(String, String)> {
+pub fn toolchain_env() -> Vec<(String, String)> {
     let real_home = std::env::var("HOME").unwrap_or_default();
     let mut v = Vec::new();
     for (key, default) in [("RUSTUP_HOME", ".rustup"), ("CARGO_HOME", ".cargo")] {
@@ -160,7 +160,7 @@ impl Drop for FakeModel {
 }
 
 /// What the model got in records `from..`: one line for the report.
-fn model_got(records: &[Value]) -> String {
+pub fn model_got(records: &[Value]) -> String {
     let mut out = Vec::new();
     for r in records {
         match r["event"].as_str() {
@@ -185,7 +185,7 @@ fn model_got(records: &[Value]) -> String {
     }
 }
 
-fn report(host: Host, state: &str, got: &str, elapsed: Duration) {
+pub fn report(host: Host, state: &str, got: &str, elapsed: Duration) {
     let line = format!(
         "hosts-report: {} | {state} | {got} | {:.1}s",
         host.dir(),
@@ -533,7 +533,7 @@ fn list_script() -> Value {
 /// A first session (TS SDK v1) records a build, its catalog and its `initialize` answer, with
 /// the server's environment of the scenario (a server that speaks only 2025-06-18 must be
 /// recorded as one).
-fn prebuild(s: &mut Scenario, run_extra: &[&str], server_env: &[(&str, &str)]) {
+pub fn prebuild(s: &mut Scenario, run_extra: &[&str], server_env: &[(&str, &str)]) {
     let mut d = s.driver(Client::TsV1, run_extra, server_env);
     d.connect(60_000);
     assert_eq!(d.list_tools(), TOOLS);

@@ -15,6 +15,7 @@ mod approvals;
 mod first_contact;
 mod harness;
 mod hosts;
+mod hosts_interactive;
 
 use std::path::Path;
 use std::process::Command;
