@@ -16,7 +16,8 @@
 //! - [`state`]: the state types (lifecycle, builds, child phase, pending tables, host view);
 //! - `lifecycle`: builds, spawning, replacing, exits, crash loop, shutdown;
 //! - `first_contact`: requests that arrive before a server is up (held requests, recorded
-//!   catalog, build failure at start); `handshake`: our handshake and a server that cannot serve;
+//!   catalog, build failure at start); `initialize`: the host's `initialize`, answered once and
+//!   only by a real server; `handshake`: our handshake and a server that cannot serve;
 //! - `host`: messages from the host; `child`: messages from the server;
 //! - `catalog_fetch`: fetching and publishing catalogs, what each host connection was shown;
 //! - `router`: `tools/call` gating and forwarding; `inflight`: answers for requests whose
