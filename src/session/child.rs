@@ -280,10 +280,6 @@ impl<I: Io> Session<I> {
                 call,
                 ..
             } => {
-                if method == "initialize" {
-                    // The host's own `initialize`, passed to a server past its handshake.
-                    return self.on_initialize_answer(epoch, id, &msg);
-                }
                 if method == "subscriptions/listen" && self.server_refused_listen(&host_id, &msg) {
                     return;
                 }
@@ -359,6 +355,8 @@ impl<I: Io> Session<I> {
                 self.on_handshake_result(epoch, id, msg, modern, asked)
             }
             Pending::CatalogPage { .. } => self.on_catalog_page(epoch, &msg),
+            // The host's own `initialize`, passed to a server past its handshake.
+            Pending::ForwardedInitialize { .. } => self.on_initialize_answer(epoch, id, &msg),
         }
     }
 

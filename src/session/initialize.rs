@@ -129,18 +129,8 @@ impl<I: Io> Session<I> {
         };
         let epoch = c.epoch.clone();
         let params = self.host.init_params.clone().unwrap_or(json!({}));
-        let host_id = self
-            .host
-            .initialize
-            .as_ref()
-            .expect("waiting")
-            .host_id
-            .clone();
-        let id = self.alloc(Pending::Host {
-            host_id,
-            method: "initialize".into(),
+        let id = self.alloc(Pending::ForwardedInitialize {
             epoch: epoch.clone(),
-            call: None,
         });
         if let Some(init) = &mut self.host.initialize {
             init.at_server = Some(id);

@@ -66,6 +66,8 @@ mod tests_catalog_unreadable;
 #[cfg(test)]
 mod tests_early_build;
 #[cfg(test)]
+mod tests_first_contact_fuzz;
+#[cfg(test)]
 mod tests_first_contact_props;
 #[cfg(test)]
 mod tests_first_contact_red_team;

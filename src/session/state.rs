@@ -189,6 +189,9 @@ pub enum Pending {
     },
     /// Our own `tools/list` page.
     CatalogPage { epoch: EpochId },
+    /// The host's own `initialize`, passed to a server past its handshake. It holds no host
+    /// id: only [`HostInitialize`] can answer the host, so nothing answers it twice.
+    ForwardedInitialize { epoch: EpochId },
 }
 
 impl Pending {
@@ -196,7 +199,8 @@ impl Pending {
         match self {
             Pending::Host { epoch, .. }
             | Pending::Handshake { epoch, .. }
-            | Pending::CatalogPage { epoch } => epoch,
+            | Pending::CatalogPage { epoch }
+            | Pending::ForwardedInitialize { epoch } => epoch,
         }
     }
 }
