@@ -192,6 +192,23 @@ pub fn failed(last_good: Option<&str>) -> BuildResult {
     }
 }
 
+/// Facts holding a real server's `initialize` answer for `version`, as an earlier run keeps
+/// them (server name `name`, capabilities `tools` and `logging`).
+pub fn recorded_handshake(version: &str, name: &str) -> RecordedFacts {
+    let mut facts = RecordedFacts::default();
+    facts.handshakes.insert(
+        version.to_string(),
+        RecordedHandshake {
+            result: json!({"protocolVersion": version, "capabilities": {"tools": {}, "logging": {}},
+                           "serverInfo": {"name": name, "version": "0"}}),
+            epoch: "OLD".into(),
+            identity_digest: "sha256:old".into(),
+            recorded_at: "t".into(),
+        },
+    );
+    facts
+}
+
 /// A tool definition as a server would list it.
 pub fn tool(name: &str, version: u32) -> Value {
     json!({"name": name, "description": format!("{name} v{version}"),

@@ -22,22 +22,6 @@ fn call_result_text(a: &Value) -> String {
         .to_string()
 }
 
-/// A real server's `initialize` answer recorded for `version` (as an earlier run keeps it).
-fn recorded_handshake(version: &str, name: &str) -> RecordedFacts {
-    let mut facts = RecordedFacts::default();
-    facts.handshakes.insert(
-        version.to_string(),
-        RecordedHandshake {
-            result: json!({"protocolVersion": version, "capabilities": {"tools": {}, "logging": {}},
-                           "serverInfo": {"name": name, "version": "0.9"}}),
-            epoch: "OLDEPOCH".into(),
-            identity_digest: "sha256:oldid".into(),
-            recorded_at: "t".into(),
-        },
-    );
-    facts
-}
-
 /// Issue 33: no answer the host gets describes state no real server produced. A cold start
 /// with nothing recorded: `initialize` waits for the server's own answer, and so do the list
 /// and the call.

@@ -144,18 +144,7 @@ fn run(recorded: bool, mode: u8, evs: Vec<Ev>) {
     let mut h = Harness::ungated(|c| {
         c.restart = [Restart::Supervise, Restart::Manual, Restart::Disconnect][mode as usize];
         if recorded {
-            let mut facts = RecordedFacts::default();
-            facts.handshakes.insert(
-                V.to_string(),
-                RecordedHandshake {
-                    result: json!({"protocolVersion": V, "capabilities": {"tools": {}},
-                                   "serverInfo": {"name": "recorded", "version": "0"}}),
-                    epoch: "OLD".into(),
-                    identity_digest: "sha256:old".into(),
-                    recorded_at: "t".into(),
-                },
-            );
-            c.recorded = facts;
+            c.recorded = recorded_handshake(V, "recorded");
         }
     });
     h.next_host_id = 10_000;

@@ -108,18 +108,7 @@ fn run(c: &Case) {
     let mut h = Harness::ungated(|cfg| {
         cfg.warm = c.warm;
         if c.recorded {
-            let mut facts = RecordedFacts::default();
-            facts.handshakes.insert(
-                V.to_string(),
-                RecordedHandshake {
-                    result: json!({"protocolVersion": V, "capabilities": {"tools": {}},
-                                   "serverInfo": {"name": "recorded", "version": "0"}}),
-                    epoch: "OLD".into(),
-                    identity_digest: "sha256:old".into(),
-                    recorded_at: "t".into(),
-                },
-            );
-            cfg.recorded = facts;
+            cfg.recorded = recorded_handshake(V, "recorded");
         }
     });
     h.server_version = c.server_version.map(str::to_string);

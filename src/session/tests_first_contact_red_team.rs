@@ -18,18 +18,7 @@ fn modern_meta() -> Value {
 }
 
 fn recorded(version: &str) -> RecordedFacts {
-    let mut facts = RecordedFacts::default();
-    facts.handshakes.insert(
-        version.to_string(),
-        RecordedHandshake {
-            result: json!({"protocolVersion": version, "capabilities": {"tools": {}},
-                           "serverInfo": {"name": "recorded", "version": "0"}}),
-            epoch: "OLD".into(),
-            identity_digest: "sha256:old".into(),
-            recorded_at: "t".into(),
-        },
-    );
-    facts
+    recorded_handshake(version, "recorded")
 }
 
 fn init_params(version: &str) -> Value {
