@@ -345,3 +345,70 @@ fn idle_control_connections_are_capped() {
         "{n} threads serve 120 idle control connections (one thread per connection, no cap)"
     );
 }
+
+/// A `run` started by a host with another environment than the shell's (SDK clients pass only
+/// HOME, PATH and a few more: no `XDG_RUNTIME_DIR`) binds its socket in another directory than
+/// `approve`/`status` in the user's terminal would look first. They find it wherever it is
+/// bound (issue 33: the terminal is where the person approves).
+#[test]
+fn status_finds_a_socket_bound_by_a_run_with_another_environment() {
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake-server");
+    let home = tempfile::tempdir().unwrap();
+    let xdg = home.path().join("xdg");
+    std::fs::create_dir_all(&xdg).unwrap();
+    let target = home.path().join("target");
+    let status = |xdg_runtime: Option<&std::path::Path>| {
+        let mut c = bin();
+        c.args(["status", "--json", "--manifest-path"])
+            .arg(fixture.join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(&target)
+            .env_remove("CARGO_MCP_DEV_HOME")
+            .env_remove("XDG_STATE_HOME")
+            .env("HOME", home.path());
+        match xdg_runtime {
+            Some(d) => c.env("XDG_RUNTIME_DIR", d),
+            None => c.env_remove("XDG_RUNTIME_DIR"),
+        };
+        c.stdin(Stdio::null()).output().unwrap()
+    };
+    // Nobody bound: the error names where this environment looks first.
+    let out = status(Some(&xdg));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    let first = err
+        .split("cannot connect to ")
+        .nth(1)
+        .and_then(|r| r.split(':').next())
+        .unwrap_or_else(|| panic!("{err}"))
+        .to_string();
+    assert!(first.starts_with(&xdg.display().to_string()), "{err}");
+    let name = std::path::Path::new(&first).file_name().unwrap().to_owned();
+    // A `run` without XDG_RUNTIME_DIR binds in the state directory (HOME-based).
+    let run_dir = home.path().join(".local/state/cargo-mcp-dev/run");
+    std::fs::create_dir_all(&run_dir).unwrap();
+    let listener = UnixListener::bind(run_dir.join(&name)).unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            let mut line = String::new();
+            if BufReader::new(&stream).read_line(&mut line).is_err() {
+                continue;
+            }
+            let mut s = &stream;
+            let _ = writeln!(
+                s,
+                "{}",
+                json!({"ok": true, "result": status_doc("write_item", vec![])})
+            );
+        }
+    });
+    let out = status(Some(&xdg));
+    assert!(
+        out.status.success(),
+        "status did not find the socket bound by a run without XDG_RUNTIME_DIR: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("write_item"));
+}

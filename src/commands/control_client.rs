@@ -10,13 +10,18 @@ use crate::cycle::Prepared;
 use crate::error::Failure;
 use crate::{control, exit_codes};
 
-/// The socket path: `--socket`, else derived from the project's target dir and label.
+/// The socket path: `--socket`, else derived from the project's target dir and label: the
+/// first place a socket is bound at ([`control::socket_paths`]: a `run` started by a host with
+/// another environment, say without `XDG_RUNTIME_DIR`, binds it in another directory than this
+/// shell would), else where this environment's `run` would bind it.
 pub fn locate(args: &ControlArgs) -> Result<(PathBuf, String), Failure> {
-    if let Some(s) = &args.socket {
-        return Ok((s.clone(), socket_label(args, s)));
-    }
-    let (target_dir, label) = target_and_label(args)?;
-    Ok((control::socket_path(&target_dir, &label), label))
+    use std::os::unix::fs::FileTypeExt;
+    let (paths, label) = locate_all(args)?;
+    let bound = paths
+        .iter()
+        .find(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_socket()));
+    let path = bound.or(paths.first()).expect("at least one").clone();
+    Ok((path, label))
 }
 
 /// Every path the socket can be at ([`control::socket_paths`]; only `--socket` when given),
