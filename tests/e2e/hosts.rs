@@ -542,11 +542,28 @@ pub fn prebuild(s: &mut Scenario, run_extra: &[&str], server_env: &[(&str, &str)
 
 const HOST_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Codex 0.171.0's `exec` starts its one turn about 1.5 s after launch without waiting for a
-/// server that is still building (`startup_timeout_sec = 60` in its config changes nothing):
-/// that turn has no tool, and nothing that no server said reaches the model (no tool result at
-/// all). The build the host left goes on in the background; once it is done the next
-/// `codex exec` finds the server warm and the model gets the real answer of `revision`.
+/// What Codex 0.171.0 gets: its `exec` starts its one turn about 1.5 s after launch without
+/// waiting for a server that is still building (`startup_timeout_sec = 60` in its config changes
+/// nothing). If the server was up in time, the model gets the real answer of `revision`; if not,
+/// that turn has no tool and nothing that no server said reaches the model (no tool result at
+/// all), and the next `codex exec`, once the build the host left is done, gets the real answer.
+/// Which of the two happens depends on the machine's load, so both are accepted, and neither
+/// may be wrong.
+fn expect_codex(
+    s: &Scenario,
+    rig: &mut HostRig,
+    fm: &FakeModel,
+    first: &[Value],
+    revision: &str,
+    state: &str,
+) {
+    if first.iter().any(|r| r["event"] == json!("tool_result")) {
+        return rig.expect_answer(first, revision, state);
+    }
+    codex_first_turn_then_warm(s, rig, fm, first, revision, state);
+}
+
+/// Codex's turn started before the server was up: see [`expect_codex`].
 fn codex_first_turn_then_warm(
     s: &Scenario,
     rig: &mut HostRig,
@@ -594,7 +611,7 @@ fn hosts_warm_changed_claude_2_1_197() {
     warm_then_changed("h-wc-c197", Host::Claude197);
 }
 
-/// Warm start alone (Codex fails the changed start on main: see `hosts_changed_codex`).
+/// Warm start alone (Codex runs one prompt per process).
 #[test]
 fn hosts_warm_codex() {
     let mut s = Scenario::new("h-warm-codex", secs(300));
@@ -602,13 +619,13 @@ fn hosts_warm_codex() {
     let fm = FakeModel::start(&s, list_script());
     let mut rig = HostRig::new(&s, Host::Codex, &["--no-gating"]);
     let r = rig.run_prompt(&s, &fm, "warm", HOST_TIMEOUT);
-    rig.expect_answer(&r, "A", "warm");
+    expect_codex(&s, &mut rig, &fm, &r, "A", "warm");
     drop(fm);
     s.assert_no_processes_left(secs(15));
 }
 
-/// Codex starts the model's turn without waiting for a `tools/list` the supervisor holds while
-/// it builds (it waits for `initialize`, which the supervisor answers at once today).
+/// Changed start: the real answer from the new build, in this turn or the next (see
+/// [`expect_codex`]).
 #[test]
 fn hosts_changed_codex() {
     let mut s = Scenario::new("h-chg-codex", secs(300));
@@ -617,7 +634,7 @@ fn hosts_changed_codex() {
     let fm = FakeModel::start(&s, list_script());
     let mut rig = HostRig::new(&s, Host::Codex, &["--no-gating"]);
     let r = rig.run_prompt(&s, &fm, "changed", HOST_TIMEOUT);
-    rig.expect_answer(&r, "B", "changed");
+    expect_codex(&s, &mut rig, &fm, &r, "B", "changed");
     drop(fm);
     s.assert_no_processes_left(secs(15));
 }
@@ -637,7 +654,7 @@ fn cold(name: &str, host: Host) {
     let mut rig = HostRig::new(&s, host, &["--no-gating"]);
     let r = rig.run_prompt(&s, &fm, "cold", HOST_TIMEOUT);
     if host == Host::Codex {
-        codex_first_turn_then_warm(&s, &mut rig, &fm, &r, "A", "cold");
+        expect_codex(&s, &mut rig, &fm, &r, "A", "cold");
     } else {
         rig.expect_answer(&r, "A", "cold");
     }
@@ -911,7 +928,7 @@ fn slow_rebuild_after_probe(name: &str, host: Host) {
         HOST_TIMEOUT,
     );
     if host == Host::Codex {
-        codex_first_turn_then_warm(&s, &mut rig, &fm, &r, "B", "slow rebuild at start");
+        expect_codex(&s, &mut rig, &fm, &r, "B", "slow rebuild at start");
     } else {
         rig.expect_answer(&r, "B", "slow rebuild at start");
     }
@@ -948,7 +965,7 @@ fn slow_cold_2025_06_18(name: &str, host: Host) {
         HOST_TIMEOUT,
     );
     if host == Host::Codex {
-        codex_first_turn_then_warm(
+        expect_codex(
             &s,
             &mut rig,
             &fm,
