@@ -166,6 +166,23 @@ impl Io for FakeIo {
     }
 }
 
+impl FakeIo {
+    /// Takes the earliest timer due at or before `target` and moves the clock to it (the one
+    /// step every simulated clock in these tests advances by).
+    pub fn take_due_timer(&mut self, target: u64) -> Option<Timer> {
+        let i = self
+            .timers
+            .iter()
+            .enumerate()
+            .filter(|(_, (at, _))| *at <= target)
+            .min_by_key(|(_, (at, _))| *at)
+            .map(|(i, _)| i)?;
+        let (at, timer) = self.timers.remove(i);
+        self.now_ms = self.now_ms.max(at);
+        Some(timer)
+    }
+}
+
 /// An identity record whose executable digest is `exe`.
 pub fn record(exe: &str) -> IdentityRecord {
     let mut i = crate::fingerprint::tests::inputs();
@@ -280,27 +297,9 @@ impl Harness {
 
     pub fn advance(&mut self, ms: u64) {
         let target = self.io().now_ms + ms;
-        loop {
-            let due = {
-                let io = self.io();
-                let next = io
-                    .timers
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, (at, _))| *at <= target)
-                    .min_by_key(|(_, (at, _))| *at)
-                    .map(|(i, _)| i);
-                next.map(|i| io.timers.remove(i))
-            };
-            match due {
-                Some((at, timer)) => {
-                    let io = self.io();
-                    io.now_ms = io.now_ms.max(at);
-                    self.s.handle(Event::Timer(timer));
-                    self.serve();
-                }
-                None => break,
-            }
+        while let Some(timer) = self.io().take_due_timer(target) {
+            self.s.handle(Event::Timer(timer));
+            self.serve();
         }
         self.io().now_ms = target;
     }

@@ -1940,17 +1940,9 @@ fn exit_current(h: &mut Harness) {
 fn fire_timers(h: &mut Harness, until: u64, limit: usize) -> usize {
     let mut fired = 0;
     while fired < limit {
-        let io = h.io();
-        let next = io
-            .timers
-            .iter()
-            .enumerate()
-            .filter(|(_, (at, _))| *at <= until)
-            .min_by_key(|(_, (at, _))| *at)
-            .map(|(i, _)| i);
-        let Some(i) = next else { break };
-        let (at, timer) = io.timers.remove(i);
-        io.now_ms = io.now_ms.max(at);
+        let Some(timer) = h.io().take_due_timer(until) else {
+            break;
+        };
         h.s.handle(Event::Timer(timer));
         fired += 1;
     }

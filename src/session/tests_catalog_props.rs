@@ -339,18 +339,7 @@ impl Run {
 
     fn advance(&mut self, ms: u64) {
         let target = self.h.io().now_ms + ms;
-        loop {
-            let io = self.h.io();
-            let next = io
-                .timers
-                .iter()
-                .enumerate()
-                .filter(|(_, (at, _))| *at <= target)
-                .min_by_key(|(_, (at, _))| *at)
-                .map(|(i, _)| i);
-            let Some(i) = next else { break };
-            let (at, timer) = io.timers.remove(i);
-            io.now_ms = io.now_ms.max(at);
+        while let Some(timer) = self.h.io().take_due_timer(target) {
             self.handle(Event::Timer(timer));
             self.stopped();
         }

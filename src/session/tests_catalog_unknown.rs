@@ -303,19 +303,8 @@ fn an_invalid_first_list_leaves_the_tools_unknown() {
 /// dropped).
 fn advance_silent(h: &mut Harness, ms: u64) {
     let target = h.io().now_ms + ms;
-    loop {
-        let next = {
-            let io = h.io();
-            let i = (io.timers.iter().enumerate())
-                .filter(|(_, (at, _))| *at <= target)
-                .min_by_key(|(_, (at, _))| *at)
-                .map(|(i, _)| i);
-            i.map(|i| io.timers.remove(i))
-        };
-        let Some((at, timer)) = next else { break };
-        let io = h.io();
-        io.now_ms = io.now_ms.max(at);
-        io.to_child.clear();
+    while let Some(timer) = h.io().take_due_timer(target) {
+        h.io().to_child.clear();
         h.s.handle(Event::Timer(timer));
     }
     h.io().to_child.clear();

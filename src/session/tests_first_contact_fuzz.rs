@@ -114,27 +114,9 @@ impl Run {
 
     fn advance(&mut self, ms: u64) {
         let target = self.h.io().now_ms + ms;
-        loop {
-            let due = {
-                let io = self.h.io();
-                let next = io
-                    .timers
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, (at, _))| *at <= target)
-                    .min_by_key(|(_, (at, _))| *at)
-                    .map(|(i, _)| i);
-                next.map(|i| io.timers.remove(i))
-            };
-            match due {
-                Some((at, timer)) => {
-                    let io = self.h.io();
-                    io.now_ms = io.now_ms.max(at);
-                    self.h.s.handle(Event::Timer(timer));
-                    self.pump();
-                }
-                None => break,
-            }
+        while let Some(timer) = self.h.io().take_due_timer(target) {
+            self.h.s.handle(Event::Timer(timer));
+            self.pump();
         }
         self.h.io().now_ms = target;
     }
