@@ -358,14 +358,9 @@ impl<I: Io> Session<I> {
         self.note_host_not_refetching();
         let mut text = match &current {
             Some(def) => format!(
-                "The tool `{tool}` changed since this host listed it (catalog revision {}). Its current description: {}. Its current input schema: {}.",
+                "The tool `{tool}` changed since this host listed it (catalog revision {}). {}",
                 revision.unwrap_or(0),
-                def.get("description")
-                    .and_then(|d| d.as_str())
-                    .unwrap_or("(none)"),
-                def.get("inputSchema")
-                    .map(|s| s.to_string())
-                    .unwrap_or_else(|| "{}".into())
+                current_definition_text(def)
             ),
             None => format!("The tool `{tool}` no longer exists in the server's current catalog."),
         };
@@ -432,16 +427,10 @@ impl<I: Io> Session<I> {
         }
         let what: Vec<String> = denial.mismatches.iter().map(|m| m.describe()).collect();
         let mut text = format!(
-            "The arguments do not match the current definition of the tool `{tool}` (catalog revision {}): {}. \
-             Its current description: {}. Its current input schema: {}.",
+            "The arguments do not match the current definition of the tool `{tool}` (catalog revision {}): {}. {}",
             revision.unwrap_or(0),
             what.join("; "),
-            def.get("description")
-                .and_then(|d| d.as_str())
-                .unwrap_or("(none)"),
-            def.get("inputSchema")
-                .map(|s| s.to_string())
-                .unwrap_or_else(|| "{}".into())
+            current_definition_text(&def)
         );
         if !changes.is_empty() {
             text.push_str(&format!(
@@ -514,4 +503,18 @@ impl<I: Io> Session<I> {
         }
         r
     }
+}
+
+/// "Its current description: …. Its current input schema: …." for a refusal the model reads
+/// (a stale call's and a mismatched call's alike).
+fn current_definition_text(def: &Value) -> String {
+    format!(
+        "Its current description: {}. Its current input schema: {}.",
+        def.get("description")
+            .and_then(|d| d.as_str())
+            .unwrap_or("(none)"),
+        def.get("inputSchema")
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| "{}".into())
+    )
 }
