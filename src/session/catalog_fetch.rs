@@ -14,17 +14,41 @@ use crate::hashing::short;
 use crate::proxy::envelope::{self, Message};
 
 impl<I: Io> Session<I> {
-    pub(super) fn fetch_catalog(&mut self, cursor: Option<String>) {
+    /// Starts a fetch of the current server's tools (its first list, or a refresh), or starts
+    /// the one in flight over from its first page (a change was announced during it; the run
+    /// of refetches keeps its audience and count). `audience`: whether the host hears about
+    /// what it brings; a fetch started over keeps its own.
+    pub(super) fn fetch_tools(&mut self, audience: Audience) {
+        let due = self.now() + self.handshake_deadline().as_millis() as u64;
+        let Some(child) = &mut self.child else { return };
+        match &mut child.phase {
+            ChildPhase::Up(Tools::Fetching(f)) => {
+                *f = Fetch {
+                    refetches: f.refetches,
+                    ..Fetch::new(f.of, f.audience, due)
+                }
+            }
+            // Only a server past its handshake is asked for its tools.
+            ChildPhase::Started => return debug_assert!(false, "fetch before the handshake"),
+            phase => {
+                let of = phase.listed();
+                *phase = ChildPhase::Up(Tools::Fetching(Fetch::new(of, audience, due)));
+            }
+        }
+        self.request_page(None, due);
+        // What waited for the server's handshake and does not need its list goes to it now.
+        self.flush_held();
+    }
+
+    /// Asks for one page of the fetch in flight (`cursor`: `None` for the first), due by `due`.
+    fn request_page(&mut self, cursor: Option<String>, due: u64) {
         let modern = self.era() == Some(Era::Modern);
         let meta = self.host.modern_meta.clone();
         let Some(child) = &mut self.child else { return };
-        let first_page = cursor.is_none();
-        if first_page {
-            child.catalog_pages.clear();
-            child.pages_fetched = 0;
-            child.catalog_partial = false;
-        }
-        child.phase = ChildPhase::FetchingCatalog;
+        let Some(fetch) = child.phase.fetch_mut() else {
+            return;
+        };
+        fetch.due_ms = due;
         let epoch = child.epoch.clone();
         let mut params = json!({});
         if let Some(c) = cursor {
@@ -38,48 +62,21 @@ impl<I: Io> Session<I> {
         });
         // Each page has a deadline: a server that never answers must not leave the session
         // fetching (holding calls) for the rest of its epoch.
-        self.set_answer_deadline();
+        self.arm_server_timer(due);
         self.io
             .to_child(&epoch, envelope::request_line(id, "tools/list", &params));
-        if first_page {
-            // What waited for the server's handshake and does not need its list goes to it now.
-            self.flush_held();
-        }
     }
 
-    /// The current server is fetching the list of tools again (it said `list_changed`) after
-    /// giving this epoch a catalog; a call waits for it at most until its hold runs out.
-    pub(super) fn refreshing(&self) -> bool {
-        self.fetching() && self.gate.phase() != approval::Phase::IdentityPending
+    /// The fetch in flight of the current server.
+    fn fetch_mut(&mut self) -> Option<&mut Fetch> {
+        self.child.as_mut().and_then(|c| c.phase.fetch_mut())
     }
 
     /// Whether the catalog is the current server's: not while a new server's first list is
     /// fetched or failed (the catalog is an earlier server's then). With no server running, the
     /// last one's.
     pub(super) fn catalog_is_this_servers(&self) -> bool {
-        self.child.is_none() || self.gate.phase() != approval::Phase::IdentityPending
-    }
-
-    fn tools_unknown(&self) -> bool {
-        self.child.as_ref().is_some_and(|c| c.tools_unknown)
-    }
-
-    fn fetching(&self) -> bool {
-        matches!(&self.child, Some(c) if c.phase == ChildPhase::FetchingCatalog && !c.stopping)
-    }
-
-    /// Whether a host request (`method`) goes to the server while its catalog is fetched: all
-    /// but a call, which is judged by the catalog, and a first list (first contact answers it
-    /// with the catalog). The server is up: it answers the rest itself.
-    pub(super) fn serves_during_fetch(&self, method: Option<&str>) -> bool {
-        let unknown = self.tools_unknown();
-        self.fetching()
-            && match method {
-                Some("tools/call" | "server/discover" | "subscriptions/listen") => false,
-                // A server up for a while (its first list failed) answers it itself.
-                Some("tools/list") => self.refreshing() || unknown,
-                _ => true,
-            }
+        self.child_phase().is_none_or(|p| !p.listed().no_catalog())
     }
 
     /// A catalog page not answered by its deadline: the fetch is given up as a failed page.
@@ -99,14 +96,15 @@ impl<I: Io> Session<I> {
     }
 
     pub(super) fn on_catalog_page(&mut self, epoch: &str, msg: &Message) {
-        let Some(pages_before) = self.child.as_ref().map(|c| c.pages_fetched) else {
+        let Some(fetch) = self.child_phase().and_then(ChildPhase::fetch) else {
             return;
         };
-        let first = pages_before == 0 && self.gate.phase() == approval::Phase::IdentityPending;
+        let pages_before = fetch.pages_fetched;
+        let first = pages_before == 0 && fetch.of.no_catalog();
         if msg.is_error() && first && handshake::error_code(msg) == Some(-32601) {
             // It has no `tools/list` at all: no tools is what it said (a catalog without
             // tools, not recorded as a list it gave).
-            self.mark_catalog_partial();
+            self.mark_fetch_short();
             return self.catalog_complete(epoch, Vec::new());
         }
         if msg.is_error() {
@@ -126,33 +124,33 @@ impl<I: Io> Session<I> {
         }) else {
             return self.catalog_page_failed(epoch, "was not a tool list");
         };
+        let Some(f) = self.fetch_mut() else { return };
         // One page: remembered with its catalog, so the host's identical answers are cheap.
-        self.pending_list_text =
-            (pages_before == 0 && next.is_none()).then(|| tools_text.to_string());
-        let Some(c) = &mut self.child else { return };
-        c.catalog_pages.extend(tools);
-        c.pages_fetched += 1;
-        let over =
-            c.pages_fetched >= MAX_CATALOG_PAGES || c.catalog_pages.len() > MAX_CATALOG_TOOLS;
+        f.one_page_text = (pages_before == 0 && next.is_none()).then(|| tools_text.to_string());
+        f.pages.extend(tools);
+        f.pages_fetched += 1;
+        let over = f.pages_fetched >= MAX_CATALOG_PAGES || f.pages.len() > MAX_CATALOG_TOOLS;
         match next {
-            Some(cursor) if !over => self.fetch_catalog(Some(cursor)),
+            Some(cursor) if !over => {
+                let due = self.now() + self.handshake_deadline().as_millis() as u64;
+                self.request_page(Some(cursor), due)
+            }
             more => {
                 if self.fetch_again_if_changed() {
                     return;
                 }
-                let Some(c) = &mut self.child else { return };
+                let Some(f) = self.fetch_mut() else { return };
                 if more.is_some() {
-                    c.catalog_partial = true;
-                    let (pages, tools) = (c.pages_fetched, c.catalog_pages.len());
-                    c.catalog_pages.truncate(MAX_CATALOG_TOOLS);
+                    f.coverage = Coverage::Short;
+                    let (pages, tools) = (f.pages_fetched, f.pages.len());
+                    f.pages.truncate(MAX_CATALOG_TOOLS);
                     self.io.status(&format!(
                         "the server's tools/list kept paging ({pages} pages, {tools} tools): stopped at the limit of {MAX_CATALOG_PAGES} pages / {MAX_CATALOG_TOOLS} tools; the catalog holds what was fetched"
                     ));
                 }
                 let pages = self
-                    .child
-                    .as_mut()
-                    .map(|c| std::mem::take(&mut c.catalog_pages))
+                    .fetch_mut()
+                    .map(|f| std::mem::take(&mut f.pages))
                     .unwrap_or_default();
                 self.catalog_complete(epoch, pages);
             }
@@ -162,23 +160,22 @@ impl<I: Io> Session<I> {
     /// The server said `list_changed` during this fetch: its pages may mix two states, so
     /// the fetch starts over (a bounded number of times in a row). Returns whether it did.
     fn fetch_again_if_changed(&mut self) -> bool {
-        let Some(c) = &mut self.child else {
+        let Some(f) = self.fetch_mut() else {
             return false;
         };
-        if !std::mem::take(&mut c.changed_while_fetching) {
+        if std::mem::replace(&mut f.change, ChangeDuringFetch::None) == ChangeDuringFetch::None {
             return false;
         }
-        if c.refetches >= CATALOG_REFETCHES {
+        if f.refetches >= CATALOG_REFETCHES {
             // It may mix two states: it gates calls, but is not recorded as a whole list.
-            c.catalog_partial = true;
+            f.coverage = Coverage::Short;
             self.io.status(&format!(
                 "the server's tools changed during each of {CATALOG_REFETCHES} fetches in a row; the catalog holds the last one"
             ));
             return false;
         }
-        c.refetches += 1;
-        self.pending_list_text = None;
-        self.fetch_catalog(None);
+        f.refetches += 1;
+        self.fetch_tools(Audience::Host);
         true
     }
 
@@ -189,31 +186,30 @@ impl<I: Io> Session<I> {
     /// and never recorded as a whole list. `why` completes "the server's tools/list page N …".
     /// The fetch ends either way: the session never waits for it.
     pub(super) fn catalog_page_failed(&mut self, epoch: &str, why: &str) {
-        if self.child.is_none() || self.fetch_again_if_changed() {
+        if self.fetch_mut().is_none() || self.fetch_again_if_changed() {
             return;
         }
-        let pages = self
-            .child
-            .as_mut()
-            .map(|c| (c.pages_fetched, std::mem::take(&mut c.catalog_pages)))
-            .unwrap_or_default();
-        self.pending_list_text = None;
-        if self.gate.phase() != approval::Phase::IdentityPending {
-            return self.keep_catalog(&format!(
-                "the server's tools/list page {} {why}; the catalog stays as it was",
-                pages.0 + 1
-            ));
+        let Some(f) = self.fetch_mut() else { return };
+        let (of, fetched, pages) = (f.of, f.pages_fetched, std::mem::take(&mut f.pages));
+        if let Listed::Known(extent) = of {
+            return self.keep_catalog(
+                extent,
+                &format!(
+                    "the server's tools/list page {} {why}; the catalog stays as it was",
+                    fetched + 1
+                ),
+            );
         }
-        if pages.0 == 0 {
-            return self.catalog_unknown(why);
+        if fetched == 0 {
+            return self.catalog_unknown(of, why);
         }
         self.io.status(&format!(
             "the server's tools/list page {} {why}; the catalog holds the {} pages fetched",
-            pages.0 + 1,
-            pages.0
+            fetched + 1,
+            fetched
         ));
-        self.mark_catalog_partial();
-        self.catalog_complete(epoch, pages.1);
+        self.mark_fetch_short();
+        self.catalog_complete(epoch, pages);
     }
 
     /// A new server's first list failed before any page came (`why`: an error, no answer by
@@ -221,17 +217,17 @@ impl<I: Io> Session<I> {
     /// catalog (no revision, no `list_changed`: no server said anything about its tools). It
     /// serves every other request; a call is refused as `identity_pending` until a fetch
     /// succeeds: after its `list_changed`, or when the host lists tools (red-team round 22: a
-    /// slow first list was announced as "every tool removed").
-    fn catalog_unknown(&mut self, why: &str) {
+    /// slow first list was announced as "every tool removed"). `of`: what the fetch began
+    /// from (a retry keeps when a call last asked).
+    fn catalog_unknown(&mut self, of: Listed, why: &str) {
         self.io.status(&format!(
             "the server's tools/list page 1 {why}; its tools are not known: a call asks for them again (at most every 10 s), as do its list_changed and the host's tools/list; calls are refused until it lists them"
         ));
-        if let Some(c) = &mut self.child {
-            c.refetches = 0;
-            c.tools_unknown = true;
-            c.quiet_fetch = false; // what the next fetch brings is news to the host
-        }
-        self.set_phase(ChildPhase::Ready);
+        let asked_ms = match of {
+            Listed::Unknown { asked_ms } => asked_ms,
+            _ => None,
+        };
+        self.end_fetch(Tools::Unknown { asked_ms });
         if self.lifecycle != Lifecycle::Stopping {
             self.lifecycle = Lifecycle::Serving;
         }
@@ -241,19 +237,24 @@ impl<I: Io> Session<I> {
 
     /// A refresh that brought no usable list: the catalog this server gave stays, and the
     /// fetch is over (`line` says why on the terminal).
-    fn keep_catalog(&mut self, line: &str) {
+    fn keep_catalog(&mut self, extent: Extent, line: &str) {
         self.io.status(line);
-        if let Some(c) = &mut self.child {
-            c.refetches = 0;
-            c.quiet_fetch = false;
-        }
-        self.set_phase(ChildPhase::Ready);
+        self.end_fetch(Tools::Known(extent));
         self.flush_held();
     }
 
-    fn mark_catalog_partial(&mut self) {
-        if let Some(c) = &mut self.child {
-            c.catalog_partial = true;
+    /// The fetch in flight is over: the server's tools are now `tools`.
+    fn end_fetch(&mut self, tools: Tools) {
+        if let Some(c) = &mut self.child
+            && c.phase.fetch().is_some()
+        {
+            c.phase = ChildPhase::Up(tools);
+        }
+    }
+
+    fn mark_fetch_short(&mut self) {
+        if let Some(f) = self.fetch_mut() {
+            f.coverage = Coverage::Short;
         }
     }
 
@@ -262,41 +263,45 @@ impl<I: Io> Session<I> {
         if self.fetch_again_if_changed() {
             return;
         }
-        let (mut whole, mut quiet) = (true, false);
-        if let Some(c) = &mut self.child {
-            c.refetches = 0;
-            whole = !std::mem::take(&mut c.catalog_partial);
-            quiet = std::mem::take(&mut c.quiet_fetch);
-        }
+        let Some(f) = self.fetch_mut() else { return };
+        let (of, whole, quiet, pages_fetched, one_page_text) = (
+            f.of,
+            f.coverage == Coverage::Whole,
+            f.audience == Audience::Quiet,
+            f.pages_fetched,
+            f.one_page_text.take(),
+        );
         let catalog = match Catalog::from_tools(tools) {
             Ok(c) => c,
             // A refresh that is no catalog (a name twice, as overlapping pages give) is no
             // news: the server still serves the tools it listed (red-team round 21: every
             // tool was announced removed).
-            Err(e) if self.gate.phase() != approval::Phase::IdentityPending => {
-                self.pending_list_text = None;
-                return self.keep_catalog(&format!(
-                    "server's tools/list is invalid ({e}); the catalog stays as it was"
-                ));
+            Err(e) if !of.no_catalog() => {
+                let Listed::Known(extent) = of else {
+                    unreachable!("a catalog")
+                };
+                return self.keep_catalog(
+                    extent,
+                    &format!("server's tools/list is invalid ({e}); the catalog stays as it was"),
+                );
             }
             // A new server's first list that is no catalog: its tools are not known (round 23:
             // an empty catalog announced every tool removed).
-            Err(e) => {
-                self.pending_list_text = None;
-                return self.catalog_unknown(&format!("is invalid ({e})"));
-            }
+            Err(e) => return self.catalog_unknown(of, &format!("is invalid ({e})")),
         };
-        self.known_list = self.pending_list_text.take().map(|tools_text| KnownList {
+        self.known_list = one_page_text.map(|tools_text| KnownList {
             tools_text,
             result_text: None,
             catalog: catalog.clone(),
         });
         // Cut at the page or tool bound: a host's whole list always differs from it.
         let bound = catalog.len() >= MAX_CATALOG_TOOLS;
-        if let Some(c) = &mut self.child {
-            c.catalog_cut = !whole && (bound || c.pages_fetched >= MAX_CATALOG_PAGES);
-            c.tools_unknown = false;
-        }
+        let extent = if !whole && (bound || pages_fetched >= MAX_CATALOG_PAGES) {
+            Extent::CutAtBound
+        } else {
+            Extent::Listed
+        };
+        self.end_fetch(Tools::Known(extent));
         let digests = catalog.tool_digests().clone();
         let tools_json = catalog.tools_json();
         let had_catalog = self.catalog.current().is_some();
@@ -354,7 +359,6 @@ impl<I: Io> Session<I> {
         {
             self.notify_list_changed();
         }
-        self.set_phase(ChildPhase::Ready);
         self.lifecycle = match &self.lifecycle {
             Lifecycle::Stopping => Lifecycle::Stopping,
             _ => Lifecycle::Serving,
@@ -486,27 +490,27 @@ impl<I: Io> Session<I> {
     /// differs from any whole list and triggers nothing. Such a fetch tells the host nothing
     /// (`quiet_fetch`). Also how the tools of a server whose first list failed become known.
     fn fetch_if_listed_newer(&mut self, listed: &Catalog) {
-        let unknown = self.gate.phase() == approval::Phase::IdentityPending;
+        let Some(phase) = self.child_phase() else {
+            return;
+        };
+        let said = phase.listed();
         let current = self.catalog.current().map(|r| r.digest.as_str());
-        let differs = unknown || current.is_none_or(|d| d != listed.digest());
-        let fetching = self.fetching();
-        let ready = self.child_ready();
-        let Some(c) = &mut self.child else { return };
-        if !differs || c.catalog_cut || c.stopping {
+        let differs = said.no_catalog() || current.is_none_or(|d| d != listed.digest());
+        if !differs || said == Listed::Known(Extent::CutAtBound) {
             return;
         }
-        if fetching {
-            c.changed_while_fetching = true;
+        let ready = phase.is_ready();
+        if let Some(f) = self.fetch_mut() {
+            f.change = ChangeDuringFetch::Announced;
             return;
         }
         if !ready {
             return;
         }
-        c.quiet_fetch = true;
         self.io.verbose(
             "the server listed tools that differ from its catalog without saying list_changed; fetching its catalog again",
         );
-        self.fetch_catalog(None);
+        self.fetch_tools(Audience::Quiet);
     }
     /// The host was shown a whole one-page list whose catalog is known; it stays known.
     fn show_known_list(&mut self, known: KnownList) {
@@ -537,9 +541,9 @@ impl<I: Io> Session<I> {
         // A fetch started by a host's listing tells the host nothing only while what the host
         // holds came from the server (round 23: a recorded list was answered meanwhile).
         if source != "server"
-            && let Some(c) = &mut self.child
+            && let Some(f) = self.fetch_mut()
         {
-            c.quiet_fetch = false;
+            f.audience = Audience::Host;
         }
         if changed {
             self.gate

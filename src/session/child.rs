@@ -149,15 +149,12 @@ impl<I: Io> Session<I> {
         let params = msg.params_value();
         if method == "notifications/tools/list_changed" {
             // Same epoch, new catalog: refetch; the host hears about it only if the digest moved.
-            if let Some(c) = &mut self.child {
-                c.quiet_fetch = false;
-            }
             if self.child_ready() {
-                self.fetch_catalog(None);
-            } else if let Some(c) = &mut self.child
-                && c.phase == ChildPhase::FetchingCatalog
-            {
-                c.changed_while_fetching = true;
+                self.fetch_tools(Audience::Host);
+            } else if let Some(f) = self.child.as_mut().and_then(|c| c.phase.fetch_mut()) {
+                // What it brings is news to the host, whatever started it.
+                f.audience = Audience::Host;
+                f.change = ChangeDuringFetch::Announced;
             }
             return;
         }
@@ -462,15 +459,15 @@ impl<I: Io> Session<I> {
         self.initialize_to_server();
         if modern {
             self.reopen_listens(epoch);
-            self.fetch_catalog(None);
+            self.fetch_tools(Audience::Host);
         } else if self.host.initialized {
             self.io.notify_child(
                 epoch,
                 envelope::notification_line("notifications/initialized", None),
             );
-            self.fetch_catalog(None);
-        } else {
-            self.set_phase(ChildPhase::AwaitingInitialized);
+            self.fetch_tools(Audience::Host);
+        } else if let Some(c) = &mut self.child {
+            c.phase = ChildPhase::AwaitingInitialized;
         }
     }
 

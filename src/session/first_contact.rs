@@ -115,77 +115,72 @@ impl<I: Io> Session<I> {
         }
     }
 
-    /// Releases held requests the server can take now: all once it is ready, and while its list
-    /// is fetched every one that does not need it (a call that starts a fetch must not strand
-    /// the requests behind it: round 25). Each is judged as if it arrived now; the rest stay
-    /// held, in order.
+    /// Where a host request goes now ([`route::route`], the one table), in `moment`.
+    pub(super) fn route(&self, msg: &Message, moment: route::Moment) -> Route {
+        let class = route::Class::of(msg.method(), || msg.params_value().get("cursor").is_some());
+        let budgets = route::Budgets {
+            hold: self.hold_budget(),
+            discover: self.cfg.discover_wait,
+        };
+        route::route(
+            route::ServerView::of(self.child_phase()),
+            class,
+            moment,
+            budgets,
+        )
+    }
+
+    /// Looks at every held request again after a transition: those the table now forwards go
+    /// to the server, judged as if they arrived now (a call that starts a fetch must not
+    /// strand the requests behind it: round 25); the rest stay held, in order.
     pub(super) fn flush_held(&mut self) {
         let mut kept = std::collections::VecDeque::new();
         while let Some(h) = self.held.pop_front() {
-            if self.child_ready() || self.serves_during_fetch(h.msg.method()) {
-                self.route_host_request(h.msg);
-            } else {
-                kept.push_back(h);
+            match self.route(&h.msg, route::Moment::Released) {
+                Route::Forward => self.route_host_request(h.msg),
+                _ => kept.push_back(h),
             }
         }
         self.held = kept;
     }
 
-    /// Held requests whose deadline passed get their answer now.
+    /// Held requests whose deadline passed get what the table says: forwarded, waiting for a
+    /// server that owes an answer, the recorded list, or an answer now.
     pub(super) fn expire_held(&mut self) {
         self.armed.held = None;
         let now = self.now();
-        if self.child_ready() {
-            return self.flush_held();
-        }
+        let record_lists = self.record_answers_lists();
         let mut kept = std::collections::VecDeque::new();
         while let Some(h) = self.held.pop_front() {
-            if h.deadline_ms > now {
-                kept.push_back(h);
-                continue;
-            }
-            // A server of this session is up and owes its answer by a deadline of its own
-            // (handshake, catalog page): held requests wait for it, never for a record.
-            let server_due = self
-                .child
-                .as_ref()
-                .filter(|c| !c.stopping && c.phase == ChildPhase::Handshaking)
-                .and_then(|c| c.answer_due_ms)
-                .filter(|due| *due > now);
-            match server_due {
-                Some(due) if h.msg.method() != Some("server/discover") => {
-                    kept.push_back(Held {
-                        deadline_ms: due,
-                        since_ms: h.since_ms,
-                        msg: h.msg,
-                    });
+            let moment = if h.deadline_ms > now {
+                route::Moment::Released
+            } else {
+                route::Moment::Expired {
+                    now_ms: now,
+                    record_lists,
                 }
-                _ => self.answer_expired(h),
+            };
+            match self.route(&h.msg, moment) {
+                Route::Forward => self.route_host_request(h.msg),
+                Route::KeepHolding | Route::Hold(_) => kept.push_back(h),
+                Route::WaitForServer { due_ms } => kept.push_back(Held {
+                    deadline_ms: due_ms,
+                    since_ms: h.since_ms,
+                    msg: h.msg,
+                }),
+                Route::FromRecord => self.answer_list_from_record(h.msg),
+                Route::Answer(_) => self.answer_expired(h),
             }
         }
         self.held = kept;
         self.arm_held_timer(now);
     }
 
+    /// A held request's budget ran out and no server answers it.
     fn answer_expired(&mut self, h: Held) {
         let waited = self.now().saturating_sub(h.since_ms);
         let method = h.msg.method().unwrap_or_default().to_string();
         match method.as_str() {
-            // The record is a whole list: never the answer to a page asked for by cursor.
-            "tools/list"
-                if self.record_answers_lists() && h.msg.params_value().get("cursor").is_none() =>
-            {
-                self.answer_list_from_record(h.msg)
-            }
-            // A server of this session is up and lists its tools: it answers this one too.
-            "tools/list"
-                if self.child.as_ref().is_some_and(|c| {
-                    !c.stopping
-                        && matches!(c.phase, ChildPhase::FetchingCatalog | ChildPhase::Ready)
-                }) =>
-            {
-                self.route_host_request(h.msg)
-            }
             // Judged now: with no server this is `identity_pending`, said plainly.
             "tools/call" => self.on_host_call(h.msg),
             "server/discover" => {
@@ -247,18 +242,16 @@ impl<I: Io> Session<I> {
         }
     }
 
-    /// A held list may be answered from the recorded catalog: no server of this session is up,
-    /// and none was, or the last one produced that record (never an earlier build's catalog once
-    /// this session ran newer code: red team of issue 33).
+    /// A held list may be answered from the recorded catalog (when no server runs: the routing
+    /// table's part): no server of this session started, or the last one produced that record
+    /// (never an earlier build's catalog once this session ran newer code: red team of issue 33).
     fn record_answers_lists(&self) -> bool {
         let Some(rec) = &self.recorded.catalog else {
             return false;
         };
-        self.child.is_none()
-            && self
-                .last_started
-                .as_ref()
-                .is_none_or(|e| e.as_str() == rec.epoch)
+        self.last_started
+            .as_ref()
+            .is_none_or(|e| e.as_str() == rec.epoch)
     }
 
     /// The first-start budget ran out: the most recent catalog a real server of this package

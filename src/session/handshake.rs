@@ -26,8 +26,11 @@ impl<I: Io> Session<I> {
             modern,
             asked,
         });
-        self.set_phase(ChildPhase::Handshaking);
-        self.set_answer_deadline();
+        let due = self.now() + self.handshake_deadline().as_millis() as u64;
+        if let Some(c) = &mut self.child {
+            c.phase = ChildPhase::Handshaking { due_ms: due };
+        }
+        self.arm_server_timer(due);
         let method = if modern {
             "server/discover"
         } else {
@@ -85,19 +88,9 @@ impl<I: Io> Session<I> {
         self.cfg.first_start_budget.max(MIN_HANDSHAKE_DEADLINE)
     }
 
-    /// The current server's request of its phase (handshake, catalog page) must be answered
-    /// within [`Session::handshake_deadline`]; one timer is armed for the earliest such
-    /// deadline (a later one is armed again when it fires).
-    pub(super) fn set_answer_deadline(&mut self) {
-        let wait = self.handshake_deadline();
-        let due = self.now() + wait.as_millis() as u64;
-        if let Some(c) = &mut self.child {
-            c.answer_due_ms = Some(due);
-        }
-        self.arm_server_timer(due);
-    }
-
-    fn arm_server_timer(&mut self, due: u64) {
+    /// One timer for the current server's owed answer (handshake, catalog page), armed for the
+    /// earliest such deadline (a later one is armed again when it fires).
+    pub(super) fn arm_server_timer(&mut self, due: u64) {
         if self.armed.server.is_some_and(|armed| armed <= due) {
             return;
         }
@@ -111,16 +104,15 @@ impl<I: Io> Session<I> {
         self.armed.server = None;
         let now = self.now();
         let Some(c) = &self.child else { return };
-        match c.answer_due_ms {
-            _ if c.stopping => return,
+        match c.phase.answer_due_ms() {
             None => return,
             // A later request's deadline (or a later server's): armed again for it.
             Some(due) if due > now => return self.arm_server_timer(due),
             Some(_) => {}
         }
         match c.phase {
-            ChildPhase::Handshaking => self.handshake_deadline_over(),
-            ChildPhase::FetchingCatalog => self.catalog_deadline_over(),
+            ChildPhase::Handshaking { .. } => self.handshake_deadline_over(),
+            ChildPhase::Up(Tools::Fetching(_)) => self.catalog_deadline_over(),
             _ => {}
         }
     }
@@ -140,7 +132,7 @@ impl<I: Io> Session<I> {
     /// Our modern `server/discover` is in flight to the current server.
     pub(super) fn discovery_pending(&self) -> bool {
         let Some(c) = &self.child else { return false };
-        c.phase == ChildPhase::Handshaking
+        matches!(c.phase, ChildPhase::Handshaking { .. })
             && self.pending.values().any(
                 |p| matches!(p, Pending::Handshake { epoch, modern: true, .. } if *epoch == c.epoch),
             )
@@ -190,7 +182,6 @@ impl<I: Io> Session<I> {
         let Some(c) = &mut self.child else { return };
         let epoch = c.epoch.clone();
         c.phase = ChildPhase::Started;
-        c.answer_due_ms = None;
         // A late answer to it is dropped as one to an unknown id.
         self.pending.retain(
             |_, p| !matches!(p, Pending::Handshake { epoch: e, modern: true, .. } if *e == epoch),

@@ -111,21 +111,12 @@ impl<I: Io> Session<I> {
             {
                 self.open_supervisor_listen(msg)
             }
-            _ if self.child_ready() => self.route_host_request(msg),
-            Method::Other if self.serves_during_fetch(msg.method()) => self.route_host_request(msg),
-            Method::Discover => match self.hold_budget() {
-                // A real server's answer within the probe wait, else a fallback to
-                // `initialize` before the host gives up on its probe (a late answer to a
-                // probe the host abandoned drops the connection: issue 33).
-                Some(_) => {
-                    let wait = self.cfg.discover_wait;
-                    self.hold(msg, wait)
-                }
-                None => self.refuse_discover(msg),
-            },
-            _ => match self.hold_budget() {
-                Some(wait) => self.hold(msg, wait),
-                None => self.answer_unavailable(msg),
+            _ => match self.route(&msg, route::Moment::Arrived) {
+                Route::Forward => self.route_host_request(msg),
+                Route::Hold(wait) => self.hold(msg, wait),
+                Route::Answer(route::Answer::UseInitialize) => self.refuse_discover(msg),
+                // Nothing else is answered on arrival (the table's property tests).
+                _ => self.answer_unavailable(msg),
             },
         }
     }
@@ -198,17 +189,11 @@ impl<I: Io> Session<I> {
                     Some(c) if c.phase == ChildPhase::AwaitingInitialized => {
                         let epoch = c.epoch.clone();
                         self.send_child(&epoch, &msg);
-                        self.fetch_catalog(None);
+                        self.fetch_tools(Audience::Host);
                     }
                     // A server that got the host's own `initialize` past its handshake (see
                     // `initialize_to_server`) waits for this, as it would directly.
-                    Some(c)
-                        if !c.stopping
-                            && matches!(
-                                c.phase,
-                                ChildPhase::FetchingCatalog | ChildPhase::Ready
-                            ) =>
-                    {
+                    Some(c) if c.phase.is_up() => {
                         let epoch = c.epoch.clone();
                         self.send_child(&epoch, &msg);
                     }
@@ -218,7 +203,6 @@ impl<I: Io> Session<I> {
             "notifications/cancelled" => self.on_host_cancel(&msg),
             m if crate::proxy::envelope::is_notification_method(m) => {
                 if let Some(c) = &self.child
-                    && !c.stopping
                     && c.phase != ChildPhase::Started
                 {
                     let epoch = c.epoch.clone();
@@ -341,12 +325,6 @@ impl<I: Io> Session<I> {
         self.child_requests.ended(child_id.clone());
         msg.set_id(child_id);
         self.send_child(&epoch, &msg);
-    }
-
-    pub(super) fn set_phase(&mut self, phase: ChildPhase) {
-        if let Some(c) = &mut self.child {
-            c.phase = phase;
-        }
     }
 
     /// Moves a fresh child through the handshake as far as what the host has said allows.

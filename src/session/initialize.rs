@@ -66,17 +66,12 @@ impl<I: Io> Session<I> {
             at_server: None,
         });
         match &self.child {
-            Some(c) if c.phase == ChildPhase::Started && !c.stopping => {
+            Some(c) if c.phase == ChildPhase::Started => {
                 // The server is up: our handshake carries the host's `initialize`.
                 let epoch = c.epoch.clone();
                 self.handshake_legacy(epoch);
             }
-            Some(c)
-                if !c.stopping
-                    && matches!(c.phase, ChildPhase::FetchingCatalog | ChildPhase::Ready) =>
-            {
-                self.initialize_to_server();
-            }
+            Some(c) if c.phase.is_up() => self.initialize_to_server(),
             _ => {}
         }
         self.judge_initialize();
@@ -124,7 +119,7 @@ impl<I: Io> Session<I> {
         if !self.initialize_waiting() {
             return;
         }
-        let Some(c) = self.child.as_ref().filter(|c| !c.stopping) else {
+        let Some(c) = self.child.as_ref() else {
             return;
         };
         let epoch = c.epoch.clone();

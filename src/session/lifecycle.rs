@@ -438,7 +438,7 @@ impl<I: Io> Session<I> {
 
     pub(super) fn on_child_exited(&mut self, epoch: &str, exit: ExitInfo) {
         let Some(child) = &self.child else { return };
-        if child.epoch != epoch || child.stopping {
+        if child.epoch != epoch {
             return; // a replaced child: its requests were already answered
         }
         let child = self.child.take().expect("checked");
@@ -576,7 +576,7 @@ impl<I: Io> Session<I> {
             // A server that never answered its handshake has nothing to wind down, and may not
             // be reading stdin yet: it gets SIGTERM almost at once instead of the usual grace.
             let grace = match c.phase {
-                ChildPhase::Started | ChildPhase::Handshaking => STOP_GRACE_UNANSWERED,
+                ChildPhase::Started | ChildPhase::Handshaking { .. } => STOP_GRACE_UNANSWERED,
                 _ => STOP_GRACE,
             };
             self.io.stop(&e, grace);

@@ -38,6 +38,7 @@ mod inflight;
 mod initialize;
 mod lifecycle;
 pub mod protocol;
+mod route;
 mod router;
 pub mod snapshot;
 pub mod state;
@@ -89,6 +90,7 @@ use crate::fingerprint::IdentityRecord;
 use crate::proxy::envelope;
 use crate::supervisor::ExitInfo;
 use protocol::Era;
+use route::Route;
 use state::*;
 
 pub mod codes;
@@ -387,8 +389,6 @@ pub struct Session<I: Io> {
     /// Inside [`Session::handle_batch`]: calls forwarded (our ids), still only held by the shell.
     in_batch: bool,
     batch_calls: Vec<u64>,
-    /// The `tools` text of the supervisor's own one-page fetch, until its catalog is built.
-    pending_list_text: Option<String>,
     crashes: VecDeque<u64>,
     restart_scheduled: bool,
     last_build: Option<String>,
@@ -436,7 +436,6 @@ impl<I: Io> Session<I> {
             list_answer: None,
             in_batch: false,
             batch_calls: Vec::new(),
-            pending_list_text: None,
             crashes: VecDeque::new(),
             restart_scheduled: false,
             last_build: None,
@@ -579,14 +578,17 @@ impl<I: Io> Session<I> {
     }
 
     fn current_epoch(&self) -> Option<&str> {
-        self.child
-            .as_ref()
-            .filter(|c| !c.stopping)
-            .map(|c| c.epoch.as_str())
+        self.child.as_ref().map(|c| c.epoch.as_str())
     }
 
+    /// The server is up and no fetch of its tools is in flight.
     fn child_ready(&self) -> bool {
-        matches!(&self.child, Some(c) if c.phase == ChildPhase::Ready && !c.stopping)
+        self.child.as_ref().is_some_and(|c| c.phase.is_ready())
+    }
+
+    /// The current server's phase, if one runs.
+    fn child_phase(&self) -> Option<&ChildPhase> {
+        self.child.as_ref().map(|c| &c.phase)
     }
 
     fn era(&self) -> Option<Era> {

@@ -35,16 +35,13 @@ impl<I: Io> Session<I> {
         // (at most every `CATALOG_RETRY_MS`), and the call waits for them, at most its hold: a
         // host that never lists again still gets its calls judged once the server lists.
         let now = self.now();
-        if self.child_ready()
-            && self.gate.phase() == approval::Phase::IdentityPending
-            && let Some(wait) = self.hold_budget()
+        if let Some(wait) = self.hold_budget()
             && let Some(c) = &mut self.child
-            && c.list_retried_ms
-                .is_none_or(|at| now >= at + CATALOG_RETRY_MS)
+            && let ChildPhase::Up(Tools::Unknown { asked_ms }) = &mut c.phase
+            && asked_ms.is_none_or(|at| now >= at + CATALOG_RETRY_MS)
         {
-            c.list_retried_ms = Some(now);
-            c.quiet_fetch = false;
-            self.fetch_catalog(None);
+            *asked_ms = Some(now);
+            self.fetch_tools(Audience::Host);
             return self.hold(msg, wait);
         }
         self.judge_call(msg, true)
@@ -176,7 +173,7 @@ impl<I: Io> Session<I> {
                 credential_scopes,
             } => {
                 let epoch = match &self.child {
-                    Some(c) if !c.stopping => c.epoch.clone(),
+                    Some(c) => c.epoch.clone(),
                     _ => return, // unreachable: the gate says identity_pending without a child
                 };
                 let shown_revision = self.gate.host_shown(&tool).and_then(|s| s.revision);

@@ -146,7 +146,7 @@ impl<I: Io> Session<I> {
                 epoch: c.epoch.clone(),
                 identity_digest: c.record.identity_digest.clone(),
                 executable_sha256: c.record.executable.sha256.clone(),
-                phase: format!("{:?}", c.phase),
+                phase: c.phase.name().to_string(),
             }),
             server_absent: (self.child.is_none() && self.absent_why() != "no server is running")
                 .then(|| self.absent_why().to_string()),

@@ -59,18 +59,192 @@ pub struct EarlyBuild {
     pub held: Option<Box<BuildResult>>,
 }
 
+/// Where one server is, from its spawn until it goes: one value per epoch, so what a server
+/// owes (a handshake answer, a catalog page) and by when lives in the variant that owes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChildPhase {
     /// Started; waiting for the host's first message to know the era.
     Started,
-    /// Our `initialize` (or modern `server/discover`) is in flight.
-    Handshaking,
+    /// Our `initialize` (or modern `server/discover`) is in flight; it must be answered by
+    /// `due_ms`.
+    Handshaking { due_ms: u64 },
     /// Legacy: initialized; waiting for the host's `notifications/initialized` to pass on.
     AwaitingInitialized,
-    /// Catalog fetch in flight.
-    FetchingCatalog,
-    /// Serving.
-    Ready,
+    /// Past its handshake: it serves every request, and its tools are as [`Tools`] says.
+    Up(Tools),
+}
+
+impl ChildPhase {
+    /// The name the status document shows (`server.phase`): a fetch is `FetchingCatalog`,
+    /// a server with known or unknown tools `Ready`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ChildPhase::Started => "Started",
+            ChildPhase::Handshaking { .. } => "Handshaking",
+            ChildPhase::AwaitingInitialized => "AwaitingInitialized",
+            ChildPhase::Up(Tools::Fetching(_)) => "FetchingCatalog",
+            ChildPhase::Up(Tools::Known(_) | Tools::Unknown { .. }) => "Ready",
+        }
+    }
+
+    /// When the server's owed answer (handshake or catalog page) is due, if it owes one.
+    pub fn answer_due_ms(&self) -> Option<u64> {
+        match self {
+            ChildPhase::Handshaking { due_ms } => Some(*due_ms),
+            ChildPhase::Up(Tools::Fetching(f)) => Some(f.due_ms),
+            _ => None,
+        }
+    }
+
+    /// Past the handshake (serving), whatever is known of its tools.
+    pub fn is_up(&self) -> bool {
+        matches!(self, ChildPhase::Up(_))
+    }
+
+    /// Up, and no fetch of its tools in flight.
+    pub fn is_ready(&self) -> bool {
+        matches!(
+            self,
+            ChildPhase::Up(Tools::Known(_) | Tools::Unknown { .. })
+        )
+    }
+
+    /// The fetch of its tools in flight, if any.
+    pub fn fetch(&self) -> Option<&Fetch> {
+        match self {
+            ChildPhase::Up(Tools::Fetching(f)) => Some(f),
+            _ => None,
+        }
+    }
+
+    pub fn fetch_mut(&mut self) -> Option<&mut Fetch> {
+        match self {
+            ChildPhase::Up(Tools::Fetching(f)) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// What this server has said about its tools so far (before a fetch ends: what the fetch
+    /// refreshes).
+    pub fn listed(&self) -> Listed {
+        match self {
+            ChildPhase::Up(Tools::Fetching(f)) => f.of,
+            ChildPhase::Up(Tools::Known(extent)) => Listed::Known(*extent),
+            ChildPhase::Up(Tools::Unknown { asked_ms }) => Listed::Unknown {
+                asked_ms: *asked_ms,
+            },
+            _ => Listed::Nothing,
+        }
+    }
+}
+
+/// What the supervisor knows of one server's tools, from its own `tools/list`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tools {
+    /// The supervisor's own `tools/list` is in flight.
+    Fetching(Fetch),
+    /// This server gave a catalog (the catalog history's current revision).
+    Known(Extent),
+    /// Its first list failed and no fetch has succeeded since (`catalog_unknown`): calls are
+    /// refused as `identity_pending`; a call asks for the list again at most every
+    /// [`CATALOG_RETRY_MS`] (`asked_ms`: when one last did).
+    Unknown { asked_ms: Option<u64> },
+}
+
+/// How much of the server's list a known catalog holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Extent {
+    /// What the server listed (a fetch that ended short for another reason counts here: a
+    /// host's whole list that differs from it is news).
+    Listed,
+    /// Cut at the page or tool bound: a host's whole list always differs from it, without any
+    /// change, so that difference triggers no refetch.
+    CutAtBound,
+}
+
+/// What a server had said about its tools when a fetch began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listed {
+    /// Nothing: this is its first list (a host's first `tools/list` waits for it).
+    Nothing,
+    /// Its first list failed (see [`Tools::Unknown`]).
+    Unknown { asked_ms: Option<u64> },
+    /// A catalog: this fetch refreshes it.
+    Known(Extent),
+}
+
+impl Listed {
+    /// This server has given no catalog yet (the gate says `identity_pending` for its calls).
+    pub fn no_catalog(self) -> bool {
+        !matches!(self, Listed::Known(_))
+    }
+}
+
+/// Whether the host hears about the catalog a fetch brings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Audience {
+    /// As usual: `list_changed` when what the host holds is outdated.
+    Host,
+    /// Started because the host was just shown a list other than the catalog: it tells the
+    /// host nothing (it listed a moment ago; telling it would make a host that re-lists on
+    /// `list_changed` loop with a server whose list differs every time).
+    Quiet,
+}
+
+/// Whether a fetch holds the server's whole list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coverage {
+    Whole,
+    /// It ended short (the page bound, a later page's error, an unusable page, changes during
+    /// every refetch, no `tools/list` at all): its catalog gates calls but is not recorded as
+    /// what a server of this package listed (a later first contact answers from that record).
+    Short,
+}
+
+/// The server's tools changed (it said `list_changed`) while a fetch was in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeDuringFetch {
+    None,
+    /// Its pages may mix two states: the fetch starts over when it ends (at most
+    /// [`CATALOG_REFETCHES`] times in a row).
+    Announced,
+}
+
+/// The supervisor's own `tools/list` of one server, page by page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetch {
+    /// What the server had said about its tools when this fetch (or the run of refetches it
+    /// belongs to) began.
+    pub of: Listed,
+    /// When the page in flight must have been answered.
+    pub due_ms: u64,
+    pub pages: Vec<Value>,
+    /// Pages fetched (bounded by [`MAX_CATALOG_PAGES`]).
+    pub pages_fetched: usize,
+    /// The `tools` text of a one-page answer, until its catalog is built: remembered with it,
+    /// so the host's identical answers are cheap ([`KnownList`]).
+    pub one_page_text: Option<String>,
+    pub coverage: Coverage,
+    pub change: ChangeDuringFetch,
+    /// Fetches started over in a row because of changes (see [`ChangeDuringFetch`]).
+    pub refetches: usize,
+    pub audience: Audience,
+}
+
+impl Fetch {
+    pub fn new(of: Listed, audience: Audience, due_ms: u64) -> Fetch {
+        Fetch {
+            of,
+            due_ms,
+            pages: Vec::new(),
+            pages_fetched: 0,
+            one_page_text: None,
+            coverage: Coverage::Whole,
+            change: ChangeDuringFetch::None,
+            refetches: 0,
+            audience,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -80,33 +254,6 @@ pub struct ChildState {
     pub record: IdentityRecord,
     pub phase: ChildPhase,
     pub started_ms: u64,
-    /// When our request of the current phase (the handshake, a catalog page) must have been
-    /// answered (set when it is sent).
-    pub answer_due_ms: Option<u64>,
-    pub stopping: bool,
-    pub catalog_pages: Vec<Value>,
-    /// Pages fetched for the current catalog (bounded by [`MAX_CATALOG_PAGES`]).
-    pub pages_fetched: usize,
-    /// The server said `list_changed` while its catalog was being fetched: the pages mix two
-    /// states, so the fetch starts over (at most [`CATALOG_REFETCHES`] times in a row).
-    pub changed_while_fetching: bool,
-    pub refetches: usize,
-    /// This fetch ended short of the server's whole list (the page bound, a later page's
-    /// error, an unusable page): its catalog gates calls but is not kept as what a server of
-    /// this package listed (a later first contact answers from that record).
-    pub catalog_partial: bool,
-    /// The catalog of the last fetch that ended is cut (see `catalog_partial`): a host's whole
-    /// list differs from it without any change, so it triggers no refetch.
-    pub catalog_cut: bool,
-    /// This fetch was started because the host was just shown a list other than the catalog:
-    /// it tells the host nothing (it listed a moment ago; telling it would make a host that
-    /// re-lists on `list_changed` loop with a server whose list differs every time).
-    pub quiet_fetch: bool,
-    /// When a call last asked for the list of a server whose first list failed (see
-    /// [`CATALOG_RETRY_MS`]).
-    pub list_retried_ms: Option<u64>,
-    /// This server's first list failed and no fetch has succeeded since (`catalog_unknown`).
-    pub tools_unknown: bool,
 }
 
 impl ChildState {
@@ -118,17 +265,6 @@ impl ChildState {
             record,
             phase: ChildPhase::Started,
             started_ms,
-            answer_due_ms: None,
-            stopping: false,
-            catalog_pages: Vec::new(),
-            pages_fetched: 0,
-            changed_while_fetching: false,
-            refetches: 0,
-            catalog_partial: false,
-            catalog_cut: false,
-            quiet_fetch: false,
-            list_retried_ms: None,
-            tools_unknown: false,
         }
     }
 }

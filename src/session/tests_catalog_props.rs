@@ -466,7 +466,7 @@ impl Run {
                 .values()
                 .filter(|p| matches!(p, Pending::CatalogPage { epoch } if *epoch == c.epoch))
                 .count();
-            let fetching = c.phase == ChildPhase::FetchingCatalog;
+            let fetching = c.phase.name() == "FetchingCatalog";
             prop_assert_eq!(
                 pages,
                 fetching as usize,
@@ -478,7 +478,7 @@ impl Run {
         let fetching = s
             .child
             .as_ref()
-            .is_some_and(|c| c.phase == ChildPhase::FetchingCatalog);
+            .is_some_and(|c| c.phase.name() == "FetchingCatalog");
         prop_assert!(
             self.fetch_run <= max_run,
             "{} fetches started in a row without one ending",

@@ -431,8 +431,8 @@ fn a_whole_list_of_exactly_the_page_bound_is_not_cut() {
         Harness::tool_error(&answer),
         None,
         "the server listed new_tool to the host; a whole {MAX_CATALOG_PAGES}-page catalog was \
-         treated as cut at the page bound (catalog_cut: {:?}) and never fetched again: {answer}",
-        h.s.child.as_ref().map(|c| c.catalog_cut)
+         treated as cut at the page bound (its tools: {:?}) and never fetched again: {answer}",
+        h.s.child.as_ref().map(|c| c.phase.listed())
     );
 }
 
