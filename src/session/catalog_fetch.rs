@@ -20,7 +20,9 @@ impl<I: Io> Session<I> {
     /// what it brings; a fetch started over keeps its own.
     pub(super) fn fetch_tools(&mut self, audience: Audience) {
         let due = self.now() + self.handshake_deadline().as_millis() as u64;
-        let Some(child) = &mut self.child else { return };
+        let Some(child) = self.server.child_mut() else {
+            return;
+        };
         match &mut child.phase {
             ChildPhase::Up(Tools::Fetching(f)) => {
                 *f = Fetch {
@@ -44,7 +46,9 @@ impl<I: Io> Session<I> {
     fn request_page(&mut self, cursor: Option<String>, due: u64) {
         let modern = self.era() == Some(Era::Modern);
         let meta = self.host.modern_meta.clone();
-        let Some(child) = &mut self.child else { return };
+        let Some(child) = self.server.child_mut() else {
+            return;
+        };
         let Some(fetch) = child.phase.fetch_mut() else {
             return;
         };
@@ -69,7 +73,7 @@ impl<I: Io> Session<I> {
 
     /// The fetch in flight of the current server.
     fn fetch_mut(&mut self) -> Option<&mut Fetch> {
-        self.child.as_mut().and_then(|c| c.phase.fetch_mut())
+        self.server.child_mut().and_then(|c| c.phase.fetch_mut())
     }
 
     /// Whether the catalog is the current server's: not while a new server's first list is
@@ -88,7 +92,7 @@ impl<I: Io> Session<I> {
     /// Ends the current fetch as a failed page (`why`); a late answer is not read as a page. A
     /// change announced meanwhile is fetched again (at most [`CATALOG_REFETCHES`] in a row).
     pub(super) fn give_up_fetch(&mut self, why: &str) {
-        let Some(c) = &self.child else { return };
+        let Some(c) = self.server.child() else { return };
         let epoch = c.epoch.clone();
         self.pending
             .retain(|_, p| !matches!(p, Pending::CatalogPage { epoch: e } if *e == epoch));
@@ -245,7 +249,7 @@ impl<I: Io> Session<I> {
 
     /// The fetch in flight is over: the server's tools are now `tools`.
     fn end_fetch(&mut self, tools: Tools) {
-        if let Some(c) = &mut self.child
+        if let Some(c) = self.server.child_mut()
             && c.phase.fetch().is_some()
         {
             c.phase = ChildPhase::Up(tools);
@@ -334,8 +338,8 @@ impl<I: Io> Session<I> {
             }),
         );
         let identity = self
-            .child
-            .as_ref()
+            .server
+            .child()
             .map(|c| c.record.identity_digest.clone())
             .unwrap_or_default();
         let now = self.io.timestamp();

@@ -151,7 +151,7 @@ impl<I: Io> Session<I> {
             // Same epoch, new catalog: refetch; the host hears about it only if the digest moved.
             if self.child_ready() {
                 self.fetch_tools(Audience::Host);
-            } else if let Some(f) = self.child.as_mut().and_then(|c| c.phase.fetch_mut()) {
+            } else if let Some(f) = self.server.child_mut().and_then(|c| c.phase.fetch_mut()) {
                 // What it brings is news to the host, whatever started it.
                 f.audience = Audience::Host;
                 f.change = ChangeDuringFetch::Announced;
@@ -466,7 +466,7 @@ impl<I: Io> Session<I> {
                 envelope::notification_line("notifications/initialized", None),
             );
             self.fetch_tools(Audience::Host);
-        } else if let Some(c) = &mut self.child {
+        } else if let Some(c) = self.server.child_mut() {
             c.phase = ChildPhase::AwaitingInitialized;
         }
     }

@@ -135,21 +135,23 @@ impl<I: Io> Session<I> {
             Err(e) => Err(e),
             Ok(ControlRequest::Status) => Ok(self.status_json()),
             Ok(ControlRequest::Restart) => match self.latest.clone() {
-                Some(record) if self.child.is_some() => {
+                Some(record) if self.server.child().is_some() => {
                     self.leave_crash_loop();
                     self.begin_replace(record, "cargo mcp-dev restart");
                     Ok(json!({"restarting": true}))
                 }
                 // The old server is stopping; its replacement starts with the latest build.
-                Some(_) if self.replacing.is_some() => Ok(json!({"restarting": true})),
+                Some(_) if matches!(self.server, Server::Replacing(_)) => {
+                    Ok(json!({"restarting": true}))
+                }
                 // The rebuild for a copy that could not start runs; its result starts it.
                 Some(_) if self.start_rebuild_pending() => Ok(json!({"building": true})),
                 Some(record) => {
                     self.leave_crash_loop();
                     // Asked for by the human: a copy that cannot start gets its rebuild again.
-                    self.rebuilt_for_start = None;
+                    self.last_start_rebuild = None;
                     self.spawn_child(record, None, None);
-                    if self.child.is_some() {
+                    if self.server.child().is_some() {
                         Ok(json!({"started": true}))
                     } else if self.hold_budget().is_some() || self.start_rebuild_pending() {
                         // It could not start, and a build under way starts it if it succeeds.
@@ -267,7 +269,7 @@ impl<I: Io> Session<I> {
     /// The `approval_granted` record, the baseline for the next review, the status line.
     pub(super) fn record_grant(&mut self, grant: &crate::approval::Grant, via: &str) {
         let g = serde_json::to_value(grant).expect("grant serializes");
-        if let Some(c) = &self.child {
+        if let Some(c) = self.server.child() {
             self.approved_baseline = Some((
                 c.epoch.to_string(),
                 c.record.clone(),
@@ -326,7 +328,8 @@ impl<I: Io> Session<I> {
 
     /// What changed between the last approved epoch and now (for `approve`'s review).
     pub(super) fn since_last_approval(&self) -> Value {
-        let (Some((epoch, record, catalog)), Some(child)) = (&self.approved_baseline, &self.child)
+        let (Some((epoch, record, catalog)), Some(child)) =
+            (&self.approved_baseline, self.server.child())
         else {
             return Value::Null;
         };

@@ -69,10 +69,10 @@ impl<I: Io> Session<I> {
             Lifecycle::StartFailed { .. } => "the server failed to start",
             Lifecycle::CrashLoop => "the server keeps exiting",
             Lifecycle::Stopping => "the connection is closing",
-            _ if self.child.is_some() => "the server is starting",
+            _ if self.server.child().is_some() => "the server is starting",
             _ if self.start_rebuild_pending() => "the server is being built again",
             _ if self.builds != Builds::Idle => "the server is being built",
-            _ if self.replacing.is_some() || self.restart_scheduled => "the server is restarting",
+            _ if self.server.runs_or_restarts() => "the server is restarting",
             _ => "no server is running",
         }
     }
@@ -80,16 +80,14 @@ impl<I: Io> Session<I> {
     /// A server runs, or one is on its way: a replacement, a scheduled restart, or a build
     /// whose result is started.
     fn server_on_its_way(&self) -> bool {
-        self.child.is_some()
-            || self.replacing.is_some()
-            || self.restart_scheduled
+        self.server.runs_or_restarts()
             || self.builds != Builds::Idle
             || self.start_rebuild_pending()
     }
 
     /// A build is on its way because a server could not start from its stored copy.
     pub(super) fn start_rebuild_pending(&self) -> bool {
-        self.child.is_none() && self.rebuilt_for_start.as_ref().is_some_and(|r| r.pending)
+        self.server.rebuilding_to_start()
     }
 
     /// How long a request may wait for the server in the current state, if it may wait.
@@ -99,14 +97,11 @@ impl<I: Io> Session<I> {
             // not): requests never wait for nothing.
             Lifecycle::FirstStart if self.server_on_its_way() => Some(self.cfg.first_start_budget),
             // A restart's gap: the next server is on its way.
-            Lifecycle::Serving if self.replacing.is_some() || self.child.is_some() => {
-                Some(self.cfg.restart_hold)
-            }
-            Lifecycle::Serving if self.restart_scheduled => Some(self.cfg.restart_hold),
+            Lifecycle::Serving if self.server.runs_or_restarts() => Some(self.cfg.restart_hold),
             // No server, and a build runs whose result starts one (its stored copy could not
             // start and is being built again, or a change after a crash loop): like the first.
             Lifecycle::Serving
-                if self.child.is_none()
+                if self.server.child().is_none()
                     && (self.start_rebuild_pending() || self.builds != Builds::Idle) =>
             {
                 Some(self.cfg.first_start_budget)
@@ -287,7 +282,7 @@ impl<I: Io> Session<I> {
     /// What the server is doing while requests wait: `building` (first start, no server yet)
     /// or `starting` (a server process exists, or a restart is under way).
     pub(super) fn starting_word(&self) -> &'static str {
-        if self.child.is_none()
+        if self.server.child().is_none()
             && (self.lifecycle == Lifecycle::FirstStart
                 || self.start_rebuild_pending()
                 || self.builds != Builds::Idle)

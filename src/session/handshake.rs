@@ -27,7 +27,7 @@ impl<I: Io> Session<I> {
             asked,
         });
         let due = self.now() + self.handshake_deadline().as_millis() as u64;
-        if let Some(c) = &mut self.child {
+        if let Some(c) = self.server.child_mut() {
             c.phase = ChildPhase::Handshaking { due_ms: due };
         }
         self.arm_server_timer(due);
@@ -55,8 +55,8 @@ impl<I: Io> Session<I> {
             return;
         }
         let Some(identity) = self
-            .child
-            .as_ref()
+            .server
+            .child()
             .map(|c| c.record.identity_digest.clone())
         else {
             return;
@@ -103,7 +103,7 @@ impl<I: Io> Session<I> {
     pub(super) fn server_deadline_over(&mut self) {
         self.armed.server = None;
         let now = self.now();
-        let Some(c) = &self.child else { return };
+        let Some(c) = self.server.child() else { return };
         match c.phase.answer_due_ms() {
             None => return,
             // A later request's deadline (or a later server's): armed again for it.
@@ -131,7 +131,9 @@ impl<I: Io> Session<I> {
 
     /// Our modern `server/discover` is in flight to the current server.
     pub(super) fn discovery_pending(&self) -> bool {
-        let Some(c) = &self.child else { return false };
+        let Some(c) = self.server.child() else {
+            return false;
+        };
         matches!(c.phase, ChildPhase::Handshaking { .. })
             && self.pending.values().any(
                 |p| matches!(p, Pending::Handshake { epoch, modern: true, .. } if *epoch == c.epoch),
@@ -179,7 +181,9 @@ impl<I: Io> Session<I> {
                 "the server has not answered server/discover; the host is told to use initialize",
             );
         }
-        let Some(c) = &mut self.child else { return };
+        let Some(c) = self.server.child_mut() else {
+            return;
+        };
         let epoch = c.epoch.clone();
         c.phase = ChildPhase::Started;
         // A late answer to it is dropped as one to an unknown id.
@@ -208,7 +212,7 @@ impl<I: Io> Session<I> {
     /// stopped, and no server runs until the next successful build or `cargo mcp-dev restart`
     /// (restarting the same code would fail the same way). Requests are answered with why.
     pub(super) fn server_cannot_serve(&mut self, why: String) {
-        let Some(child) = self.child.take() else {
+        let Some(child) = self.server.take_running() else {
             return;
         };
         self.io.status(&format!(

@@ -131,7 +131,7 @@ impl<I: Io> Session<I> {
             return self.on_host_call(msg);
         }
         let method = method_name(msg.method().unwrap_or_default());
-        let Some(child) = &self.child else {
+        let Some(child) = self.server.child() else {
             return self.answer_unavailable(msg);
         };
         let epoch = child.epoch.clone();
@@ -185,7 +185,7 @@ impl<I: Io> Session<I> {
         match method.as_str() {
             "notifications/initialized" => {
                 self.host.initialized = true;
-                match &self.child {
+                match self.server.child() {
                     Some(c) if c.phase == ChildPhase::AwaitingInitialized => {
                         let epoch = c.epoch.clone();
                         self.send_child(&epoch, &msg);
@@ -202,7 +202,7 @@ impl<I: Io> Session<I> {
             }
             "notifications/cancelled" => self.on_host_cancel(&msg),
             m if crate::proxy::envelope::is_notification_method(m) => {
-                if let Some(c) = &self.child
+                if let Some(c) = self.server.child()
                     && c.phase != ChildPhase::Started
                 {
                     let epoch = c.epoch.clone();
@@ -329,7 +329,9 @@ impl<I: Io> Session<I> {
 
     /// Moves a fresh child through the handshake as far as what the host has said allows.
     pub(super) fn advance_child(&mut self) {
-        let Some(child) = &self.child else { return };
+        let Some(child) = self.server.child() else {
+            return;
+        };
         if child.phase != ChildPhase::Started {
             return;
         }

@@ -65,7 +65,7 @@ impl<I: Io> Session<I> {
             due_ms: now,
             at_server: None,
         });
-        match &self.child {
+        match self.server.child() {
             Some(c) if c.phase == ChildPhase::Started => {
                 // The server is up: our handshake carries the host's `initialize`.
                 let epoch = c.epoch.clone();
@@ -119,7 +119,7 @@ impl<I: Io> Session<I> {
         if !self.initialize_waiting() {
             return;
         }
-        let Some(c) = self.child.as_ref() else {
+        let Some(c) = self.server.child() else {
             return;
         };
         let epoch = c.epoch.clone();

@@ -98,9 +98,7 @@ impl<I: Io> Session<I> {
         }
         let follow_up = self.builds == Builds::RunningWithFollowUp;
         self.builds = Builds::Idle;
-        if let Some(rebuild) = self.rebuilt_for_start.as_mut() {
-            rebuild.pending = false;
-        }
+        self.server.build_finished();
         if self.lifecycle == Lifecycle::Stopping {
             return;
         }
@@ -171,7 +169,7 @@ impl<I: Io> Session<I> {
     /// The newest build failed. A running server keeps running; with no server, requests are
     /// answered with the compiler's first error (or the last good build runs, if asked).
     fn build_broken(&mut self, message: String, last_good: Option<IdentityRecord>) {
-        if self.child.is_some() || self.replacing.is_some() {
+        if matches!(self.server, Server::Running(_) | Server::Replacing(_)) {
             self.report_running();
             return;
         }
@@ -201,11 +199,12 @@ impl<I: Io> Session<I> {
     fn apply_build(&mut self, record: IdentityRecord) {
         let previous = self.latest.replace(record.clone());
         let running_digest = self
-            .child
-            .as_ref()
+            .server
+            .child()
             .map(|c| c.record.identity_digest.clone());
         match running_digest {
-            None if self.replacing.is_some() => {} // the restart in progress picks up `latest`
+            // The restart in progress picks up `latest`.
+            None if matches!(self.server, Server::Replacing(_)) => {}
             None => {
                 // New code, built from a change saved before the loop began (its build ran
                 // while the old code crashed): it is what the loop waits for.
@@ -230,7 +229,7 @@ impl<I: Io> Session<I> {
                 Restart::Supervise => self.begin_replace(record, "new build"),
                 Restart::Manual => {
                     self.pending_apply = true;
-                    if let Some(c) = &self.child {
+                    if let Some(c) = self.server.child() {
                         let line = format!(
                             "running server unchanged: pid={} epoch={} (restart mode manual: run `cargo mcp-dev restart` to apply {})",
                             c.pid,
@@ -251,7 +250,7 @@ impl<I: Io> Session<I> {
     }
 
     pub(super) fn report_running(&mut self) {
-        let line = match &self.child {
+        let line = match self.server.child() {
             Some(c) => format!("running server unchanged: pid={} epoch={}", c.pid, c.epoch),
             None => "no server running".to_string(),
         };
@@ -293,7 +292,7 @@ impl<I: Io> Session<I> {
                     self.publish();
                     return;
                 }
-                let may_rebuild = match &self.rebuilt_for_start {
+                let may_rebuild = match &self.last_start_rebuild {
                     None => true,
                     Some(last) => {
                         last.identity != record.identity_digest
@@ -301,11 +300,11 @@ impl<I: Io> Session<I> {
                     }
                 };
                 if may_rebuild && self.lifecycle != Lifecycle::Stopping {
-                    self.rebuilt_for_start = Some(StartRebuild {
+                    self.last_start_rebuild = Some(StartRebuild {
                         identity: record.identity_digest.clone(),
                         at_ms: now,
-                        pending: true,
                     });
+                    self.server.rebuild_to_start();
                     self.io
                         .status("building again to start it from a fresh copy (was the target directory cleaned?)");
                     // A server is on its way again (a restart asked for from `StartFailed`).
@@ -329,7 +328,7 @@ impl<I: Io> Session<I> {
             }
         };
         // Started: a later failure to start may have a cause a build fixes again.
-        self.rebuilt_for_start = None;
+        self.last_start_rebuild = None;
         self.last_started = Some(epoch.clone());
         // A server runs (after `BuildBroken`: the last good build, by `cargo mcp-dev restart`).
         if matches!(
@@ -370,7 +369,8 @@ impl<I: Io> Session<I> {
                 }
             )),
         }
-        self.child = Some(ChildState::started(epoch, pid, record, started_ms));
+        self.server
+            .started(ChildState::started(epoch, pid, record, started_ms));
         self.pending_apply = false;
         self.advance_child();
         self.publish();
@@ -378,7 +378,7 @@ impl<I: Io> Session<I> {
 
     /// Supervise mode: answer in-flight requests, stop the old child, then start the new one.
     pub(super) fn begin_replace(&mut self, record: IdentityRecord, why: &str) {
-        let Some(child) = self.child.take() else {
+        let Some(child) = self.server.take_running() else {
             self.spawn_child(record, None, None);
             return;
         };
@@ -394,7 +394,7 @@ impl<I: Io> Session<I> {
             ),
         );
         self.record_exit(&child, "replaced", None);
-        self.replacing = Some(Replacing {
+        self.server.begin_replacement(Replacing {
             new_epoch,
             record,
             old_epoch: child.epoch.clone(),
@@ -407,14 +407,10 @@ impl<I: Io> Session<I> {
         if self.lifecycle == Lifecycle::Stopping {
             return;
         }
-        if let Some(r) = self.replacing.take() {
-            if r.old_epoch == epoch {
-                // Apply the newest successful build, which may be newer than the one that asked.
-                let record = self.latest.clone().unwrap_or(r.record);
-                self.spawn_child_as(r.new_epoch, record, Some(r.old_epoch), None);
-            } else {
-                self.replacing = Some(r);
-            }
+        if let Some(r) = self.server.take_replacement(epoch) {
+            // Apply the newest successful build, which may be newer than the one that asked.
+            let record = self.latest.clone().unwrap_or(r.record);
+            self.spawn_child_as(r.new_epoch, record, Some(r.old_epoch), None);
         }
     }
 
@@ -437,11 +433,13 @@ impl<I: Io> Session<I> {
     }
 
     pub(super) fn on_child_exited(&mut self, epoch: &str, exit: ExitInfo) {
-        let Some(child) = &self.child else { return };
+        let Some(child) = self.server.child() else {
+            return;
+        };
         if child.epoch != epoch {
             return; // a replaced child: its requests were already answered
         }
-        let child = self.child.take().expect("checked");
+        let child = self.server.take_running().expect("checked");
         self.io.status(&format!(
             "server exited: pid={} epoch={} ({exit})",
             child.pid, child.epoch
@@ -476,11 +474,11 @@ impl<I: Io> Session<I> {
                         CRASH_WINDOW_MS / 1000
                     ));
                     self.fail_held();
-                } else if !self.restart_scheduled {
+                } else {
                     let delay = Duration::from_millis(
                         250u64 << (self.crashes.len().saturating_sub(1)).min(6),
                     );
-                    self.restart_scheduled = true;
+                    self.server.schedule_restart();
                     self.io
                         .status(&format!("restarting server in {} ms", delay.as_millis()));
                     self.io.schedule(delay, Timer::Restart);
@@ -520,9 +518,7 @@ impl<I: Io> Session<I> {
     }
 
     pub(super) fn restart_due(&mut self) {
-        self.restart_scheduled = false;
-        if self.child.is_none()
-            && self.replacing.is_none()
+        if self.server.restart_due()
             && !matches!(self.lifecycle, Lifecycle::Stopping | Lifecycle::CrashLoop)
             && let Some(record) = self.latest.clone()
         {
@@ -538,7 +534,7 @@ impl<I: Io> Session<I> {
         }
         // Stopping first: what is in flight is answered as a closing connection's.
         self.lifecycle = Lifecycle::Stopping;
-        if let Some(c) = &self.child {
+        if let Some(c) = self.server.child() {
             let e = c.epoch.clone();
             self.answer_in_flight(&e, None, "replaced", None);
         }
@@ -569,7 +565,7 @@ impl<I: Io> Session<I> {
         self.lifecycle = Lifecycle::Stopping;
         self.fail_held();
         self.fail_prompts("the supervisor is shutting down");
-        if let Some(c) = self.child.take() {
+        if let Some(c) = self.server.take_running() {
             let e = c.epoch.clone();
             self.answer_in_flight(&e, None, "exited", Some("supervisor shutting down"));
             self.record_exit(&c, "stopped at session end", None);

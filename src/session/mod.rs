@@ -40,6 +40,7 @@ mod lifecycle;
 pub mod protocol;
 mod route;
 mod router;
+mod server;
 pub mod snapshot;
 pub mod state;
 #[cfg(test)]
@@ -91,6 +92,7 @@ use crate::proxy::envelope;
 use crate::supervisor::ExitInfo;
 use protocol::Era;
 use route::Route;
+use server::Server;
 use state::*;
 
 pub mod codes;
@@ -365,14 +367,15 @@ pub struct Session<I: Io> {
     early_build: Option<EarlyBuild>,
     /// A burst of source changes began and has not settled yet.
     burst_open: bool,
-    child: Option<ChildState>,
+    /// The one server slot: running, being replaced, restarting, or idle.
+    server: Server,
     /// Identity to apply when (re)starting: the newest successful build.
     latest: Option<IdentityRecord>,
     /// Manual mode: a newer build waits for `cargo mcp-dev restart`.
     pending_apply: bool,
-    rebuilt_for_start: Option<StartRebuild>, // the last rebuild for a failed start
-    /// Supervise mode: the old child is stopping; this epoch starts when it has stopped.
-    replacing: Option<Replacing>,
+    /// The last build asked for because a server could not start from its stored copy
+    /// (once per identity, at most once a minute).
+    last_start_rebuild: Option<StartRebuild>,
     pending: HashMap<u64, Pending, OurIds>,
     next_id: u64,
     /// Child-to-host requests: our host-facing id → (epoch, the child's own id).
@@ -390,7 +393,6 @@ pub struct Session<I: Io> {
     in_batch: bool,
     batch_calls: Vec<u64>,
     crashes: VecDeque<u64>,
-    restart_scheduled: bool,
     last_build: Option<String>,
     exit_code: Option<i32>,
     /// The epoch, identity and catalog of the last approval (what `approve` diffs against).
@@ -420,11 +422,10 @@ impl<I: Io> Session<I> {
             builds: Builds::Idle,
             early_build: None,
             burst_open: false,
-            child: None,
+            server: Server::Idle,
             latest: None,
             pending_apply: false,
-            rebuilt_for_start: None,
-            replacing: None,
+            last_start_rebuild: None,
             pending: HashMap::default(),
             next_id: 1,
             child_requests: ServerRequests::default(),
@@ -437,7 +438,6 @@ impl<I: Io> Session<I> {
             in_batch: false,
             batch_calls: Vec::new(),
             crashes: VecDeque::new(),
-            restart_scheduled: false,
             last_build: None,
             exit_code: None,
             approved_baseline: None,
@@ -578,17 +578,17 @@ impl<I: Io> Session<I> {
     }
 
     fn current_epoch(&self) -> Option<&str> {
-        self.child.as_ref().map(|c| c.epoch.as_str())
+        self.server.child().map(|c| c.epoch.as_str())
     }
 
     /// The server is up and no fetch of its tools is in flight.
     fn child_ready(&self) -> bool {
-        self.child.as_ref().is_some_and(|c| c.phase.is_ready())
+        self.server.child().is_some_and(|c| c.phase.is_ready())
     }
 
     /// The current server's phase, if one runs.
     fn child_phase(&self) -> Option<&ChildPhase> {
-        self.child.as_ref().map(|c| &c.phase)
+        self.server.phase()
     }
 
     fn era(&self) -> Option<Era> {

@@ -36,7 +36,7 @@ impl<I: Io> Session<I> {
         // host that never lists again still gets its calls judged once the server lists.
         let now = self.now();
         if let Some(wait) = self.hold_budget()
-            && let Some(c) = &mut self.child
+            && let Some(c) = self.server.child_mut()
             && let ChildPhase::Up(Tools::Unknown { asked_ms }) = &mut c.phase
             && asked_ms.is_none_or(|at| now >= at + CATALOG_RETRY_MS)
         {
@@ -172,7 +172,7 @@ impl<I: Io> Session<I> {
                 grant_kind,
                 credential_scopes,
             } => {
-                let epoch = match &self.child {
+                let epoch = match self.server.child() {
                     Some(c) => c.epoch.clone(),
                     _ => return, // unreachable: the gate says identity_pending without a child
                 };

@@ -141,14 +141,15 @@ impl<I: Io> Session<I> {
             }
             .into(),
             era: self.era().map(|e| e.as_str().to_string()),
-            server: self.child.as_ref().map(|c| ServerSnapshot {
+            server: self.server.child().map(|c| ServerSnapshot {
                 pid: c.pid,
                 epoch: c.epoch.clone(),
                 identity_digest: c.record.identity_digest.clone(),
                 executable_sha256: c.record.executable.sha256.clone(),
                 phase: c.phase.name().to_string(),
             }),
-            server_absent: (self.child.is_none() && self.absent_why() != "no server is running")
+            server_absent: (self.server.child().is_none()
+                && self.absent_why() != "no server is running")
                 .then(|| self.absent_why().to_string()),
             latest_build: self.latest.as_ref().map(|r| r.identity_digest.clone()),
             pending_restart: self.pending_apply,

@@ -287,13 +287,12 @@ pub struct ArmedTimers {
 /// A server that fails to start is built again at most this often (see `spawn_child_as`).
 pub const START_REBUILD_INTERVAL_MS: u64 = 60_000;
 
-/// The last build requested because a server could not start from its stored copy.
+/// The last build requested because a server could not start from its stored copy (while it
+/// runs, the server slot is [`super::server::Server::RebuildingToStart`]).
 #[derive(Debug, Clone)]
 pub struct StartRebuild {
     pub identity: String,
     pub at_ms: u64,
-    /// Its result has not come yet: no server runs, and one is on its way (requests may wait).
-    pub pending: bool,
 }
 
 /// A replacement in progress: the new epoch starts when the old child has stopped.

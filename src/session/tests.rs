@@ -1863,7 +1863,7 @@ proptest! {
             }
             if h.s.exit_code().is_some() { break; }
             if held_before_build && h.s.builds == Builds::Idle && h.s.early_build.is_none() {
-                prop_assert!(h.s.child.is_some() || h.s.replacing.is_some() || h.s.restart_scheduled || h.s.held.is_empty(),
+                prop_assert!(h.s.server.runs_or_restarts() || h.s.held.is_empty(),
                     "a build finished while requests waited for it, and no server was started (lifecycle {:?})", h.s.lifecycle);
             }
             // A request is held only while the state allows holding one.
@@ -1875,7 +1875,7 @@ proptest! {
             let io = h.s.io();
             let live: Vec<String> = io.spawned.iter().map(|(e, _)| e.clone())
                 .filter(|e| !io.stopped.contains(e) && !io.reaped.contains(e)).collect();
-            let child = h.s.child.as_ref().map(|c| c.epoch.to_string());
+            let child = h.s.server.child().map(|c| c.epoch.to_string());
             prop_assert!(live.len() <= 1, "two live servers: {:?}", live);
             if let Some(e) = live.first() {
                 prop_assert_eq!(Some(e), child.as_ref(), "a live server that is not the session's child");
@@ -1885,8 +1885,7 @@ proptest! {
                 let armed = h.s.io().timers.iter().any(|(_, t)| matches!(t, Timer::HeldDeadline));
                 prop_assert!(armed, "held requests with no deadline timer");
                 // ... and waits for something on its way.
-                let on_its_way = h.s.child.is_some() || h.s.replacing.is_some()
-                    || h.s.restart_scheduled || h.s.builds != Builds::Idle;
+                let on_its_way = h.s.server.runs_or_restarts() || h.s.builds != Builds::Idle;
                 prop_assert!(on_its_way, "{} request(s) held with no server, build or restart on its way (lifecycle {:?}, mode {:?})",
                     h.s.held.len(), h.s.lifecycle, h.s.cfg.restart);
             }
@@ -2207,7 +2206,10 @@ fn a_crash_during_the_first_handshake_does_not_fail_the_hosts_initialize() {
     h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
     h.io().to_child.clear(); // the server dies before reading its stdin
     exit_current(&mut h);
-    assert!(h.s.restart_scheduled, "a restart is on its way");
+    assert!(
+        matches!(h.s.server, Server::RestartScheduled),
+        "a restart is on its way"
+    );
     h.advance(1_000); // the restart; the new server answers
     let answer = h.answer(&init).expect("answered");
     assert!(

@@ -97,7 +97,7 @@ fn server_cancel_of_a_catalog_page_ends_the_fetch() {
         answer.is_some() && Harness::tool_error(answer.as_ref().unwrap()).is_none(),
         "the call must be forwarded at once, not held behind a fetch nobody will answer \
          (phase {:?}, answer {answer:?})",
-        h.s.child.as_ref().map(|c| c.phase.clone())
+        h.s.server.child().map(|c| c.phase.clone())
     );
 }
 
@@ -349,8 +349,8 @@ fn a_first_list_never_answered_ends_at_its_deadline() {
     );
     assert!(h.answer(&held).is_some(), "the held call is answered");
     assert!(
-        h.s.child
-            .as_ref()
+        h.s.server
+            .child()
             .is_some_and(|c| c.phase.name() == "Ready")
     );
     assert!(
@@ -387,8 +387,8 @@ fn a_paged_fetch_arms_one_deadline_timer() {
     // The last page is still due: its deadline ends the fetch, with the 50 pages it got.
     h.advance(DEFAULT_FIRST_START_BUDGET.as_millis() as u64 + 1);
     assert!(
-        h.s.child
-            .as_ref()
+        h.s.server
+            .child()
             .is_some_and(|c| c.phase.name() == "Ready")
     );
     assert_eq!(h.s.catalog.catalog().map(|c| c.len()), Some(50));

@@ -460,7 +460,7 @@ impl Run {
             self.fetch_run = self.fetch_run.min(1); // at most one started since
         }
         let s = &self.h.s;
-        if let Some(c) = &s.child {
+        if let Some(c) = s.server.child() {
             let pages = s
                 .pending
                 .values()
@@ -476,8 +476,8 @@ impl Run {
             );
         }
         let fetching = s
-            .child
-            .as_ref()
+            .server
+            .child()
             .is_some_and(|c| c.phase.name() == "FetchingCatalog");
         prop_assert!(
             self.fetch_run <= max_run,

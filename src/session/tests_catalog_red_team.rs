@@ -471,7 +471,7 @@ fn a_garbled_catalog_page_does_not_leave_the_session_fetching() {
     assert!(
         h.s.child_ready(),
         "the session is still fetching a page that will never be answered (phase {:?})",
-        h.s.child.as_ref().map(|c| c.phase.clone())
+        h.s.server.child().map(|c| c.phase.clone())
     );
 }
 

@@ -432,7 +432,7 @@ fn a_whole_list_of_exactly_the_page_bound_is_not_cut() {
         None,
         "the server listed new_tool to the host; a whole {MAX_CATALOG_PAGES}-page catalog was \
          treated as cut at the page bound (its tools: {:?}) and never fetched again: {answer}",
-        h.s.child.as_ref().map(|c| c.phase.listed())
+        h.s.server.child().map(|c| c.phase.listed())
     );
 }
 

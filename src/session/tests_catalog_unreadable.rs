@@ -59,7 +59,7 @@ fn an_unreadable_later_page_is_not_recorded_as_an_empty_catalog() {
         &epoch,
         json!({"jsonrpc": "2.0", "id": page2["id"], "result": "no list"}),
     );
-    assert_ne!(h.s.child.as_ref().unwrap().phase.name(), "FetchingCatalog");
+    assert_ne!(h.s.server.child().unwrap().phase.name(), "FetchingCatalog");
     let recorded = h.s.recorded.catalog.as_ref().map(|c| c.tools.clone());
     assert_eq!(
         recorded, None,
@@ -96,7 +96,7 @@ fn an_unreadable_page_in_a_refresh_keeps_the_catalog() {
         &epoch,
         json!({"jsonrpc": "2.0", "id": page["id"], "result": "no list"}),
     );
-    assert_eq!(h.s.child.as_ref().unwrap().phase.name(), "Ready");
+    assert_eq!(h.s.server.child().unwrap().phase.name(), "Ready");
     assert_eq!(
         h.s.catalog.current().unwrap().digest,
         before,

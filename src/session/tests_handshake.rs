@@ -19,7 +19,7 @@ fn handshaking(configure: impl FnOnce(&mut SessionConfig)) -> (Harness, Value, S
     assert!(h.answer(&list).is_none(), "held for the first server");
     h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
     let epoch = h.s.current_epoch().map(str::to_string);
-    let epoch = epoch.unwrap_or_else(|| h.s.child.as_ref().expect("spawned").epoch.to_string());
+    let epoch = epoch.unwrap_or_else(|| h.s.server.child().expect("spawned").epoch.to_string());
     let init = next_to_child(&mut h);
     assert_eq!(init["method"], "initialize");
     (h, list, epoch, init)
@@ -52,7 +52,7 @@ fn a_server_that_refuses_the_handshake_is_stopped_and_held_requests_are_answered
     );
     assert_eq!(h.io().stopped, vec![epoch.clone()], "the server is stopped");
     assert_eq!(h.io().stop_graces, vec![STOP_GRACE_UNANSWERED]);
-    assert!(h.s.child.is_none());
+    assert!(h.s.server.child().is_none());
     assert!(matches!(h.s.lifecycle, Lifecycle::StartFailed { .. }));
     let exits = server_exits(&mut h);
     assert_eq!(exits.len(), 1);
@@ -73,7 +73,7 @@ fn a_server_that_refuses_the_handshake_is_stopped_and_held_requests_are_answered
     h.s.handle(Event::ChildStopped {
         epoch: epoch.clone(),
     });
-    assert!(!h.s.restart_scheduled);
+    assert!(!matches!(h.s.server, Server::RestartScheduled));
     assert_eq!(h.io().spawned.len(), 1);
 }
 
@@ -92,7 +92,7 @@ fn the_next_successful_build_starts_a_server_again_and_it_serves() {
 fn the_hosts_own_initialize_gets_the_servers_refusal_and_the_server_is_stopped() {
     let mut h = Harness::ungated(|c| c.warm = true);
     h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
-    let epoch = h.s.child.as_ref().expect("spawned").epoch.to_string();
+    let epoch = h.s.server.child().expect("spawned").epoch.to_string();
     let id = json!(1);
     host_raw(
         &mut h,
@@ -161,7 +161,7 @@ fn an_earlier_servers_deadline_does_not_stop_a_later_one() {
     h.advance(20_000);
     // A new build at 20 s: its server's deadline is 45 s, the first server's timer fires at 25.
     h.s.handle(Event::BuildFinished(Box::new(complete("b"))));
-    let second = h.s.child.as_ref().expect("spawned").epoch.to_string();
+    let second = h.s.server.child().expect("spawned").epoch.to_string();
     let init = next_to_child(&mut h);
     assert_eq!(
         init["method"], "initialize",
@@ -170,7 +170,7 @@ fn an_earlier_servers_deadline_does_not_stop_a_later_one() {
     h.advance(6_000);
     assert_eq!(h.io().stopped, vec![epoch], "only the first was stopped");
     assert_eq!(
-        h.s.child.as_ref().map(|c| c.epoch.to_string()),
+        h.s.server.child().map(|c| c.epoch.to_string()),
         Some(second)
     );
 }
@@ -204,7 +204,7 @@ fn discovering() -> (Harness, Value, String, Value) {
     );
     assert!(h.answer(&discover).is_none(), "held for the first server");
     h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
-    let epoch = h.s.child.as_ref().expect("spawned").epoch.to_string();
+    let epoch = h.s.server.child().expect("spawned").epoch.to_string();
     let ours = next_to_child(&mut h);
     assert_eq!(ours["method"], "server/discover");
     (h, discover, epoch, ours)
@@ -325,7 +325,7 @@ fn modern_rebuilt_unanswered() -> (Harness, String, Value) {
     let old = h.current_epoch().unwrap();
     h.s.handle(Event::BuildFinished(Box::new(complete("b"))));
     h.s.handle(Event::ChildStopped { epoch: old.clone() });
-    let new = h.s.child.as_ref().expect("b spawned").epoch.to_string();
+    let new = h.s.server.child().expect("b spawned").epoch.to_string();
     assert_ne!(new, old);
     let ours = loop {
         let m = next_to_child(&mut h);
@@ -337,8 +337,8 @@ fn modern_rebuilt_unanswered() -> (Harness, String, Value) {
 }
 
 fn wedged(h: &mut Harness, epoch: &str) -> bool {
-    h.s.child
-        .as_ref()
+    h.s.server
+        .child()
         .is_some_and(|c| c.epoch.as_str() == epoch)
         && !h.io().stopped.iter().any(|e| e == epoch)
         && !matches!(
@@ -414,7 +414,7 @@ fn a_rebuilt_servers_internal_error_to_discover_does_not_end_the_session() {
     let old = h.current_epoch().unwrap();
     h.s.handle(Event::BuildFinished(Box::new(complete("b"))));
     h.s.handle(Event::ChildStopped { epoch: old.clone() });
-    let epoch = h.s.child.as_ref().expect("b spawned").epoch.to_string();
+    let epoch = h.s.server.child().expect("b spawned").epoch.to_string();
     let ours = loop {
         let m = next_to_child(&mut h);
         if m["method"] == "server/discover" {

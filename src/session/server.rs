@@ -1,0 +1,138 @@
+//! The server slot: at most one server process per session, and what is known about the next.
+//!
+//! Owns: [`Server`] and its transitions. Every change of the slot goes through one of the
+//! functions here, each of which names (and in debug builds asserts) the states it may start
+//! from, so "a child and a replacement at once" or "a restart scheduled for a running server"
+//! cannot be written down. What a running server is doing (handshake, tools) is its
+//! [`ChildPhase`]; why no server runs (build broken, crash loop…) is the lifecycle's.
+//!
+//! Must not touch: decisions (the lifecycle room decides when to start, stop or replace), I/O.
+
+use super::state::{ChildPhase, ChildState, Replacing};
+
+/// The one server slot of a session.
+#[derive(Debug)]
+pub enum Server {
+    /// No server process runs, and none is on its way by itself (a build may be running: its
+    /// result starts one).
+    Idle,
+    /// The server exited and its restart is scheduled (`Timer::Restart`).
+    RestartScheduled,
+    /// A build runs because the last server could not start from its stored copy (was the
+    /// target directory cleaned?); its result starts the server.
+    RebuildingToStart,
+    /// Supervise mode: the old server is stopping; the new epoch starts when it has stopped.
+    Replacing(Replacing),
+    /// A server process runs, from its spawn until it exits or is stopped.
+    Running(ChildState),
+}
+
+impl Server {
+    /// The running server, if one runs.
+    pub fn child(&self) -> Option<&ChildState> {
+        match self {
+            Server::Running(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    pub fn child_mut(&mut self) -> Option<&mut ChildState> {
+        match self {
+            Server::Running(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The running server's phase, if one runs.
+    pub fn phase(&self) -> Option<&ChildPhase> {
+        self.child().map(|c| &c.phase)
+    }
+
+    /// A server runs, or its replacement or restart is under way (not counting builds).
+    pub fn runs_or_restarts(&self) -> bool {
+        matches!(
+            self,
+            Server::Running(_) | Server::Replacing(_) | Server::RestartScheduled
+        )
+    }
+
+    // ----- transitions ---------------------------------------------------------------------
+
+    /// A server was spawned: from any state but a running one (its predecessor is gone).
+    pub fn started(&mut self, child: ChildState) {
+        debug_assert!(
+            !matches!(self, Server::Running(_)),
+            "a second server started while one runs"
+        );
+        *self = Server::Running(child);
+    }
+
+    /// The running server is gone (it exited, could not serve, or the session ends): taken
+    /// out, and the slot is idle.
+    pub fn take_running(&mut self) -> Option<ChildState> {
+        match std::mem::replace(self, Server::Idle) {
+            Server::Running(c) => Some(c),
+            other => {
+                *self = other;
+                None
+            }
+        }
+    }
+
+    /// The server just taken out ([`Server::take_running`]) is being replaced: the slot holds
+    /// the replacement until the old one has stopped.
+    pub fn begin_replacement(&mut self, replacing: Replacing) {
+        debug_assert!(matches!(self, Server::Idle), "a replacement of {self:?}");
+        *self = Server::Replacing(replacing);
+    }
+
+    /// The replacement whose old server (`old_epoch`) has stopped, taken out to be started.
+    pub fn take_replacement(&mut self, old_epoch: &str) -> Option<Replacing> {
+        match self {
+            Server::Replacing(r) if r.old_epoch == old_epoch => {
+                match std::mem::replace(self, Server::Idle) {
+                    Server::Replacing(r) => Some(r),
+                    _ => unreachable!("matched"),
+                }
+            }
+            _ => None,
+        }
+    }
+
+    /// The server exited and will be started again after a delay: from idle only (it was
+    /// just taken out).
+    pub fn schedule_restart(&mut self) {
+        debug_assert!(matches!(self, Server::Idle), "restart of {self:?}");
+        *self = Server::RestartScheduled;
+    }
+
+    /// The scheduled restart is due: whether one was scheduled (the slot is idle again).
+    pub fn restart_due(&mut self) -> bool {
+        if matches!(self, Server::RestartScheduled) {
+            *self = Server::Idle;
+            return true;
+        }
+        false
+    }
+
+    /// A server could not start from its stored copy and a build runs to capture it again.
+    pub fn rebuild_to_start(&mut self) {
+        debug_assert!(
+            !matches!(self, Server::Running(_) | Server::Replacing(_)),
+            "a rebuild to start while {self:?}"
+        );
+        *self = Server::RebuildingToStart;
+    }
+
+    /// A build finished: a rebuild to start is over (its result, if any, starts the server).
+    pub fn build_finished(&mut self) {
+        if matches!(self, Server::RebuildingToStart) {
+            *self = Server::Idle;
+        }
+    }
+
+    /// Whether the build under way was asked for because a server could not start.
+    pub fn rebuilding_to_start(&self) -> bool {
+        matches!(self, Server::RebuildingToStart)
+    }
+}
