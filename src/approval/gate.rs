@@ -29,15 +29,6 @@ struct Current {
     catalog: Option<(CatalogRevision, BTreeMap<String, String>)>,
 }
 
-/// One tool as the host connection was last shown it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShownTool {
-    /// Digest of the definition (the fields the catalog digest covers).
-    pub digest: String,
-    /// The catalog revision it was shown in, when it was the current one.
-    pub revision: Option<u64>,
-}
-
 /// The gate of one agent run against one server label.
 #[derive(Debug, Clone)]
 pub struct Gate {
@@ -45,10 +36,8 @@ pub struct Gate {
     agent_run: AgentRunId,
     server_label: String,
     current: Option<Current>,
-    /// Digest of the last whole catalog the host was shown.
-    host_catalog: Option<String>,
-    /// Per tool, what the host was last shown (`None`: never shown a catalog).
-    host_view: Option<BTreeMap<String, ShownTool>>,
+    /// What the host connection was shown (the one place that fact is kept).
+    host: HostView,
     /// Grants for the current epoch that have not expired or been revoked.
     live: Vec<Grant>,
     /// Grants of past epochs (oldest first); kept only to explain denials.
@@ -73,8 +62,7 @@ impl Gate {
             agent_run: agent_run.into(),
             server_label,
             current: None,
-            host_catalog: None,
-            host_view: None,
+            host: HostView::default(),
             live: Vec::new(),
             stale: Vec::new(),
             spent: Vec::new(),
@@ -127,52 +115,29 @@ impl Gate {
         }
     }
 
-    /// The host received a whole catalog (a `tools/list` answer, all pages): its digest, the
-    /// revision it is (when it is the current one) and each tool's definition digest.
-    pub fn host_shown_catalog(
-        &mut self,
-        digest: &str,
-        revision: Option<u64>,
-        tools: BTreeMap<String, String>,
-    ) {
-        self.host_catalog = Some(digest.to_owned());
-        self.host_view = Some(
-            tools
-                .into_iter()
-                .map(|(name, digest)| (name, ShownTool { digest, revision }))
-                .collect(),
-        );
+    /// What the host connection holds: the session records what it shows the host here, and
+    /// calls are judged against it.
+    pub fn host_view(&self) -> &HostView {
+        &self.host
     }
 
-    /// The host was shown one tool's current definition (a stale-call result carries it), or
-    /// that it is gone (`None`). The next call of that tool is judged against it.
-    pub fn host_shown_tool(&mut self, tool: &str, digest: Option<String>, revision: Option<u64>) {
-        let view = self.host_view.get_or_insert_with(BTreeMap::new);
-        match digest {
-            Some(digest) => {
-                view.insert(tool.to_owned(), ShownTool { digest, revision });
-            }
-            None => {
-                view.remove(tool);
-            }
-        }
+    pub fn host_view_mut(&mut self) -> &mut HostView {
+        &mut self.host
     }
 
     /// What the host was shown of `tool`, if anything.
     pub fn host_shown(&self, tool: &str) -> Option<&ShownTool> {
-        self.host_view.as_ref()?.get(tool)
+        self.host.tool(tool)
     }
 
     /// Tools whose definition as shown to the host differs from the current catalog (or that
     /// are gone), sorted. Empty before either is known.
     pub fn stale_tools(&self) -> Vec<String> {
-        let (Some(view), Some((_, current))) = (
-            self.host_view.as_ref(),
-            self.current.as_ref().and_then(|c| c.catalog.as_ref()),
-        ) else {
+        let Some((_, current)) = self.current.as_ref().and_then(|c| c.catalog.as_ref()) else {
             return Vec::new();
         };
-        view.iter()
+        self.host
+            .tools()
             .filter(|(name, shown)| current.get(*name) != Some(&shown.digest))
             .map(|(name, _)| name.clone())
             .collect()
@@ -493,7 +458,7 @@ impl Gate {
             tool: tool.to_owned(),
             approved_epoch: None,
             current_epoch: self.current.as_ref().map(|c| c.epoch.clone()),
-            host_catalog: self.host_catalog.clone(),
+            host_catalog: self.host.catalog().map(str::to_owned),
             current_catalog: catalog.map(|(revision, _)| revision.clone()),
             credential_scopes: scopes.iter().cloned().collect(),
             authorization: None,
@@ -607,7 +572,7 @@ impl Gate {
 
     /// Digest of the catalog the host last fetched.
     pub fn host_catalog(&self) -> Option<&str> {
-        self.host_catalog.as_deref()
+        self.host.catalog()
     }
 
     /// Tools whose current input schema is not checked, with why (each once per definition).
@@ -644,13 +609,10 @@ impl Gate {
             .and_then(|c| c.catalog.as_ref())
             .map(|(_, t)| t.keys().cloned().collect())
             .unwrap_or_default();
-        let view = names
-            .into_iter()
-            .map(|n| {
-                let d = format!("{tag}:{n}");
-                (n, d)
-            })
-            .collect();
-        self.host_shown_catalog(digest, None, view);
+        let view = names.into_iter().map(|n| {
+            let d = format!("{tag}:{n}");
+            (n, d, serde_json::Value::Null)
+        });
+        self.host.show_catalog(digest, None, view);
     }
 }

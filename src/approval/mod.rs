@@ -34,6 +34,7 @@ mod arguments;
 mod denial;
 mod gate;
 mod grant;
+mod host_view;
 mod policy;
 #[cfg(test)]
 mod tests;
@@ -44,4 +45,5 @@ pub use arguments::*;
 pub use denial::*;
 pub use gate::*;
 pub use grant::*;
+pub use host_view::{HostView, Showing, ShownTool};
 pub use policy::*;

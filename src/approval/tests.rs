@@ -1096,7 +1096,8 @@ mod model {
                             m.catalog.clone()
                         };
                         if let Some((d, tools)) = shown {
-                            gate.host_shown_catalog(&d, None, tools.clone());
+                            let showing = tools.iter().map(|(n, t)| (n.clone(), t.clone(), Value::Null));
+                            gate.host_view_mut().show_catalog(&d, None, showing);
                             m.host = Some(tools);
                         }
                     }

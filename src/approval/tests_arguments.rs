@@ -246,7 +246,11 @@ fn checks_come_after_staleness_and_before_grants() {
     assert!(g.grants().is_empty(), "spent on the call that ran");
     // A stale call is refused as stale first (its result carries the definition already).
     let mut g = gate_with(A, "c1", &["write_item"]);
-    g.host_shown_tool("write_item", Some("old:write_item".into()), None);
+    g.host_view_mut().show_tool(
+        "write_item",
+        Some(("old:write_item".into(), serde_json::Value::Null)),
+        None,
+    );
     let d = judge(&mut g, "c1", &def, Some("[]"));
     assert!(
         matches!(&d, CallDecision::Deny(d) if d.reason == DenialReason::CatalogStale),

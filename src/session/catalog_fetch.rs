@@ -540,8 +540,6 @@ impl<I: Io> Session<I> {
             .current()
             .filter(|r| r.digest == shown.digest())
             .map(|r| r.number);
-        let view = (shown.digest().to_string(), revision);
-        let changed = self.host.shown_whole.as_ref() != Some(&view);
         // A fetch started by a host's listing tells the host nothing only while what the host
         // holds came from the server (round 23: a recorded list was answered meanwhile).
         if source != "server"
@@ -549,17 +547,15 @@ impl<I: Io> Session<I> {
         {
             f.audience = Audience::Host;
         }
-        if changed {
-            self.gate
-                .host_shown_catalog(shown.digest(), revision, shown.tool_digests().clone());
-            self.host.show_tools(
-                shown
-                    .names()
-                    .filter_map(|n| shown.tool(n).map(|t| (n.to_string(), t.clone())))
-                    .collect(),
-            );
-            self.host.shown_whole = Some(view);
-        }
+        let digests = shown.tool_digests();
+        let changed = self.gate.host_view_mut().show_catalog(
+            shown.digest(),
+            revision,
+            shown.names().filter_map(|n| {
+                let definition = shown.tool(n)?.clone();
+                Some((n.to_string(), digests.get(n)?.clone(), definition))
+            }),
+        );
         let epoch = self.current_epoch().map(str::to_string);
         let data = crate::audit::records::CatalogPresented {
             connection: self.agent_run.to_string(),

@@ -316,7 +316,7 @@ impl<I: Io> Session<I> {
     fn present_current_definition(&mut self, denial: &Denial, payload: &mut Value) -> String {
         let tool = denial.tool.clone();
         let current = self.catalog.catalog().and_then(|c| c.tool(&tool)).cloned();
-        let shown = self.host.shown_tools.get(&tool).cloned();
+        let shown = self.gate.host_shown(&tool).map(|s| s.definition.clone());
         let revision = self.catalog.current().map(|r| r.number);
         let one = |t: &Option<Value>| Catalog::from_tools(t.iter().cloned().collect()).ok();
         let changes = match (one(&shown), one(&current)) {
@@ -329,22 +329,20 @@ impl<I: Io> Session<I> {
                 .and_then(|c| c.tool_digests().get(&tool).cloned())
         });
         match &current {
-            Some(def) => {
-                payload["currentDefinition"] = definition_payload(&tool, def);
-                self.host.show_tool(&tool, def.clone());
-            }
+            Some(def) => payload["currentDefinition"] = definition_payload(&tool, def),
             None => {
                 payload["currentDefinition"] = Value::Null;
                 payload["removed"] = json!(true);
-                self.host.shown_tools.remove(&tool);
             }
         }
         payload["changes"] = json!(changes);
         payload["retry"] = json!(
             "the tool's current definition is in currentDefinition: call again with arguments that match it (refetch tools/list to see every change)"
         );
-        self.gate.host_shown_tool(&tool, digest.clone(), revision);
-        self.host.shown_whole = None;
+        let shown_now = digest.clone().zip(current.clone());
+        self.gate
+            .host_view_mut()
+            .show_tool(&tool, shown_now, revision);
         let epoch = self.current_epoch().map(str::to_string);
         self.audit_record(
             audit::CATALOG_PRESENTED,
@@ -387,10 +385,11 @@ impl<I: Io> Session<I> {
             .gate
             .host_shown(&tool)
             .is_some_and(|s| s.digest == digest);
+        let held = self.gate.host_shown(&tool);
         let base = if shown_now {
-            self.host.replaced_tools.get(&tool).cloned()
+            held.and_then(|s| s.replaced.clone())
         } else {
-            self.host.shown_tools.get(&tool).cloned()
+            held.map(|s| s.definition.clone())
         };
         let one = |t: &Value| Catalog::from_tools(vec![t.clone()]).ok();
         let changes = match (base.as_ref().and_then(one), one(&def)) {
@@ -410,10 +409,11 @@ impl<I: Io> Session<I> {
             "the tool's current definition is in currentDefinition: call again with arguments that match it (refetch tools/list to see every change)"
         );
         if !shown_now {
-            self.host.show_tool(&tool, def.clone());
-            self.gate
-                .host_shown_tool(&tool, Some(digest.clone()), revision);
-            self.host.shown_whole = None;
+            self.gate.host_view_mut().show_tool(
+                &tool,
+                Some((digest.clone(), def.clone())),
+                revision,
+            );
             let epoch = self.current_epoch().map(str::to_string);
             self.audit_record(
                 audit::CATALOG_PRESENTED,

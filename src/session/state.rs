@@ -426,15 +426,6 @@ pub struct HostConnection {
     pub negotiated: Option<Negotiated>,
     pub modern_meta: Option<Value>,
     pub client_info: Option<Value>,
-    /// Each tool as this host was last shown it (to diff a stale call against).
-    pub shown_tools: std::collections::BTreeMap<String, Value>,
-    /// For a tool of `shown_tools`, the different definition this host was shown before it:
-    /// what a model that kept its old definition holds (a call whose arguments do not match
-    /// is shown the diff from it).
-    pub replaced_tools: std::collections::BTreeMap<String, Value>,
-    /// `(digest, revision)` of the whole catalog `shown_tools` and the gate's host view hold,
-    /// `None` once a single tool was presented on its own (a stale-call result).
-    pub shown_whole: Option<(String, Option<u64>)>,
     /// Pages of the host's paged `tools/list` passing through, until the last one: only while
     /// a listing that began with a first page is open (`list_next`), at most
     /// [`MAX_CATALOG_TOOLS`] tools.
@@ -459,30 +450,6 @@ pub struct HostConnection {
     /// Calls the host cancelled after they were forwarded: (our id, epoch, call), the newest
     /// [`CANCELLED_KEPT`]. A late answer is recorded (the call ran) but not forwarded.
     pub cancelled_calls: VecDeque<(u64, EpochId, CallInfo)>,
-}
-
-impl HostConnection {
-    /// The host was shown a whole catalog: each tool's definition; a tool whose definition
-    /// changed keeps the one it replaced (`replaced_tools`), a tool no longer shown keeps none.
-    pub fn show_tools(&mut self, tools: std::collections::BTreeMap<String, Value>) {
-        let before = std::mem::replace(&mut self.shown_tools, tools);
-        let now = &self.shown_tools;
-        self.replaced_tools.retain(|name, _| now.contains_key(name));
-        for (name, old) in before {
-            if now.get(&name).is_some_and(|new| new != &old) {
-                self.replaced_tools.insert(name, old);
-            }
-        }
-    }
-
-    /// The host was shown one tool's definition (a refused call's result carries it).
-    pub fn show_tool(&mut self, tool: &str, definition: Value) {
-        if let Some(old) = self.shown_tools.insert(tool.to_owned(), definition)
-            && self.shown_tools.get(tool) != Some(&old)
-        {
-            self.replaced_tools.insert(tool.to_owned(), old);
-        }
-    }
 }
 
 /// The server's requests the host has not answered yet, at most [`OPEN_AT_HOST_LIMIT`].
