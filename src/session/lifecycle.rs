@@ -222,13 +222,11 @@ impl<I: Io> Session<I> {
                 }
             }
             Some(d) if d == record.identity_digest => {
-                self.pending_apply = false;
                 self.report_running();
             }
             Some(_) => match self.cfg.restart {
                 Restart::Supervise => self.begin_replace(record, "new build"),
                 Restart::Manual => {
-                    self.pending_apply = true;
                     if let Some(c) = self.server.child() {
                         let line = format!(
                             "running server unchanged: pid={} epoch={} (restart mode manual: run `cargo mcp-dev restart` to apply {})",
@@ -247,6 +245,13 @@ impl<I: Io> Session<I> {
                 }
             },
         }
+    }
+
+    /// Manual mode: a newer build than the running server's waits for `cargo mcp-dev restart`.
+    pub(super) fn pending_restart(&self) -> bool {
+        self.cfg.restart == Restart::Manual
+            && matches!((self.server.child(), &self.latest),
+                (Some(c), Some(l)) if c.record.identity_digest != l.identity_digest)
     }
 
     pub(super) fn report_running(&mut self) {
@@ -371,7 +376,6 @@ impl<I: Io> Session<I> {
         }
         self.server
             .started(ChildState::started(epoch, pid, record, started_ms));
-        self.pending_apply = false;
         self.advance_child();
         self.publish();
     }

@@ -371,8 +371,6 @@ pub struct Session<I: Io> {
     server: Server,
     /// Identity to apply when (re)starting: the newest successful build.
     latest: Option<IdentityRecord>,
-    /// Manual mode: a newer build waits for `cargo mcp-dev restart`.
-    pending_apply: bool,
     /// The last build asked for because a server could not start from its stored copy
     /// (once per identity, at most once a minute).
     last_start_rebuild: Option<StartRebuild>,
@@ -424,7 +422,6 @@ impl<I: Io> Session<I> {
             burst_open: false,
             server: Server::Idle,
             latest: None,
-            pending_apply: false,
             last_start_rebuild: None,
             pending: HashMap::default(),
             next_id: 1,

@@ -152,7 +152,7 @@ impl<I: Io> Session<I> {
                 && self.absent_why() != "no server is running")
                 .then(|| self.absent_why().to_string()),
             latest_build: self.latest.as_ref().map(|r| r.identity_digest.clone()),
-            pending_restart: self.pending_apply,
+            pending_restart: self.pending_restart(),
             last_build: self.last_build.clone(),
             // A server whose first list failed has no catalog yet: an earlier server's is not
             // shown as if it were this one's (round 23).
