@@ -61,9 +61,7 @@ impl<I: Io> Session<I> {
         if modern {
             params["_meta"] = meta.unwrap_or(json!({}));
         }
-        let id = self.alloc(Pending::CatalogPage {
-            epoch: epoch.clone(),
-        });
+        let id = self.alloc(Pending::CatalogPage);
         // Each page has a deadline: a server that never answers must not leave the session
         // fetching (holding calls) for the rest of its epoch.
         self.arm_server_timer(due);
@@ -92,10 +90,11 @@ impl<I: Io> Session<I> {
     /// Ends the current fetch as a failed page (`why`); a late answer is not read as a page. A
     /// change announced meanwhile is fetched again (at most [`CATALOG_REFETCHES`] in a row).
     pub(super) fn give_up_fetch(&mut self, why: &str) {
-        let Some(c) = self.server.child() else { return };
-        let epoch = c.epoch.clone();
-        self.pending
-            .retain(|_, p| !matches!(p, Pending::CatalogPage { epoch: e } if *e == epoch));
+        let Some(c) = self.server.child_mut() else {
+            return;
+        };
+        let epoch = c.epoch.to_string();
+        c.requests.retain(|_, p| !matches!(p, Pending::CatalogPage));
         self.catalog_page_failed(&epoch, why);
     }
 

@@ -88,14 +88,14 @@ impl<I: Io> Session<I> {
         ));
         let id = protocol::recover_id(line).and_then(|r| envelope::parse_numeric_id(&r));
         if let Some(id) = id
-            && matches!(self.pending.get(&id), Some(Pending::CatalogPage { .. }))
+            && matches!(self.request(id), Some(Pending::CatalogPage))
         {
             // The supervisor's own fetch must end too, or every request waits behind it.
-            self.pending.remove(&id);
+            self.take_request(id);
             return self.catalog_page_failed(epoch, "was not valid JSON");
         }
         if let Some(id) = id
-            && matches!(self.pending.get(&id), Some(Pending::Host { .. }))
+            && matches!(self.request(id), Some(Pending::Host { .. }))
         {
             self.answer_broken(
                 id,
@@ -108,7 +108,7 @@ impl<I: Io> Session<I> {
     /// Answers one pending host request that the server's output cannot answer.
     fn answer_broken(&mut self, id: u64, why: &str, payload: Value) {
         let carried = self.take_initialize_carried_by(id);
-        let Some(Pending::Host { host_id, call, .. }) = self.pending.remove(&id) else {
+        let Some(Pending::Host { host_id, call, .. }) = self.take_request(id) else {
             // Our handshake carrying the host's `initialize`: the server's answer is broken,
             // so the host gets that, as the server's (once: it is answered now).
             if let Some(init) = carried {
@@ -221,13 +221,13 @@ impl<I: Io> Session<I> {
             }
             // The server ends one of the host's requests, which it knows under our id.
             if let Some(our) = req.as_u64() {
-                match self.pending.get(&our) {
+                match self.request(our) {
                     Some(Pending::Host {
                         method, host_id, ..
                     }) if method == "subscriptions/listen" => {
                         // 2026-07-28: a listen stream ends with a cancellation.
                         let host_id_text = host_id.get().to_string();
-                        self.pending.remove(&our);
+                        self.take_request(our);
                         let mut params = params.clone();
                         params["requestId"] =
                             serde_json::from_str(&host_id_text).unwrap_or(Value::Null);
@@ -243,10 +243,10 @@ impl<I: Io> Session<I> {
                             json!({"error": "cancelled_by_server"}),
                         );
                     }
-                    Some(Pending::CatalogPage { epoch }) => {
+                    Some(Pending::CatalogPage) => {
                         // Our own fetch must end too, or every request waits behind it.
-                        let epoch = epoch.to_string();
-                        self.pending.remove(&our);
+                        self.take_request(our);
+                        let epoch = self.current_epoch().unwrap_or_default().to_string();
                         self.catalog_page_failed(&epoch, "was cancelled by the server");
                     }
                     _ => {}
@@ -263,13 +263,10 @@ impl<I: Io> Session<I> {
                 .status("server answered a request id it was never sent; dropped");
             return;
         };
-        let Some(p) = self.pending.remove(&id) else {
+        let Some(p) = self.take_request(id) else {
             self.record_cancelled_call_result(epoch, id, &msg);
             return;
         };
-        if p.epoch() != epoch {
-            return;
-        }
         match p {
             Pending::Host {
                 host_id,
@@ -351,9 +348,9 @@ impl<I: Io> Session<I> {
             Pending::Handshake { modern, asked, .. } => {
                 self.on_handshake_result(epoch, id, msg, modern, asked)
             }
-            Pending::CatalogPage { .. } => self.on_catalog_page(epoch, &msg),
+            Pending::CatalogPage => self.on_catalog_page(epoch, &msg),
             // The host's own `initialize`, passed to a server past its handshake.
-            Pending::ForwardedInitialize { .. } => self.on_initialize_answer(epoch, id, &msg),
+            Pending::ForwardedInitialize => self.on_initialize_answer(epoch, id, &msg),
         }
     }
 
@@ -514,7 +511,6 @@ impl<I: Io> Session<I> {
             let id = self.alloc(Pending::Host {
                 host_id,
                 method: "subscriptions/listen".into(),
-                epoch: EpochId::from(epoch),
                 call: None,
             });
             if let Some(l) = self
@@ -540,8 +536,8 @@ impl<I: Io> Session<I> {
         // If it was an answer, its requester must not hang.
         if let Some(id) = protocol::recover_id(prefix).and_then(|r| envelope::parse_numeric_id(&r))
         {
-            if matches!(self.pending.get(&id), Some(Pending::CatalogPage { .. })) {
-                self.pending.remove(&id);
+            if matches!(self.request(id), Some(Pending::CatalogPage)) {
+                self.take_request(id);
                 return self.catalog_page_failed(epoch, "was over the line limit");
             }
             self.answer_broken(

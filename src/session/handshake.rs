@@ -21,11 +21,7 @@ impl<I: Io> Session<I> {
             .then(|| params.get("protocolVersion").and_then(Value::as_str))
             .flatten()
             .map(str::to_string);
-        let id = self.alloc(Pending::Handshake {
-            epoch: epoch.clone(),
-            modern,
-            asked,
-        });
+        let id = self.alloc(Pending::Handshake { modern, asked });
         let due = self.now() + self.handshake_deadline().as_millis() as u64;
         if let Some(c) = self.server.child_mut() {
             c.phase = ChildPhase::Handshaking { due_ms: due };
@@ -135,9 +131,9 @@ impl<I: Io> Session<I> {
             return false;
         };
         matches!(c.phase, ChildPhase::Handshaking { .. })
-            && self.pending.values().any(
-                |p| matches!(p, Pending::Handshake { epoch, modern: true, .. } if *epoch == c.epoch),
-            )
+            && c.requests
+                .values()
+                .any(|p| matches!(p, Pending::Handshake { modern: true, .. }))
     }
 
     /// The server did not take our `server/discover` (it refused it, or its deadline passed):
@@ -184,12 +180,10 @@ impl<I: Io> Session<I> {
         let Some(c) = self.server.child_mut() else {
             return;
         };
-        let epoch = c.epoch.clone();
         c.phase = ChildPhase::Started;
         // A late answer to it is dropped as one to an unknown id.
-        self.pending.retain(
-            |_, p| !matches!(p, Pending::Handshake { epoch: e, modern: true, .. } if *e == epoch),
-        );
+        c.requests
+            .retain(|_, p| !matches!(p, Pending::Handshake { modern: true, .. }));
         let mut kept = std::collections::VecDeque::new();
         while let Some(h) = self.held.pop_front() {
             if h.msg.method() != Some("server/discover") {
@@ -212,7 +206,7 @@ impl<I: Io> Session<I> {
     /// stopped, and no server runs until the next successful build or `cargo mcp-dev restart`
     /// (restarting the same code would fail the same way). Requests are answered with why.
     pub(super) fn server_cannot_serve(&mut self, why: String) {
-        let Some(child) = self.server.take_running() else {
+        let Some(mut child) = self.server.take_running() else {
             return;
         };
         self.io.status(&format!(
@@ -220,7 +214,8 @@ impl<I: Io> Session<I> {
             child.pid, child.epoch
         ));
         self.gate.server_exited(&child.epoch);
-        self.answer_in_flight(&child.epoch, None, "stopped", Some(&why));
+        let requests = std::mem::take(&mut child.requests);
+        self.answer_in_flight(requests, &child.epoch, None, "stopped", Some(&why));
         self.record_exit(&child, "handshake failed", None);
         self.io.stop(&child.epoch, STOP_GRACE_UNANSWERED);
         if self.lifecycle != Lifecycle::Stopping {

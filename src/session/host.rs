@@ -123,7 +123,7 @@ impl<I: Io> Session<I> {
 
     /// Sends a host request to the ready server under our own id.
     pub(super) fn route_host_request(&mut self, msg: Message) {
-        if self.pending.len() >= OPEN_AT_SERVER_LIMIT {
+        if self.server.child().map_or(0, |c| c.requests.len()) >= OPEN_AT_SERVER_LIMIT {
             return self.refuse_over_open_limit(msg);
         }
         self.host.overflow_told = false;
@@ -147,7 +147,6 @@ impl<I: Io> Session<I> {
         let id = self.alloc(Pending::Host {
             host_id: host_id.clone(),
             method: method.clone(),
-            epoch: epoch.clone(),
             call: None,
         });
         if let Some(cursor) = listing {
@@ -244,9 +243,10 @@ impl<I: Io> Session<I> {
             return;
         };
         let req_text = req.to_string();
-        let found = self.pending.iter().find_map(|(id, p)| match p {
-            Pending::Host { host_id, epoch, .. } if host_id.get() == req_text => {
-                Some((*id, epoch.clone()))
+        let epoch = self.current_epoch().map(EpochId::from);
+        let found = self.requests().find_map(|(id, p)| match p {
+            Pending::Host { host_id, .. } if host_id.get() == req_text => {
+                Some((*id, epoch.clone()?))
             }
             _ => None,
         });
@@ -259,7 +259,7 @@ impl<I: Io> Session<I> {
             params["requestId"] = json!(id);
             if let Some(Pending::Host {
                 call: Some(call), ..
-            }) = self.pending.get(&id)
+            }) = self.request(id)
             {
                 let line = format!("host cancelled {} ({})", call.tool, call.call_id);
                 self.io.verbose(&line);
@@ -272,10 +272,8 @@ impl<I: Io> Session<I> {
             // kept, the entry would stay for the whole epoch (and be answered at its end). A
             // call's late answer is still recorded (bounded: the newest `CANCELLED_KEPT`).
             if let Some(Pending::Host {
-                call: Some(call),
-                epoch,
-                ..
-            }) = self.pending.remove(&id)
+                call: Some(call), ..
+            }) = self.take_request(id)
             {
                 // Its closing record, unless the server answers anyway (`tool_result` then).
                 self.audit_record(

@@ -10,24 +10,17 @@ use crate::audit::records;
 use crate::proxy::envelope;
 
 impl<I: Io> Session<I> {
-    /// Every request pending at `epoch` gets an answer now; none is replayed.
+    /// Every request open at the server of `epoch` (`requests`, taken from it as it goes)
+    /// gets an answer now; none is replayed.
     pub(super) fn answer_in_flight(
         &mut self,
+        requests: Requests,
         epoch: &str,
         new_epoch: Option<&str>,
         cause: &str,
         exit: Option<&str>,
     ) {
-        let ids: Vec<u64> = self
-            .pending
-            .iter()
-            .filter(|(_, p)| p.epoch() == epoch)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in ids {
-            let Some(p) = self.pending.remove(&id) else {
-                continue;
-            };
+        for (id, p) in requests {
             if self
                 .host
                 .initialize

@@ -96,7 +96,7 @@ impl<I: Io> Session<I> {
         self.host
             .initialize
             .as_ref()
-            .is_some_and(|i| i.at_server.is_none_or(|id| !self.pending.contains_key(&id)))
+            .is_some_and(|i| i.at_server.is_none_or(|id| self.request(id).is_none()))
     }
 
     /// The host's `initialize` if `id` is the request that carries it (taken: answered now).
@@ -124,9 +124,7 @@ impl<I: Io> Session<I> {
         };
         let epoch = c.epoch.clone();
         let params = self.host.init_params.clone().unwrap_or(json!({}));
-        let id = self.alloc(Pending::ForwardedInitialize {
-            epoch: epoch.clone(),
-        });
+        let id = self.alloc(Pending::ForwardedInitialize);
         if let Some(init) = &mut self.host.initialize {
             init.at_server = Some(id);
         }

@@ -382,14 +382,15 @@ impl<I: Io> Session<I> {
 
     /// Supervise mode: answer in-flight requests, stop the old child, then start the new one.
     pub(super) fn begin_replace(&mut self, record: IdentityRecord, why: &str) {
-        let Some(child) = self.server.take_running() else {
+        let Some(mut child) = self.server.take_running() else {
             self.spawn_child(record, None, None);
             return;
         };
         let new_epoch = EpochId::new(self.io.mint_id());
         self.io.verbose(&format!("replacing server ({why})"));
         self.gate.server_exited(&child.epoch);
-        self.answer_in_flight(&child.epoch, Some(&new_epoch), "replaced", None);
+        let requests = std::mem::take(&mut child.requests);
+        self.answer_in_flight(requests, &child.epoch, Some(&new_epoch), "replaced", None);
         self.withdraw_prompts_of(
             child.epoch.as_str(),
             &format!(
@@ -443,14 +444,15 @@ impl<I: Io> Session<I> {
         if child.epoch != epoch {
             return; // a replaced child: its requests were already answered
         }
-        let child = self.server.take_running().expect("checked");
+        let mut child = self.server.take_running().expect("checked");
         self.io.status(&format!(
             "server exited: pid={} epoch={} ({exit})",
             child.pid, child.epoch
         ));
         self.record_exit(&child, &exit.to_string(), Some(&exit));
         self.gate.server_exited(epoch);
-        self.answer_in_flight(epoch, None, "exited", Some(&exit.to_string()));
+        let requests = std::mem::take(&mut child.requests);
+        self.answer_in_flight(requests, epoch, None, "exited", Some(&exit.to_string()));
         self.withdraw_prompts_of(
             epoch,
             &format!("the server exited during the prompt (epoch {epoch}: {exit}); call again once it is back"),
@@ -538,9 +540,10 @@ impl<I: Io> Session<I> {
         }
         // Stopping first: what is in flight is answered as a closing connection's.
         self.lifecycle = Lifecycle::Stopping;
-        if let Some(c) = self.server.child() {
+        if let Some(c) = self.server.child_mut() {
             let e = c.epoch.clone();
-            self.answer_in_flight(&e, None, "replaced", None);
+            let requests = std::mem::take(&mut c.requests);
+            self.answer_in_flight(requests, &e, None, "replaced", None);
         }
         self.io.status(&format!("connection closed: {why}"));
         self.fail_held();
@@ -569,9 +572,16 @@ impl<I: Io> Session<I> {
         self.lifecycle = Lifecycle::Stopping;
         self.fail_held();
         self.fail_prompts("the supervisor is shutting down");
-        if let Some(c) = self.server.take_running() {
+        if let Some(mut c) = self.server.take_running() {
             let e = c.epoch.clone();
-            self.answer_in_flight(&e, None, "exited", Some("supervisor shutting down"));
+            let requests = std::mem::take(&mut c.requests);
+            self.answer_in_flight(
+                requests,
+                &e,
+                None,
+                "exited",
+                Some("supervisor shutting down"),
+            );
             self.record_exit(&c, "stopped at session end", None);
             // A server that never answered its handshake has nothing to wind down, and may not
             // be reading stdin yet: it gets SIGTERM almost at once instead of the usual grace.

@@ -79,7 +79,7 @@ mod tests_forwarding;
 mod tests_handshake;
 #[cfg(test)]
 mod tests_listen;
-use std::{collections::HashMap, collections::VecDeque, time::Duration};
+use std::{collections::VecDeque, time::Duration};
 
 use serde_json::{Value, json};
 
@@ -374,7 +374,7 @@ pub struct Session<I: Io> {
     /// The last build asked for because a server could not start from its stored copy
     /// (once per identity, at most once a minute).
     last_start_rebuild: Option<StartRebuild>,
-    pending: HashMap<u64, Pending, OurIds>,
+    /// Our next request id (to servers and, for the server's requests, to the host).
     next_id: u64,
     /// Child-to-host requests: our host-facing id → (epoch, the child's own id).
     child_requests: ServerRequests,
@@ -423,7 +423,6 @@ impl<I: Io> Session<I> {
             server: Server::Idle,
             latest: None,
             last_start_rebuild: None,
-            pending: HashMap::default(),
             next_id: 1,
             child_requests: ServerRequests::default(),
             held: VecDeque::new(),
@@ -518,7 +517,7 @@ impl<I: Io> Session<I> {
                 host_id,
                 call: Some(_),
                 ..
-            }) = self.pending.remove(&id)
+            }) = self.take_request(id)
             {
                 let payload = json!({"error": "audit_failed", "reason": e.to_string(), "retry": "fix the audit log, then call again"});
                 let result = self.tool_error(
@@ -567,11 +566,43 @@ impl<I: Io> Session<I> {
         self.io.now_ms()
     }
 
+    /// Our id for a request to the running server, kept in its open requests until answered
+    /// (none runs: the id is spent, the entry dropped).
     fn alloc(&mut self, p: Pending) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
-        self.pending.insert(id, p);
+        if let Some(c) = self.server.child_mut() {
+            c.requests.insert(id, p);
+        }
         id
+    }
+
+    /// The running server's open request `id`.
+    fn request(&self, id: u64) -> Option<&Pending> {
+        self.server.child()?.requests.get(&id)
+    }
+
+    /// The running server's open request `id`, taken: it is answered now.
+    fn take_request(&mut self, id: u64) -> Option<Pending> {
+        self.server.child_mut()?.requests.remove(&id)
+    }
+
+    /// The running server's open requests, as a table (empty: no server runs).
+    #[cfg(test)]
+    pub(super) fn pending(&self) -> &Requests {
+        static NONE: std::sync::OnceLock<Requests> = std::sync::OnceLock::new();
+        match self.server.child() {
+            Some(c) => &c.requests,
+            None => NONE.get_or_init(Requests::default),
+        }
+    }
+
+    /// The running server's open requests (none: no server runs).
+    fn requests(&self) -> impl Iterator<Item = (&u64, &Pending)> {
+        self.server
+            .child()
+            .into_iter()
+            .flat_map(|c| c.requests.iter())
     }
 
     fn current_epoch(&self) -> Option<&str> {

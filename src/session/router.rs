@@ -203,7 +203,6 @@ impl<I: Io> Session<I> {
                 let id = self.alloc(Pending::Host {
                     host_id,
                     method: "tools/call".into(),
-                    epoch: epoch.clone(),
                     call: Some(CallInfo {
                         tool,
                         call_id,

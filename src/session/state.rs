@@ -247,14 +247,21 @@ impl Fetch {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ChildState {
     pub epoch: EpochId,
     pub pid: u32,
     pub record: IdentityRecord,
     pub phase: ChildPhase,
     pub started_ms: u64,
+    /// Our requests to this server not answered yet, by our id (host requests forwarded, our
+    /// handshake, catalog pages): they go with the server, and are answered when it goes
+    /// (`answer_in_flight`).
+    pub requests: Requests,
 }
+
+/// One server's open requests, by our id.
+pub type Requests = HashMap<u64, Pending, OurIds>;
 
 impl ChildState {
     /// A server just spawned: nothing said to it yet.
@@ -265,6 +272,7 @@ impl ChildState {
             record,
             phase: ChildPhase::Started,
             started_ms,
+            requests: Requests::default(),
         }
     }
 }
@@ -303,7 +311,8 @@ pub struct Replacing {
     pub old_epoch: EpochId,
 }
 
-/// What a child-facing id (always ours) stands for.
+/// What a child-facing id (always ours) stands for: an entry of one server's
+/// [`ChildState::requests`], so it goes with that server.
 #[derive(Debug)]
 pub enum Pending {
     /// A host request forwarded to the child.
@@ -311,33 +320,17 @@ pub enum Pending {
         host_id: RawId,
         /// Borrowed for the methods named in code (`tools/call` on every call).
         method: std::borrow::Cow<'static, str>,
-        epoch: EpochId,
         call: Option<CallInfo>,
     },
     /// Our replay of the host's `initialize` (or modern `server/discover`). Whether it carries
     /// the host's own `initialize` is [`HostInitialize::at_server`]'s to say (one fact, one
     /// place); `asked` is the protocol version the server was asked for (legacy).
-    Handshake {
-        epoch: EpochId,
-        modern: bool,
-        asked: Option<String>,
-    },
+    Handshake { modern: bool, asked: Option<String> },
     /// Our own `tools/list` page.
-    CatalogPage { epoch: EpochId },
+    CatalogPage,
     /// The host's own `initialize`, passed to a server past its handshake. It holds no host
     /// id: only [`HostInitialize`] can answer the host, so nothing answers it twice.
-    ForwardedInitialize { epoch: EpochId },
-}
-
-impl Pending {
-    pub fn epoch(&self) -> &str {
-        match self {
-            Pending::Host { epoch, .. }
-            | Pending::Handshake { epoch, .. }
-            | Pending::CatalogPage { epoch }
-            | Pending::ForwardedInitialize { epoch } => epoch,
-        }
-    }
+    ForwardedInitialize,
 }
 
 #[derive(Debug, Clone)]

@@ -191,7 +191,10 @@ impl Run {
                 "initialize" => json!({"protocolVersion": msg["params"]["protocolVersion"],
                     "capabilities": {"tools": {"listChanged": true}}, "serverInfo": {"name": "f", "version": "1"}}),
                 "tools/list"
-                    if matches!(self.h.s.pending.get(&id), Some(Pending::CatalogPage { .. })) =>
+                    if matches!(
+                        self.h.s.pending().get(&id),
+                        Some(Pending::CatalogPage { .. })
+                    ) =>
                 {
                     if cursor.is_none() {
                         if self.fetch_epoch != epoch {
@@ -286,7 +289,7 @@ impl Run {
     }
 
     fn answer_page(&mut self, how: Answer) {
-        let pending = &self.h.s.pending;
+        let pending = self.h.s.pending();
         self.pages
             .retain(|(_, id, _)| matches!(pending.get(id), Some(Pending::CatalogPage { .. })));
         let Some((epoch, id, cursor)) = self.pages.pop_front() else {
@@ -302,7 +305,7 @@ impl Run {
     }
 
     fn answer_host(&mut self, how: Answer) {
-        let pending = &self.h.s.pending;
+        let pending = self.h.s.pending();
         self.forwarded
             .retain(|(_, id, _, _)| matches!(pending.get(id), Some(Pending::Host { .. })));
         let Some((epoch, id, method, cursor)) = self.forwarded.pop_front() else {
@@ -461,10 +464,10 @@ impl Run {
         }
         let s = &self.h.s;
         if let Some(c) = s.server.child() {
-            let pages = s
-                .pending
+            let pages = c
+                .requests
                 .values()
-                .filter(|p| matches!(p, Pending::CatalogPage { epoch } if *epoch == c.epoch))
+                .filter(|p| matches!(p, Pending::CatalogPage))
                 .count();
             let fetching = c.phase.name() == "FetchingCatalog";
             prop_assert_eq!(

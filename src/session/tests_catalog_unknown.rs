@@ -54,7 +54,7 @@ impl Paged {
                 .and_then(|c| c.parse().ok())
                 .unwrap_or(0);
             let ours = matches!(
-                h.s.pending.get(&msg["id"].as_u64().unwrap_or(u64::MAX)),
+                h.s.pending().get(&msg["id"].as_u64().unwrap_or(u64::MAX)),
                 Some(Pending::CatalogPage { .. })
             );
             self.supervisor_pages += usize::from(ours);
