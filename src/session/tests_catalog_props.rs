@@ -191,10 +191,7 @@ impl Run {
                 "initialize" => json!({"protocolVersion": msg["params"]["protocolVersion"],
                     "capabilities": {"tools": {"listChanged": true}}, "serverInfo": {"name": "f", "version": "1"}}),
                 "tools/list"
-                    if matches!(
-                        self.h.s.pending().get(&id),
-                        Some(Pending::CatalogPage { .. })
-                    ) =>
+                    if matches!(self.h.s.pending().get(&id), Some(Pending::CatalogPage)) =>
                 {
                     if cursor.is_none() {
                         if self.fetch_epoch != epoch {
@@ -291,7 +288,7 @@ impl Run {
     fn answer_page(&mut self, how: Answer) {
         let pending = self.h.s.pending();
         self.pages
-            .retain(|(_, id, _)| matches!(pending.get(id), Some(Pending::CatalogPage { .. })));
+            .retain(|(_, id, _)| matches!(pending.get(id), Some(Pending::CatalogPage)));
         let Some((epoch, id, cursor)) = self.pages.pop_front() else {
             return;
         };

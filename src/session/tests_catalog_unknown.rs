@@ -55,7 +55,7 @@ impl Paged {
                 .unwrap_or(0);
             let ours = matches!(
                 h.s.pending().get(&msg["id"].as_u64().unwrap_or(u64::MAX)),
-                Some(Pending::CatalogPage { .. })
+                Some(Pending::CatalogPage)
             );
             self.supervisor_pages += usize::from(ours);
             if ours && self.fail_page == Some(at) {
