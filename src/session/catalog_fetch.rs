@@ -13,7 +13,7 @@ use crate::catalog::Catalog;
 use crate::hashing::short;
 use crate::proxy::envelope::{self, Message};
 
-impl<I: Io> Session<I> {
+impl Session {
     pub(super) fn fetch_catalog(&mut self, cursor: Option<String>) {
         let modern = self.era() == Some(Era::Modern);
         let meta = self.host.modern_meta.clone();
@@ -39,7 +39,7 @@ impl<I: Io> Session<I> {
         // Each page has a deadline: a server that never answers must not leave the session
         // fetching (holding calls) for the rest of its epoch.
         self.set_answer_deadline();
-        self.io
+        self.out
             .to_child(&epoch, envelope::request_line(id, "tools/list", &params));
         if first_page {
             // What waited for the server's handshake and does not need its list goes to it now.
@@ -145,7 +145,7 @@ impl<I: Io> Session<I> {
                     c.catalog_partial = true;
                     let (pages, tools) = (c.pages_fetched, c.catalog_pages.len());
                     c.catalog_pages.truncate(MAX_CATALOG_TOOLS);
-                    self.io.status(&format!(
+                    self.out.status(&format!(
                         "the server's tools/list kept paging ({pages} pages, {tools} tools): stopped at the limit of {MAX_CATALOG_PAGES} pages / {MAX_CATALOG_TOOLS} tools; the catalog holds what was fetched"
                     ));
                 }
@@ -171,7 +171,7 @@ impl<I: Io> Session<I> {
         if c.refetches >= CATALOG_REFETCHES {
             // It may mix two states: it gates calls, but is not recorded as a whole list.
             c.catalog_partial = true;
-            self.io.status(&format!(
+            self.out.status(&format!(
                 "the server's tools changed during each of {CATALOG_REFETCHES} fetches in a row; the catalog holds the last one"
             ));
             return false;
@@ -207,7 +207,7 @@ impl<I: Io> Session<I> {
         if pages.0 == 0 {
             return self.catalog_unknown(why);
         }
-        self.io.status(&format!(
+        self.out.status(&format!(
             "the server's tools/list page {} {why}; the catalog holds the {} pages fetched",
             pages.0 + 1,
             pages.0
@@ -223,7 +223,7 @@ impl<I: Io> Session<I> {
     /// succeeds: after its `list_changed`, or when the host lists tools (red-team round 22: a
     /// slow first list was announced as "every tool removed").
     fn catalog_unknown(&mut self, why: &str) {
-        self.io.status(&format!(
+        self.out.status(&format!(
             "the server's tools/list page 1 {why}; its tools are not known: a call asks for them again (at most every 10 s), as do its list_changed and the host's tools/list; calls are refused until it lists them"
         ));
         if let Some(c) = &mut self.child {
@@ -242,7 +242,7 @@ impl<I: Io> Session<I> {
     /// A refresh that brought no usable list: the catalog this server gave stays, and the
     /// fetch is over (`line` says why on the terminal).
     fn keep_catalog(&mut self, line: &str) {
-        self.io.status(line);
+        self.out.status(line);
         if let Some(c) = &mut self.child {
             c.refetches = 0;
             c.quiet_fetch = false;
@@ -309,14 +309,14 @@ impl<I: Io> Session<I> {
         };
         let changes = diff.as_ref().map(|d| bounded_diff_lines(d.render_human()));
         if let Some(d) = &diff {
-            self.io.status(&format!(
+            self.out.status(&format!(
                 "catalog changed: revision {} ({}; {})",
                 revision.number,
                 short(&revision.digest),
                 d.summary()
             ));
             for line in changes.iter().flatten() {
-                self.io.status(&format!("  {line}"));
+                self.out.status(&format!("  {line}"));
             }
         }
         self.audit_record(
@@ -333,7 +333,7 @@ impl<I: Io> Session<I> {
             .as_ref()
             .map(|c| c.record.identity_digest.clone())
             .unwrap_or_default();
-        let now = self.io.timestamp();
+        let now = self.now.timestamp();
         // Only a whole list is kept as what this package's server said (never a cut one).
         if whole {
             self.recorded.catalog = Some(RecordedCatalog {
@@ -344,7 +344,7 @@ impl<I: Io> Session<I> {
                 recorded_at: now,
             });
             let facts = self.recorded.clone();
-            self.io.record_facts(&facts);
+            self.out.record_facts(&facts);
         }
         // Tell the host only when what it holds is no longer current (or it holds nothing yet
         // because its request was refused).
@@ -462,7 +462,7 @@ impl<I: Io> Session<I> {
         if self.host.list_pages.len() > MAX_CATALOG_TOOLS {
             self.host.list_pages = Vec::new();
             self.host.list_next = None;
-            self.io.verbose(&format!(
+            self.out.verbose(&format!(
                 "the host's paged tools/list passed {MAX_CATALOG_TOOLS} tools; not followed further"
             ));
             return;
@@ -503,7 +503,7 @@ impl<I: Io> Session<I> {
             return;
         }
         c.quiet_fetch = true;
-        self.io.verbose(
+        self.out.verbose(
             "the server listed tools that differ from its catalog without saying list_changed; fetching its catalog again",
         );
         self.fetch_catalog(None);

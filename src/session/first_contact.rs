@@ -16,18 +16,18 @@ use serde_json::{Value, json};
 use super::*;
 use crate::proxy::envelope::{self, Message};
 
-impl<I: Io> Session<I> {
+impl Session {
     /// Holds a request until a server can answer it or its deadline passes.
     pub(super) fn hold(&mut self, msg: Message, wait: Duration) {
         if self.held.len() >= HELD_LIMIT {
-            self.io.status(&format!(
+            self.out.status(&format!(
                 "more than {HELD_LIMIT} requests wait for the server; answering the newest at once"
             ));
             if msg.method() == Some("tools/call") {
                 return self.on_host_call(msg); // judged now: refused without a server
             }
             let id = msg.id().expect("request").to_owned();
-            return self.io.to_host(envelope::error_line(
+            return self.out.to_host(envelope::error_line(
                 Some(&id),
                 codes::SERVER_UNAVAILABLE,
                 &format!(
@@ -59,7 +59,7 @@ impl<I: Io> Session<I> {
         }
         self.armed.held = Some(earliest);
         let wait = std::time::Duration::from_millis(earliest.saturating_sub(now));
-        self.io.schedule(wait, Timer::HeldDeadline);
+        self.out.schedule(wait, Timer::HeldDeadline);
     }
 
     /// Why no ready server answers now, as the end of "… while {why}".
@@ -198,14 +198,14 @@ impl<I: Io> Session<I> {
             }
             _ => {
                 let id = h.msg.id().expect("request").to_owned();
-                self.io.status(&format!(
+                self.out.status(&format!(
                     "{method} waited {:.1} s for the server, which is still not up; answered with an error",
                     waited as f64 / 1000.0
                 ));
                 if method == "tools/list" {
                     self.host.list_refused = true;
                 }
-                self.io.to_host(envelope::error_line(
+                self.out.to_host(envelope::error_line(
                     Some(&id),
                     codes::SERVER_UNAVAILABLE,
                     &format!(
@@ -226,7 +226,7 @@ impl<I: Io> Session<I> {
         let id = msg.id().expect("request").to_owned();
         self.forget_probe_era();
         let building = self.hold_budget().is_some();
-        self.io.to_host(envelope::error_line(
+        self.out.to_host(envelope::error_line(
             Some(&id),
             -32601,
             &format!(
@@ -274,14 +274,14 @@ impl<I: Io> Session<I> {
             result["ttlMs"] = json!(0);
             result["cacheScope"] = json!("private");
         }
-        self.io.status(&format!(
+        self.out.status(&format!(
             "the server is still {}: tools/list answered with the catalog recorded from epoch {} ({}, identity {}); calls are checked against the real catalog when the server is up",
             self.starting_word(),
             crate::epoch::short(&rec.epoch),
             crate::hashing::short(&rec.digest),
             crate::hashing::short(&rec.identity_digest)
         ));
-        self.io.to_host(envelope::result_line(&id, &result));
+        self.out.to_host(envelope::result_line(&id, &result));
         if let Ok(c) = crate::catalog::Catalog::from_tools(rec.tools.clone()) {
             self.host_was_shown(
                 &c,
@@ -315,7 +315,7 @@ impl<I: Io> Session<I> {
             self.host.list_refused = true;
         }
         let (message, data) = self.unavailable_reason();
-        self.io.to_host(envelope::error_line(
+        self.out.to_host(envelope::error_line(
             Some(&id),
             codes::SERVER_UNAVAILABLE,
             &message,

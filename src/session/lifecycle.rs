@@ -13,7 +13,7 @@ use crate::audit::records::ServerExited;
 use crate::epoch::LaunchRecord;
 use crate::hashing::short;
 
-impl<I: Io> Session<I> {
+impl Session {
     /// A burst of changes began: with no build running, build at once (see [`EarlyBuild`]).
     pub(super) fn on_sources_changing(&mut self) {
         self.burst_open = true;
@@ -29,7 +29,7 @@ impl<I: Io> Session<I> {
         }
         self.burst_open = false;
         let shown: Vec<&str> = paths.iter().take(3).map(String::as_str).collect();
-        self.io
+        self.out
             .verbose(&format!("change detected: {}", shown.join(", ")));
         if self.lifecycle == Lifecycle::CrashLoop {
             self.leave_crash_loop();
@@ -53,8 +53,8 @@ impl<I: Io> Session<I> {
     fn set_aside_early_build(&mut self) {
         self.early_build = None;
         self.builds = Builds::Idle;
-        self.io.set_aside_build();
-        self.io.verbose(
+        self.out.set_aside_build();
+        self.out.verbose(
             "a build started before the sources settled saw a later change; building again",
         );
         self.request_build();
@@ -77,7 +77,7 @@ impl<I: Io> Session<I> {
                     });
                 }
                 self.builds = Builds::Running;
-                self.io.start_build();
+                self.out.start_build();
             }
         }
     }
@@ -108,7 +108,7 @@ impl<I: Io> Session<I> {
         match result {
             BuildResult::Error(message) => {
                 let line = format!("build failed: {message}");
-                self.io.status(&line);
+                self.out.status(&line);
                 self.last_build = Some(line);
                 self.build_broken(message, None);
             }
@@ -119,7 +119,7 @@ impl<I: Io> Session<I> {
                 first_error,
                 last_good,
             } => {
-                self.io.status(&line);
+                self.out.status(&line);
                 self.last_build = Some(line);
                 self.audit_record(
                     audit::BUILD_COMPLETED,
@@ -140,10 +140,10 @@ impl<I: Io> Session<I> {
                 changed,
                 warnings,
             } => {
-                self.io.status(&line);
+                self.out.status(&line);
                 self.last_build = Some(line);
                 for w in warnings {
-                    self.io.status(&format!("warning: {w}"));
+                    self.out.status(&format!("warning: {w}"));
                 }
                 self.audit_record(
                     audit::BUILD_COMPLETED,
@@ -179,7 +179,7 @@ impl<I: Io> Session<I> {
             && self.latest.is_none()
             && let Some(record) = last_good
         {
-            self.io.status(&format!(
+            self.out.status(&format!(
                 "build failed; running the last good build {} instead (--fallback last-good); fix the error and save to run new code",
                 short(&record.identity_digest)
             ));
@@ -191,7 +191,7 @@ impl<I: Io> Session<I> {
             );
             return;
         }
-        self.io.status(&format!(
+        self.out.status(&format!(
             "no server running: the build failed ({message}); it starts as soon as a build succeeds"
         ));
         self.lifecycle = Lifecycle::BuildBroken { message };
@@ -215,7 +215,7 @@ impl<I: Io> Session<I> {
                     self.leave_crash_loop();
                 }
                 if self.lifecycle == Lifecycle::CrashLoop {
-                    self.io.status(
+                    self.out.status(
                         "server not restarted: it is in a crash loop (waiting for a source change)",
                     );
                 } else {
@@ -237,7 +237,7 @@ impl<I: Io> Session<I> {
                             c.epoch,
                             short(&record.identity_digest)
                         );
-                        self.io.status(&line);
+                        self.out.status(&line);
                     }
                 }
                 Restart::Disconnect => {
@@ -255,7 +255,7 @@ impl<I: Io> Session<I> {
             Some(c) => format!("running server unchanged: pid={} epoch={}", c.pid, c.epoch),
             None => "no server running".to_string(),
         };
-        self.io.status(&line);
+        self.out.status(&line);
     }
 
     pub(super) fn spawn_child(
@@ -264,7 +264,7 @@ impl<I: Io> Session<I> {
         replaced: Option<EpochId>,
         fallback: Option<String>,
     ) {
-        let epoch = EpochId::new(self.io.mint_id());
+        let epoch = EpochId::new(self.mint_id());
         self.spawn_child_as(epoch, record, replaced, fallback);
     }
 
@@ -275,19 +275,43 @@ impl<I: Io> Session<I> {
         replaced: Option<EpochId>,
         fallback: Option<String>,
     ) {
-        let pid = match self.io.spawn(&epoch, &record) {
-            Ok(pid) => pid,
-            Err(e) => {
-                self.io.status(&format!("server failed to start: {e}"));
+        self.out.spawn(&epoch, record.clone());
+        self.spawning = Some(Spawning {
+            epoch,
+            record,
+            replaced,
+            fallback,
+            ticket: None,
+        });
+    }
+
+    /// The server asked for could not start (`why`): rebuild, wait for the build under way,
+    /// or answer held requests with why.
+    pub(super) fn on_spawn_failed(&mut self, epoch: &str, why: &str) {
+        let Some(spawning) = self.spawning.take_if(|s| s.epoch == epoch) else {
+            return;
+        };
+        let ticket = spawning.ticket;
+        self.start_failed(spawning.record, why);
+        if let Some(ticket) = ticket {
+            let answer = self.restart_answer_after_failure();
+            self.out.answer_control(ticket, answer);
+        }
+    }
+
+    fn start_failed(&mut self, record: IdentityRecord, e: &str) {
+        {
+            {
+                self.out.status(&format!("server failed to start: {e}"));
                 // Its stored copy may be gone (`cargo clean` takes the target directory, store
                 // included) or changed: a build captures it again. Once per identity and at most
                 // once a minute (a build whose identity changes every time must not loop), and
                 // not while a build runs (that build's result is started anyway).
-                let now = self.io.now_ms();
+                let now = self.now();
                 if self.builds != Builds::Idle && self.lifecycle != Lifecycle::Stopping {
                     // A build is under way and its result is started (a fresh copy): nothing
                     // has failed for good, and held requests keep waiting for it.
-                    self.io
+                    self.out
                         .status("the build under way starts the server when it is done");
                     self.leave_start_failed();
                     self.publish();
@@ -306,7 +330,7 @@ impl<I: Io> Session<I> {
                         at_ms: now,
                         pending: true,
                     });
-                    self.io
+                    self.out
                         .status("building again to start it from a fresh copy (was the target directory cleaned?)");
                     // A server is on its way again (a restart asked for from `StartFailed`).
                     self.leave_start_failed();
@@ -325,9 +349,37 @@ impl<I: Io> Session<I> {
                 }
                 self.fail_held();
                 self.publish();
-                return;
             }
+        }
+    }
+
+    /// The server asked for runs as `pid`.
+    pub(super) fn on_spawned(&mut self, epoch: &str, pid: u32) {
+        let Some(Spawning {
+            epoch,
+            record,
+            replaced,
+            fallback,
+            ticket,
+        }) = self.spawning.take_if(|s| s.epoch == epoch)
+        else {
+            return;
         };
+        self.started(epoch, pid, record, replaced, fallback);
+        if let Some(ticket) = ticket {
+            self.out
+                .answer_control(ticket, json!({"ok": true, "result": {"started": true}}));
+        }
+    }
+
+    fn started(
+        &mut self,
+        epoch: EpochId,
+        pid: u32,
+        record: IdentityRecord,
+        replaced: Option<EpochId>,
+        fallback: Option<String>,
+    ) {
         // Started: a later failure to start may have a cause a build fixes again.
         self.rebuilt_for_start = None;
         self.last_started = Some(epoch.clone());
@@ -338,11 +390,11 @@ impl<I: Io> Session<I> {
         ) {
             self.lifecycle = self.serving_or_first_start();
         }
-        let started_ms = self.io.now_ms();
-        let started_at = self.io.timestamp();
+        let started_ms = self.now();
+        let started_at = self.now.timestamp();
         let mut launch = LaunchRecord::new(&epoch, pid, &record, started_at, replaced.clone());
         launch.fallback = fallback.clone();
-        self.io.record_launch(&launch);
+        self.out.record_launch(&launch);
         self.gate.epoch_started(&epoch);
         self.audit_record(audit::SERVER_STARTED, Some(&epoch), json!({
             "epoch": epoch, "pid": pid, "identityDigest": record.identity_digest,
@@ -351,7 +403,7 @@ impl<I: Io> Session<I> {
         }));
         match &replaced {
             Some(old) => {
-                self.io.status(&format!(
+                self.out.status(&format!(
                     "server replaced: pid={pid} epoch={epoch} (was {old})"
                 ));
                 self.audit_record(
@@ -360,7 +412,7 @@ impl<I: Io> Session<I> {
                     json!({"oldEpoch": old, "newEpoch": epoch, "pid": pid}),
                 );
             }
-            None => self.io.status(&format!(
+            None => self.out.status(&format!(
                 "server started: pid={pid} epoch={epoch} ({}{})",
                 short(&record.identity_digest),
                 if fallback.is_some() {
@@ -382,8 +434,8 @@ impl<I: Io> Session<I> {
             self.spawn_child(record, None, None);
             return;
         };
-        let new_epoch = EpochId::new(self.io.mint_id());
-        self.io.verbose(&format!("replacing server ({why})"));
+        let new_epoch = EpochId::new(self.mint_id());
+        self.out.verbose(&format!("replacing server ({why})"));
         self.gate.server_exited(&child.epoch);
         self.answer_in_flight(&child.epoch, Some(&new_epoch), "replaced", None);
         self.withdraw_prompts_of(
@@ -399,7 +451,7 @@ impl<I: Io> Session<I> {
             record,
             old_epoch: child.epoch.clone(),
         });
-        self.io.stop(&child.epoch, self.cfg.grace);
+        self.out.stop(&child.epoch, self.cfg.grace);
         self.publish();
     }
 
@@ -442,7 +494,7 @@ impl<I: Io> Session<I> {
             return; // a replaced child: its requests were already answered
         }
         let child = self.child.take().expect("checked");
-        self.io.status(&format!(
+        self.out.status(&format!(
             "server exited: pid={} epoch={} ({exit})",
             child.pid, child.epoch
         ));
@@ -453,7 +505,7 @@ impl<I: Io> Session<I> {
             epoch,
             &format!("the server exited during the prompt (epoch {epoch}: {exit}); call again once it is back"),
         );
-        self.io.reap(epoch); // grandchildren left in its group go too
+        self.out.reap(epoch); // grandchildren left in its group go too
         if self.lifecycle == Lifecycle::Stopping {
             return;
         }
@@ -470,7 +522,7 @@ impl<I: Io> Session<I> {
                 }
                 if self.crashes.len() >= CRASH_LIMIT {
                     self.lifecycle = Lifecycle::CrashLoop;
-                    self.io.status(&format!(
+                    self.out.status(&format!(
                         "server crash loop: {} exits in {} s; not restarting until the sources change or `cargo mcp-dev restart`",
                         self.crashes.len(),
                         CRASH_WINDOW_MS / 1000
@@ -481,13 +533,13 @@ impl<I: Io> Session<I> {
                         250u64 << (self.crashes.len().saturating_sub(1)).min(6),
                     );
                     self.restart_scheduled = true;
-                    self.io
+                    self.out
                         .status(&format!("restarting server in {} ms", delay.as_millis()));
-                    self.io.schedule(delay, Timer::Restart);
+                    self.out.schedule(delay, Timer::Restart);
                 }
             }
             Restart::Manual => {
-                self.io.status(
+                self.out.status(
                     "restart mode manual: run `cargo mcp-dev restart` to start the server again",
                 );
                 // Unless a build under way starts the next server: held requests wait for it.
@@ -542,10 +594,10 @@ impl<I: Io> Session<I> {
             let e = c.epoch.clone();
             self.answer_in_flight(&e, None, "replaced", None);
         }
-        self.io.status(&format!("connection closed: {why}"));
+        self.out.status(&format!("connection closed: {why}"));
         self.fail_held();
         self.fail_prompts("the supervisor is shutting down");
-        self.io.close_host();
+        self.out.close_host();
         self.shutdown_with(why, crate::exit_codes::CONNECTION_CLOSED);
     }
 
@@ -579,7 +631,7 @@ impl<I: Io> Session<I> {
                 ChildPhase::Started | ChildPhase::Handshaking => STOP_GRACE_UNANSWERED,
                 _ => STOP_GRACE,
             };
-            self.io.stop(&e, grace);
+            self.out.stop(&e, grace);
         }
         self.gate.end_run();
         self.audit_record(

@@ -15,7 +15,7 @@ use crate::catalog::{self, Catalog};
 use crate::hashing;
 use crate::proxy::envelope::{self, Message};
 
-impl<I: Io> Session<I> {
+impl Session {
     pub(super) fn on_host_call(&mut self, msg: Message) {
         // 2026-07-28: the retry of a call answered with the approval form carries its answer
         // (a substring test first: most calls carry no `requestState` at all).
@@ -72,7 +72,7 @@ impl<I: Io> Session<I> {
         {
             return self.refuse_unavailable_call(&host_id, &tool);
         }
-        let wall = self.io.wall_ms();
+        let wall = self.now.wall_ms;
         // The tool's definition in the current catalog: the gate checks the arguments against
         // its input schema (compiled once per definition).
         let call = self.catalog.catalog().and_then(|c| {
@@ -158,13 +158,13 @@ impl<I: Io> Session<I> {
                 } else {
                     String::new()
                 };
-                self.io.status(&format!(
+                self.out.status(&format!(
                     "call denied: {} ({}): {}{only_this}",
                     shown_tool,
                     denial.reason.as_str(),
                     denial.human_hint()
                 ));
-                self.io.to_host(envelope::result_line(
+                self.out.to_host(envelope::result_line(
                     &host_id,
                     &self.tool_error(&payload, &hint),
                 ));
@@ -180,8 +180,9 @@ impl<I: Io> Session<I> {
                     _ => return, // unreachable: the gate says identity_pending without a child
                 };
                 let shown_revision = self.gate.host_shown(&tool).and_then(|s| s.revision);
-                // Written before the call reaches the server (at once, or with the batch's one
-                // write); a call that cannot be audited is refused.
+                // Written before the call reaches the server: the shell writes the step's
+                // records before its lines, and drops the call if they cannot be written
+                // (then `Event::AuditFailed` answers it).
                 let record = records::ToolCalled {
                     call_id: json!(call_id),
                     tool: tool.clone(),
@@ -191,17 +192,18 @@ impl<I: Io> Session<I> {
                     arguments_digest: Some(args_digest),
                     shown_revision,
                 };
-                let encoded = record.canonical().map_err(|e| EffectError(e.to_string()));
-                if let Err(e) = encoded
-                    .and_then(|data| self.audit_required(audit::TOOL_CALLED, Some(&epoch), data))
-                {
-                    self.io
-                        .status(&format!("call refused: audit log unavailable: {e}"));
-                    let payload = json!({"error": "audit_failed", "reason": e.to_string(), "retry": "fix the audit log, then call again"});
-                    let result = self.tool_error(&payload, "The call was not forwarded because it could not be written to the audit log.");
-                    self.io.to_host(envelope::result_line(&host_id, &result));
-                    return;
-                }
+                let data = match record.canonical() {
+                    Ok(data) => data,
+                    Err(e) => {
+                        self.out
+                            .status(&format!("call refused: audit log unavailable: {e}"));
+                        let payload = json!({"error": "audit_failed", "reason": e.to_string(), "retry": "fix the audit log, then call again"});
+                        let result = self.tool_error(&payload, "The call was not forwarded because it could not be written to the audit log.");
+                        self.out.to_host(envelope::result_line(&host_id, &result));
+                        return;
+                    }
+                };
+                self.audit_record(audit::TOOL_CALLED, Some(&epoch), data);
                 let started_ms = self.now();
                 let id = self.alloc(Pending::Host {
                     host_id,
@@ -214,10 +216,7 @@ impl<I: Io> Session<I> {
                     }),
                 });
                 msg.set_id(envelope::numeric_id(id));
-                if self.in_batch {
-                    self.batch_calls.push(id);
-                }
-                self.send_child(&epoch, &msg);
+                self.out.call_to_child(&epoch, msg.to_line(), id);
             }
         }
     }
@@ -246,10 +245,10 @@ impl<I: Io> Session<I> {
                 ..Default::default()
             }),
         );
-        self.io.status(
+        self.out.status(
             "call refused: tools/call params must be an object with one string `name` (answered with invalid params)",
         );
-        self.io.to_host(envelope::error_line(
+        self.out.to_host(envelope::error_line(
             Some(host_id),
             -32602,
             "tools/call params must be an object with one string \"name\"",
@@ -262,7 +261,7 @@ impl<I: Io> Session<I> {
     pub(super) fn refuse_over_open_limit(&mut self, msg: Message) {
         let host_id = msg.id().expect("request").to_owned();
         if !std::mem::replace(&mut self.host.overflow_told, true) {
-            self.io.status(&format!(
+            self.out.status(&format!(
                 "{OPEN_AT_SERVER_LIMIT} requests are open at the server (it is not answering them); answering the next ones at once with an error"
             ));
         }
@@ -270,7 +269,7 @@ impl<I: Io> Session<I> {
         let payload = json!({"error": "too_many_open", "limit": OPEN_AT_SERVER_LIMIT});
         if msg.method() != Some("tools/call") {
             let line = envelope::error_line(Some(&host_id), codes::TOO_MANY_OPEN, &why, payload);
-            return self.io.to_host(line);
+            return self.out.to_host(line);
         }
         let tool = envelope::call_target(msg.params())
             .map(|(tool, _)| tool)
@@ -310,7 +309,7 @@ impl<I: Io> Session<I> {
             }),
         );
         let result = self.tool_error(&payload, hint);
-        self.io.to_host(envelope::result_line(host_id, &result));
+        self.out.to_host(envelope::result_line(host_id, &result));
     }
 
     /// A stale call's result shows the tool's current definition and what changed since this
@@ -449,7 +448,7 @@ impl<I: Io> Session<I> {
         for (tool, why) in notices {
             let tool =
                 crate::sanitize::review(crate::sanitize::first_chars(&tool, 128)).into_owned();
-            self.io.status(&format!(
+            self.out.status(&format!(
                 "arguments of {tool} are not checked against its input schema: {why}"
             ));
         }
@@ -470,7 +469,7 @@ impl<I: Io> Session<I> {
         } else {
             ""
         };
-        self.io.status(&format!(
+        self.out.status(&format!(
             "the host has not refetched tools/list {told}(catalog revision {revision}); stale calls are refused with the new definition. In Claude Code, `/mcp` reconnects the server"
         ));
     }
@@ -487,7 +486,7 @@ fn definition_payload(tool: &str, def: &Value) -> Value {
     })
 }
 
-impl<I: Io> Session<I> {
+impl Session {
     /// A tool execution error the model can read: the payload as text and in `_meta`.
     pub(super) fn tool_error(&self, payload: &Value, hint: &str) -> Value {
         let mut r = json!({
