@@ -201,13 +201,12 @@ impl Session {
             self.out.to_host(bytes);
         }
         self.arm_prompt_timer();
-        self.out.status(&format!(
-            "approval asked in the host: {} for epoch {} (call {}, waits up to {}s)",
-            sanitize::review(&tool),
-            epoch,
-            sanitize::review(call_id),
-            self.cfg.approval_timeout.as_secs()
-        ));
+        self.out.status(StatusEvent::ApprovalAsked {
+            tool: sanitize::review(&tool).into_owned(),
+            epoch: epoch.to_string(),
+            call_id: sanitize::review(call_id).into_owned(),
+            waits_s: self.cfg.approval_timeout.as_secs(),
+        });
         self.publish();
         Ok(())
     }
@@ -253,18 +252,15 @@ impl Session {
             return false;
         }
         let Some(prompt) = self.prompts.remove(&id) else {
-            self.out.status(&format!(
-                "host answered approval prompt {} that is not open (never sent, already answered or expired); ignored, nothing granted",
-                sanitize::review(&id.chars().take(80).collect::<String>())
-            ));
+            self.out.status(StatusEvent::PromptNotOpen {
+                id: sanitize::review(&id.chars().take(80).collect::<String>()).into_owned(),
+            });
             return true;
         };
         if prompt.modern {
             // A modern prompt is answered by the call's retry, never by a response.
             self.prompts.insert(id, prompt);
-            self.out.status(
-                "host answered an approval prompt that was sent as an input request; ignored, nothing granted",
-            );
+            self.out.status(StatusEvent::PromptWasInputRequest);
             return true;
         }
         self.answered(prompt, read_answer(msg));
@@ -382,12 +378,11 @@ impl Session {
             )
         };
         self.record_prompt_closed(&prompt, outcome);
-        self.out.status(&format!(
-            "call refused: {} ({}): {}",
-            sanitize::review(&prompt.tool),
-            denial.reason.as_str(),
-            sanitize::line(outcome)
-        ));
+        self.out.status(StatusEvent::PromptRefused {
+            tool: sanitize::review(&prompt.tool).into_owned(),
+            reason: denial.reason.as_str().to_string(),
+            outcome: sanitize::line(outcome).into_owned(),
+        });
         let result = self.tool_error(&payload, &hint);
         self.out
             .to_host(envelope::result_line(&prompt.host_id, &result));

@@ -122,11 +122,11 @@ impl Session {
             .get(&prompt_id)
             .is_some_and(|p| p.modern && p.tool == tool && p.arguments_digest == digest);
         if !open {
-            self.out.status(&format!(
-                "a retry of {} named approval prompt {} that is not open for this call (never sent, already answered, expired, or another call's); nothing granted",
-                sanitize::review(&tool),
-                sanitize::review(&prompt_id.chars().take(80).collect::<String>())
-            ));
+            self.out.status(StatusEvent::RetryPromptNotOpen {
+                tool: sanitize::review(&tool).into_owned(),
+                prompt: sanitize::review(&prompt_id.chars().take(80).collect::<String>())
+                    .into_owned(),
+            });
             // The person's no that came after the form closed is still their no: the call is
             // refused as declined (never judged, never told how to approve elsewhere).
             let late_answer = params

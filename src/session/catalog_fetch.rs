@@ -145,9 +145,12 @@ impl Session {
                     c.catalog_partial = true;
                     let (pages, tools) = (c.pages_fetched, c.catalog_pages.len());
                     c.catalog_pages.truncate(MAX_CATALOG_TOOLS);
-                    self.out.status(&format!(
-                        "the server's tools/list kept paging ({pages} pages, {tools} tools): stopped at the limit of {MAX_CATALOG_PAGES} pages / {MAX_CATALOG_TOOLS} tools; the catalog holds what was fetched"
-                    ));
+                    self.out.status(StatusEvent::CatalogPagingLimit {
+                        pages,
+                        tools,
+                        max_pages: MAX_CATALOG_PAGES,
+                        max_tools: MAX_CATALOG_TOOLS,
+                    });
                 }
                 let pages = self
                     .child
@@ -171,9 +174,9 @@ impl Session {
         if c.refetches >= CATALOG_REFETCHES {
             // It may mix two states: it gates calls, but is not recorded as a whole list.
             c.catalog_partial = true;
-            self.out.status(&format!(
-                "the server's tools changed during each of {CATALOG_REFETCHES} fetches in a row; the catalog holds the last one"
-            ));
+            self.out.status(StatusEvent::CatalogChangedDuringFetches {
+                fetches: CATALOG_REFETCHES,
+            });
             return false;
         }
         c.refetches += 1;
@@ -199,19 +202,19 @@ impl Session {
             .unwrap_or_default();
         self.pending_list_text = None;
         if self.gate.phase() != approval::Phase::IdentityPending {
-            return self.keep_catalog(&format!(
-                "the server's tools/list page {} {why}; the catalog stays as it was",
-                pages.0 + 1
-            ));
+            return self.keep_catalog(StatusEvent::CatalogPageFailedKept {
+                page: pages.0 + 1,
+                why: why.to_string(),
+            });
         }
         if pages.0 == 0 {
             return self.catalog_unknown(why);
         }
-        self.out.status(&format!(
-            "the server's tools/list page {} {why}; the catalog holds the {} pages fetched",
-            pages.0 + 1,
-            pages.0
-        ));
+        self.out.status(StatusEvent::CatalogPageFailedPartial {
+            page: pages.0 + 1,
+            why: why.to_string(),
+            fetched: pages.0,
+        });
         self.mark_catalog_partial();
         self.catalog_complete(epoch, pages.1);
     }
@@ -223,9 +226,9 @@ impl Session {
     /// succeeds: after its `list_changed`, or when the host lists tools (red-team round 22: a
     /// slow first list was announced as "every tool removed").
     fn catalog_unknown(&mut self, why: &str) {
-        self.out.status(&format!(
-            "the server's tools/list page 1 {why}; its tools are not known: a call asks for them again (at most every 10 s), as do its list_changed and the host's tools/list; calls are refused until it lists them"
-        ));
+        self.out.status(StatusEvent::CatalogUnknown {
+            why: why.to_string(),
+        });
         if let Some(c) = &mut self.child {
             c.refetches = 0;
             c.tools_unknown = true;
@@ -241,8 +244,8 @@ impl Session {
 
     /// A refresh that brought no usable list: the catalog this server gave stays, and the
     /// fetch is over (`line` says why on the terminal).
-    fn keep_catalog(&mut self, line: &str) {
-        self.out.status(line);
+    fn keep_catalog(&mut self, event: StatusEvent) {
+        self.out.status(event);
         if let Some(c) = &mut self.child {
             c.refetches = 0;
             c.quiet_fetch = false;
@@ -275,9 +278,7 @@ impl Session {
             // tool was announced removed).
             Err(e) if self.gate.phase() != approval::Phase::IdentityPending => {
                 self.pending_list_text = None;
-                return self.keep_catalog(&format!(
-                    "server's tools/list is invalid ({e}); the catalog stays as it was"
-                ));
+                return self.keep_catalog(StatusEvent::CatalogInvalidKept { why: e.to_string() });
             }
             // A new server's first list that is no catalog: its tools are not known (round 23:
             // an empty catalog announced every tool removed).
@@ -309,14 +310,14 @@ impl Session {
         };
         let changes = diff.as_ref().map(|d| bounded_diff_lines(d.render_human()));
         if let Some(d) = &diff {
-            self.out.status(&format!(
-                "catalog changed: revision {} ({}; {})",
-                revision.number,
-                short(&revision.digest),
-                d.summary()
-            ));
+            self.out.status(StatusEvent::CatalogChanged {
+                revision: revision.number,
+                digest: short(&revision.digest).to_string(),
+                summary: d.summary(),
+            });
             for line in changes.iter().flatten() {
-                self.out.status(&format!("  {line}"));
+                self.out
+                    .status(StatusEvent::CatalogChange { line: line.clone() });
             }
         }
         self.audit_record(
@@ -462,9 +463,9 @@ impl Session {
         if self.host.list_pages.len() > MAX_CATALOG_TOOLS {
             self.host.list_pages = Vec::new();
             self.host.list_next = None;
-            self.out.verbose(&format!(
-                "the host's paged tools/list passed {MAX_CATALOG_TOOLS} tools; not followed further"
-            ));
+            self.out.verbose(StatusEvent::HostListTooLong {
+                max_tools: MAX_CATALOG_TOOLS,
+            });
             return;
         }
         if next.is_none() {
@@ -503,9 +504,7 @@ impl Session {
             return;
         }
         c.quiet_fetch = true;
-        self.out.verbose(
-            "the server listed tools that differ from its catalog without saying list_changed; fetching its catalog again",
-        );
+        self.out.verbose(StatusEvent::CatalogDrift);
         self.fetch_catalog(None);
     }
     /// The host was shown a whole one-page list whose catalog is known; it stays known.

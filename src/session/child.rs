@@ -54,11 +54,11 @@ impl Session {
     /// host with requests cannot grow the session without bound).
     fn refuse_server_request(&mut self, epoch: &str, child_id: &RawIdText) {
         if !std::mem::replace(&mut self.child_requests.overflow_told, true) {
-            self.out.status(&format!(
-                "server sent more than {OPEN_AT_HOST_LIMIT} requests the host has not answered; answering the next ones itself with an error ({} epoch {})",
-                self.label(),
-                crate::epoch::short(epoch)
-            ));
+            self.out.status(StatusEvent::TooManyServerRequests {
+                limit: OPEN_AT_HOST_LIMIT,
+                label: self.label().to_string(),
+                epoch: crate::epoch::short(epoch).to_string(),
+            });
         }
         let why = format!("more than {OPEN_AT_HOST_LIMIT} requests to the host are unanswered");
         let line = envelope::error_line(
@@ -75,17 +75,12 @@ impl Session {
     fn on_child_garbage(&mut self, epoch: &str, line: &[u8]) {
         let text = String::from_utf8_lossy(line);
         let cut: String = text.chars().take(200).collect();
-        self.out.status(&format!(
-            "server wrote non-JSON to stdout: {}{} ({} epoch {}; use stderr for logs)",
-            cut.escape_debug(),
-            if text.chars().count() > 200 {
-                "…"
-            } else {
-                ""
-            },
-            self.label(),
-            crate::epoch::short(epoch)
-        ));
+        self.out.status(StatusEvent::ServerNonJson {
+            text: cut,
+            cut: text.chars().count() > 200,
+            label: self.label().to_string(),
+            epoch: crate::epoch::short(epoch).to_string(),
+        });
         let id = protocol::recover_id(line).and_then(|r| envelope::parse_numeric_id(&r));
         if let Some(id) = id
             && matches!(self.pending.get(&id), Some(Pending::CatalogPage { .. }))
@@ -262,8 +257,7 @@ impl Session {
 
     fn on_child_response(&mut self, epoch: &str, mut msg: Message) {
         let Some(id) = msg.id().and_then(envelope::parse_numeric_id) else {
-            self.out
-                .status("server answered a request id it was never sent; dropped");
+            self.out.status(StatusEvent::ServerUnknownId);
             return;
         };
         let Some(p) = self.pending.remove(&id) else {
@@ -297,7 +291,7 @@ impl Session {
                 {
                     // A list we cannot read (not an object, `tools` named twice…) would reach
                     // the host unrecorded, its parser picking one of the lists: not forwarded.
-                    self.out.status("server answered tools/list with a list that cannot be read; the host gets an error");
+                    self.out.status(StatusEvent::ServerListUnreadable);
                     self.out.to_host(envelope::error_line(
                         Some(&host_id),
                         codes::UNKNOWN_RESPONSE,
@@ -371,8 +365,7 @@ impl Session {
         let answer = self.take_initialize_carried_by(id);
         if msg.is_error() && modern {
             // It may speak only `initialize`: the host hears its refusal and falls back.
-            self.out
-                .verbose("the server refused server/discover; waiting for initialize");
+            self.out.verbose(StatusEvent::DiscoverRefused);
             return self.discovery_failed(Some(&msg));
         }
         if msg.is_error() {
@@ -430,10 +423,9 @@ impl Session {
                 }
                 let norm = |c: &Value| protocol::capabilities_without_list_changed(c);
                 if norm(&n.capabilities) != norm(&caps) {
-                    self.out.status(&format!(
-                        "the server's capabilities {} differ from those recorded from an earlier build, which the host was given; reconnect the server in the host to use them",
-                        norm(&caps)
-                    ));
+                    self.out.status(StatusEvent::CapabilitiesDiffer {
+                        capabilities: norm(&caps).to_string(),
+                    });
                 }
                 if let Some(n) = &mut self.host.negotiated {
                     n.from_record = false;
@@ -496,9 +488,7 @@ impl Session {
         // A stream reopened at a new server that refuses it: the host's acknowledgement named
         // what the old server sent; it is acknowledged again with the supervisor's part only.
         l.acknowledged = false;
-        self.out.verbose(
-            "the server does not serve subscriptions/listen; the supervisor sends tool-list changes on the host's stream",
-        );
+        self.out.verbose(StatusEvent::ListenNotServed);
         let text = host_id.get().to_string();
         self.acknowledge_supervisor_listen(&text);
         true
@@ -535,11 +525,11 @@ impl Session {
     }
 
     pub(super) fn on_child_oversize(&mut self, epoch: &str, prefix: &[u8], len: usize) {
-        self.out.status(&format!(
-            "server wrote a {len}-byte line to stdout, over the limit; dropped ({} epoch {})",
-            self.label(),
-            crate::epoch::short(epoch)
-        ));
+        self.out.status(StatusEvent::ServerOversize {
+            len,
+            label: self.label().to_string(),
+            epoch: crate::epoch::short(epoch).to_string(),
+        });
         // If it was an answer, its requester must not hang.
         if let Some(id) = protocol::recover_id(prefix).and_then(|r| envelope::parse_numeric_id(&r))
         {

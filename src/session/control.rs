@@ -256,14 +256,13 @@ impl Session {
             )
             .into_owned(),
         };
-        self.out.status(&format!(
-            "approved: {} for epoch {} (grant {}, lasts {}, via {})",
+        self.out.status(StatusEvent::Approved {
             what,
-            epoch,
-            grant.id,
-            grant.lifetime(),
-            grant.channel.as_str(),
-        ));
+            epoch: epoch.to_string(),
+            grant: grant.id.to_string(),
+            lasts: grant.lifetime().to_string(),
+            via: grant.channel.as_str().to_string(),
+        });
         self.publish();
     }
 

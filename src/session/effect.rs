@@ -170,12 +170,12 @@ impl Outbox {
         self.push(Effect::CloseHost);
     }
 
-    pub fn status(&mut self, line: &str) {
-        self.push(Effect::Status(StatusEvent::Text(line.to_string())));
+    pub fn status(&mut self, event: StatusEvent) {
+        self.push(Effect::Status(event));
     }
 
-    pub fn verbose(&mut self, line: &str) {
-        self.push(Effect::Verbose(StatusEvent::Text(line.to_string())));
+    pub fn verbose(&mut self, event: StatusEvent) {
+        self.push(Effect::Verbose(event));
     }
 
     pub fn publish_status(&mut self, snapshot: Value) {

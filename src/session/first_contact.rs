@@ -20,9 +20,8 @@ impl Session {
     /// Holds a request until a server can answer it or its deadline passes.
     pub(super) fn hold(&mut self, msg: Message, wait: Duration) {
         if self.held.len() >= HELD_LIMIT {
-            self.out.status(&format!(
-                "more than {HELD_LIMIT} requests wait for the server; answering the newest at once"
-            ));
+            self.out
+                .status(StatusEvent::TooManyHeld { limit: HELD_LIMIT });
             if msg.method() == Some("tools/call") {
                 return self.on_host_call(msg); // judged now: refused without a server
             }
@@ -198,10 +197,10 @@ impl Session {
             }
             _ => {
                 let id = h.msg.id().expect("request").to_owned();
-                self.out.status(&format!(
-                    "{method} waited {:.1} s for the server, which is still not up; answered with an error",
-                    waited as f64 / 1000.0
-                ));
+                self.out.status(StatusEvent::HeldTooLong {
+                    method: method.to_string(),
+                    waited_s: waited as f64 / 1000.0,
+                });
                 if method == "tools/list" {
                     self.host.list_refused = true;
                 }
@@ -274,13 +273,12 @@ impl Session {
             result["ttlMs"] = json!(0);
             result["cacheScope"] = json!("private");
         }
-        self.out.status(&format!(
-            "the server is still {}: tools/list answered with the catalog recorded from epoch {} ({}, identity {}); calls are checked against the real catalog when the server is up",
-            self.starting_word(),
-            crate::epoch::short(&rec.epoch),
-            crate::hashing::short(&rec.digest),
-            crate::hashing::short(&rec.identity_digest)
-        ));
+        self.out.status(StatusEvent::ListFromRecord {
+            starting: self.starting_word(),
+            epoch: crate::epoch::short(&rec.epoch).to_string(),
+            digest: crate::hashing::short(&rec.digest).to_string(),
+            identity: crate::hashing::short(&rec.identity_digest).to_string(),
+        });
         self.out.to_host(envelope::result_line(&id, &result));
         if let Ok(c) = crate::catalog::Catalog::from_tools(rec.tools.clone()) {
             self.host_was_shown(

@@ -183,9 +183,7 @@ impl Session {
             };
         }
         if refusal.is_none() {
-            self.out.status(
-                "the server has not answered server/discover; the host is told to use initialize",
-            );
+            self.out.status(StatusEvent::DiscoverUnanswered);
         }
         let Some(c) = &mut self.child else { return };
         let epoch = c.epoch.clone();
@@ -220,10 +218,11 @@ impl Session {
         let Some(child) = self.child.take() else {
             return;
         };
-        self.out.status(&format!(
-            "server stopped: pid={} epoch={}: {why}; it starts again with the next successful build (save a change) or on `cargo mcp-dev restart`",
-            child.pid, child.epoch
-        ));
+        self.out.status(StatusEvent::ServerStopped {
+            pid: child.pid,
+            epoch: child.epoch.to_string(),
+            why: why.to_string(),
+        });
         self.gate.server_exited(&child.epoch);
         self.answer_in_flight(&child.epoch, None, "stopped", Some(&why));
         self.record_exit(&child, "handshake failed", None);

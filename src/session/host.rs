@@ -16,9 +16,8 @@ impl Session {
         let msg = match Message::parse_owned(line) {
             Ok(m) => m,
             Err(envelope::Unreadable { error: e, line }) => {
-                self.out.status(&format!(
-                    "host sent an invalid message ({e}); answered with an error"
-                ));
+                self.out
+                    .status(StatusEvent::HostInvalidMessage { why: e.to_string() });
                 let id = protocol::recover_id(&line);
                 self.out.to_host(envelope::error_line(
                     id.as_deref(),
@@ -37,9 +36,7 @@ impl Session {
     }
 
     pub(super) fn on_host_oversize(&mut self, prefix: &[u8], len: usize) {
-        self.out.status(&format!(
-            "host sent a message of {len} bytes, over the line limit; answered with a parse error"
-        ));
+        self.out.status(StatusEvent::HostOversize { len });
         let id = protocol::recover_id(prefix);
         self.out.to_host(envelope::error_line(
             id.as_deref(),
@@ -229,10 +226,8 @@ impl Session {
             // may act on: it would bypass the gate and the audit log. Dropped and reported.
             other => {
                 let shown: String = other.chars().take(64).collect();
-                self.out.status(&format!(
-                    "host sent `{}` without an id (not a notification); dropped, not forwarded",
-                    shown.escape_debug()
-                ));
+                self.out
+                    .status(StatusEvent::HostRequestWithoutId { method: shown });
             }
         }
     }
@@ -277,8 +272,11 @@ impl Session {
                 call: Some(call), ..
             }) = self.pending.get(&id)
             {
-                let line = format!("host cancelled {} ({})", call.tool, call.call_id);
-                self.out.verbose(&line);
+                let line = StatusEvent::HostCancelled {
+                    tool: call.tool.to_string(),
+                    call_id: call.call_id.to_string(),
+                };
+                self.out.verbose(line);
             }
             self.out.notify_child(
                 &epoch,
@@ -324,14 +322,11 @@ impl Session {
             return;
         }
         let Some(id) = msg.id().and_then(envelope::parse_numeric_id) else {
-            self.out
-                .status("host answered a request nobody sent; dropped");
+            self.out.status(StatusEvent::HostAnsweredNobody);
             return;
         };
         let Some((epoch, child_id)) = self.child_requests.open.remove(&id) else {
-            self.out.verbose(&format!(
-                "host answered request {id} of a replaced server; dropped"
-            ));
+            self.out.verbose(StatusEvent::HostAnsweredReplaced { id });
             return;
         };
         self.child_requests.overflow_told = false;

@@ -207,16 +207,11 @@ impl Session {
                 init.due_ms = due;
             }
             if first && !at_live_server {
-                self.out.status(&format!(
-                    "initialize waits for the server's own answer ({}; at most {:.0} s{})",
-                    self.absent_why(),
-                    (due - now) as f64 / 1000.0,
-                    if recorded {
-                        ", then the answer a server of this package gave before"
-                    } else {
-                        ""
-                    }
-                ));
+                self.out.status(StatusEvent::InitializeWaits {
+                    why: self.absent_why(),
+                    at_most_s: (due - now) as f64 / 1000.0,
+                    then_recorded: recorded,
+                });
             }
             return self
                 .out
@@ -273,18 +268,14 @@ impl Session {
             capabilities: result.get("capabilities").cloned().unwrap_or(json!({})),
             from_record: true,
         });
-        let list = if self.hold_budget().is_some() {
-            "tools/list waits for the server"
-        } else {
-            "tools/list is answered with why until a server runs"
-        };
-        self.out.status(&format!(
-            "initialize answered with the answer a server of this package gave before (protocol {}, epoch {}, identity {}) while {}; {list}",
-            crate::sanitize::first_chars(&version, 40),
-            crate::epoch::short(&rec.epoch),
-            crate::hashing::short(&rec.identity_digest),
-            self.absent_why()
-        ));
+        let list_waits = self.hold_budget().is_some();
+        self.out.status(StatusEvent::InitializeFromRecord {
+            protocol: crate::sanitize::first_chars(&version, 40).to_string(),
+            epoch: crate::epoch::short(&rec.epoch).to_string(),
+            identity: crate::hashing::short(&rec.identity_digest).to_string(),
+            why: self.absent_why(),
+            list_waits,
+        });
         self.out.to_host(envelope::result_line(&host_id, &result));
     }
 
@@ -305,11 +296,10 @@ impl Session {
             self.unavailable_reason()
         };
         data["method"] = json!("initialize");
-        self.out.status(&format!(
-            "initialize answered with an error after {:.1} s while {}",
-            waited as f64 / 1000.0,
-            self.absent_why()
-        ));
+        self.out.status(StatusEvent::InitializeError {
+            waited_s: waited as f64 / 1000.0,
+            why: self.absent_why(),
+        });
         self.out.to_host(envelope::error_line(
             Some(&init.host_id),
             codes::SERVER_UNAVAILABLE,

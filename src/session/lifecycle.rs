@@ -28,9 +28,9 @@ impl Session {
             return;
         }
         self.burst_open = false;
-        let shown: Vec<&str> = paths.iter().take(3).map(String::as_str).collect();
-        self.out
-            .verbose(&format!("change detected: {}", shown.join(", ")));
+        self.out.verbose(StatusEvent::ChangeDetected {
+            paths: paths.iter().take(3).cloned().collect(),
+        });
         if self.lifecycle == Lifecycle::CrashLoop {
             self.leave_crash_loop();
         }
@@ -54,9 +54,7 @@ impl Session {
         self.early_build = None;
         self.builds = Builds::Idle;
         self.out.set_aside_build();
-        self.out.verbose(
-            "a build started before the sources settled saw a later change; building again",
-        );
+        self.out.verbose(StatusEvent::EarlyBuildOutdated);
         self.request_build();
         self.publish();
     }
@@ -108,7 +106,9 @@ impl Session {
         match result {
             BuildResult::Error(message) => {
                 let line = format!("build failed: {message}");
-                self.out.status(&line);
+                self.out.status(StatusEvent::BuildError {
+                    message: message.clone(),
+                });
                 self.last_build = Some(line);
                 self.build_broken(message, None);
             }
@@ -119,7 +119,8 @@ impl Session {
                 first_error,
                 last_good,
             } => {
-                self.out.status(&line);
+                self.out
+                    .status(StatusEvent::BuildReport { line: line.clone() });
                 self.last_build = Some(line);
                 self.audit_record(
                     audit::BUILD_COMPLETED,
@@ -140,10 +141,11 @@ impl Session {
                 changed,
                 warnings,
             } => {
-                self.out.status(&line);
+                self.out
+                    .status(StatusEvent::BuildReport { line: line.clone() });
                 self.last_build = Some(line);
                 for w in warnings {
-                    self.out.status(&format!("warning: {w}"));
+                    self.out.status(StatusEvent::BuildWarning { warning: w });
                 }
                 self.audit_record(
                     audit::BUILD_COMPLETED,
@@ -179,10 +181,9 @@ impl Session {
             && self.latest.is_none()
             && let Some(record) = last_good
         {
-            self.out.status(&format!(
-                "build failed; running the last good build {} instead (--fallback last-good); fix the error and save to run new code",
-                short(&record.identity_digest)
-            ));
+            self.out.status(StatusEvent::RunningLastGood {
+                identity: short(&record.identity_digest).to_string(),
+            });
             self.latest = Some(record.clone());
             self.spawn_child(
                 record,
@@ -191,9 +192,9 @@ impl Session {
             );
             return;
         }
-        self.out.status(&format!(
-            "no server running: the build failed ({message}); it starts as soon as a build succeeds"
-        ));
+        self.out.status(StatusEvent::NoServerBuildFailed {
+            message: message.clone(),
+        });
         self.lifecycle = Lifecycle::BuildBroken { message };
         self.fail_held();
     }
@@ -215,9 +216,7 @@ impl Session {
                     self.leave_crash_loop();
                 }
                 if self.lifecycle == Lifecycle::CrashLoop {
-                    self.out.status(
-                        "server not restarted: it is in a crash loop (waiting for a source change)",
-                    );
+                    self.out.status(StatusEvent::NotRestartedCrashLoop);
                 } else {
                     self.spawn_child(record, None, None);
                 }
@@ -231,13 +230,12 @@ impl Session {
                 Restart::Manual => {
                     self.pending_apply = true;
                     if let Some(c) = &self.child {
-                        let line = format!(
-                            "running server unchanged: pid={} epoch={} (restart mode manual: run `cargo mcp-dev restart` to apply {})",
-                            c.pid,
-                            c.epoch,
-                            short(&record.identity_digest)
-                        );
-                        self.out.status(&line);
+                        let event = StatusEvent::RunningUnchangedManual {
+                            pid: c.pid,
+                            epoch: c.epoch.to_string(),
+                            identity: short(&record.identity_digest).to_string(),
+                        };
+                        self.out.status(event);
                     }
                 }
                 Restart::Disconnect => {
@@ -251,11 +249,8 @@ impl Session {
     }
 
     pub(super) fn report_running(&mut self) {
-        let line = match &self.child {
-            Some(c) => format!("running server unchanged: pid={} epoch={}", c.pid, c.epoch),
-            None => "no server running".to_string(),
-        };
-        self.out.status(&line);
+        let running = self.child.as_ref().map(|c| (c.pid, c.epoch.to_string()));
+        self.out.status(StatusEvent::RunningUnchanged { running });
     }
 
     pub(super) fn spawn_child(
@@ -302,7 +297,8 @@ impl Session {
     fn start_failed(&mut self, record: IdentityRecord, e: &str) {
         {
             {
-                self.out.status(&format!("server failed to start: {e}"));
+                self.out
+                    .status(StatusEvent::SpawnFailed { why: e.to_string() });
                 // Its stored copy may be gone (`cargo clean` takes the target directory, store
                 // included) or changed: a build captures it again. Once per identity and at most
                 // once a minute (a build whose identity changes every time must not loop), and
@@ -311,8 +307,7 @@ impl Session {
                 if self.builds != Builds::Idle && self.lifecycle != Lifecycle::Stopping {
                     // A build is under way and its result is started (a fresh copy): nothing
                     // has failed for good, and held requests keep waiting for it.
-                    self.out
-                        .status("the build under way starts the server when it is done");
+                    self.out.status(StatusEvent::BuildUnderWayStartsIt);
                     self.leave_start_failed();
                     self.publish();
                     return;
@@ -330,8 +325,7 @@ impl Session {
                         at_ms: now,
                         pending: true,
                     });
-                    self.out
-                        .status("building again to start it from a fresh copy (was the target directory cleaned?)");
+                    self.out.status(StatusEvent::BuildingAgainForFreshCopy);
                     // A server is on its way again (a restart asked for from `StartFailed`).
                     self.leave_start_failed();
                     self.request_build();
@@ -403,24 +397,23 @@ impl Session {
         }));
         match &replaced {
             Some(old) => {
-                self.out.status(&format!(
-                    "server replaced: pid={pid} epoch={epoch} (was {old})"
-                ));
+                self.out.status(StatusEvent::ServerReplaced {
+                    pid,
+                    epoch: epoch.to_string(),
+                    old: old.to_string(),
+                });
                 self.audit_record(
                     audit::SERVER_REPLACED,
                     Some(&epoch),
                     json!({"oldEpoch": old, "newEpoch": epoch, "pid": pid}),
                 );
             }
-            None => self.out.status(&format!(
-                "server started: pid={pid} epoch={epoch} ({}{})",
-                short(&record.identity_digest),
-                if fallback.is_some() {
-                    ", last good build"
-                } else {
-                    ""
-                }
-            )),
+            None => self.out.status(StatusEvent::ServerStarted {
+                pid,
+                epoch: epoch.to_string(),
+                identity: short(&record.identity_digest).to_string(),
+                last_good: fallback.is_some(),
+            }),
         }
         self.child = Some(ChildState::started(epoch, pid, record, started_ms));
         self.pending_apply = false;
@@ -435,7 +428,9 @@ impl Session {
             return;
         };
         let new_epoch = EpochId::new(self.mint_id());
-        self.out.verbose(&format!("replacing server ({why})"));
+        self.out.verbose(StatusEvent::ReplacingServer {
+            why: why.to_string(),
+        });
         self.gate.server_exited(&child.epoch);
         self.answer_in_flight(&child.epoch, Some(&new_epoch), "replaced", None);
         self.withdraw_prompts_of(
@@ -494,10 +489,11 @@ impl Session {
             return; // a replaced child: its requests were already answered
         }
         let child = self.child.take().expect("checked");
-        self.out.status(&format!(
-            "server exited: pid={} epoch={} ({exit})",
-            child.pid, child.epoch
-        ));
+        self.out.status(StatusEvent::ServerExited {
+            pid: child.pid,
+            epoch: child.epoch.to_string(),
+            exit: exit.to_string(),
+        });
         self.record_exit(&child, &exit.to_string(), Some(&exit));
         self.gate.server_exited(epoch);
         self.answer_in_flight(epoch, None, "exited", Some(&exit.to_string()));
@@ -522,26 +518,24 @@ impl Session {
                 }
                 if self.crashes.len() >= CRASH_LIMIT {
                     self.lifecycle = Lifecycle::CrashLoop;
-                    self.out.status(&format!(
-                        "server crash loop: {} exits in {} s; not restarting until the sources change or `cargo mcp-dev restart`",
-                        self.crashes.len(),
-                        CRASH_WINDOW_MS / 1000
-                    ));
+                    self.out.status(StatusEvent::CrashLoop {
+                        exits: self.crashes.len(),
+                        window_s: CRASH_WINDOW_MS / 1000,
+                    });
                     self.fail_held();
                 } else if !self.restart_scheduled {
                     let delay = Duration::from_millis(
                         250u64 << (self.crashes.len().saturating_sub(1)).min(6),
                     );
                     self.restart_scheduled = true;
-                    self.out
-                        .status(&format!("restarting server in {} ms", delay.as_millis()));
+                    self.out.status(StatusEvent::RestartingIn {
+                        ms: delay.as_millis(),
+                    });
                     self.out.schedule(delay, Timer::Restart);
                 }
             }
             Restart::Manual => {
-                self.out.status(
-                    "restart mode manual: run `cargo mcp-dev restart` to start the server again",
-                );
+                self.out.status(StatusEvent::ManualRestartNeeded);
                 // Unless a build under way starts the next server: held requests wait for it.
                 if self.hold_budget().is_none() {
                     self.fail_held();
@@ -594,7 +588,9 @@ impl Session {
             let e = c.epoch.clone();
             self.answer_in_flight(&e, None, "replaced", None);
         }
-        self.out.status(&format!("connection closed: {why}"));
+        self.out.status(StatusEvent::ConnectionClosed {
+            why: why.to_string(),
+        });
         self.fail_held();
         self.fail_prompts("the supervisor is shutting down");
         self.out.close_host();

@@ -456,8 +456,7 @@ impl Session {
                 None,
                 json!({"reason": "--no-gating or gate = \"off\""}),
             );
-            self.out
-                .status("approval gating is off: every tool call is forwarded without a grant");
+            self.out.status(StatusEvent::GatingOff);
         }
         self.request_build();
         self.publish();
@@ -489,13 +488,15 @@ impl Session {
     /// dropped them); each is answered as a call that could not be audited.
     fn audit_failed(&mut self, why: &str, calls: Vec<u64>) {
         if calls.is_empty() {
-            self.out.status(&format!("warning: audit log: {why}"));
+            self.out.status(StatusEvent::AuditWarning {
+                why: why.to_string(),
+            });
             return;
         }
-        let e = why;
-        let many = if calls.len() == 1 { "call" } else { "calls" };
-        self.out
-            .status(&format!("{many} refused: audit log unavailable: {e}"));
+        self.out.status(StatusEvent::CallsRefusedAuditUnavailable {
+            calls: calls.len(),
+            why: why.to_string(),
+        });
         for id in calls {
             if let Some(Pending::Host {
                 host_id,
@@ -503,7 +504,7 @@ impl Session {
                 ..
             }) = self.pending.remove(&id)
             {
-                let payload = json!({"error": "audit_failed", "reason": e.to_string(), "retry": "fix the audit log, then call again"});
+                let payload = json!({"error": "audit_failed", "reason": why, "retry": "fix the audit log, then call again"});
                 let result = self.tool_error(
                     &payload,
                     "The call was not forwarded because it could not be written to the audit log.",

@@ -151,19 +151,15 @@ impl Session {
                     .escape_debug()
                     .to_string()
                     .replace('`', "\\`");
-                let only_this = if needs_grant {
-                    // The id is the agent's: suggested only as a word the shell cannot expand.
-                    let command = crate::sanitize::approve_call_command(&call_id);
-                    format!(" (or `{command}` for this call only)")
-                } else {
-                    String::new()
-                };
-                self.out.status(&format!(
-                    "call denied: {} ({}): {}{only_this}",
-                    shown_tool,
-                    denial.reason.as_str(),
-                    denial.human_hint()
-                ));
+                // The id is the agent's: suggested only as a word the shell cannot expand.
+                let approve_command =
+                    needs_grant.then(|| crate::sanitize::approve_call_command(&call_id));
+                self.out.status(StatusEvent::CallDenied {
+                    tool: shown_tool,
+                    reason: denial.reason.as_str().to_string(),
+                    hint: denial.human_hint().to_string(),
+                    approve_command,
+                });
                 self.out.to_host(envelope::result_line(
                     &host_id,
                     &self.tool_error(&payload, &hint),
@@ -195,8 +191,10 @@ impl Session {
                 let data = match record.canonical() {
                     Ok(data) => data,
                     Err(e) => {
-                        self.out
-                            .status(&format!("call refused: audit log unavailable: {e}"));
+                        self.out.status(StatusEvent::CallsRefusedAuditUnavailable {
+                            calls: 1,
+                            why: e.to_string(),
+                        });
                         let payload = json!({"error": "audit_failed", "reason": e.to_string(), "retry": "fix the audit log, then call again"});
                         let result = self.tool_error(&payload, "The call was not forwarded because it could not be written to the audit log.");
                         self.out.to_host(envelope::result_line(&host_id, &result));
@@ -245,9 +243,7 @@ impl Session {
                 ..Default::default()
             }),
         );
-        self.out.status(
-            "call refused: tools/call params must be an object with one string `name` (answered with invalid params)",
-        );
+        self.out.status(StatusEvent::CallWithoutTarget);
         self.out.to_host(envelope::error_line(
             Some(host_id),
             -32602,
@@ -261,9 +257,9 @@ impl Session {
     pub(super) fn refuse_over_open_limit(&mut self, msg: Message) {
         let host_id = msg.id().expect("request").to_owned();
         if !std::mem::replace(&mut self.host.overflow_told, true) {
-            self.out.status(&format!(
-                "{OPEN_AT_SERVER_LIMIT} requests are open at the server (it is not answering them); answering the next ones at once with an error"
-            ));
+            self.out.status(StatusEvent::TooManyOpenAtServer {
+                limit: OPEN_AT_SERVER_LIMIT,
+            });
         }
         let why = format!("more than {OPEN_AT_SERVER_LIMIT} requests are open at the server");
         let payload = json!({"error": "too_many_open", "limit": OPEN_AT_SERVER_LIMIT});
@@ -448,9 +444,8 @@ impl Session {
         for (tool, why) in notices {
             let tool =
                 crate::sanitize::review(crate::sanitize::first_chars(&tool, 128)).into_owned();
-            self.out.status(&format!(
-                "arguments of {tool} are not checked against its input schema: {why}"
-            ));
+            self.out
+                .status(StatusEvent::ArgumentsNotChecked { tool, why });
         }
     }
 
@@ -464,14 +459,11 @@ impl Session {
             return;
         }
         self.host.stale_notice_revision = Some(revision);
-        let told = if self.host.notified_revision == Some(revision) {
-            "after list_changed "
-        } else {
-            ""
-        };
-        self.out.status(&format!(
-            "the host has not refetched tools/list {told}(catalog revision {revision}); stale calls are refused with the new definition. In Claude Code, `/mcp` reconnects the server"
-        ));
+        let after_list_changed = self.host.notified_revision == Some(revision);
+        self.out.status(StatusEvent::HostNotRefetching {
+            after_list_changed,
+            revision,
+        });
     }
 }
 
