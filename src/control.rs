@@ -17,8 +17,76 @@ use std::time::Duration;
 use crossbeam_channel::{Sender, bounded};
 use serde_json::{Value, json};
 
-use crate::session::Event;
+use crate::session::ControlRequest;
 use crate::sys::unix::current_uid;
+
+/// One request from the socket, parsed ([`ControlRequest`]), and where its answer goes. The
+/// shell takes it up, gives the session a ticket for it and sends the answer the session
+/// returns for that ticket.
+#[derive(Debug)]
+pub struct ControlCall {
+    pub request: ControlRequest,
+    pub reply: ControlReply,
+}
+
+/// Where the answer to a control request goes, and who has it: the session takes a request up
+/// only while its client still waits, and a client gives up only on a request not taken up. So
+/// a request whose client was told "dropped" is never carried out later, when nobody is there
+/// to see a grant appear, and one taken up is always answered.
+#[derive(Debug, Clone)]
+pub struct ControlReply {
+    answer: crossbeam_channel::Sender<Value>,
+    state: std::sync::Arc<std::sync::atomic::AtomicU8>,
+}
+
+/// The waiting side of a [`ControlReply`].
+#[derive(Debug)]
+pub struct ControlWait {
+    state: std::sync::Arc<std::sync::atomic::AtomicU8>,
+}
+
+const WAITING: u8 = 0;
+const TAKEN: u8 = 1;
+const GIVEN_UP: u8 = 2;
+
+impl ControlReply {
+    pub fn new(answer: crossbeam_channel::Sender<Value>) -> (Self, ControlWait) {
+        let state = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(WAITING));
+        let wait = ControlWait {
+            state: state.clone(),
+        };
+        (ControlReply { answer, state }, wait)
+    }
+
+    /// Takes the request up; `false` when its client gave up (then it must not be carried out).
+    pub fn take_up(&self) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.state
+            .compare_exchange(WAITING, TAKEN, SeqCst, SeqCst)
+            .is_ok()
+    }
+
+    pub fn send(&self, answer: Value) {
+        let _ = self.answer.send(answer);
+    }
+}
+
+impl ControlWait {
+    /// Gives up on the request; `false` when the session has already taken it up (its answer
+    /// is coming).
+    pub fn give_up(&self) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.state
+            .compare_exchange(WAITING, GIVEN_UP, SeqCst, SeqCst)
+            .is_ok()
+    }
+}
+
+impl From<crossbeam_channel::Sender<Value>> for ControlReply {
+    fn from(answer: crossbeam_channel::Sender<Value>) -> Self {
+        ControlReply::new(answer).0
+    }
+}
 
 /// Why the control socket (the human channel) cannot be served or reached.
 #[derive(Debug, thiserror::Error)]
@@ -200,13 +268,14 @@ impl Served {
     }
 }
 
-/// Binds the socket and serves requests on a thread; each request becomes [`Event::Control`].
+/// Binds the socket and serves requests on a thread; each well-formed request becomes a
+/// [`ControlCall`] (a malformed one is answered here, with why).
 ///
 /// If another live supervisor holds the socket (a host's probing second copy, or a second host
 /// session), this one never removes it: it keeps trying in the background and takes over once
 /// the other exits, so the session that stays always ends up reachable. [`Served::other_owner`]
 /// then names the other one's pid (from the socket's peer credentials).
-pub fn serve(path: &Path, events: Sender<Event>) -> Result<Served, ControlError> {
+pub fn serve(path: &Path, events: Sender<ControlCall>) -> Result<Served, ControlError> {
     let dir = path.parent().ok_or_else(|| ControlError::NotADirectory {
         path: path.to_path_buf(),
     })?;
@@ -308,7 +377,7 @@ const MAX_ANSWER: u64 = 64 << 20;
 /// How long a client waits for the whole answer.
 const CLIENT_WAIT: Duration = Duration::from_secs(20);
 
-fn spawn_acceptor(listener: UnixListener, events: Sender<Event>) -> Result<(), ControlError> {
+fn spawn_acceptor(listener: UnixListener, events: Sender<ControlCall>) -> Result<(), ControlError> {
     let own = current_uid();
     let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     std::thread::Builder::new()
@@ -348,7 +417,7 @@ fn spawn_acceptor(listener: UnixListener, events: Sender<Event>) -> Result<(), C
     Ok(())
 }
 
-fn handle(stream: UnixStream, own: u32, events: Sender<Event>) {
+fn handle(stream: UnixStream, own: u32, events: Sender<ControlCall>) {
     let mut writer = match stream.try_clone() {
         Ok(w) => w,
         Err(_) => return,
@@ -376,24 +445,27 @@ fn handle(stream: UnixStream, own: u32, events: Sender<Event>) {
                 None => json!({"ok": false, "error": "this process keeps no status lines"}),
             }
         }
-        Ok(request) => {
-            let (tx, rx) = bounded(1);
-            let (reply, wait) = crate::session::ControlReply::new(tx);
-            let busy = json!({"ok": false, "error": format!(
+        Ok(request) => match ControlRequest::parse(&request) {
+            Err(e) => json!({"ok": false, "error": e}),
+            Ok(request) => {
+                let (tx, rx) = bounded(1);
+                let (reply, wait) = ControlReply::new(tx);
+                let busy = json!({"ok": false, "error": format!(
                 "the supervisor did not take the request up within {} s; it was dropped (nothing was done)",
                 ANSWER_WITHIN.as_secs())});
-            if events.send(Event::Control { request, reply }).is_err() {
-                json!({"ok": false, "error": "supervisor is shutting down"})
-            } else {
-                match rx.recv_timeout(ANSWER_WITHIN) {
-                    Ok(answer) => answer,
-                    // Not taken up: never carried out later, when nobody is there to see it.
-                    Err(_) if wait.give_up() => busy,
-                    // Taken up just now: its answer is coming.
-                    Err(_) => rx.recv().unwrap_or(busy),
+                if events.send(ControlCall { request, reply }).is_err() {
+                    json!({"ok": false, "error": "supervisor is shutting down"})
+                } else {
+                    match rx.recv_timeout(ANSWER_WITHIN) {
+                        Ok(answer) => answer,
+                        // Not taken up: never carried out later, when nobody is there to see it.
+                        Err(_) if wait.give_up() => busy,
+                        // Taken up just now: its answer is coming.
+                        Err(_) => rx.recv().unwrap_or(busy),
+                    }
                 }
             }
-        }
+        },
         Err(e) => json!({"ok": false, "error": format!("bad request: {e}")}),
     };
     let _ = writeln!(writer, "{answer}");
@@ -543,7 +615,7 @@ mod tests {
         let (tx, rx) = crossbeam_channel::unbounded();
         assert!(serve(&path, tx).unwrap().owned());
         std::thread::spawn(move || {
-            if let Ok(Event::Control { request, reply }) = rx.recv() {
+            if let Ok(ControlCall { request, reply }) = rx.recv() {
                 reply.send(json!({"ok": true, "echo": request}));
             }
         });

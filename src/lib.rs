@@ -30,6 +30,7 @@ pub mod sanitize;
 pub mod session;
 pub mod status;
 pub mod status_feed;
+pub mod status_lines;
 pub mod store;
 pub mod supervisor;
 pub mod sys;

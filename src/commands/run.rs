@@ -26,7 +26,7 @@ use crate::proxy::framing::{DEFAULT_MAX_LINE, Frame, LineReader};
 use crate::proxy::outlet::{self, Outlet};
 use crate::session::state::RecordedFacts;
 use crate::session::{
-    BuildResult, EffectError, Event, Fallback, Io, Restart, Session, SessionConfig, Timer,
+    BuildResult, Effect, Event, Fallback, IdMint, Now, Restart, Session, SessionConfig, Ticket,
 };
 use crate::supervisor::{self, LaunchSpec, Worker};
 use crate::sys::unix;
@@ -54,36 +54,76 @@ impl StatusSink {
     }
 }
 
+/// An effect the shell could not perform (a server that would not start), in one sentence.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+struct EffectError(String);
+
+impl EffectError {
+    fn new(e: impl std::fmt::Display) -> Self {
+        EffectError(e.to_string())
+    }
+}
+
+/// The session and the shell that performs its effects, behind one lock.
+struct Running {
+    session: Session,
+    shell: Shell,
+}
+
+impl Running {
+    /// Handles `events` as one step at `now` and performs its effects; then each result they
+    /// gave (a server started or not, records not written) as a step of its own. `later`:
+    /// lines for servers are queued and written after the lock is released (`Shell::pumps`).
+    fn step(&mut self, mut events: Vec<Event>, now: Now, later: bool) {
+        let effects = if events.len() == 1 {
+            let event = events.pop().expect("one event");
+            self.session.handle(event, now)
+        } else {
+            self.session.handle_batch(events, now)
+        };
+        self.perform(effects, now, later);
+    }
+
+    /// Performs `effects`, and the steps of the results they give.
+    fn perform(&mut self, mut effects: Vec<Effect>, now: Now, later: bool) {
+        loop {
+            let results = self.shell.perform(effects, later);
+            if results.is_empty() {
+                return;
+            }
+            effects = Vec::new();
+            for event in results {
+                effects.extend(self.session.handle(event, now));
+            }
+        }
+    }
+}
+
 /// The session behind its lock. Host and child lines are handled on the thread that read them
 /// (no hand-off on the hot path); slower events go through the event channel.
-type Shared = Arc<Mutex<Session<Shell>>>;
+type Shared = Arc<Mutex<Running>>;
 
 /// Hands an event to the session on the current thread; wakes the main thread when the session
 /// decided to end.
-fn deliver(me: &Weak<Mutex<Session<Shell>>>, events: Vec<Event>) -> bool {
+fn deliver(me: &Weak<Mutex<Running>>, events: Vec<Event>) -> bool {
     deliver_and_pump(me, events).is_some()
 }
 
 /// [`deliver`], returning the server outlets it wrote to (`None`: the session ended).
-fn deliver_and_pump(me: &Weak<Mutex<Session<Shell>>>, events: Vec<Event>) -> Option<Vec<Outlet>> {
+fn deliver_and_pump(me: &Weak<Mutex<Running>>, events: Vec<Event>) -> Option<Vec<Outlet>> {
     let shared = me.upgrade()?;
-    let mut session = shared.lock().unwrap_or_else(|e| e.into_inner());
+    let mut running = shared.lock().unwrap_or_else(|e| e.into_inner());
     // One reading of the clocks for everything done for these events (see `Moment`), taken
     // under the lock, so moments follow the order the session sees events in.
     let moment = Moment::now();
-    session.io().begin_moment(moment);
+    running.shell.begin_moment(moment);
+    let now = running.shell.now(moment);
     // Lines for the server are queued under the lock and written after it is released: the
     // write wakes the server, and its answer must not find the session still locked by us.
-    session.io().pump_later = true;
-    if events.len() == 1 {
-        // Alone, nothing is held: the intent record is written before the call goes out.
-        session.handle(events.into_iter().next().expect("one event"));
-    } else {
-        session.handle_batch(events);
-    }
-    session.io().flush_audit();
-    let shell = session.io();
-    shell.pump_later = false;
+    running.step(events, now, true);
+    let Running { session, shell } = &mut *running;
+    shell.flush_audit();
     let pumps = std::mem::take(&mut shell.pumps);
     // A due anchor rewrite is done last, after the lock (the next host or server line need not
     // wait for it), and only when nothing went to a server: then the answer (written under the
@@ -106,12 +146,12 @@ fn deliver_and_pump(me: &Weak<Mutex<Session<Shell>>>, events: Vec<Event>) -> Opt
     } else {
         (None, None)
     };
-    session.io().end_moment();
+    shell.end_moment();
     let ended = session.exit_code().is_some();
     if ended {
-        let _ = session.io().done.try_send(());
+        let _ = shell.done.try_send(());
     }
-    drop(session);
+    drop(running);
     for outlet in &pumps {
         outlet.pump();
     }
@@ -120,8 +160,8 @@ fn deliver_and_pump(me: &Weak<Mutex<Session<Shell>>>, events: Vec<Event>) -> Opt
         pages.apply();
     }
     if let Some(Err(e)) = anchor.map(AnchorUpdate::write) {
-        let mut session = shared.lock().unwrap_or_else(|e| e.into_inner());
-        session.io().audit_warning(&e);
+        let running = shared.lock().unwrap_or_else(|e| e.into_inner());
+        running.shell.audit_warning(&e);
     }
     (!ended).then_some(pumps)
 }
@@ -161,8 +201,8 @@ struct Shell {
     events: Sender<Event>,
     /// Every timer the session asks for, kept by one thread.
     timers: super::timer_thread::TimerThread<crate::session::Timer>,
-    /// Set right after the session is created (the shell lives inside it).
-    me: Weak<Mutex<Session<Shell>>>,
+    /// Set right after the session is created (the shell lives next to it).
+    me: Weak<Mutex<Running>>,
     done: Sender<()>,
     host_out: Outlet,
     children: HashMap<String, Outlet>,
@@ -180,23 +220,17 @@ struct Shell {
     /// `target/mcp-dev`, held open: the files above are written relative to it.
     own_files: Option<crate::fsutil::DirWriter>,
     started: Instant,
-    /// Inside a batch of events: server lines are held in `deferred` until the batch's audit
-    /// records are written (group commit).
-    batching: bool,
-    /// (epoch, line, droppable)
-    deferred: Vec<(String, Vec<u8>, bool)>,
-    /// Lines for the host held the same way (what it is told is recorded first).
-    /// (line, droppable)
-    deferred_host: Vec<(Vec<u8>, bool)>,
-    /// A failed write of held records during the batch (reported at its end).
-    batch_error: Option<EffectError>,
+    /// The session's agent run (every audit record names it).
+    agent_run: String,
+    /// Control requests taken up and not yet answered, by ticket.
+    controls: HashMap<Ticket, control::ControlReply>,
+    next_ticket: Ticket,
     /// Off-thread fsyncs of the audit log (`audit-fsync = boundaries`).
     syncer: Option<Syncer>,
     /// Stop sequences still running (the exit waits for them, and only for them).
     stops: Arc<std::sync::atomic::AtomicUsize>,
     /// While a reader thread holds the session: lines for servers are queued on their outlets
     /// and `pumps` names the outlets to write once the lock is released (see `deliver`).
-    pump_later: bool,
     pumps: Vec<Outlet>,
     /// When the last delivery that sent nothing to a server ended (see [`HOST_PACE`]).
     last_quiet_delivery: Option<Instant>,
@@ -254,23 +288,9 @@ impl Shell {
         self.sink.emit(&format!("warning: audit log: {e}"));
     }
 
-    /// Writes a line to the host now. Bounded (issue 12): a host that stops reading while the
-    /// server floods notifications costs at most the outlet's bound; dropped notifications are
-    /// counted and reported.
-    fn send_host_now(&mut self, line: Vec<u8>, droppable: bool) {
-        // Written at once, even under the lock: the answer goes out before whatever the session
-        // still does after it (a tool list's catalog bookkeeping), and only the next host line
-        // could wait for that lock, which is the host's own pace.
-        let sent = if droppable {
-            self.host_out.send_droppable(line)
-        } else {
-            self.host_out.send(line)
-        };
-        self.report_host_refusal(sent);
-    }
-
-    /// [`Shell::send_host_now`] without the write: the caller pumps `host_out` after the lines
-    /// it queues.
+    /// Queues a line for the host; the caller pumps `host_out` after the step's lines. Bounded
+    /// (issue 12): a host that stops reading while the server floods notifications costs at
+    /// most the outlet's bound; dropped notifications are counted and reported.
     fn queue_host(&mut self, line: Vec<u8>, droppable: bool) {
         let queued = self.host_out.queue(line, droppable);
         self.report_host_refusal(queued);
@@ -292,9 +312,10 @@ impl Shell {
         }
     }
 
-    /// Writes a line to the server of `epoch` now, or right after the session's lock is
-    /// released (bounded: see `Outlet`).
-    fn send_child_now(&mut self, epoch: &str, line: Vec<u8>, droppable: bool) {
+    /// Writes a line to the server of `epoch` now, or (`later`) right after the session's
+    /// lock is released (bounded: see `Outlet`). Dropped when that server is gone or never
+    /// started.
+    fn send_child(&mut self, epoch: &str, line: Vec<u8>, droppable: bool, later: bool) {
         if let Some(method) = request_without_id(&line) {
             // Defence in depth (issue 12, `id: null` bypass): a request that lost its id would
             // run without an answer, a gate decision or an audit record. Never forward one.
@@ -308,7 +329,7 @@ impl Shell {
             return;
         };
         let notification = droppable;
-        let sent = if self.pump_later {
+        let sent = if later {
             let out = out.clone();
             self.pump_after_unlock(&out);
             out.queue(line, notification)
@@ -334,50 +355,120 @@ impl Shell {
         }
     }
 
-    fn host_line(&mut self, line: Vec<u8>, droppable: bool) {
-        // What the session recorded before telling the host (a denial's
-        // `authorization_denied`) is in the audit log first: in a batch the line waits for the
-        // batch's write, alone it writes what is pending first. A call's `tool_result` is
-        // recorded just after its answer goes out (`on_child_response`), and written before
-        // the session's lock is released.
-        if self.batching {
-            self.deferred_host.push((line, droppable));
-            return;
+    /// Performs one step's effects; returns the results the session hears about as events.
+    /// Group commit, one rule: the step's audit records go out in one write before any of its
+    /// lines; if they cannot be written, its `tools/call` lines to servers are dropped (they
+    /// must not run unrecorded) and [`Event::AuditFailed`] names them.
+    fn perform(&mut self, mut effects: Vec<Effect>, later: bool) -> Vec<Event> {
+        let mut results = Vec::new();
+        let mut failed: Option<String> = None;
+        for effect in &mut effects {
+            if let Effect::Audit { kind, epoch, data } = effect {
+                let data = std::mem::replace(data, serde_json::Value::Null.into());
+                if let Err(e) = self
+                    .audit
+                    .append(kind, &self.agent_run, epoch.as_deref(), data)
+                {
+                    failed.get_or_insert(e.to_string());
+                }
+            }
         }
-        self.flush_audit();
-        self.send_host_now(line, droppable);
-    }
-
-    fn child_line(&mut self, epoch: &str, line: Vec<u8>, droppable: bool) {
-        if self.batching {
-            // Held until the batch's records are written (see `end_batch`).
-            self.deferred.push((epoch.to_string(), line, droppable));
-            return;
+        if self.audit.pending_bytes() > 0
+            && let Err(e) = self.audit.write_pending()
+        {
+            failed.get_or_insert(e.to_string());
         }
-        self.send_child_now(epoch, line, droppable);
-    }
-
-    /// Writes the held audit records, then the held server lines in order. If the records
-    /// cannot be written, held `tools/call` lines are dropped (they must not run unrecorded)
-    /// and everything else is sent.
-    fn release_deferred(&mut self) -> Result<(), EffectError> {
-        let r = self.audit.write_pending().map_err(EffectError::new);
         self.audit_notice();
-        for (epoch, line, droppable) in std::mem::take(&mut self.deferred) {
-            if r.is_err() && is_call_request(&line) {
-                continue;
+        let mut dropped = Vec::new();
+        let mut host_queued = false;
+        for effect in effects {
+            match effect {
+                Effect::Audit { .. } => {}
+                Effect::ToHost { line, droppable } => {
+                    self.queue_host(line, droppable);
+                    host_queued = true;
+                }
+                Effect::ToChild { call: Some(id), .. } if failed.is_some() => dropped.push(id),
+                Effect::ToChild {
+                    epoch,
+                    line,
+                    droppable,
+                    call,
+                } => {
+                    // Only a marked call can be dropped and answered when its record is lost.
+                    debug_assert!(call.is_some() || !is_call_request(&line));
+                    self.send_child(&epoch, line, droppable, later)
+                }
+                Effect::StartBuild => self.start_build(),
+                Effect::SetAsideBuild => self.set_aside_build(),
+                Effect::Spawn { epoch, record } => {
+                    results.push(match self.spawn(&epoch, &record) {
+                        Ok(pid) => Event::Spawned { epoch, pid },
+                        Err(e) => Event::SpawnFailed { epoch, why: e.0 },
+                    })
+                }
+                Effect::Stop { epoch, grace } => self.stop(&epoch, grace),
+                Effect::Reap { epoch } => self.reap(&epoch),
+                Effect::Arm { delay, timer } => self.timers.schedule(delay, timer),
+                Effect::CloseHost => {
+                    // Whatever the host was to be told first goes out before it closes.
+                    self.host_out.pump();
+                    host_queued = false;
+                    self.host_out.close();
+                }
+                Effect::Status(event) => self.sink.emit(&event.to_string()),
+                // The session's lines carry tool names and ids: one line, whatever they hold.
+                Effect::Verbose(event) => {
+                    status::verbose_line(&crate::sanitize::line(&event.to_string()))
+                }
+                Effect::Publish(snapshot) => self.publish_status(&snapshot),
+                Effect::KeepLaunch(launch) => self.record_launch(&launch),
+                Effect::KeepFacts(facts) => self.record_facts(&facts),
+                Effect::AnswerControl { ticket, answer } => {
+                    if let Some(reply) = self.controls.remove(&ticket) {
+                        reply.send(answer);
+                    }
+                }
             }
-            self.send_child_now(&epoch, line, droppable);
         }
-        // The batch's host lines go out together: queued in order, then one `writev`.
-        let host_lines = std::mem::take(&mut self.deferred_host);
-        if !host_lines.is_empty() {
-            for (line, droppable) in host_lines {
-                self.queue_host(line, droppable);
-            }
+        // The step's host lines go out together: queued in order, then one `writev`.
+        if host_queued {
             self.host_out.pump();
         }
-        r
+        if let Some(why) = failed {
+            results.push(Event::AuditFailed {
+                why,
+                calls: dropped,
+            });
+        }
+        results
+    }
+
+    /// The session's time of `moment`.
+    fn now(&self, moment: Moment) -> Now {
+        Now {
+            mono_ms: moment
+                .mono
+                .saturating_duration_since(self.started)
+                .as_millis() as u64,
+            wall_ms: moment
+                .wall
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+        }
+    }
+
+    /// A control request whose client still waits gets a ticket; `None` when its client gave
+    /// up (then it must not be carried out).
+    fn take_up(&mut self, reply: control::ControlReply) -> Option<Ticket> {
+        if !reply.take_up() {
+            status::verbose_line("a control request was dropped: its client stopped waiting");
+            return None;
+        }
+        self.next_ticket += 1;
+        self.controls.insert(self.next_ticket, reply);
+        Some(self.next_ticket)
     }
 
     /// The end: what is pending is written, and the space reserved past the last record is
@@ -445,23 +536,7 @@ impl Syncer {
     }
 }
 
-impl Io for Shell {
-    fn to_host(&mut self, line: Vec<u8>) {
-        self.host_line(line, false);
-    }
-
-    fn notify_host(&mut self, line: Vec<u8>) {
-        self.host_line(line, true);
-    }
-
-    fn to_child(&mut self, epoch: &str, line: Vec<u8>) {
-        self.child_line(epoch, line, false);
-    }
-
-    fn notify_child(&mut self, epoch: &str, line: Vec<u8>) {
-        self.child_line(epoch, line, true);
-    }
-
+impl Shell {
     fn set_aside_build(&mut self) {
         let identity_file = self.prep.lock().expect("prep").identity_file();
         match self.identity_before.take() {
@@ -470,19 +545,6 @@ impl Io for Shell {
                 let _ = std::fs::remove_file(&identity_file);
             }
             None => {}
-        }
-    }
-
-    fn begin_batch(&mut self) {
-        self.batching = true;
-    }
-
-    fn end_batch(&mut self) -> Result<(), EffectError> {
-        let r = self.release_deferred();
-        self.batching = false;
-        match self.batch_error.take() {
-            Some(e) => Err(e),
-            None => r,
         }
     }
 
@@ -643,10 +705,6 @@ impl Io for Shell {
     }
 
     fn stop(&mut self, epoch: &str, grace: Duration) {
-        // Lines held for this batch go out before the server's stdin closes.
-        if let Err(e) = self.release_deferred() {
-            self.batch_error.get_or_insert(e);
-        }
         let stdin = self.children.remove(epoch);
         let Some(worker) = self.workers.remove(epoch) else {
             return;
@@ -678,49 +736,6 @@ impl Io for Shell {
         }
     }
 
-    fn schedule(&mut self, delay: Duration, timer: Timer) {
-        self.timers.schedule(delay, timer);
-    }
-
-    fn close_host(&mut self) {
-        // Whatever the host was to be told first goes out before its connection closes.
-        if let Err(e) = self.release_deferred() {
-            self.batch_error.get_or_insert(e);
-        }
-        self.host_out.close();
-    }
-
-    fn status(&mut self, line: &str) {
-        self.sink.emit(line);
-    }
-
-    fn verbose(&mut self, line: &str) {
-        // The session's lines carry tool names and ids: one line, whatever they hold.
-        status::verbose_line(&crate::sanitize::line(line));
-    }
-
-    fn audit(
-        &mut self,
-        kind: &str,
-        agent_run: &str,
-        epoch: Option<&str>,
-        data: crate::audit::RecordData,
-    ) -> Result<(), EffectError> {
-        // Records are batched in memory; the intent record of a call is written (one `write`
-        // with whatever else is pending) before the call can be forwarded, and everything else
-        // when the event that produced it is handled (`flush_audit`).
-        self.audit
-            .append(kind, agent_run, epoch, data)
-            .map_err(EffectError::new)?;
-        if kind == crate::audit::record_type::TOOL_CALLED && !self.batching {
-            // The records only: the anchor waits until the call has gone out.
-            let written = self.audit.write_pending().map_err(EffectError::new);
-            self.audit_notice();
-            written?;
-        }
-        Ok(())
-    }
-
     fn publish_status(&mut self, snapshot: &serde_json::Value) {
         // A supervisor that is ending never overwrites the status of another live one for the
         // same label (a host's probe copy, killed while the real session runs, used to leave
@@ -750,28 +765,6 @@ impl Io for Shell {
     fn record_facts(&mut self, facts: &RecordedFacts) {
         let text = serde_json::to_string(facts).expect("json");
         self.write_own(&self.facts_file, text.as_bytes());
-    }
-
-    fn now_ms(&mut self) -> u64 {
-        let now = self.moment.map_or_else(Instant::now, |m| m.mono);
-        now.saturating_duration_since(self.started).as_millis() as u64
-    }
-
-    fn wall_ms(&mut self) -> u64 {
-        let now = self
-            .moment
-            .map_or_else(std::time::SystemTime::now, |m| m.wall);
-        now.duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0)
-    }
-
-    fn timestamp(&mut self) -> String {
-        humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
-    }
-
-    fn mint_id(&mut self) -> String {
-        epoch::mint()
     }
 }
 
@@ -1156,7 +1149,9 @@ pub fn execute(args: RunArgs) -> CmdResult {
     let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);
     spawn_signal_watch(events_tx.clone())?;
     spawn_parent_watch(events_tx.clone());
-    let served = match control::serve(&socket_path, events_tx.clone()) {
+    // Kept open here (never disconnected): the event loop waits on it with the events.
+    let (controls_tx, controls_rx) = unbounded::<control::ControlCall>();
+    let served = match control::serve(&socket_path, controls_tx.clone()) {
         Ok(s) => {
             if let Some(pid) = s.other_owner {
                 sink.emit(&format!(
@@ -1329,11 +1324,9 @@ pub fn execute(args: RunArgs) -> CmdResult {
         },
         started: Instant::now(),
         stops: stops.clone(),
-        batching: false,
-        deferred: Vec::new(),
-        deferred_host: Vec::new(),
-        batch_error: None,
-        pump_later: false,
+        agent_run: String::new(),
+        controls: HashMap::new(),
+        next_ticket: 0,
         last_quiet_delivery: None,
         moment: None,
         pumps: Vec::new(),
@@ -1358,18 +1351,26 @@ pub fn execute(args: RunArgs) -> CmdResult {
             String::new()
         }
     ));
-    let shared: Shared = Arc::new(Mutex::new(Session::new(shell, cfg, policy)));
+    let now = shell.now(Moment::now());
+    // Ids: seeded once from the system's random source, then advanced by the session.
+    let seed = ulid::Ulid::generate().random();
+    let ids = IdMint::ulid((seed as u64) ^ ((seed >> 64) as u64));
+    let session = Session::new(cfg, policy, ids, now);
+    let shared: Shared = Arc::new(Mutex::new(Running { session, shell }));
     {
-        let mut s = shared.lock().unwrap_or_else(|e| e.into_inner());
-        s.io().me = Arc::downgrade(&shared);
-        s.start();
+        let mut r = shared.lock().unwrap_or_else(|e| e.into_inner());
+        r.shell.me = Arc::downgrade(&shared);
+        r.shell.agent_run = r.session.agent_run().to_string();
+        let effects = r.session.start(now);
+        r.perform(effects, now, false);
     }
     spawn_host_reader(Arc::downgrade(&shared));
-    let code = event_loop(&shared, &events_rx, &done_rx);
+    let code = event_loop(&shared, &events_rx, &controls_rx, &done_rx);
+    drop(controls_tx);
     shared
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .io()
+        .shell
         .commit_audit();
     if let Some(s) = &syncer
         && !s.wait(Duration::from_millis(500))
@@ -1388,6 +1389,7 @@ pub fn execute(args: RunArgs) -> CmdResult {
     let abandoned = shared
         .lock()
         .unwrap_or_else(|e| e.into_inner())
+        .session
         .first_build_abandoned();
     // Not "is cargo running now": the host may leave before the build thread has started cargo
     // (it answers the handshake first), and that build is just as wanted.
@@ -1412,7 +1414,7 @@ pub fn execute(args: RunArgs) -> CmdResult {
     shared
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .io()
+        .shell
         .close_audit();
     drop(shared);
     if let (Some(p), Some(s)) = (socket, served) {
@@ -1425,19 +1427,45 @@ pub fn execute(args: RunArgs) -> CmdResult {
     Ok(code)
 }
 
-fn event_loop(shared: &Shared, events: &Receiver<Event>, done: &Receiver<()>) -> i32 {
-    let exit_code = || shared.lock().unwrap_or_else(|e| e.into_inner()).exit_code();
+fn event_loop(
+    shared: &Shared,
+    events: &Receiver<Event>,
+    controls: &Receiver<control::ControlCall>,
+    done: &Receiver<()>,
+) -> i32 {
+    let exit_code = || {
+        shared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .session
+            .exit_code()
+    };
+    // One event as one step, at the time it is handled.
+    let handle = |event: Event| {
+        let mut running = shared.lock().unwrap_or_else(|e| e.into_inner());
+        // A reader thread that panicked mid-delivery left its moment set: these events
+        // read the clocks.
+        running.shell.end_moment();
+        let now = running.shell.now(Moment::now());
+        running.step(vec![event], now, false);
+        running.shell.flush_audit_anchored();
+        running.session.exit_code()
+    };
     loop {
         crossbeam_channel::select! {
             recv(events) -> event => {
                 let Ok(event) = event else { return exit_codes::OK };
-                let mut session = shared.lock().unwrap_or_else(|e| e.into_inner());
-                // A reader thread that panicked mid-delivery left its moment set: these events
-                // read the clocks.
-                session.io().end_moment();
-                session.handle(event);
-                session.io().flush_audit_anchored();
-                if let Some(code) = session.exit_code() {
+                if let Some(code) = handle(event) {
+                    return code;
+                }
+            }
+            recv(controls) -> call => {
+                let Ok(control::ControlCall { request, reply }) = call else { continue };
+                // Taken up (or dropped) and handled under one lock each; the ticket names it.
+                let ticket = shared.lock().unwrap_or_else(|e| e.into_inner()).shell.take_up(reply);
+                if let Some(ticket) = ticket
+                    && let Some(code) = handle(Event::Control { request, ticket })
+                {
                     return code;
                 }
             }
@@ -1450,7 +1478,7 @@ fn event_loop(shared: &Shared, events: &Receiver<Event>, done: &Receiver<()>) ->
     }
 }
 
-fn spawn_host_reader(me: Weak<Mutex<Session<Shell>>>) {
+fn spawn_host_reader(me: Weak<Mutex<Running>>) {
     let _ = std::thread::Builder::new()
         .name("host-in".into())
         .spawn(move || {

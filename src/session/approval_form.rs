@@ -147,7 +147,7 @@ fn tick_list(tools: &[&str], cols: usize) -> String {
     out
 }
 
-impl<I: Io> Session<I> {
+impl Session {
     /// How long a grant of `tools` would last, in a person's words (a per-call tool makes the
     /// whole grant last one call: the gate's stricter mode wins).
     fn tools_lifetime(&self, tools: &BTreeSet<String>) -> &'static str {

@@ -117,7 +117,7 @@ fn read_answer_value(result: &Value) -> Answer {
     }
 }
 
-impl<I: Io> Session<I> {
+impl Session {
     /// Whether the host declared form elicitation (legacy: in `initialize`; 2026-07-28: in its
     /// requests' `_meta`).
     pub(super) fn host_can_elicit(&self) -> bool {
@@ -198,16 +198,15 @@ impl<I: Io> Session<I> {
             self.prompts.insert(prompt_id, prompt);
             let mut bytes = line.to_string().into_bytes();
             bytes.push(b'\n');
-            self.io.to_host(bytes);
+            self.out.to_host(bytes);
         }
         self.arm_prompt_timer();
-        self.io.status(&format!(
-            "approval asked in the host: {} for epoch {} (call {}, waits up to {}s)",
-            sanitize::review(&tool),
-            epoch,
-            sanitize::review(call_id),
-            self.cfg.approval_timeout.as_secs()
-        ));
+        self.out.status(StatusEvent::ApprovalAsked {
+            tool: sanitize::review(&tool).into_owned(),
+            epoch: epoch.to_string(),
+            call_id: sanitize::review(call_id).into_owned(),
+            waits_s: self.cfg.approval_timeout.as_secs(),
+        });
         self.publish();
         Ok(())
     }
@@ -225,7 +224,7 @@ impl<I: Io> Session<I> {
         let tool = denial.tool.clone();
         let mut requested = self.gate.pending_requests().0;
         requested.insert(tool.clone());
-        let prompt_id = format!("{PROMPT_ID_PREFIX}{}", self.io.mint_id());
+        let prompt_id = format!("{PROMPT_ID_PREFIX}{}", self.mint_id());
         let form = self.form(&tool, &epoch, &requested, arguments);
         let deadline_ms = self.now() + self.cfg.approval_timeout.as_millis() as u64;
         let prompt = Prompt {
@@ -253,18 +252,15 @@ impl<I: Io> Session<I> {
             return false;
         }
         let Some(prompt) = self.prompts.remove(&id) else {
-            self.io.status(&format!(
-                "host answered approval prompt {} that is not open (never sent, already answered or expired); ignored, nothing granted",
-                sanitize::review(&id.chars().take(80).collect::<String>())
-            ));
+            self.out.status(StatusEvent::PromptNotOpen {
+                id: sanitize::review(&id.chars().take(80).collect::<String>()).into_owned(),
+            });
             return true;
         };
         if prompt.modern {
             // A modern prompt is answered by the call's retry, never by a response.
             self.prompts.insert(id, prompt);
-            self.io.status(
-                "host answered an approval prompt that was sent as an input request; ignored, nothing granted",
-            );
+            self.out.status(StatusEvent::PromptWasInputRequest);
             return true;
         }
         self.answered(prompt, read_answer(msg));
@@ -300,7 +296,7 @@ impl<I: Io> Session<I> {
             self.refuse_prompted(prompt, &outcome);
             return;
         }
-        let (now, id) = (self.io.wall_ms(), self.io.mint_id());
+        let (now, id) = (self.now.wall_ms, self.mint_id());
         let epoch = prompt.epoch.clone();
         let result = match decision {
             Decision::Once => self.gate.approve_call(
@@ -382,14 +378,13 @@ impl<I: Io> Session<I> {
             )
         };
         self.record_prompt_closed(&prompt, outcome);
-        self.io.status(&format!(
-            "call refused: {} ({}): {}",
-            sanitize::review(&prompt.tool),
-            denial.reason.as_str(),
-            sanitize::line(outcome)
-        ));
+        self.out.status(StatusEvent::PromptRefused {
+            tool: sanitize::review(&prompt.tool).into_owned(),
+            reason: denial.reason.as_str().to_string(),
+            outcome: sanitize::line(outcome).into_owned(),
+        });
         let result = self.tool_error(&payload, &hint);
-        self.io
+        self.out
             .to_host(envelope::result_line(&prompt.host_id, &result));
         self.publish();
     }
@@ -445,7 +440,7 @@ impl<I: Io> Session<I> {
     /// Tells the host a prompt is no longer wanted (`notifications/cancelled`), so its form
     /// closes; an answer that still comes finds no open prompt.
     pub(super) fn withdraw_prompt(&mut self, id: &str, reason: &str) {
-        self.io.notify_host(envelope::notification_line(
+        self.out.notify_host(envelope::notification_line(
             "notifications/cancelled",
             Some(&json!({"requestId": id, "reason": reason})),
         ));
@@ -462,7 +457,7 @@ impl<I: Io> Session<I> {
         }
         self.armed.prompts = Some(earliest);
         let wait = std::time::Duration::from_millis(earliest.saturating_sub(self.now()));
-        self.io.schedule(wait, Timer::ApprovalDeadline);
+        self.out.schedule(wait, Timer::ApprovalDeadline);
     }
 
     pub(super) fn expire_prompts(&mut self) {

@@ -26,7 +26,7 @@ use crate::sanitize;
 const REQUEST_STATE: &str = "requestState";
 const INPUT_RESPONSES: &str = "inputResponses";
 
-impl<I: Io> Session<I> {
+impl Session {
     /// A prompt closed without a grant: its call is recorded as refused, asked in the host,
     /// with how it ended (`authorization_denied`, channel `host`). Nothing is sent.
     pub(super) fn record_prompt_closed(&mut self, prompt: &Prompt, outcome: &str) {
@@ -96,7 +96,7 @@ impl<I: Io> Session<I> {
             REQUEST_STATE: prompt_id,
         });
         self.prompts.insert(prompt_id, prompt);
-        self.io.to_host(envelope::result_line(&host_id, &result));
+        self.out.to_host(envelope::result_line(&host_id, &result));
     }
 
     /// A modern `tools/call` whose `requestState` is one of ours: the retry of a call that was
@@ -122,11 +122,11 @@ impl<I: Io> Session<I> {
             .get(&prompt_id)
             .is_some_and(|p| p.modern && p.tool == tool && p.arguments_digest == digest);
         if !open {
-            self.io.status(&format!(
-                "a retry of {} named approval prompt {} that is not open for this call (never sent, already answered, expired, or another call's); nothing granted",
-                sanitize::review(&tool),
-                sanitize::review(&prompt_id.chars().take(80).collect::<String>())
-            ));
+            self.out.status(StatusEvent::RetryPromptNotOpen {
+                tool: sanitize::review(&tool).into_owned(),
+                prompt: sanitize::review(&prompt_id.chars().take(80).collect::<String>())
+                    .into_owned(),
+            });
             // The person's no that came after the form closed is still their no: the call is
             // refused as declined (never judged, never told how to approve elsewhere).
             let late_answer = params
@@ -172,7 +172,7 @@ impl<I: Io> Session<I> {
     }
 }
 
-impl<I: Io> Session<I> {
+impl Session {
     /// A retry carrying the person's answer to a form that is no longer open: refused, recorded
     /// (`authorization_denied`, channel `host`). A no is refused as declined; a yes as too late
     /// (the call may be made again, which shows a new form).
@@ -223,7 +223,7 @@ impl<I: Io> Session<I> {
             crate::approval::late_answer_hint(tool)
         };
         let result = self.tool_error(&payload, &hint);
-        self.io.to_host(envelope::result_line(host_id, &result));
+        self.out.to_host(envelope::result_line(host_id, &result));
         self.publish();
     }
 }

@@ -13,7 +13,7 @@ use crate::catalog::Catalog;
 use crate::hashing::short;
 use crate::proxy::envelope::{self, Message};
 
-impl<I: Io> Session<I> {
+impl Session {
     /// Starts a fetch of the current server's tools (its first list, or a refresh), or starts
     /// the one in flight over from its first page (a change was announced during it; the run
     /// of refetches keeps its audience and count). `audience`: whether the host hears about
@@ -65,7 +65,7 @@ impl<I: Io> Session<I> {
         // Each page has a deadline: a server that never answers must not leave the session
         // fetching (holding calls) for the rest of its epoch.
         self.arm_server_timer(due);
-        self.io
+        self.out
             .to_child(&epoch, envelope::request_line(id, "tools/list", &params));
     }
 
@@ -147,9 +147,12 @@ impl<I: Io> Session<I> {
                     f.coverage = Coverage::Short;
                     let (pages, tools) = (f.pages_fetched, f.pages.len());
                     f.pages.truncate(MAX_CATALOG_TOOLS);
-                    self.io.status(&format!(
-                        "the server's tools/list kept paging ({pages} pages, {tools} tools): stopped at the limit of {MAX_CATALOG_PAGES} pages / {MAX_CATALOG_TOOLS} tools; the catalog holds what was fetched"
-                    ));
+                    self.out.status(StatusEvent::CatalogPagingLimit {
+                        pages,
+                        tools,
+                        max_pages: MAX_CATALOG_PAGES,
+                        max_tools: MAX_CATALOG_TOOLS,
+                    });
                 }
                 let pages = self
                     .fetch_mut()
@@ -172,9 +175,9 @@ impl<I: Io> Session<I> {
         if f.refetches >= CATALOG_REFETCHES {
             // It may mix two states: it gates calls, but is not recorded as a whole list.
             f.coverage = Coverage::Short;
-            self.io.status(&format!(
-                "the server's tools changed during each of {CATALOG_REFETCHES} fetches in a row; the catalog holds the last one"
-            ));
+            self.out.status(StatusEvent::CatalogChangedDuringFetches {
+                fetches: CATALOG_REFETCHES,
+            });
             return false;
         }
         f.refetches += 1;
@@ -197,20 +200,20 @@ impl<I: Io> Session<I> {
         if let Listed::Known(extent) = of {
             return self.keep_catalog(
                 extent,
-                &format!(
-                    "the server's tools/list page {} {why}; the catalog stays as it was",
-                    fetched + 1
-                ),
+                StatusEvent::CatalogPageFailedKept {
+                    page: fetched + 1,
+                    why: why.to_string(),
+                },
             );
         }
         if fetched == 0 {
             return self.catalog_unknown(of, why);
         }
-        self.io.status(&format!(
-            "the server's tools/list page {} {why}; the catalog holds the {} pages fetched",
-            fetched + 1,
-            fetched
-        ));
+        self.out.status(StatusEvent::CatalogPageFailedPartial {
+            page: fetched + 1,
+            why: why.to_string(),
+            fetched,
+        });
         self.mark_fetch_short();
         self.catalog_complete(epoch, pages);
     }
@@ -223,9 +226,9 @@ impl<I: Io> Session<I> {
     /// slow first list was announced as "every tool removed"). `of`: what the fetch began
     /// from (a retry keeps when a call last asked).
     fn catalog_unknown(&mut self, of: Listed, why: &str) {
-        self.io.status(&format!(
-            "the server's tools/list page 1 {why}; its tools are not known: a call asks for them again (at most every 10 s), as do its list_changed and the host's tools/list; calls are refused until it lists them"
-        ));
+        self.out.status(StatusEvent::CatalogUnknown {
+            why: why.to_string(),
+        });
         let asked_ms = match of {
             Listed::Unknown { asked_ms } => asked_ms,
             _ => None,
@@ -240,8 +243,8 @@ impl<I: Io> Session<I> {
 
     /// A refresh that brought no usable list: the catalog this server gave stays, and the
     /// fetch is over (`line` says why on the terminal).
-    fn keep_catalog(&mut self, extent: Extent, line: &str) {
-        self.io.status(line);
+    fn keep_catalog(&mut self, extent: Extent, event: StatusEvent) {
+        self.out.status(event);
         self.end_fetch(Tools::Known(extent));
         self.flush_held();
     }
@@ -285,7 +288,7 @@ impl<I: Io> Session<I> {
                 };
                 return self.keep_catalog(
                     extent,
-                    &format!("server's tools/list is invalid ({e}); the catalog stays as it was"),
+                    StatusEvent::CatalogInvalidKept { why: e.to_string() },
                 );
             }
             // A new server's first list that is no catalog: its tools are not known (round 23:
@@ -317,14 +320,14 @@ impl<I: Io> Session<I> {
         };
         let changes = diff.as_ref().map(|d| bounded_diff_lines(d.render_human()));
         if let Some(d) = &diff {
-            self.io.status(&format!(
-                "catalog changed: revision {} ({}; {})",
-                revision.number,
-                short(&revision.digest),
-                d.summary()
-            ));
+            self.out.status(StatusEvent::CatalogChanged {
+                revision: revision.number,
+                digest: short(&revision.digest).to_string(),
+                summary: d.summary(),
+            });
             for line in changes.iter().flatten() {
-                self.io.status(&format!("  {line}"));
+                self.out
+                    .status(StatusEvent::CatalogChange { line: line.clone() });
             }
         }
         self.audit_record(
@@ -341,7 +344,7 @@ impl<I: Io> Session<I> {
             .child()
             .map(|c| c.record.identity_digest.clone())
             .unwrap_or_default();
-        let now = self.io.timestamp();
+        let now = self.now.timestamp();
         // Only a whole list is kept as what this package's server said (never a cut one).
         if whole {
             self.recorded.catalog = Some(RecordedCatalog {
@@ -352,7 +355,7 @@ impl<I: Io> Session<I> {
                 recorded_at: now,
             });
             let facts = self.recorded.clone();
-            self.io.record_facts(&facts);
+            self.out.record_facts(&facts);
         }
         // Tell the host only when what it holds is no longer current (or it holds nothing yet
         // because its request was refused).
@@ -469,9 +472,9 @@ impl<I: Io> Session<I> {
         if self.host.list_pages.len() > MAX_CATALOG_TOOLS {
             self.host.list_pages = Vec::new();
             self.host.list_next = None;
-            self.io.verbose(&format!(
-                "the host's paged tools/list passed {MAX_CATALOG_TOOLS} tools; not followed further"
-            ));
+            self.out.verbose(StatusEvent::HostListTooLong {
+                max_tools: MAX_CATALOG_TOOLS,
+            });
             return;
         }
         if next.is_none() {
@@ -510,9 +513,7 @@ impl<I: Io> Session<I> {
         if !ready {
             return;
         }
-        self.io.verbose(
-            "the server listed tools that differ from its catalog without saying list_changed; fetching its catalog again",
-        );
+        self.out.verbose(StatusEvent::CatalogDrift);
         self.fetch_tools(Audience::Quiet);
     }
     /// The host was shown a whole one-page list whose catalog is known; it stays known.

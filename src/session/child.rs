@@ -11,7 +11,7 @@ use super::*;
 use crate::audit::records;
 use crate::proxy::envelope::{self, Kind, Message};
 
-impl<I: Io> Session<I> {
+impl Session {
     pub(super) fn on_child_line(&mut self, epoch: &str, line: Vec<u8>) {
         if self.current_epoch() != Some(epoch) {
             return; // late output of a replaced child
@@ -54,11 +54,11 @@ impl<I: Io> Session<I> {
     /// host with requests cannot grow the session without bound).
     fn refuse_server_request(&mut self, epoch: &str, child_id: &RawIdText) {
         if !std::mem::replace(&mut self.child_requests.overflow_told, true) {
-            self.io.status(&format!(
-                "server sent more than {OPEN_AT_HOST_LIMIT} requests the host has not answered; answering the next ones itself with an error ({} epoch {})",
-                self.label(),
-                crate::epoch::short(epoch)
-            ));
+            self.out.status(StatusEvent::TooManyServerRequests {
+                limit: OPEN_AT_HOST_LIMIT,
+                label: self.label().to_string(),
+                epoch: crate::epoch::short(epoch).to_string(),
+            });
         }
         let why = format!("more than {OPEN_AT_HOST_LIMIT} requests to the host are unanswered");
         let line = envelope::error_line(
@@ -67,7 +67,7 @@ impl<I: Io> Session<I> {
             &why,
             json!({"error": "too_many_open", "limit": OPEN_AT_HOST_LIMIT}),
         );
-        self.io.to_child(epoch, line);
+        self.out.to_child(epoch, line);
     }
 
     /// Not JSON-RPC (a stray `println!`, invalid UTF-8): never forwarded. If it names one of
@@ -75,17 +75,12 @@ impl<I: Io> Session<I> {
     fn on_child_garbage(&mut self, epoch: &str, line: &[u8]) {
         let text = String::from_utf8_lossy(line);
         let cut: String = text.chars().take(200).collect();
-        self.io.status(&format!(
-            "server wrote non-JSON to stdout: {}{} ({} epoch {}; use stderr for logs)",
-            cut.escape_debug(),
-            if text.chars().count() > 200 {
-                "…"
-            } else {
-                ""
-            },
-            self.label(),
-            crate::epoch::short(epoch)
-        ));
+        self.out.status(StatusEvent::ServerNonJson {
+            text: cut,
+            cut: text.chars().count() > 200,
+            label: self.label().to_string(),
+            epoch: crate::epoch::short(epoch).to_string(),
+        });
         let id = protocol::recover_id(line).and_then(|r| envelope::parse_numeric_id(&r));
         if let Some(id) = id
             && matches!(self.request(id), Some(Pending::CatalogPage))
@@ -112,7 +107,7 @@ impl<I: Io> Session<I> {
             // Our handshake carrying the host's `initialize`: the server's answer is broken,
             // so the host gets that, as the server's (once: it is answered now).
             if let Some(init) = carried {
-                self.io.to_host(envelope::error_line(
+                self.out.to_host(envelope::error_line(
                     Some(&init.host_id),
                     codes::SERVER_UNAVAILABLE,
                     why,
@@ -133,9 +128,9 @@ impl<I: Io> Session<I> {
                     duration_ms: Some(0),
                 }),
             );
-            self.io.to_host(envelope::result_line(&host_id, &result));
+            self.out.to_host(envelope::result_line(&host_id, &result));
         } else {
-            self.io.to_host(envelope::error_line(
+            self.out.to_host(envelope::error_line(
                 Some(&host_id),
                 codes::SERVER_UNAVAILABLE,
                 why,
@@ -259,8 +254,7 @@ impl<I: Io> Session<I> {
 
     fn on_child_response(&mut self, epoch: &str, mut msg: Message) {
         let Some(id) = msg.id().and_then(envelope::parse_numeric_id) else {
-            self.io
-                .status("server answered a request id it was never sent; dropped");
+            self.out.status(StatusEvent::ServerUnknownId);
             return;
         };
         let Some(p) = self.take_request(id) else {
@@ -291,8 +285,8 @@ impl<I: Io> Session<I> {
                 {
                     // A list we cannot read (not an object, `tools` named twice…) would reach
                     // the host unrecorded, its parser picking one of the lists: not forwarded.
-                    self.io.status("server answered tools/list with a list that cannot be read; the host gets an error");
-                    self.io.to_host(envelope::error_line(
+                    self.out.status(StatusEvent::ServerListUnreadable);
+                    self.out.to_host(envelope::error_line(
                         Some(&host_id),
                         codes::UNKNOWN_RESPONSE,
                         "the server's tools/list answer is not a readable tool list",
@@ -333,7 +327,7 @@ impl<I: Io> Session<I> {
                     msg.set_result(&result);
                 }
                 // Sent with the host's id; `msg` keeps the server's (one copy of a large answer).
-                self.io.to_host(msg.to_line_with_id(&host_id));
+                self.out.to_host(msg.to_line_with_id(&host_id));
                 if let Some(record) = result_record {
                     self.audit_record(audit::TOOL_RESULT, Some(epoch), record);
                 }
@@ -365,8 +359,7 @@ impl<I: Io> Session<I> {
         let answer = self.take_initialize_carried_by(id);
         if msg.is_error() && modern {
             // It may speak only `initialize`: the host hears its refusal and falls back.
-            self.io
-                .verbose("the server refused server/discover; waiting for initialize");
+            self.out.verbose(StatusEvent::DiscoverRefused);
             return self.discovery_failed(Some(&msg));
         }
         if msg.is_error() {
@@ -405,7 +398,7 @@ impl<I: Io> Session<I> {
                     capabilities: result["capabilities"].clone(),
                     from_record: false,
                 });
-                self.io.to_host(envelope::result_line(&w.host_id, &result));
+                self.out.to_host(envelope::result_line(&w.host_id, &result));
             }
             (Some(n), None) if n.from_record && !modern => {
                 // The host holds a recorded answer of this package: the version is binding.
@@ -424,10 +417,9 @@ impl<I: Io> Session<I> {
                 }
                 let norm = |c: &Value| protocol::capabilities_without_list_changed(c);
                 if norm(&n.capabilities) != norm(&caps) {
-                    self.io.status(&format!(
-                        "the server's capabilities {} differ from those recorded from an earlier build, which the host was given; reconnect the server in the host to use them",
-                        norm(&caps)
-                    ));
+                    self.out.status(StatusEvent::CapabilitiesDiffer {
+                        capabilities: norm(&caps).to_string(),
+                    });
                 }
                 if let Some(n) = &mut self.host.negotiated {
                     n.from_record = false;
@@ -458,7 +450,7 @@ impl<I: Io> Session<I> {
             self.reopen_listens(epoch);
             self.fetch_tools(Audience::Host);
         } else if self.host.initialized {
-            self.io.notify_child(
+            self.out.notify_child(
                 epoch,
                 envelope::notification_line("notifications/initialized", None),
             );
@@ -490,9 +482,7 @@ impl<I: Io> Session<I> {
         // A stream reopened at a new server that refuses it: the host's acknowledgement named
         // what the old server sent; it is acknowledged again with the supervisor's part only.
         l.acknowledged = false;
-        self.io.verbose(
-            "the server does not serve subscriptions/listen; the supervisor sends tool-list changes on the host's stream",
-        );
+        self.out.verbose(StatusEvent::ListenNotServed);
         let text = host_id.get().to_string();
         self.acknowledge_supervisor_listen(&text);
         true
@@ -520,7 +510,7 @@ impl<I: Io> Session<I> {
             {
                 l.child_id = Some(id);
             }
-            self.io.to_child(
+            self.out.to_child(
                 epoch,
                 envelope::request_line(id, "subscriptions/listen", &params),
             );
@@ -528,11 +518,11 @@ impl<I: Io> Session<I> {
     }
 
     pub(super) fn on_child_oversize(&mut self, epoch: &str, prefix: &[u8], len: usize) {
-        self.io.status(&format!(
-            "server wrote a {len}-byte line to stdout, over the limit; dropped ({} epoch {})",
-            self.label(),
-            crate::epoch::short(epoch)
-        ));
+        self.out.status(StatusEvent::ServerOversize {
+            len,
+            label: self.label().to_string(),
+            epoch: crate::epoch::short(epoch).to_string(),
+        });
         // If it was an answer, its requester must not hang.
         if let Some(id) = protocol::recover_id(prefix).and_then(|r| envelope::parse_numeric_id(&r))
         {
@@ -552,7 +542,7 @@ impl<I: Io> Session<I> {
 /// A `tool_result` record's data: encoded directly; a call id the chain cannot encode (never
 /// produced here: ids are kept as their JSON text) falls back to the tree, whose append then
 /// reports it.
-impl<I: Io> Session<I> {
+impl Session {
     /// The late answer of a call the host cancelled: it ran, so its outcome is recorded; the
     /// host, which gave it up, is not told.
     fn record_cancelled_call_result(&mut self, epoch: &str, id: u64, msg: &Message) {
@@ -579,23 +569,23 @@ fn tool_result(r: records::ToolResult) -> RecordData {
         .unwrap_or_else(|_| RecordData::Tree(records::data(&r)))
 }
 
-impl<I: Io> Session<I> {
+impl Session {
     /// A peer's message on to the host (a notification may be dropped under backlog; requests
     /// and responses never are).
     pub(super) fn send_host(&mut self, msg: &Message) {
         if msg.kind() == &Kind::Notification {
-            self.io.notify_host(msg.to_line());
+            self.out.notify_host(msg.to_line());
         } else {
-            self.io.to_host(msg.to_line());
+            self.out.to_host(msg.to_line());
         }
     }
 
     /// A host message on to the server of `epoch` (as [`Session::send_host`]).
     pub(super) fn send_child(&mut self, epoch: &str, msg: &Message) {
         if msg.kind() == &Kind::Notification {
-            self.io.notify_child(epoch, msg.to_line());
+            self.out.notify_child(epoch, msg.to_line());
         } else {
-            self.io.to_child(epoch, msg.to_line());
+            self.out.to_child(epoch, msg.to_line());
         }
     }
 }

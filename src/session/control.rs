@@ -3,7 +3,9 @@
 //!
 //! Owns: turning a human decision into a grant (re-checked against the current epoch by the
 //! gate), revocations, and what `approve` shows as changed since the last approval. Must not
-//! touch: the socket itself (the shell), I/O (the port).
+//! touch: the socket itself and where answers go (`crate::control`, the shell); a request
+//! arrives typed ([`ControlRequest`], parsed at the socket) with a ticket, and its answer is
+//! an effect carrying that ticket.
 
 use serde_json::{Value, json};
 
@@ -11,69 +13,10 @@ use super::*;
 use crate::approval::{ApprovalRequest, CallApprovalRequest, Channel, RevokeTarget};
 use crate::epoch::EpochId;
 
-/// Where the answer to a control request goes, and who has it: the session takes a request up
-/// only while its client still waits, and a client gives up only on a request not taken up. So
-/// a request whose client was told "dropped" is never carried out later, when nobody is there
-/// to see a grant appear, and one taken up is always answered.
-#[derive(Debug, Clone)]
-pub struct ControlReply {
-    answer: crossbeam_channel::Sender<Value>,
-    state: std::sync::Arc<std::sync::atomic::AtomicU8>,
-}
-
-/// The waiting side of a [`ControlReply`].
-#[derive(Debug)]
-pub struct ControlWait {
-    state: std::sync::Arc<std::sync::atomic::AtomicU8>,
-}
-
-const WAITING: u8 = 0;
-const TAKEN: u8 = 1;
-const GIVEN_UP: u8 = 2;
-
-impl ControlReply {
-    pub fn new(answer: crossbeam_channel::Sender<Value>) -> (Self, ControlWait) {
-        let state = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(WAITING));
-        let wait = ControlWait {
-            state: state.clone(),
-        };
-        (ControlReply { answer, state }, wait)
-    }
-
-    /// Takes the request up; `false` when its client gave up (then it must not be carried out).
-    pub fn take_up(&self) -> bool {
-        use std::sync::atomic::Ordering::SeqCst;
-        self.state
-            .compare_exchange(WAITING, TAKEN, SeqCst, SeqCst)
-            .is_ok()
-    }
-
-    pub fn send(&self, answer: Value) {
-        let _ = self.answer.send(answer);
-    }
-}
-
-impl ControlWait {
-    /// Gives up on the request; `false` when the session has already taken it up (its answer
-    /// is coming).
-    pub fn give_up(&self) -> bool {
-        use std::sync::atomic::Ordering::SeqCst;
-        self.state
-            .compare_exchange(WAITING, GIVEN_UP, SeqCst, SeqCst)
-            .is_ok()
-    }
-}
-
-impl From<crossbeam_channel::Sender<Value>> for ControlReply {
-    fn from(answer: crossbeam_channel::Sender<Value>) -> Self {
-        ControlReply::new(answer).0
-    }
-}
-
 /// A request on the control socket, as the session understands it. The wire is one JSON
 /// object with `op` (`status`, `restart`, `approve`, `revoke`); unknown operations and missing
 /// fields are refused with a sentence, never guessed.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(tag = "op", rename_all = "camelCase")]
 pub enum ControlRequest {
     Status,
@@ -129,12 +72,13 @@ impl ControlRequest {
     }
 }
 
-impl<I: Io> Session<I> {
-    pub(super) fn on_control(&mut self, request: &Value) -> Value {
-        let answer = match ControlRequest::parse(request) {
-            Err(e) => Err(e),
-            Ok(ControlRequest::Status) => Ok(self.status_json()),
-            Ok(ControlRequest::Restart) => match self.latest.clone() {
+impl Session {
+    /// Carries out a control request; its answer, or `None` when it comes later (a restart
+    /// whose server's start is not yet reported: see `Session::on_spawned`).
+    pub(super) fn on_control(&mut self, request: ControlRequest, ticket: Ticket) -> Option<Value> {
+        let answer = match request {
+            ControlRequest::Status => Ok(self.status_json()),
+            ControlRequest::Restart => match self.latest.clone() {
                 Some(record) if self.server.child().is_some() => {
                     self.leave_crash_loop();
                     self.begin_replace(record, "cargo mcp-dev restart");
@@ -151,37 +95,35 @@ impl<I: Io> Session<I> {
                     // Asked for by the human: a copy that cannot start gets its rebuild again.
                     self.last_start_rebuild = None;
                     self.spawn_child(record, None, None);
-                    if self.server.child().is_some() {
-                        Ok(json!({"started": true}))
-                    } else if self.hold_budget().is_some() || self.start_rebuild_pending() {
-                        // It could not start, and a build under way starts it if it succeeds.
-                        Ok(json!({"building": true}))
-                    } else {
-                        Err(self.unavailable_reason().0)
+                    // Answered when its start is reported (`on_spawned`, `on_spawn_failed`).
+                    if let Server::Spawning(spawning) = &mut self.server {
+                        spawning.ticket = Some(ticket);
+                        return None;
                     }
+                    return Some(self.restart_answer_after_failure());
                 }
                 None => Err("no successful build yet".to_string()),
             },
-            Ok(ControlRequest::Approve {
+            ControlRequest::Approve {
                 epoch,
                 tools,
                 credential_scopes,
-            }) => self.control_approve(ApprovalRequest {
+            } => self.control_approve(ApprovalRequest {
                 epoch,
                 tools,
                 credential_scopes,
             }),
-            Ok(ControlRequest::DeniedCall { call_id }) => self
+            ControlRequest::DeniedCall { call_id } => self
                 .denied_call(&call_id)
                 .map(|d| denied_call_json(d, true))
                 .ok_or_else(|| no_such_call(&call_id)),
-            Ok(ControlRequest::ApproveCall {
+            ControlRequest::ApproveCall {
                 epoch,
                 call_id,
                 tool,
                 arguments_digest,
-            }) => self.control_approve_call(epoch, &call_id, &tool, &arguments_digest),
-            Ok(ControlRequest::Revoke { grant }) => {
+            } => self.control_approve_call(epoch, &call_id, &tool, &arguments_digest),
+            ControlRequest::Revoke { grant } => {
                 let target = match grant.as_deref() {
                     Some("all") | None => RevokeTarget::All,
                     Some(id) => RevokeTarget::Id(id.into()),
@@ -198,10 +140,20 @@ impl<I: Io> Session<I> {
                 Ok(json!({"revoked": revoked}))
             }
         };
-        match answer {
-            Ok(v) => json!({"ok": true, "result": v}),
-            Err(e) => json!({"ok": false, "error": e}),
-        }
+        Some(control_answer(answer))
+    }
+
+    /// The answer to `restart` when the server it started could not start.
+    pub(super) fn restart_answer_after_failure(&self) -> Value {
+        let answer = if self.server.child().is_some() {
+            Ok(json!({"started": true}))
+        } else if self.hold_budget().is_some() || self.start_rebuild_pending() {
+            // It could not start, and a build under way starts it if it succeeds.
+            Ok(json!({"building": true}))
+        } else {
+            Err(self.unavailable_reason().0)
+        };
+        control_answer(answer)
     }
 
     /// The newest kept denial of the call with this id.
@@ -255,7 +207,7 @@ impl<I: Io> Session<I> {
             call_id: Some(denied.call_id.clone()),
             channel: Channel::Terminal,
         };
-        let (now, id) = (self.io.wall_ms(), self.io.mint_id());
+        let (now, id) = (self.now.wall_ms, self.mint_id());
         let grant = self
             .gate
             .approve_call(req, now, id)
@@ -306,20 +258,19 @@ impl<I: Io> Session<I> {
             )
             .into_owned(),
         };
-        self.io.status(&format!(
-            "approved: {} for epoch {} (grant {}, lasts {}, via {})",
+        self.out.status(StatusEvent::Approved {
             what,
-            epoch,
-            grant.id,
-            grant.lifetime(),
-            grant.channel.as_str(),
-        ));
+            epoch: epoch.to_string(),
+            grant: grant.id.to_string(),
+            lasts: grant.lifetime().to_string(),
+            via: grant.channel.as_str().to_string(),
+        });
         self.publish();
     }
 
     fn control_approve(&mut self, req: ApprovalRequest) -> Result<Value, String> {
         self.terminal_channel()?;
-        let (now, id) = (self.io.wall_ms(), self.io.mint_id());
+        let (now, id) = (self.now.wall_ms, self.mint_id());
         let grant = self.gate.approve(req, now, id).map_err(|e| e.to_string())?;
         self.record_grant(&grant, "control socket");
         self.release_covered_prompts();
@@ -385,4 +336,12 @@ fn no_such_call(call_id: &str) -> String {
         "no denied call with id {} is waiting for approval (see `cargo mcp-dev status`)",
         sanitize_id(call_id)
     )
+}
+
+/// The wire form of a control answer.
+fn control_answer(answer: Result<Value, String>) -> Value {
+    match answer {
+        Ok(v) => json!({"ok": true, "result": v}),
+        Err(e) => json!({"ok": false, "error": e}),
+    }
 }

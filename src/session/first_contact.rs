@@ -16,18 +16,17 @@ use serde_json::{Value, json};
 use super::*;
 use crate::proxy::envelope::{self, Message};
 
-impl<I: Io> Session<I> {
+impl Session {
     /// Holds a request until a server can answer it or its deadline passes.
     pub(super) fn hold(&mut self, msg: Message, wait: Duration) {
         if self.held.len() >= HELD_LIMIT {
-            self.io.status(&format!(
-                "more than {HELD_LIMIT} requests wait for the server; answering the newest at once"
-            ));
+            self.out
+                .status(StatusEvent::TooManyHeld { limit: HELD_LIMIT });
             if msg.method() == Some("tools/call") {
                 return self.on_host_call(msg); // judged now: refused without a server
             }
             let id = msg.id().expect("request").to_owned();
-            return self.io.to_host(envelope::error_line(
+            return self.out.to_host(envelope::error_line(
                 Some(&id),
                 codes::SERVER_UNAVAILABLE,
                 &format!(
@@ -59,7 +58,7 @@ impl<I: Io> Session<I> {
         }
         self.armed.held = Some(earliest);
         let wait = std::time::Duration::from_millis(earliest.saturating_sub(now));
-        self.io.schedule(wait, Timer::HeldDeadline);
+        self.out.schedule(wait, Timer::HeldDeadline);
     }
 
     /// Why no ready server answers now, as the end of "… while {why}".
@@ -188,14 +187,14 @@ impl<I: Io> Session<I> {
             }
             _ => {
                 let id = h.msg.id().expect("request").to_owned();
-                self.io.status(&format!(
-                    "{method} waited {:.1} s for the server, which is still not up; answered with an error",
-                    waited as f64 / 1000.0
-                ));
+                self.out.status(StatusEvent::HeldTooLong {
+                    method: method.to_string(),
+                    waited_s: waited as f64 / 1000.0,
+                });
                 if method == "tools/list" {
                     self.host.list_refused = true;
                 }
-                self.io.to_host(envelope::error_line(
+                self.out.to_host(envelope::error_line(
                     Some(&id),
                     codes::SERVER_UNAVAILABLE,
                     &format!(
@@ -216,7 +215,7 @@ impl<I: Io> Session<I> {
         let id = msg.id().expect("request").to_owned();
         self.forget_probe_era();
         let building = self.hold_budget().is_some();
-        self.io.to_host(envelope::error_line(
+        self.out.to_host(envelope::error_line(
             Some(&id),
             -32601,
             &format!(
@@ -262,14 +261,13 @@ impl<I: Io> Session<I> {
             result["ttlMs"] = json!(0);
             result["cacheScope"] = json!("private");
         }
-        self.io.status(&format!(
-            "the server is still {}: tools/list answered with the catalog recorded from epoch {} ({}, identity {}); calls are checked against the real catalog when the server is up",
-            self.starting_word(),
-            crate::epoch::short(&rec.epoch),
-            crate::hashing::short(&rec.digest),
-            crate::hashing::short(&rec.identity_digest)
-        ));
-        self.io.to_host(envelope::result_line(&id, &result));
+        self.out.status(StatusEvent::ListFromRecord {
+            starting: self.starting_word(),
+            epoch: crate::epoch::short(&rec.epoch).to_string(),
+            digest: crate::hashing::short(&rec.digest).to_string(),
+            identity: crate::hashing::short(&rec.identity_digest).to_string(),
+        });
+        self.out.to_host(envelope::result_line(&id, &result));
         if let Ok(c) = crate::catalog::Catalog::from_tools(rec.tools.clone()) {
             self.host_was_shown(
                 &c,
@@ -303,7 +301,7 @@ impl<I: Io> Session<I> {
             self.host.list_refused = true;
         }
         let (message, data) = self.unavailable_reason();
-        self.io.to_host(envelope::error_line(
+        self.out.to_host(envelope::error_line(
             Some(&id),
             codes::SERVER_UNAVAILABLE,
             &message,

@@ -13,7 +13,7 @@ use serde_json::Value;
 use super::*;
 use crate::proxy::envelope::{self, Message};
 
-impl<I: Io> Session<I> {
+impl Session {
     /// Sends our handshake to the fresh server of `epoch` (`initialize` with the host's params,
     /// or modern `server/discover`) and arms its deadline; returns our id of it.
     pub(super) fn send_handshake(&mut self, epoch: EpochId, modern: bool, params: &Value) -> u64 {
@@ -32,7 +32,7 @@ impl<I: Io> Session<I> {
         } else {
             "initialize"
         };
-        self.io
+        self.out
             .to_child(&epoch, envelope::request_line(id, method, params));
         id
     }
@@ -61,7 +61,7 @@ impl<I: Io> Session<I> {
             result: result.clone(),
             epoch: epoch.to_string(),
             identity_digest: identity,
-            recorded_at: self.io.timestamp(),
+            recorded_at: self.now.timestamp(),
         };
         let kept = &mut self.recorded.handshakes;
         kept.insert(requested, recorded);
@@ -74,7 +74,7 @@ impl<I: Io> Session<I> {
             kept.remove(&oldest);
         }
         let facts = self.recorded.clone();
-        self.io.record_facts(&facts);
+        self.out.record_facts(&facts);
     }
 
     /// How long a server has to answer our handshake or a catalog page: the first-start
@@ -92,7 +92,7 @@ impl<I: Io> Session<I> {
         }
         self.armed.server = Some(due);
         let wait = Duration::from_millis(due.saturating_sub(self.now()));
-        self.io.schedule(wait, Timer::ServerDeadline);
+        self.out.schedule(wait, Timer::ServerDeadline);
     }
 
     /// The current server's request of its phase (handshake, catalog page) reached its deadline.
@@ -173,9 +173,7 @@ impl<I: Io> Session<I> {
             };
         }
         if refusal.is_none() {
-            self.io.status(
-                "the server has not answered server/discover; the host is told to use initialize",
-            );
+            self.out.status(StatusEvent::DiscoverUnanswered);
         }
         let Some(c) = self.server.child_mut() else {
             return;
@@ -194,7 +192,7 @@ impl<I: Io> Session<I> {
                 Some(r) => {
                     let id = h.msg.id().expect("request").to_owned();
                     self.forget_probe_era();
-                    self.io.to_host(r.to_line_with_id(&id));
+                    self.out.to_host(r.to_line_with_id(&id));
                 }
                 None => self.refuse_discover(h.msg),
             }
@@ -209,15 +207,16 @@ impl<I: Io> Session<I> {
         let Some(mut child) = self.server.take_running() else {
             return;
         };
-        self.io.status(&format!(
-            "server stopped: pid={} epoch={}: {why}; it starts again with the next successful build (save a change) or on `cargo mcp-dev restart`",
-            child.pid, child.epoch
-        ));
+        self.out.status(StatusEvent::ServerStopped {
+            pid: child.pid,
+            epoch: child.epoch.to_string(),
+            why: why.to_string(),
+        });
         self.gate.server_exited(&child.epoch);
         let requests = std::mem::take(&mut child.requests);
         self.answer_in_flight(requests, &child.epoch, None, "stopped", Some(&why));
         self.record_exit(&child, "handshake failed", None);
-        self.io.stop(&child.epoch, STOP_GRACE_UNANSWERED);
+        self.out.stop(&child.epoch, STOP_GRACE_UNANSWERED);
         if self.lifecycle != Lifecycle::Stopping {
             self.lifecycle = Lifecycle::StartFailed {
                 message: format!("the server {why}"),

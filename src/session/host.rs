@@ -11,16 +11,15 @@ use super::*;
 use crate::audit::records;
 use crate::proxy::envelope::{self, Kind, Message};
 
-impl<I: Io> Session<I> {
+impl Session {
     pub(super) fn on_host_line(&mut self, line: Vec<u8>) {
         let msg = match Message::parse_owned(line) {
             Ok(m) => m,
             Err(envelope::Unreadable { error: e, line }) => {
-                self.io.status(&format!(
-                    "host sent an invalid message ({e}); answered with an error"
-                ));
+                self.out
+                    .status(StatusEvent::HostInvalidMessage { why: e.to_string() });
                 let id = protocol::recover_id(&line);
-                self.io.to_host(envelope::error_line(
+                self.out.to_host(envelope::error_line(
                     id.as_deref(),
                     e.code(),
                     &e.to_string(),
@@ -37,11 +36,9 @@ impl<I: Io> Session<I> {
     }
 
     pub(super) fn on_host_oversize(&mut self, prefix: &[u8], len: usize) {
-        self.io.status(&format!(
-            "host sent a message of {len} bytes, over the line limit; answered with a parse error"
-        ));
+        self.out.status(StatusEvent::HostOversize { len });
         let id = protocol::recover_id(prefix);
-        self.io.to_host(envelope::error_line(
+        self.out.to_host(envelope::error_line(
             id.as_deref(),
             -32700,
             "message too large",
@@ -89,12 +86,12 @@ impl<I: Io> Session<I> {
             Method::Initialize => self.on_host_initialize(msg),
             Method::Ping => {
                 let id = msg.id().expect("request").to_owned();
-                self.io.to_host(envelope::result_line(&id, &json!({})));
+                self.out.to_host(envelope::result_line(&id, &json!({})));
             }
             Method::Listen if self.listens.len() + self.held_listens() >= LISTEN_LIMIT => {
                 let id = msg.id().expect("request").to_owned();
                 let why = format!("more than {LISTEN_LIMIT} subscriptions/listen streams are open");
-                self.io
+                self.out
                     .to_host(envelope::error_line(Some(&id), -32600, &why, json!({})));
             }
             // One stream per id, whoever serves it: a reused id would orphan the server's
@@ -102,7 +99,7 @@ impl<I: Io> Session<I> {
             Method::Listen if msg.id().is_some_and(|id| self.listen_id_taken(id.get())) => {
                 let id = msg.id().expect("request").to_owned();
                 let why = "a subscriptions/listen stream with this id is already open";
-                self.io
+                self.out
                     .to_host(envelope::error_line(Some(&id), -32600, why, json!({})));
             }
             Method::Listen
@@ -212,10 +209,8 @@ impl<I: Io> Session<I> {
             // may act on: it would bypass the gate and the audit log. Dropped and reported.
             other => {
                 let shown: String = other.chars().take(64).collect();
-                self.io.status(&format!(
-                    "host sent `{}` without an id (not a notification); dropped, not forwarded",
-                    shown.escape_debug()
-                ));
+                self.out
+                    .status(StatusEvent::HostRequestWithoutId { method: shown });
             }
         }
     }
@@ -261,10 +256,13 @@ impl<I: Io> Session<I> {
                 call: Some(call), ..
             }) = self.request(id)
             {
-                let line = format!("host cancelled {} ({})", call.tool, call.call_id);
-                self.io.verbose(&line);
+                let line = StatusEvent::HostCancelled {
+                    tool: call.tool.to_string(),
+                    call_id: call.call_id.to_string(),
+                };
+                self.out.verbose(line);
             }
-            self.io.notify_child(
+            self.out.notify_child(
                 &epoch,
                 envelope::notification_line("notifications/cancelled", Some(&params)),
             );
@@ -306,14 +304,11 @@ impl<I: Io> Session<I> {
             return;
         }
         let Some(id) = msg.id().and_then(envelope::parse_numeric_id) else {
-            self.io
-                .status("host answered a request nobody sent; dropped");
+            self.out.status(StatusEvent::HostAnsweredNobody);
             return;
         };
         let Some((epoch, child_id)) = self.child_requests.open.remove(&id) else {
-            self.io.verbose(&format!(
-                "host answered request {id} of a replaced server; dropped"
-            ));
+            self.out.verbose(StatusEvent::HostAnsweredReplaced { id });
             return;
         };
         self.child_requests.overflow_told = false;
@@ -356,7 +351,7 @@ impl<I: Io> Session<I> {
             .any(|l| l.host_id.get() == host_id.get())
         {
             let why = "a subscriptions/listen stream with this id is already open";
-            self.io
+            self.out
                 .to_host(envelope::error_line(Some(&host_id), -32600, why, json!({})));
             return;
         }
@@ -387,7 +382,7 @@ impl<I: Io> Session<I> {
         l.acknowledged = true;
         let sid: Value = serde_json::from_str(host_id_text).unwrap_or(Value::Null);
         let params = protocol::listen_ack_params(&sid, json!({"toolsListChanged": true}));
-        self.io.notify_host(envelope::notification_line(
+        self.out.notify_host(envelope::notification_line(
             "notifications/subscriptions/acknowledged",
             Some(&params),
         ));
@@ -399,7 +394,7 @@ impl<I: Io> Session<I> {
     pub(super) fn after_listen_acknowledged(&mut self, sid: &Value, wants_tools: bool) {
         if wants_tools && self.host_list_outdated() {
             let params = json!({"_meta": {protocol::SUBSCRIPTION_ID: sid}});
-            self.io.notify_host(envelope::notification_line(
+            self.out.notify_host(envelope::notification_line(
                 "notifications/tools/list_changed",
                 Some(&params),
             ));
@@ -419,13 +414,13 @@ impl<I: Io> Session<I> {
                     .collect();
                 for sid in targets {
                     let params = json!({"_meta": {protocol::SUBSCRIPTION_ID: sid}});
-                    self.io.notify_host(envelope::notification_line(
+                    self.out.notify_host(envelope::notification_line(
                         "notifications/tools/list_changed",
                         Some(&params),
                     ));
                 }
             }
-            _ => self.io.notify_host(envelope::notification_line(
+            _ => self.out.notify_host(envelope::notification_line(
                 "notifications/tools/list_changed",
                 None,
             )),

@@ -9,7 +9,7 @@ use super::*;
 use crate::audit::records;
 use crate::proxy::envelope;
 
-impl<I: Io> Session<I> {
+impl Session {
     /// Every request open at the server of `epoch` (`requests`, taken from it as it goes)
     /// gets an answer now; none is replayed.
     pub(super) fn answer_in_flight(
@@ -73,12 +73,12 @@ impl<I: Io> Session<I> {
                         "The server running epoch {epoch} {what} while `{}` was in flight; it may or may not have run and was not retried.",
                         call.tool
                     );
-                    self.io.to_host(envelope::result_line(
+                    self.out.to_host(envelope::result_line(
                         &host_id,
                         &self.tool_error(&payload, &hint),
                     ));
                 } else {
-                    self.io.to_host(envelope::error_line(
+                    self.out.to_host(envelope::error_line(
                         Some(&host_id),
                         codes::EPOCH_TRANSITION,
                         &format!("server {cause} while the request was in flight (epoch {epoch})"),
@@ -105,7 +105,7 @@ impl<I: Io> Session<I> {
             self.child_requests.open.remove(&id);
             let why = format!("the server that asked (epoch {epoch}) {what}");
             let params = json!({"requestId": id, "reason": why});
-            self.io.notify_host(envelope::notification_line(
+            self.out.notify_host(envelope::notification_line(
                 "notifications/cancelled",
                 Some(&params),
             ));
@@ -129,10 +129,10 @@ impl<I: Io> Session<I> {
                 init.due_ms = now;
             }
             // After the transition (a timer due now): the next server may be on its way.
-            return self.io.schedule(Duration::ZERO, Timer::HandshakeWait);
+            return self.out.schedule(Duration::ZERO, Timer::HandshakeWait);
         }
         if let Some(init) = self.take_initialize_carried_by(id) {
-            self.io.to_host(envelope::error_line(
+            self.out.to_host(envelope::error_line(
                 Some(&init.host_id),
                 codes::EPOCH_TRANSITION,
                 &format!("server {cause} during the handshake"),

@@ -20,14 +20,14 @@ use serde_json::{Value, json};
 use super::*;
 use crate::proxy::envelope::{self, Message};
 
-impl<I: Io> Session<I> {
+impl Session {
     /// Legacy `initialize` from the host.
     pub(super) fn on_host_initialize(&mut self, msg: Message) {
         let host_id = msg.id().expect("request").to_owned();
         if self.host.initialize.is_some() {
             // The first one still waits for a server's own answer: it keeps its place (and
             // its params); this one is refused rather than left unanswered or forwarded.
-            return self.io.to_host(envelope::error_line(
+            return self.out.to_host(envelope::error_line(
                 Some(&host_id),
                 -32600,
                 "initialize is already in progress on this connection",
@@ -128,7 +128,7 @@ impl<I: Io> Session<I> {
         if let Some(init) = &mut self.host.initialize {
             init.at_server = Some(id);
         }
-        self.io
+        self.out
             .to_child(&epoch, envelope::request_line(id, "initialize", &params));
     }
 
@@ -163,7 +163,7 @@ impl<I: Io> Session<I> {
             });
             msg.set_result(&result);
         }
-        self.io.to_host(msg.to_line_with_id(&init.host_id));
+        self.out.to_host(msg.to_line_with_id(&init.host_id));
     }
 
     /// Looks at the host's `initialize` (on arrival, at its deadline, and after a transition
@@ -200,19 +200,14 @@ impl<I: Io> Session<I> {
                 init.due_ms = due;
             }
             if first && !at_live_server {
-                self.io.status(&format!(
-                    "initialize waits for the server's own answer ({}; at most {:.0} s{})",
-                    self.absent_why(),
-                    (due - now) as f64 / 1000.0,
-                    if recorded {
-                        ", then the answer a server of this package gave before"
-                    } else {
-                        ""
-                    }
-                ));
+                self.out.status(StatusEvent::InitializeWaits {
+                    why: self.absent_why(),
+                    at_most_s: (due - now) as f64 / 1000.0,
+                    then_recorded: recorded,
+                });
             }
             return self
-                .io
+                .out
                 .schedule(Duration::from_millis(due - now), Timer::HandshakeWait);
         }
         let init = self.host.initialize.take().expect("checked");
@@ -266,19 +261,15 @@ impl<I: Io> Session<I> {
             capabilities: result.get("capabilities").cloned().unwrap_or(json!({})),
             from_record: true,
         });
-        let list = if self.hold_budget().is_some() {
-            "tools/list waits for the server"
-        } else {
-            "tools/list is answered with why until a server runs"
-        };
-        self.io.status(&format!(
-            "initialize answered with the answer a server of this package gave before (protocol {}, epoch {}, identity {}) while {}; {list}",
-            crate::sanitize::first_chars(&version, 40),
-            crate::epoch::short(&rec.epoch),
-            crate::hashing::short(&rec.identity_digest),
-            self.absent_why()
-        ));
-        self.io.to_host(envelope::result_line(&host_id, &result));
+        let list_waits = self.hold_budget().is_some();
+        self.out.status(StatusEvent::InitializeFromRecord {
+            protocol: crate::sanitize::first_chars(&version, 40).to_string(),
+            epoch: crate::epoch::short(&rec.epoch).to_string(),
+            identity: crate::hashing::short(&rec.identity_digest).to_string(),
+            why: self.absent_why(),
+            list_waits,
+        });
+        self.out.to_host(envelope::result_line(&host_id, &result));
     }
 
     /// `initialize` with no real answer to give: why, and what to do.
@@ -298,12 +289,11 @@ impl<I: Io> Session<I> {
             self.unavailable_reason()
         };
         data["method"] = json!("initialize");
-        self.io.status(&format!(
-            "initialize answered with an error after {:.1} s while {}",
-            waited as f64 / 1000.0,
-            self.absent_why()
-        ));
-        self.io.to_host(envelope::error_line(
+        self.out.status(StatusEvent::InitializeError {
+            waited_s: waited as f64 / 1000.0,
+            why: self.absent_why(),
+        });
+        self.out.to_host(envelope::error_line(
             Some(&init.host_id),
             codes::SERVER_UNAVAILABLE,
             &message,

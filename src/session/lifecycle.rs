@@ -13,7 +13,7 @@ use crate::audit::records::ServerExited;
 use crate::epoch::LaunchRecord;
 use crate::hashing::short;
 
-impl<I: Io> Session<I> {
+impl Session {
     /// A burst of changes began: with no build running, build at once (see [`EarlyBuild`]).
     pub(super) fn on_sources_changing(&mut self) {
         self.burst_open = true;
@@ -28,9 +28,9 @@ impl<I: Io> Session<I> {
             return;
         }
         self.burst_open = false;
-        let shown: Vec<&str> = paths.iter().take(3).map(String::as_str).collect();
-        self.io
-            .verbose(&format!("change detected: {}", shown.join(", ")));
+        self.out.verbose(StatusEvent::ChangeDetected {
+            paths: paths.iter().take(3).cloned().collect(),
+        });
         if self.lifecycle == Lifecycle::CrashLoop {
             self.leave_crash_loop();
         }
@@ -53,10 +53,8 @@ impl<I: Io> Session<I> {
     fn set_aside_early_build(&mut self) {
         self.early_build = None;
         self.builds = Builds::Idle;
-        self.io.set_aside_build();
-        self.io.verbose(
-            "a build started before the sources settled saw a later change; building again",
-        );
+        self.out.set_aside_build();
+        self.out.verbose(StatusEvent::EarlyBuildOutdated);
         self.request_build();
         self.publish();
     }
@@ -77,7 +75,7 @@ impl<I: Io> Session<I> {
                     });
                 }
                 self.builds = Builds::Running;
-                self.io.start_build();
+                self.out.start_build();
             }
         }
     }
@@ -106,7 +104,9 @@ impl<I: Io> Session<I> {
         match result {
             BuildResult::Error(message) => {
                 let line = format!("build failed: {message}");
-                self.io.status(&line);
+                self.out.status(StatusEvent::BuildError {
+                    message: message.clone(),
+                });
                 self.last_build = Some(line);
                 self.build_broken(message, None);
             }
@@ -117,7 +117,8 @@ impl<I: Io> Session<I> {
                 first_error,
                 last_good,
             } => {
-                self.io.status(&line);
+                self.out
+                    .status(StatusEvent::BuildReport { line: line.clone() });
                 self.last_build = Some(line);
                 self.audit_record(
                     audit::BUILD_COMPLETED,
@@ -138,10 +139,11 @@ impl<I: Io> Session<I> {
                 changed,
                 warnings,
             } => {
-                self.io.status(&line);
+                self.out
+                    .status(StatusEvent::BuildReport { line: line.clone() });
                 self.last_build = Some(line);
                 for w in warnings {
-                    self.io.status(&format!("warning: {w}"));
+                    self.out.status(StatusEvent::BuildWarning { warning: w });
                 }
                 self.audit_record(
                     audit::BUILD_COMPLETED,
@@ -177,10 +179,9 @@ impl<I: Io> Session<I> {
             && self.latest.is_none()
             && let Some(record) = last_good
         {
-            self.io.status(&format!(
-                "build failed; running the last good build {} instead (--fallback last-good); fix the error and save to run new code",
-                short(&record.identity_digest)
-            ));
+            self.out.status(StatusEvent::RunningLastGood {
+                identity: short(&record.identity_digest).to_string(),
+            });
             self.latest = Some(record.clone());
             self.spawn_child(
                 record,
@@ -189,9 +190,9 @@ impl<I: Io> Session<I> {
             );
             return;
         }
-        self.io.status(&format!(
-            "no server running: the build failed ({message}); it starts as soon as a build succeeds"
-        ));
+        self.out.status(StatusEvent::NoServerBuildFailed {
+            message: message.clone(),
+        });
         self.lifecycle = Lifecycle::BuildBroken { message };
         self.fail_held();
     }
@@ -214,9 +215,7 @@ impl<I: Io> Session<I> {
                     self.leave_crash_loop();
                 }
                 if self.lifecycle == Lifecycle::CrashLoop {
-                    self.io.status(
-                        "server not restarted: it is in a crash loop (waiting for a source change)",
-                    );
+                    self.out.status(StatusEvent::NotRestartedCrashLoop);
                 } else {
                     self.spawn_child(record, None, None);
                 }
@@ -228,13 +227,12 @@ impl<I: Io> Session<I> {
                 Restart::Supervise => self.begin_replace(record, "new build"),
                 Restart::Manual => {
                     if let Some(c) = self.server.child() {
-                        let line = format!(
-                            "running server unchanged: pid={} epoch={} (restart mode manual: run `cargo mcp-dev restart` to apply {})",
-                            c.pid,
-                            c.epoch,
-                            short(&record.identity_digest)
-                        );
-                        self.io.status(&line);
+                        let event = StatusEvent::RunningUnchangedManual {
+                            pid: c.pid,
+                            epoch: c.epoch.to_string(),
+                            identity: short(&record.identity_digest).to_string(),
+                        };
+                        self.out.status(event);
                     }
                 }
                 Restart::Disconnect => {
@@ -255,11 +253,8 @@ impl<I: Io> Session<I> {
     }
 
     pub(super) fn report_running(&mut self) {
-        let line = match self.server.child() {
-            Some(c) => format!("running server unchanged: pid={} epoch={}", c.pid, c.epoch),
-            None => "no server running".to_string(),
-        };
-        self.io.status(&line);
+        let running = self.server.child().map(|c| (c.pid, c.epoch.to_string()));
+        self.out.status(StatusEvent::RunningUnchanged { running });
     }
 
     pub(super) fn spawn_child(
@@ -268,7 +263,7 @@ impl<I: Io> Session<I> {
         replaced: Option<EpochId>,
         fallback: Option<String>,
     ) {
-        let epoch = EpochId::new(self.io.mint_id());
+        let epoch = EpochId::new(self.mint_id());
         self.spawn_child_as(epoch, record, replaced, fallback);
     }
 
@@ -279,20 +274,44 @@ impl<I: Io> Session<I> {
         replaced: Option<EpochId>,
         fallback: Option<String>,
     ) {
-        let pid = match self.io.spawn(&epoch, &record) {
-            Ok(pid) => pid,
-            Err(e) => {
-                self.io.status(&format!("server failed to start: {e}"));
+        self.out.spawn(&epoch, record.clone());
+        self.server.spawning(Spawning {
+            epoch,
+            record,
+            replaced,
+            fallback,
+            ticket: None,
+        });
+    }
+
+    /// The server asked for could not start (`why`): rebuild, wait for the build under way,
+    /// or answer held requests with why.
+    pub(super) fn on_spawn_failed(&mut self, epoch: &str, why: &str) {
+        let Some(spawning) = self.server.take_spawning(epoch) else {
+            return;
+        };
+        let ticket = spawning.ticket;
+        self.start_failed(spawning.record, why);
+        if let Some(ticket) = ticket {
+            let answer = self.restart_answer_after_failure();
+            self.out.answer_control(ticket, answer);
+        }
+    }
+
+    fn start_failed(&mut self, record: IdentityRecord, e: &str) {
+        {
+            {
+                self.out
+                    .status(StatusEvent::SpawnFailed { why: e.to_string() });
                 // Its stored copy may be gone (`cargo clean` takes the target directory, store
                 // included) or changed: a build captures it again. Once per identity and at most
                 // once a minute (a build whose identity changes every time must not loop), and
                 // not while a build runs (that build's result is started anyway).
-                let now = self.io.now_ms();
+                let now = self.now();
                 if self.builds != Builds::Idle && self.lifecycle != Lifecycle::Stopping {
                     // A build is under way and its result is started (a fresh copy): nothing
                     // has failed for good, and held requests keep waiting for it.
-                    self.io
-                        .status("the build under way starts the server when it is done");
+                    self.out.status(StatusEvent::BuildUnderWayStartsIt);
                     self.leave_start_failed();
                     self.publish();
                     return;
@@ -310,8 +329,7 @@ impl<I: Io> Session<I> {
                         at_ms: now,
                     });
                     self.server.rebuild_to_start();
-                    self.io
-                        .status("building again to start it from a fresh copy (was the target directory cleaned?)");
+                    self.out.status(StatusEvent::BuildingAgainForFreshCopy);
                     // A server is on its way again (a restart asked for from `StartFailed`).
                     self.leave_start_failed();
                     self.request_build();
@@ -329,9 +347,37 @@ impl<I: Io> Session<I> {
                 }
                 self.fail_held();
                 self.publish();
-                return;
             }
+        }
+    }
+
+    /// The server asked for runs as `pid`.
+    pub(super) fn on_spawned(&mut self, epoch: &str, pid: u32) {
+        let Some(Spawning {
+            epoch,
+            record,
+            replaced,
+            fallback,
+            ticket,
+        }) = self.server.take_spawning(epoch)
+        else {
+            return;
         };
+        self.started(epoch, pid, record, replaced, fallback);
+        if let Some(ticket) = ticket {
+            self.out
+                .answer_control(ticket, json!({"ok": true, "result": {"started": true}}));
+        }
+    }
+
+    fn started(
+        &mut self,
+        epoch: EpochId,
+        pid: u32,
+        record: IdentityRecord,
+        replaced: Option<EpochId>,
+        fallback: Option<String>,
+    ) {
         // Started: a later failure to start may have a cause a build fixes again.
         self.last_start_rebuild = None;
         self.last_started = Some(epoch.clone());
@@ -342,11 +388,11 @@ impl<I: Io> Session<I> {
         ) {
             self.lifecycle = self.serving_or_first_start();
         }
-        let started_ms = self.io.now_ms();
-        let started_at = self.io.timestamp();
+        let started_ms = self.now();
+        let started_at = self.now.timestamp();
         let mut launch = LaunchRecord::new(&epoch, pid, &record, started_at, replaced.clone());
         launch.fallback = fallback.clone();
-        self.io.record_launch(&launch);
+        self.out.record_launch(&launch);
         self.gate.epoch_started(&epoch);
         self.audit_record(audit::SERVER_STARTED, Some(&epoch), json!({
             "epoch": epoch, "pid": pid, "identityDigest": record.identity_digest,
@@ -355,24 +401,23 @@ impl<I: Io> Session<I> {
         }));
         match &replaced {
             Some(old) => {
-                self.io.status(&format!(
-                    "server replaced: pid={pid} epoch={epoch} (was {old})"
-                ));
+                self.out.status(StatusEvent::ServerReplaced {
+                    pid,
+                    epoch: epoch.to_string(),
+                    old: old.to_string(),
+                });
                 self.audit_record(
                     audit::SERVER_REPLACED,
                     Some(&epoch),
                     json!({"oldEpoch": old, "newEpoch": epoch, "pid": pid}),
                 );
             }
-            None => self.io.status(&format!(
-                "server started: pid={pid} epoch={epoch} ({}{})",
-                short(&record.identity_digest),
-                if fallback.is_some() {
-                    ", last good build"
-                } else {
-                    ""
-                }
-            )),
+            None => self.out.status(StatusEvent::ServerStarted {
+                pid,
+                epoch: epoch.to_string(),
+                identity: short(&record.identity_digest).to_string(),
+                last_good: fallback.is_some(),
+            }),
         }
         self.server
             .started(ChildState::started(epoch, pid, record, started_ms));
@@ -386,8 +431,10 @@ impl<I: Io> Session<I> {
             self.spawn_child(record, None, None);
             return;
         };
-        let new_epoch = EpochId::new(self.io.mint_id());
-        self.io.verbose(&format!("replacing server ({why})"));
+        let new_epoch = EpochId::new(self.mint_id());
+        self.out.verbose(StatusEvent::ReplacingServer {
+            why: why.to_string(),
+        });
         self.gate.server_exited(&child.epoch);
         let requests = std::mem::take(&mut child.requests);
         self.answer_in_flight(requests, &child.epoch, Some(&new_epoch), "replaced", None);
@@ -404,7 +451,7 @@ impl<I: Io> Session<I> {
             record,
             old_epoch: child.epoch.clone(),
         });
-        self.io.stop(&child.epoch, self.cfg.grace);
+        self.out.stop(&child.epoch, self.cfg.grace);
         self.publish();
     }
 
@@ -445,10 +492,11 @@ impl<I: Io> Session<I> {
             return; // a replaced child: its requests were already answered
         }
         let mut child = self.server.take_running().expect("checked");
-        self.io.status(&format!(
-            "server exited: pid={} epoch={} ({exit})",
-            child.pid, child.epoch
-        ));
+        self.out.status(StatusEvent::ServerExited {
+            pid: child.pid,
+            epoch: child.epoch.to_string(),
+            exit: exit.to_string(),
+        });
         self.record_exit(&child, &exit.to_string(), Some(&exit));
         self.gate.server_exited(epoch);
         let requests = std::mem::take(&mut child.requests);
@@ -457,7 +505,7 @@ impl<I: Io> Session<I> {
             epoch,
             &format!("the server exited during the prompt (epoch {epoch}: {exit}); call again once it is back"),
         );
-        self.io.reap(epoch); // grandchildren left in its group go too
+        self.out.reap(epoch); // grandchildren left in its group go too
         if self.lifecycle == Lifecycle::Stopping {
             return;
         }
@@ -474,26 +522,24 @@ impl<I: Io> Session<I> {
                 }
                 if self.crashes.len() >= CRASH_LIMIT {
                     self.lifecycle = Lifecycle::CrashLoop;
-                    self.io.status(&format!(
-                        "server crash loop: {} exits in {} s; not restarting until the sources change or `cargo mcp-dev restart`",
-                        self.crashes.len(),
-                        CRASH_WINDOW_MS / 1000
-                    ));
+                    self.out.status(StatusEvent::CrashLoop {
+                        exits: self.crashes.len(),
+                        window_s: CRASH_WINDOW_MS / 1000,
+                    });
                     self.fail_held();
                 } else {
                     let delay = Duration::from_millis(
                         250u64 << (self.crashes.len().saturating_sub(1)).min(6),
                     );
                     self.server.schedule_restart();
-                    self.io
-                        .status(&format!("restarting server in {} ms", delay.as_millis()));
-                    self.io.schedule(delay, Timer::Restart);
+                    self.out.status(StatusEvent::RestartingIn {
+                        ms: delay.as_millis(),
+                    });
+                    self.out.schedule(delay, Timer::Restart);
                 }
             }
             Restart::Manual => {
-                self.io.status(
-                    "restart mode manual: run `cargo mcp-dev restart` to start the server again",
-                );
+                self.out.status(StatusEvent::ManualRestartNeeded);
                 // Unless a build under way starts the next server: held requests wait for it.
                 if self.hold_budget().is_none() {
                     self.fail_held();
@@ -545,10 +591,12 @@ impl<I: Io> Session<I> {
             let requests = std::mem::take(&mut c.requests);
             self.answer_in_flight(requests, &e, None, "replaced", None);
         }
-        self.io.status(&format!("connection closed: {why}"));
+        self.out.status(StatusEvent::ConnectionClosed {
+            why: why.to_string(),
+        });
         self.fail_held();
         self.fail_prompts("the supervisor is shutting down");
-        self.io.close_host();
+        self.out.close_host();
         self.shutdown_with(why, crate::exit_codes::CONNECTION_CLOSED);
     }
 
@@ -589,7 +637,7 @@ impl<I: Io> Session<I> {
                 ChildPhase::Started | ChildPhase::Handshaking { .. } => STOP_GRACE_UNANSWERED,
                 _ => STOP_GRACE,
             };
-            self.io.stop(&e, grace);
+            self.out.stop(&e, grace);
         }
         self.gate.end_run();
         self.audit_record(

@@ -6,13 +6,16 @@
 //! decided by [`crate::approval::Gate`] alone; the session routes, maps ids and keeps the host's
 //! view of the protocol coherent across restarts.
 //!
-//! Must not touch: files, sockets, processes, the clock, random ids or the terminal. Every
-//! effect goes through the [`Io`] port (the real shell is `commands/run.rs`; the test shell is
-//! `session::testing`), and time and ids come in through it. `tests/session_core.rs` checks
+//! Must not touch: files, sockets, processes, the clock, random ids or the terminal.
+//! [`Session::handle`] takes an event and the step's time and returns [`Effect`]s as data; the
+//! shell performs them (the real shell is `commands/run.rs`; the test shell is
+//! `session::testing`) and reports results as events (a spawned pid, a failed audit write).
+//! Ids come from an [`IdMint`] the shell seeds once. `tests/session_core.rs` checks
 //! mechanically that no file here imports `std::fs`, `std::process`, `std::os`, `std::net`,
 //! `SystemTime` or a terminal crate.
 //!
 //! Rooms (each file says what it owns):
+//! - [`effect`]: effects, the step's clock, ids; [`status_event`]: status lines as events;
 //! - [`state`]: the state types (lifecycle, builds, child phase, pending tables, host view);
 //! - `lifecycle`: builds, spawning, replacing, exits, crash loop, shutdown;
 //! - `first_contact`: requests that arrive before a server is up (held requests, recorded
@@ -31,6 +34,7 @@ mod approvals_modern;
 mod catalog_fetch;
 mod child;
 pub mod control;
+pub mod effect;
 mod first_contact;
 mod handshake;
 mod host;
@@ -43,6 +47,7 @@ mod router;
 mod server;
 pub mod snapshot;
 pub mod state;
+pub mod status_event;
 #[cfg(test)]
 pub mod testing;
 #[cfg(test)]
@@ -86,7 +91,6 @@ use serde_json::{Value, json};
 use crate::approval::{self, Gate};
 use crate::audit::{self, RecordData};
 use crate::catalog::CatalogHistory;
-use crate::epoch::LaunchRecord;
 use crate::fingerprint::IdentityRecord;
 use crate::proxy::envelope;
 use crate::supervisor::ExitInfo;
@@ -94,6 +98,9 @@ use protocol::Era;
 use route::Route;
 use server::Server;
 use state::*;
+
+pub use effect::{Effect, IdMint, Now, Outbox, Ticket};
+pub use status_event::StatusEvent;
 
 pub mod codes;
 
@@ -172,11 +179,29 @@ pub enum Event {
         changed_after_leading_edge: bool,
     },
     Timer(Timer),
+    /// A request from the control socket, parsed there; answered with
+    /// [`Effect::AnswerControl`] carrying its ticket.
     Control {
-        request: Value,
-        reply: ControlReply,
+        request: ControlRequest,
+        ticket: Ticket,
     },
     Shutdown(String),
+    /// The server asked for with [`Effect::Spawn`] runs.
+    Spawned {
+        epoch: String,
+        pid: u32,
+    },
+    /// It could not be started (why, in one sentence); lines written to it were dropped.
+    SpawnFailed {
+        epoch: String,
+        why: String,
+    },
+    /// A step's audit records could not be written: its forwarded `tools/call` lines (our
+    /// ids `calls`) were dropped and never reached a server.
+    AuditFailed {
+        why: String,
+        calls: Vec<u64>,
+    },
 }
 
 /// An effect the shell could not perform (a server that would not start, an audit record that
@@ -188,74 +213,6 @@ pub struct EffectError(pub String);
 impl EffectError {
     pub fn new(e: impl std::fmt::Display) -> Self {
         EffectError(e.to_string())
-    }
-}
-
-/// Every effect the session needs, performed by its shell.
-pub trait Io {
-    /// Queue one line (with `\n`) for the host: our stdout.
-    fn to_host(&mut self, line: Vec<u8>);
-    /// Queue one line for the child of `epoch` (dropped if it is gone).
-    fn to_child(&mut self, epoch: &str, line: Vec<u8>);
-    /// A notification for the host: like `to_host`, but it may be dropped (and counted) when
-    /// the host stops reading and the queue is at its bound.
-    fn notify_host(&mut self, line: Vec<u8>) {
-        self.to_host(line)
-    }
-    /// A notification for the child of `epoch` (droppable, as `notify_host`).
-    fn notify_child(&mut self, epoch: &str, line: Vec<u8>) {
-        self.to_child(epoch, line)
-    }
-    /// Start a build (never two at once; the session guarantees it); `BuildFinished` follows.
-    fn start_build(&mut self);
-    /// The last build is not used (it may have read a file mid-save): undo what it recorded, so
-    /// the next build is compared with the build in use, not with it.
-    fn set_aside_build(&mut self);
-    /// Start the server for `record` under `epoch`: its pid, or why it could not start.
-    fn spawn(&mut self, epoch: &str, record: &IdentityRecord) -> Result<u32, EffectError>;
-    /// Run the stop sequence of the child of `epoch` in the background; `ChildStopped` follows.
-    fn stop(&mut self, epoch: &str, grace: Duration);
-    /// The child of `epoch` exited by itself: kill what is left in its process group.
-    fn reap(&mut self, epoch: &str);
-    /// Deliver [`Event::Timer`] after `delay`.
-    fn schedule(&mut self, delay: Duration, timer: Timer);
-    /// Close the host's stdout (the connection) after everything queued is written.
-    fn close_host(&mut self);
-    /// A status line on stderr.
-    fn status(&mut self, line: &str);
-    /// A status line shown only with `-v`.
-    fn verbose(&mut self, line: &str);
-    /// Append one record to the audit log (durably, before returning).
-    fn audit(
-        &mut self,
-        kind: &str,
-        agent_run: &str,
-        epoch: Option<&str>,
-        data: RecordData,
-    ) -> Result<(), EffectError>;
-    /// Publish the status document (`status`, the status file).
-    fn publish_status(&mut self, snapshot: &Value);
-    /// Keep the launch record of a new epoch.
-    fn record_launch(&mut self, launch: &LaunchRecord);
-    /// Keep what a real server of this package said, for later first contacts.
-    fn record_facts(&mut self, facts: &RecordedFacts);
-    /// Monotonic milliseconds (deadlines, durations): read on every call, so cheap.
-    fn now_ms(&mut self) -> u64;
-    /// Milliseconds since the Unix epoch (grant issue times, denials).
-    fn wall_ms(&mut self) -> u64;
-    /// RFC 3339 wall time, milliseconds (launch records, the status document).
-    fn timestamp(&mut self) -> String;
-    /// A new unique id (ULID): epochs, agent runs, grants.
-    fn mint_id(&mut self) -> String;
-    /// Several events are about to be handled together ([`Session::handle_batch`]): audit
-    /// records and lines for servers may be held until [`Io::end_batch`], which writes the
-    /// records (one write) before any held line, so a call still never reaches a server before
-    /// its intent record. The default holds nothing.
-    fn begin_batch(&mut self) {}
-    /// Ends a batch. `Err`: the held records could not be written; the held `tools/call` lines
-    /// were dropped (everything else was sent) and the session answers those calls.
-    fn end_batch(&mut self) -> Result<(), EffectError> {
-        Ok(())
     }
 }
 
@@ -349,14 +306,18 @@ impl SessionConfig {
     }
 }
 
-pub use control::ControlReply;
+pub use control::ControlRequest;
 pub use state::{
     DEFAULT_APPROVAL_TIMEOUT, DEFAULT_DISCOVER_WAIT, DEFAULT_FIRST_START_BUDGET,
     DEFAULT_HANDSHAKE_WAIT, DEFAULT_MAX_OPEN_PROMPTS, DEFAULT_RESTART_HOLD,
 };
 
-pub struct Session<I: Io> {
-    io: I,
+pub struct Session {
+    /// The effects of the step being handled.
+    out: Outbox,
+    /// The time of the step being handled.
+    now: Now,
+    ids: IdMint,
     cfg: SessionConfig,
     agent_run: AgentRunId,
     gate: Gate,
@@ -387,9 +348,7 @@ pub struct Session<I: Io> {
     /// The last `tools/list` answer the host was sent, as the server wrote it (its id): the
     /// same answer with another id is compared, not parsed ([`Message::with_other_id`]).
     list_answer: Option<crate::proxy::envelope::Message>,
-    /// Inside [`Session::handle_batch`]: calls forwarded (our ids), still only held by the shell.
-    in_batch: bool,
-    batch_calls: Vec<u64>,
+
     crashes: VecDeque<u64>,
     last_build: Option<String>,
     exit_code: Option<i32>,
@@ -405,13 +364,16 @@ pub struct Session<I: Io> {
     prompts: std::collections::BTreeMap<String, Prompt>,
 }
 
-impl<I: Io> Session<I> {
-    pub fn new(mut io: I, cfg: SessionConfig, policy: approval::Policy) -> Self {
-        let agent_run = AgentRunId::new(io.mint_id());
+impl Session {
+    /// A session whose ids come from `ids`, created at `now`.
+    pub fn new(cfg: SessionConfig, policy: approval::Policy, mut ids: IdMint, now: Now) -> Self {
+        let agent_run = AgentRunId::new(ids.mint(now));
         let gate = Gate::new(policy, agent_run.clone(), cfg.label.clone());
         let recorded = cfg.recorded.clone();
         Session {
-            io,
+            out: Outbox::default(),
+            now,
+            ids,
             cfg,
             agent_run,
             gate,
@@ -431,8 +393,7 @@ impl<I: Io> Session<I> {
             listens: Vec::new(),
             known_list: None,
             list_answer: None,
-            in_batch: false,
-            batch_calls: Vec::new(),
+
             crashes: VecDeque::new(),
             last_build: None,
             exit_code: None,
@@ -457,17 +418,14 @@ impl<I: Io> Session<I> {
         self.exit_code
     }
 
-    pub fn io(&mut self) -> &mut I {
-        &mut self.io
-    }
-
     /// The lifecycle state (tests and the status document).
     pub fn lifecycle(&self) -> &Lifecycle {
         &self.lifecycle
     }
 
     /// Starts the run: audit `run_started`, first build.
-    pub fn start(&mut self) {
+    pub fn start(&mut self, now: Now) -> Vec<Effect> {
+        self.now = now;
         let gating = if self.cfg.gating_off { "off" } else { "on" };
         self.audit_record(
             audit::RUN_STARTED,
@@ -481,55 +439,65 @@ impl<I: Io> Session<I> {
                 None,
                 json!({"reason": "--no-gating or gate = \"off\""}),
             );
-            self.io
-                .status("approval gating is off: every tool call is forwarded without a grant");
+            self.out.status(StatusEvent::GatingOff);
         }
         self.request_build();
         self.publish();
+        self.out.take()
     }
 
-    /// Handles events that arrived together (host or server lines read at once): their audit records
-    /// go out in one write (group commit). Stops at the first event that ends the session.
-    pub fn handle_batch(&mut self, events: Vec<Event>) {
-        self.io.begin_batch();
-        self.batch_calls.clear();
-        self.in_batch = true;
+    /// Handles events that arrived together (host or server lines read at once) as one step:
+    /// their audit records go out in one write (group commit, see [`effect`]). Stops at the
+    /// first event that ends the session.
+    pub fn handle_batch(&mut self, events: Vec<Event>, now: Now) -> Vec<Effect> {
+        self.now = now;
         for event in events {
-            self.handle(event);
+            self.on_event(event);
             if self.exit_code.is_some() {
                 break;
             }
         }
-        self.in_batch = false;
-        if let Err(e) = self.io.end_batch() {
-            self.batch_audit_failed(&e);
-        }
-        self.batch_calls.clear();
+        self.out.take()
     }
 
-    /// The batch's records could not be written: its calls never reached a server (the shell
+    /// Handles one event at `now` (one step): the effects for the shell, in order.
+    pub fn handle(&mut self, event: Event, now: Now) -> Vec<Effect> {
+        self.now = now;
+        self.on_event(event);
+        self.out.take()
+    }
+
+    /// A step's records could not be written: its calls never reached a server (the shell
     /// dropped them); each is answered as a call that could not be audited.
-    fn batch_audit_failed(&mut self, e: &EffectError) {
-        self.io
-            .status(&format!("calls refused: audit log unavailable: {e}"));
-        for id in std::mem::take(&mut self.batch_calls) {
+    fn audit_failed(&mut self, why: &str, calls: Vec<u64>) {
+        if calls.is_empty() {
+            self.out.status(StatusEvent::AuditWarning {
+                why: why.to_string(),
+            });
+            return;
+        }
+        self.out.status(StatusEvent::CallsRefusedAuditUnavailable {
+            calls: calls.len(),
+            why: why.to_string(),
+        });
+        for id in calls {
             if let Some(Pending::Host {
                 host_id,
                 call: Some(_),
                 ..
             }) = self.take_request(id)
             {
-                let payload = json!({"error": "audit_failed", "reason": e.to_string(), "retry": "fix the audit log, then call again"});
+                let payload = json!({"error": "audit_failed", "reason": why, "retry": "fix the audit log, then call again"});
                 let result = self.tool_error(
                     &payload,
                     "The call was not forwarded because it could not be written to the audit log.",
                 );
-                self.io.to_host(envelope::result_line(&host_id, &result));
+                self.out.to_host(envelope::result_line(&host_id, &result));
             }
         }
     }
 
-    pub fn handle(&mut self, event: Event) {
+    fn on_event(&mut self, event: Event) {
         match event {
             Event::HostLine(line) => self.on_host_line(line),
             Event::HostOversize { prefix, len } => self.on_host_oversize(&prefix, len),
@@ -551,19 +519,27 @@ impl<I: Io> Session<I> {
             Event::Timer(Timer::ServerDeadline) => self.server_deadline_over(),
             Event::Timer(Timer::Restart) => self.restart_due(),
             Event::Timer(Timer::ApprovalDeadline) => self.expire_prompts(),
-            Event::Control { reply, .. } if !reply.take_up() => {
-                self.io
-                    .verbose("a control request was dropped: its client stopped waiting");
+            Event::Control { request, ticket } => {
+                if let Some(answer) = self.on_control(request, ticket) {
+                    self.out.answer_control(ticket, answer);
+                }
             }
-            Event::Control { request, reply } => reply.send(self.on_control(&request)),
             Event::Shutdown(reason) => self.shutdown(&reason),
+            Event::Spawned { epoch, pid } => self.on_spawned(&epoch, pid),
+            Event::SpawnFailed { epoch, why } => self.on_spawn_failed(&epoch, &why),
+            Event::AuditFailed { why, calls } => self.audit_failed(&why, calls),
         }
     }
 
     // ----- small shared helpers -------------------------------------------------------------
 
-    fn now(&mut self) -> u64 {
-        self.io.now_ms()
+    fn now(&self) -> u64 {
+        self.now.mono_ms
+    }
+
+    /// A new unique id (epochs, grants, prompts).
+    fn mint_id(&mut self) -> String {
+        self.ids.mint(self.now)
     }
 
     /// Our id for a request to the running server, kept in its open requests until answered
@@ -625,23 +601,16 @@ impl<I: Io> Session<I> {
 
     fn publish(&mut self) {
         let snapshot = self.status_json();
-        self.io.publish_status(&snapshot);
+        self.out.publish_status(snapshot);
     }
 
-    fn audit_record(&mut self, kind: &str, epoch: Option<&str>, data: impl Into<RecordData>) {
-        if let Err(e) = self.audit_required(kind, epoch, data) {
-            self.io.status(&format!("warning: audit log: {e}"));
-        }
-    }
-
-    fn audit_required(
+    /// One audit record of this step (written before the step's lines; see [`effect`]).
+    fn audit_record(
         &mut self,
-        kind: &str,
+        kind: &'static str,
         epoch: Option<&str>,
         data: impl Into<RecordData>,
-    ) -> Result<(), EffectError> {
-        // Disjoint borrows: no copy of the run id per record (two records per call).
-        let Session { io, agent_run, .. } = self;
-        io.audit(kind, agent_run, epoch, data.into())
+    ) {
+        self.out.audit(kind, epoch, data.into());
     }
 }

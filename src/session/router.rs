@@ -15,7 +15,7 @@ use crate::catalog::{self, Catalog};
 use crate::hashing;
 use crate::proxy::envelope::{self, Message};
 
-impl<I: Io> Session<I> {
+impl Session {
     pub(super) fn on_host_call(&mut self, msg: Message) {
         // 2026-07-28: the retry of a call answered with the approval form carries its answer
         // (a substring test first: most calls carry no `requestState` at all).
@@ -69,7 +69,7 @@ impl<I: Io> Session<I> {
         {
             return self.refuse_unavailable_call(&host_id, &tool);
         }
-        let wall = self.io.wall_ms();
+        let wall = self.now.wall_ms;
         // The tool's definition in the current catalog: the gate checks the arguments against
         // its input schema (compiled once per definition).
         let call = self.catalog.catalog().and_then(|c| {
@@ -148,20 +148,16 @@ impl<I: Io> Session<I> {
                     .escape_debug()
                     .to_string()
                     .replace('`', "\\`");
-                let only_this = if needs_grant {
-                    // The id is the agent's: suggested only as a word the shell cannot expand.
-                    let command = crate::sanitize::approve_call_command(&call_id);
-                    format!(" (or `{command}` for this call only)")
-                } else {
-                    String::new()
-                };
-                self.io.status(&format!(
-                    "call denied: {} ({}): {}{only_this}",
-                    shown_tool,
-                    denial.reason.as_str(),
-                    denial.human_hint()
-                ));
-                self.io.to_host(envelope::result_line(
+                // The id is the agent's: suggested only as a word the shell cannot expand.
+                let approve_command =
+                    needs_grant.then(|| crate::sanitize::approve_call_command(&call_id));
+                self.out.status(StatusEvent::CallDenied {
+                    tool: shown_tool,
+                    reason: denial.reason.as_str().to_string(),
+                    hint: denial.human_hint().to_string(),
+                    approve_command,
+                });
+                self.out.to_host(envelope::result_line(
                     &host_id,
                     &self.tool_error(&payload, &hint),
                 ));
@@ -177,8 +173,9 @@ impl<I: Io> Session<I> {
                     _ => return, // unreachable: the gate says identity_pending without a child
                 };
                 let shown_revision = self.gate.host_shown(&tool).and_then(|s| s.revision);
-                // Written before the call reaches the server (at once, or with the batch's one
-                // write); a call that cannot be audited is refused.
+                // Written before the call reaches the server: the shell writes the step's
+                // records before its lines, and drops the call if they cannot be written
+                // (then `Event::AuditFailed` answers it).
                 let record = records::ToolCalled {
                     call_id: json!(call_id),
                     tool: tool.clone(),
@@ -188,17 +185,20 @@ impl<I: Io> Session<I> {
                     arguments_digest: Some(args_digest),
                     shown_revision,
                 };
-                let encoded = record.canonical().map_err(|e| EffectError(e.to_string()));
-                if let Err(e) = encoded
-                    .and_then(|data| self.audit_required(audit::TOOL_CALLED, Some(&epoch), data))
-                {
-                    self.io
-                        .status(&format!("call refused: audit log unavailable: {e}"));
-                    let payload = json!({"error": "audit_failed", "reason": e.to_string(), "retry": "fix the audit log, then call again"});
-                    let result = self.tool_error(&payload, "The call was not forwarded because it could not be written to the audit log.");
-                    self.io.to_host(envelope::result_line(&host_id, &result));
-                    return;
-                }
+                let data = match record.canonical() {
+                    Ok(data) => data,
+                    Err(e) => {
+                        self.out.status(StatusEvent::CallsRefusedAuditUnavailable {
+                            calls: 1,
+                            why: e.to_string(),
+                        });
+                        let payload = json!({"error": "audit_failed", "reason": e.to_string(), "retry": "fix the audit log, then call again"});
+                        let result = self.tool_error(&payload, "The call was not forwarded because it could not be written to the audit log.");
+                        self.out.to_host(envelope::result_line(&host_id, &result));
+                        return;
+                    }
+                };
+                self.audit_record(audit::TOOL_CALLED, Some(&epoch), data);
                 let started_ms = self.now();
                 let id = self.alloc(Pending::Host {
                     host_id,
@@ -210,10 +210,7 @@ impl<I: Io> Session<I> {
                     }),
                 });
                 msg.set_id(envelope::numeric_id(id));
-                if self.in_batch {
-                    self.batch_calls.push(id);
-                }
-                self.send_child(&epoch, &msg);
+                self.out.call_to_child(&epoch, msg.to_line(), id);
             }
         }
     }
@@ -242,10 +239,8 @@ impl<I: Io> Session<I> {
                 ..Default::default()
             }),
         );
-        self.io.status(
-            "call refused: tools/call params must be an object with one string `name` (answered with invalid params)",
-        );
-        self.io.to_host(envelope::error_line(
+        self.out.status(StatusEvent::CallWithoutTarget);
+        self.out.to_host(envelope::error_line(
             Some(host_id),
             -32602,
             "tools/call params must be an object with one string \"name\"",
@@ -258,15 +253,15 @@ impl<I: Io> Session<I> {
     pub(super) fn refuse_over_open_limit(&mut self, msg: Message) {
         let host_id = msg.id().expect("request").to_owned();
         if !std::mem::replace(&mut self.host.overflow_told, true) {
-            self.io.status(&format!(
-                "{OPEN_AT_SERVER_LIMIT} requests are open at the server (it is not answering them); answering the next ones at once with an error"
-            ));
+            self.out.status(StatusEvent::TooManyOpenAtServer {
+                limit: OPEN_AT_SERVER_LIMIT,
+            });
         }
         let why = format!("more than {OPEN_AT_SERVER_LIMIT} requests are open at the server");
         let payload = json!({"error": "too_many_open", "limit": OPEN_AT_SERVER_LIMIT});
         if msg.method() != Some("tools/call") {
             let line = envelope::error_line(Some(&host_id), codes::TOO_MANY_OPEN, &why, payload);
-            return self.io.to_host(line);
+            return self.out.to_host(line);
         }
         let tool = envelope::call_target(msg.params())
             .map(|(tool, _)| tool)
@@ -306,7 +301,7 @@ impl<I: Io> Session<I> {
             }),
         );
         let result = self.tool_error(&payload, hint);
-        self.io.to_host(envelope::result_line(host_id, &result));
+        self.out.to_host(envelope::result_line(host_id, &result));
     }
 
     /// A stale call's result shows the tool's current definition and what changed since this
@@ -445,9 +440,8 @@ impl<I: Io> Session<I> {
         for (tool, why) in notices {
             let tool =
                 crate::sanitize::review(crate::sanitize::first_chars(&tool, 128)).into_owned();
-            self.io.status(&format!(
-                "arguments of {tool} are not checked against its input schema: {why}"
-            ));
+            self.out
+                .status(StatusEvent::ArgumentsNotChecked { tool, why });
         }
     }
 
@@ -461,14 +455,11 @@ impl<I: Io> Session<I> {
             return;
         }
         self.host.stale_notice_revision = Some(revision);
-        let told = if self.host.notified_revision == Some(revision) {
-            "after list_changed "
-        } else {
-            ""
-        };
-        self.io.status(&format!(
-            "the host has not refetched tools/list {told}(catalog revision {revision}); stale calls are refused with the new definition. In Claude Code, `/mcp` reconnects the server"
-        ));
+        let after_list_changed = self.host.notified_revision == Some(revision);
+        self.out.status(StatusEvent::HostNotRefetching {
+            after_list_changed,
+            revision,
+        });
     }
 }
 
@@ -483,7 +474,7 @@ fn definition_payload(tool: &str, def: &Value) -> Value {
     })
 }
 
-impl<I: Io> Session<I> {
+impl Session {
     /// A tool execution error the model can read: the payload as text and in `_meta`.
     pub(super) fn tool_error(&self, payload: &Value, hint: &str) -> Value {
         let mut r = json!({

@@ -8,7 +8,7 @@
 //!
 //! Must not touch: decisions (the lifecycle room decides when to start, stop or replace), I/O.
 
-use super::state::{ChildPhase, ChildState, Replacing};
+use super::state::{ChildPhase, ChildState, Replacing, Spawning};
 
 /// The one server slot of a session.
 #[derive(Debug)]
@@ -23,6 +23,8 @@ pub enum Server {
     RebuildingToStart,
     /// Supervise mode: the old server is stopping; the new epoch starts when it has stopped.
     Replacing(Replacing),
+    /// A server was asked for ([`super::Effect::Spawn`]); its start is not reported yet.
+    Spawning(Spawning),
     /// A server process runs, from its spawn until it exits or is stopped.
     Running(ChildState),
 }
@@ -48,15 +50,41 @@ impl Server {
         self.child().map(|c| &c.phase)
     }
 
-    /// A server runs, or its replacement or restart is under way (not counting builds).
+    /// A server runs, or its start, replacement or restart is under way (not counting builds).
     pub fn runs_or_restarts(&self) -> bool {
         matches!(
             self,
-            Server::Running(_) | Server::Replacing(_) | Server::RestartScheduled
+            Server::Running(_)
+                | Server::Spawning(_)
+                | Server::Replacing(_)
+                | Server::RestartScheduled
         )
     }
 
     // ----- transitions ---------------------------------------------------------------------
+
+    /// A server is asked for: from any state but a running one (its predecessor is gone).
+    pub fn spawning(&mut self, spawning: Spawning) {
+        debug_assert!(
+            !matches!(self, Server::Running(_)),
+            "a second server asked for while one runs"
+        );
+        *self = Server::Spawning(spawning);
+    }
+
+    /// The server asked for under `epoch` is reported (started or failed): taken out, and the
+    /// slot is idle until the caller says what it is now.
+    pub fn take_spawning(&mut self, epoch: &str) -> Option<Spawning> {
+        match self {
+            Server::Spawning(s) if s.epoch == epoch => {
+                match std::mem::replace(self, Server::Idle) {
+                    Server::Spawning(s) => Some(s),
+                    _ => unreachable!("matched"),
+                }
+            }
+            _ => None,
+        }
+    }
 
     /// A server was spawned: from any state but a running one (its predecessor is gone).
     pub fn started(&mut self, child: ChildState) {

@@ -109,14 +109,14 @@ pub struct ToolPolicy {
     pub credential_scopes: BTreeSet<String>,
 }
 
-impl<I: Io> Session<I> {
+impl Session {
     /// The state `status` shows and the status file holds (names and digests only, never values).
     pub fn status_json(&mut self) -> Value {
         serde_json::to_value(self.snapshot()).expect("the snapshot serializes")
     }
 
     pub fn snapshot(&mut self) -> StatusSnapshot {
-        let updated_at = self.io.timestamp();
+        let updated_at = self.now.timestamp();
         let (pending_tools, pending_scopes) = self.gate.pending_requests();
         let policy = self.gate.policy();
         StatusSnapshot {

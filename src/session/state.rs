@@ -303,6 +303,17 @@ pub struct StartRebuild {
     pub at_ms: u64,
 }
 
+/// A server asked for with [`super::Effect::Spawn`], until the shell reports its start.
+#[derive(Debug)]
+pub struct Spawning {
+    pub epoch: EpochId,
+    pub record: IdentityRecord,
+    pub replaced: Option<EpochId>,
+    pub fallback: Option<String>,
+    /// A `restart` control request answered when the start is reported.
+    pub ticket: Option<super::Ticket>,
+}
+
 /// A replacement in progress: the new epoch starts when the old child has stopped.
 #[derive(Debug, Clone)]
 pub struct Replacing {

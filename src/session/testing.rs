@@ -12,12 +12,16 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::approval::{Gating, Policy};
+pub use crate::control::ControlReply;
+use crate::epoch::LaunchRecord;
 use crate::fingerprint::{IdentityRecord, identity_record};
 
 /// A `tool_called` record: its callId and epoch.
 pub type Intent = (Value, Option<String>);
 
-/// Every effect the session asked for, in order where order matters.
+/// Every effect the session asked for, in order where order matters: the test shell performs
+/// a step's effects the way `commands/run.rs` does (its audit records before its lines) and
+/// feeds results back as events (a spawned pid, a failed spawn or audit write).
 #[derive(Default)]
 pub struct FakeIo {
     pub to_host: Vec<Value>,
@@ -33,14 +37,16 @@ pub struct FakeIo {
     pub reaped: Vec<String>,
     pub timers: Vec<(u64, Timer)>,
     pub host_closed: bool,
+    /// Status lines as the terminal shows them (rendered by `crate::status_lines`).
     pub status: Vec<String>,
     pub audit: Vec<(String, Option<String>, Value)>,
+    /// Every step's audit write fails ("disk full"): its calls are dropped and answered.
     pub audit_fails: bool,
     pub facts: Option<RecordedFacts>,
     pub launches: Vec<LaunchRecord>,
     pub now_ms: u64,
-    pub next_id: u64,
     pub next_pid: u32,
+    /// Spawns fail with this sentence.
     pub spawn_error: Option<String>,
     pub published: usize,
     /// Every `tools/call` sent to a child: its epoch, and the `tool_called` records (callId,
@@ -48,32 +54,111 @@ pub struct FakeIo {
     pub calls_sent: Vec<(String, Vec<Intent>)>,
     /// Every `tools/call` sent to a child, as sent.
     pub call_messages: Vec<Value>,
-    /// `end_batch` reports that the batch's records could not be written.
-    pub batch_write_fails: bool,
+    /// Control requests taken up and not yet answered, by ticket.
+    pub controls: std::collections::HashMap<Ticket, ControlReply>,
+    pub next_ticket: Ticket,
 }
 
-impl Io for FakeIo {
-    fn to_host(&mut self, line: Vec<u8>) {
+impl FakeIo {
+    /// The step's clock: the simulated monotonic time, and a wall time that follows it.
+    pub fn now(&self) -> Now {
+        Now {
+            mono_ms: self.now_ms,
+            wall_ms: 1_700_000_000_000 + self.now_ms,
+        }
+    }
+
+    /// Performs one step's effects; returns the results the session hears about.
+    pub fn perform(&mut self, effects: Vec<Effect>) -> Vec<Event> {
+        let mut results = Vec::new();
+        let records = effects.iter().any(|e| matches!(e, Effect::Audit { .. }));
+        let failed = (records && self.audit_fails).then(|| "disk full".to_string());
+        for effect in &effects {
+            if let Effect::Audit { kind, epoch, data } = effect
+                && failed.is_none()
+            {
+                self.audit
+                    .push((kind.to_string(), epoch.clone(), data.clone().into_value()));
+            }
+        }
+        let mut dropped = Vec::new();
+        for effect in effects {
+            match effect {
+                Effect::Audit { .. } => {}
+                Effect::ToHost { line, droppable } => self.to_host(line, droppable),
+                Effect::ToChild { call: Some(id), .. } if failed.is_some() => dropped.push(id),
+                Effect::ToChild {
+                    epoch,
+                    line,
+                    droppable,
+                    ..
+                } => self.to_child(&epoch, line, droppable),
+                Effect::StartBuild => self.builds_started += 1,
+                Effect::SetAsideBuild => self.builds_set_aside += 1,
+                Effect::Spawn { epoch, .. } => results.push(match &self.spawn_error {
+                    Some(why) => Event::SpawnFailed {
+                        epoch,
+                        why: why.clone(),
+                    },
+                    None => {
+                        self.next_pid += 1;
+                        let pid = 1000 + self.next_pid;
+                        self.spawned.push((epoch.clone(), pid));
+                        Event::Spawned { epoch, pid }
+                    }
+                }),
+                Effect::Stop { epoch, grace } => {
+                    self.stopped.push(epoch);
+                    self.stop_graces.push(grace);
+                }
+                Effect::Reap { epoch } => self.reaped.push(epoch),
+                Effect::Arm { delay, timer } => self
+                    .timers
+                    .push((self.now_ms + delay.as_millis() as u64, timer)),
+                Effect::CloseHost => self.host_closed = true,
+                Effect::Status(event) => self.status.push(event.to_string()),
+                Effect::Verbose(_) => {}
+                Effect::Publish(_) => self.published += 1,
+                Effect::KeepLaunch(launch) => self.launches.push(*launch),
+                Effect::KeepFacts(facts) => self.facts = Some(*facts),
+                Effect::AnswerControl { ticket, answer } => {
+                    if let Some(reply) = self.controls.remove(&ticket) {
+                        reply.send(answer);
+                    }
+                }
+            }
+        }
+        if let Some(why) = failed {
+            results.push(Event::AuditFailed {
+                why,
+                calls: dropped,
+            });
+        }
+        results
+    }
+
+    fn to_host(&mut self, line: Vec<u8>, droppable: bool) {
         assert_eq!(line.last(), Some(&b'\n'), "one line per message");
         assert!(
             !line[..line.len() - 1].contains(&b'\n'),
             "no newline inside a message"
         );
-        self.to_host
-            .push(serde_json::from_slice(&line).expect("the session writes JSON to the host"));
+        let v: Value = serde_json::from_slice(&line).expect("the session writes JSON to the host");
+        if droppable {
+            self.droppable.push(v.clone());
+        }
+        self.to_host.push(v);
     }
-    fn notify_host(&mut self, line: Vec<u8>) {
-        self.droppable
-            .push(serde_json::from_slice(&line).expect("JSON"));
-        self.to_host(line);
-    }
-    fn notify_child(&mut self, epoch: &str, line: Vec<u8>) {
-        self.droppable
-            .push(serde_json::from_slice(&line).expect("JSON"));
-        self.to_child(epoch, line);
-    }
-    fn to_child(&mut self, epoch: &str, line: Vec<u8>) {
+
+    fn to_child(&mut self, epoch: &str, line: Vec<u8>, droppable: bool) {
         let v: Value = serde_json::from_slice(&line).expect("the session writes JSON to the child");
+        // A server that never started gets nothing (as the real shell has no pipe to it).
+        if !self.spawned.iter().any(|(e, _)| e == epoch) {
+            return;
+        }
+        if droppable {
+            self.droppable.push(v.clone());
+        }
         if v["method"] == "tools/call" {
             let intents = self
                 .audit
@@ -85,84 +170,6 @@ impl Io for FakeIo {
             self.call_messages.push(v.clone());
         }
         self.to_child.push_back((epoch.to_string(), v));
-    }
-    fn start_build(&mut self) {
-        self.builds_started += 1;
-    }
-    fn set_aside_build(&mut self) {
-        self.builds_set_aside += 1;
-    }
-    fn spawn(&mut self, epoch: &str, _record: &IdentityRecord) -> Result<u32, EffectError> {
-        if let Some(e) = &self.spawn_error {
-            return Err(EffectError(e.clone()));
-        }
-        self.next_pid += 1;
-        let pid = 1000 + self.next_pid;
-        self.spawned.push((epoch.to_string(), pid));
-        Ok(pid)
-    }
-    fn stop(&mut self, epoch: &str, grace: Duration) {
-        self.stopped.push(epoch.to_string());
-        self.stop_graces.push(grace);
-    }
-    fn reap(&mut self, epoch: &str) {
-        self.reaped.push(epoch.to_string());
-    }
-    fn schedule(&mut self, delay: Duration, timer: Timer) {
-        self.timers
-            .push((self.now_ms + delay.as_millis() as u64, timer));
-    }
-    fn close_host(&mut self) {
-        self.host_closed = true;
-    }
-    fn status(&mut self, line: &str) {
-        self.status.push(line.to_string());
-    }
-    fn verbose(&mut self, _line: &str) {}
-    fn audit(
-        &mut self,
-        kind: &str,
-        _agent_run: &str,
-        epoch: Option<&str>,
-        data: crate::audit::RecordData,
-    ) -> Result<(), EffectError> {
-        if self.audit_fails {
-            return Err(EffectError("disk full".into()));
-        }
-        self.audit.push((
-            kind.to_string(),
-            epoch.map(str::to_string),
-            data.into_value(),
-        ));
-        Ok(())
-    }
-    fn publish_status(&mut self, _snapshot: &Value) {
-        self.published += 1;
-    }
-    fn record_launch(&mut self, launch: &LaunchRecord) {
-        self.launches.push(launch.clone());
-    }
-    fn record_facts(&mut self, facts: &RecordedFacts) {
-        self.facts = Some(facts.clone());
-    }
-    fn now_ms(&mut self) -> u64 {
-        self.now_ms
-    }
-    fn wall_ms(&mut self) -> u64 {
-        1_700_000_000_000 + self.now_ms
-    }
-    fn timestamp(&mut self) -> String {
-        format!("t+{}ms", self.now_ms)
-    }
-    fn end_batch(&mut self) -> Result<(), EffectError> {
-        if self.batch_write_fails {
-            return Err(EffectError("disk full".into()));
-        }
-        Ok(())
-    }
-    fn mint_id(&mut self) -> String {
-        self.next_id += 1;
-        format!("ID{:04}", self.next_id)
     }
 }
 
@@ -234,7 +241,9 @@ pub fn tool(name: &str, version: u32) -> Value {
 
 /// The session under test plus a fake MCP server that answers what it is sent.
 pub struct Harness {
-    pub s: Session<FakeIo>,
+    pub s: Session,
+    /// The test shell: performs the session's effects.
+    pub io: FakeIo,
     /// The tools the fake server lists (per epoch, so a rebuild can change them).
     pub tools: Vec<Value>,
     /// Protocol version the fake server answers `initialize` with (`None`: the client's).
@@ -277,10 +286,14 @@ impl Harness {
     pub fn with_policy(configure: impl FnOnce(&mut SessionConfig), policy: Policy) -> Harness {
         let mut cfg = SessionConfig::new("inventory", "inventory", "0.1.0");
         configure(&mut cfg);
-        let mut s = Session::new(FakeIo::default(), cfg, policy);
-        s.start();
-        Harness {
+        let mut io = FakeIo::default();
+        let now = io.now();
+        let mut s = Session::new(cfg, policy, IdMint::Counted { last: 0 }, now);
+        let effects = s.start(now);
+        io.perform(effects);
+        let mut h = Harness {
             s,
+            io,
             tools: vec![tool("list_items", 1), tool("write_item", 1)],
             server_version: None,
             answer_calls: true,
@@ -288,30 +301,74 @@ impl Harness {
             listen: ListenReply::Refuse,
             server_saw: Vec::new(),
             server_saw_in: Vec::new(),
-        }
+        };
+        h.perform(Vec::new());
+        h
     }
 
     pub fn io(&mut self) -> &mut FakeIo {
-        self.s.io()
+        &mut self.io
+    }
+
+    /// One event handled as one step, its effects performed (and the steps of their results).
+    pub fn handle(&mut self, event: Event) {
+        let effects = self.s.handle(event, self.io.now());
+        self.perform(effects);
+    }
+
+    /// Events handled together as one step (lines read at once: one audit write).
+    pub fn handle_batch(&mut self, events: Vec<Event>) {
+        let effects = self.s.handle_batch(events, self.io.now());
+        self.perform(effects);
+    }
+
+    fn perform(&mut self, mut effects: Vec<Effect>) {
+        loop {
+            let results = self.io.perform(effects);
+            if results.is_empty() {
+                return;
+            }
+            effects = Vec::new();
+            for event in results {
+                effects.extend(self.s.handle(event, self.io.now()));
+            }
+        }
+    }
+
+    /// A request arriving on the control socket, as the shell passes it on: parsed at the edge
+    /// (a malformed one answered there), taken up only while its client waits, then handled
+    /// with a ticket whose answer goes to `reply`.
+    pub fn control_call(&mut self, request: Value, reply: ControlReply) {
+        let request = match ControlRequest::parse(&request) {
+            Ok(request) => request,
+            Err(e) => return reply.send(json!({"ok": false, "error": e})),
+        };
+        if !reply.take_up() {
+            return;
+        }
+        self.io.next_ticket += 1;
+        let ticket = self.io.next_ticket;
+        self.io.controls.insert(ticket, reply);
+        self.handle(Event::Control { request, ticket });
     }
 
     pub fn advance(&mut self, ms: u64) {
         let target = self.io().now_ms + ms;
         while let Some(timer) = self.io().take_due_timer(target) {
-            self.s.handle(Event::Timer(timer));
+            self.handle(Event::Timer(timer));
             self.serve();
         }
         self.io().now_ms = target;
     }
 
     pub fn build(&mut self, result: BuildResult) {
-        self.s.handle(Event::BuildFinished(Box::new(result)));
+        self.handle(Event::BuildFinished(Box::new(result)));
         self.serve();
     }
 
     /// The host sends a raw JSON message.
     pub fn host(&mut self, msg: Value) {
-        self.s.handle(Event::HostLine(msg.to_string().into_bytes()));
+        self.handle(Event::HostLine(msg.to_string().into_bytes()));
         self.serve();
     }
 
@@ -369,7 +426,7 @@ impl Harness {
 
     /// The fake server answers everything queued for it.
     pub fn serve(&mut self) {
-        while let Some((epoch, msg)) = self.s.io().to_child.pop_front() {
+        while let Some((epoch, msg)) = self.io().to_child.pop_front() {
             if Some(epoch.as_str()) != self.s.current_epoch() {
                 continue;
             }
@@ -387,7 +444,7 @@ impl Harness {
                         "method": "notifications/subscriptions/acknowledged",
                         "params": {"_meta": {protocol::SUBSCRIPTION_ID: id}, "notifications": honoured}}),
                 };
-                self.s.handle(Event::ChildLine {
+                self.handle(Event::ChildLine {
                     epoch: epoch.clone(),
                     line: line.to_string().into_bytes(),
                 });
@@ -416,7 +473,7 @@ impl Harness {
                 _ => json!({}),
             };
             let line = json!({"jsonrpc": "2.0", "id": id, "result": result});
-            self.s.handle(Event::ChildLine {
+            self.handle(Event::ChildLine {
                 epoch: epoch.clone(),
                 line: line.to_string().into_bytes(),
             });
@@ -443,15 +500,15 @@ impl Harness {
     /// Starts server `a` and answers its handshake (a second after it was sent); returns the
     /// epoch and the supervisor's first `tools/list` to it, not answered.
     pub fn start_until_first_list(&mut self) -> (String, Value) {
-        self.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+        self.handle(Event::BuildFinished(Box::new(complete("a"))));
         self.handshake_until_first_list()
     }
 
     /// The same after a rebuild to `exe` replaced the server of epoch `old`.
     pub fn rebuild_until_first_list(&mut self, exe: &str, old: &str) -> (String, Value) {
-        self.s.handle(Event::BuildFinished(Box::new(complete(exe))));
+        self.handle(Event::BuildFinished(Box::new(complete(exe))));
         let epoch = old.to_string();
-        self.s.handle(Event::ChildStopped { epoch });
+        self.handle(Event::ChildStopped { epoch });
         self.handshake_until_first_list()
     }
 
@@ -513,7 +570,7 @@ impl Harness {
         let old = self.current_epoch();
         self.build(complete(exe));
         if let Some(old) = old {
-            self.s.handle(Event::ChildStopped { epoch: old });
+            self.handle(Event::ChildStopped { epoch: old });
             self.serve();
         }
         self.current_epoch().expect("the new server runs")
@@ -522,10 +579,7 @@ impl Harness {
     /// A control-socket request (the human channel); returns the session's answer.
     pub fn control(&mut self, request: Value) -> Value {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        self.s.handle(Event::Control {
-            request,
-            reply: tx.into(),
-        });
+        self.control_call(request, tx.into());
         self.serve();
         rx.try_recv()
             .expect("control requests are answered at once")
@@ -548,7 +602,7 @@ impl Harness {
 
 /// A line from the server of `epoch`, handled as it arrives (nothing answered for it).
 pub fn from_child(h: &mut Harness, epoch: &str, msg: Value) {
-    h.s.handle(Event::ChildLine {
+    h.handle(Event::ChildLine {
         epoch: epoch.to_string(),
         line: msg.to_string().into_bytes(),
     });
@@ -556,7 +610,7 @@ pub fn from_child(h: &mut Harness, epoch: &str, msg: Value) {
 
 /// A line from the host, without the fake server answering anything.
 pub fn host_raw(h: &mut Harness, msg: Value) {
-    h.s.handle(Event::HostLine(msg.to_string().into_bytes()));
+    h.handle(Event::HostLine(msg.to_string().into_bytes()));
 }
 
 /// The oldest request the session sent to a server and nobody answered yet.

@@ -413,7 +413,7 @@ fn list_and_call_during_a_restart_wait_for_the_new_server() {
     let list = h.request("tools/list", json!({}));
     let call = h.call("list_items");
     assert!(h.answer(&call).is_none(), "held for the new epoch");
-    h.s.handle(Event::ChildStopped { epoch: old.clone() });
+    h.handle(Event::ChildStopped { epoch: old.clone() });
     h.serve();
     let new = h.current_epoch().unwrap();
     assert_ne!(new, old);
@@ -436,7 +436,7 @@ fn in_flight_calls_are_answered_once_and_never_replayed() {
     let a = h.answer(&call).unwrap();
     assert_eq!(Harness::tool_error(&a).as_deref(), Some("epoch_transition"));
     h.answer_calls = true;
-    h.s.handle(Event::ChildStopped { epoch: old });
+    h.handle(Event::ChildStopped { epoch: old });
     h.serve();
     let forwarded_calls = h
         .io()
@@ -469,7 +469,7 @@ fn a_server_side_cancel_still_answers_the_hosts_call() {
     // Our id for the call is the newest pending one.
     let ours = *h.s.pending().keys().max().unwrap();
     let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": ours}});
-    h.s.handle(Event::ChildLine {
+    h.handle(Event::ChildLine {
         epoch,
         line: cancel.to_string().into_bytes(),
     });
@@ -486,7 +486,7 @@ fn a_server_that_pages_forever_is_cut_off() {
     h.connect_legacy();
     h.build(complete("a"));
     let epoch = h.current_epoch().unwrap();
-    h.s.handle(Event::ChildLine {
+    h.handle(Event::ChildLine {
         epoch: epoch.clone(),
         line: br#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#.to_vec(),
     });
@@ -495,7 +495,7 @@ fn a_server_that_pages_forever_is_cut_off() {
             break;
         };
         let page = json!({"jsonrpc": "2.0", "id": msg["id"], "result": {"tools": [tool("t", 1)], "nextCursor": "more"}});
-        h.s.handle(Event::ChildLine {
+        h.handle(Event::ChildLine {
             epoch: epoch.clone(),
             line: page.to_string().into_bytes(),
         });
@@ -510,7 +510,7 @@ fn server_exit_is_recorded_with_its_status() {
     h.connect_legacy();
     h.build(complete("a"));
     let epoch = h.current_epoch().unwrap();
-    h.s.handle(Event::ChildExited {
+    h.handle(Event::ChildExited {
         epoch,
         exit: ExitInfo {
             code: Some(3),
@@ -535,7 +535,7 @@ fn a_server_that_cannot_start_from_its_stored_copy_is_built_again_once() {
     let builds = h.io().builds_started;
     let epoch = h.current_epoch().unwrap();
     h.io().spawn_error = Some("executable `store/sha256-a` is missing".into());
-    h.s.handle(Event::ChildExited {
+    h.handle(Event::ChildExited {
         epoch,
         exit: ExitInfo {
             code: None,
@@ -584,7 +584,7 @@ fn a_build_that_never_starts_is_not_rebuilt_in_a_loop() {
     let epoch = h.current_epoch().unwrap();
     h.io().spawn_error = Some("exec failed: Permission denied".into());
     let builds = h.io().builds_started;
-    h.s.handle(Event::ChildExited {
+    h.handle(Event::ChildExited {
         epoch,
         exit: ExitInfo {
             code: None,
@@ -610,7 +610,7 @@ fn a_build_that_never_starts_is_not_rebuilt_in_a_loop() {
 
 /// The developer saves `src/main.rs` (the quiet period over).
 fn save(h: &mut Harness) {
-    h.s.handle(Event::SourcesChanged {
+    h.handle(Event::SourcesChanged {
         paths: vec!["src/main.rs".into()],
         changed_after_leading_edge: false,
     });
@@ -633,7 +633,7 @@ fn exited_and_rebuilding(h: &mut Harness) {
     let epoch = h.current_epoch().unwrap();
     h.io().spawn_error = Some("executable `store/sha256-a` is missing".into());
     let builds = h.io().builds_started;
-    h.s.handle(Event::ChildExited {
+    h.handle(Event::ChildExited {
         epoch,
         exit: ExitInfo {
             code: None,
@@ -933,12 +933,12 @@ proptest! {
                 Step::BuildOk(n) => h.build(complete(&format!("e{n}"))),
                 Step::BuildFail => h.build(failed(None)),
                 Step::ChildExit => if let Some(epoch) = h.current_epoch() {
-                    h.s.handle(Event::ChildExited { epoch, exit: ExitInfo { code: Some(1), signal: None } });
+                    h.handle(Event::ChildExited { epoch, exit: ExitInfo { code: Some(1), signal: None } });
                     h.serve();
                 },
                 Step::Stopped => {
                     let stopped = h.io().stopped.last().cloned();
-                    if let Some(epoch) = stopped { h.s.handle(Event::ChildStopped { epoch }); h.serve(); }
+                    if let Some(epoch) = stopped { h.handle(Event::ChildStopped { epoch }); h.serve(); }
                 }
                 Step::Advance(ms) => h.advance(ms as u64),
                 Step::ServerChangesTools => { version += 1; h.tools = vec![tool("list_items", 1), tool("write_item", version)]; }
@@ -948,10 +948,7 @@ proptest! {
                     terminal_may_grant = true;
                     if let Some(epoch) = epoch {
                         let (tx, _rx) = crossbeam_channel::bounded(1);
-                        h.s.handle(Event::Control {
-                            request: json!({"op": "approve", "epoch": epoch, "tools": ["write_item", "list_items"]}),
-                            reply: tx.into(),
-                        });
+                        h.control_call(json!({"op": "approve", "epoch": epoch, "tools": ["write_item", "list_items"]}), tx.into());
                         h.serve();
                     }
                 }
@@ -1014,7 +1011,7 @@ proptest! {
                 _ => {}
             }
         }
-        h.s.handle(Event::HostEof);
+        h.handle(Event::HostEof);
         h.serve();
         for id in &requests {
             let answers = h.io().to_host.iter().filter(|m| m.get("id") == Some(id) && m.get("method").is_none()).count();
@@ -1074,7 +1071,7 @@ fn the_journal_reads_what_the_session_writes() {
     h.connect_legacy();
     h.build(complete("a"));
     let first = h.current_epoch().unwrap();
-    h.s.handle(Event::ChildExited {
+    h.handle(Event::ChildExited {
         epoch: first.clone(),
         exit: ExitInfo {
             code: Some(3),
@@ -1087,7 +1084,7 @@ fn the_journal_reads_what_the_session_writes() {
     assert!(h.answer(&list).is_some());
     let call = h.call("list_items");
     assert!(h.answer(&call).is_some());
-    h.s.handle(Event::HostEof);
+    h.handle(Event::HostEof);
     let run = h.s.agent_run().to_string();
     let records: Vec<Record> = h
         .io()
@@ -1144,10 +1141,7 @@ fn control_requests_are_typed_and_refused_when_malformed() {
     assert!(ControlRequest::parse(&json!({})).is_err());
     let mut h = Harness::ungated(|_| {});
     let (tx, rx) = crossbeam_channel::bounded(1);
-    h.s.handle(Event::Control {
-        request: json!({"op": "nope"}),
-        reply: tx.into(),
-    });
+    h.control_call(json!({"op": "nope"}), tx.into());
     assert_eq!(rx.recv().unwrap()["ok"], json!(false));
 }
 
@@ -1183,7 +1177,7 @@ fn in_state(state: &str) -> Harness {
             h.build(complete("a"));
             for _ in 0..CRASH_LIMIT {
                 if let Some(epoch) = h.current_epoch() {
-                    h.s.handle(Event::ChildExited {
+                    h.handle(Event::ChildExited {
                         epoch,
                         exit: ExitInfo {
                             code: Some(3),
@@ -1197,7 +1191,7 @@ fn in_state(state: &str) -> Harness {
         }
         "stopping" => {
             h.build(complete("a"));
-            h.s.handle(Event::Shutdown("test".into()));
+            h.handle(Event::Shutdown("test".into()));
         }
         other => panic!("{other}"),
     }
@@ -1219,7 +1213,6 @@ fn every_event(h: &mut Harness) -> Vec<(&'static str, Event)> {
         .current_epoch()
         .or_else(|| h.io().spawned.last().map(|(e, _)| e.clone()))
         .unwrap_or_else(|| "none".into());
-    let (tx, _rx) = crossbeam_channel::bounded(1);
     let line = |v: Value| v.to_string().into_bytes();
     vec![
         (
@@ -1290,8 +1283,8 @@ fn every_event(h: &mut Harness) -> Vec<(&'static str, Event)> {
         (
             "control",
             Event::Control {
-                request: json!({"op": "status"}),
-                reply: tx.into(),
+                request: ControlRequest::Status,
+                ticket: 1,
             },
         ),
         ("host eof", Event::HostEof),
@@ -1309,7 +1302,7 @@ fn every_state_handles_every_event_kind() {
         for i in 0..n {
             let mut h = in_state(state);
             let (name, event) = every_event(&mut h).swap_remove(i);
-            h.s.handle(event);
+            h.handle(event);
             h.serve();
             h.advance(30_000);
             for id in ["q", "c", "o"] {
@@ -1325,7 +1318,7 @@ fn every_state_handles_every_event_kind() {
                     "{state}/{name}: {m}"
                 );
             }
-            h.s.handle(Event::HostEof);
+            h.handle(Event::HostEof);
             h.serve();
             for id in ["q", "c"] {
                 let sent = name
@@ -1358,7 +1351,7 @@ fn lifecycle_transitions() {
             .position(|(n, _)| *n == event)
             .unwrap();
         let (_, e) = every_event(&mut h).swap_remove(i);
-        h.s.handle(e);
+        h.handle(e);
         h.serve();
         h.s.lifecycle().clone()
     };
@@ -1441,15 +1434,15 @@ fn a_server_that_never_answered_is_stopped_without_the_usual_grace() {
     let mut h = Harness::ungated(|_| {});
     h.connect_legacy();
     h.build(complete("a"));
-    h.s.handle(Event::HostEof);
+    h.handle(Event::HostEof);
     assert_eq!(h.io().stop_graces, vec![STOP_GRACE]);
     // A server still in its handshake when the host leaves (not reading stdin, say).
     let mut h = Harness::ungated(|_| {});
     h.initialize("2025-06-18");
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     assert!(h.current_epoch().is_some(), "spawned");
     // The fake server has not been served: the handshake is unanswered.
-    h.s.handle(Event::HostEof);
+    h.handle(Event::HostEof);
     assert_eq!(h.io().stop_graces, vec![STOP_GRACE_UNANSWERED]);
     assert!(STOP_GRACE_UNANSWERED <= Duration::from_millis(100));
 }
@@ -1467,13 +1460,13 @@ fn a_batch_whose_records_cannot_be_written_answers_its_calls_as_unaudited() {
         .into_bytes()
     };
     // A batch that writes: both calls forwarded, nothing answered yet.
-    h.s.handle_batch(vec![Event::HostLine(line(100)), Event::HostLine(line(101))]);
+    h.handle_batch(vec![Event::HostLine(line(100)), Event::HostLine(line(101))]);
     h.serve();
     assert_eq!(h.io().calls_sent.len(), 2);
     assert!(h.answer(&json!(100)).is_none());
     // A batch whose records are lost: its calls are answered, never left waiting.
-    h.io().batch_write_fails = true;
-    h.s.handle_batch(vec![Event::HostLine(line(200)), Event::HostLine(line(201))]);
+    h.io().audit_fails = true;
+    h.handle_batch(vec![Event::HostLine(line(200)), Event::HostLine(line(201))]);
     for id in [200, 201] {
         let a = h.answer(&json!(id)).expect("answered");
         assert_eq!(
@@ -1553,7 +1546,7 @@ fn restart_during_a_replacement_leaves_no_server_unsupervised() {
     h.build(complete("b")); // replacing: the old server is told to stop
     assert!(h.current_epoch().is_none());
     let answer = h.control(json!({"op": "restart"}));
-    h.s.handle(Event::ChildStopped { epoch: old.clone() });
+    h.handle(Event::ChildStopped { epoch: old.clone() });
     h.serve();
     let current = h.current_epoch().expect("a server runs");
     let io = h.io();
@@ -1621,7 +1614,7 @@ fn send_unserved(h: &mut Harness, method: &str) -> Value {
 }
 
 fn exit_child(h: &mut Harness, epoch: String) {
-    h.s.handle(Event::ChildExited {
+    h.handle(Event::ChildExited {
         epoch,
         exit: ExitInfo {
             code: Some(1),
@@ -1638,7 +1631,7 @@ fn manual_first_server_exit_does_not_claim_a_full_hold_queue() {
     let mut h = Harness::ungated(|c| c.restart = Restart::Manual);
     h.connect_legacy();
     let list = send_unserved(&mut h, "resources/list");
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     let epoch = h.current_epoch().expect("the first server started");
     exit_child(&mut h, epoch);
     let a = h.answer(&list).expect("refused: no server is coming");
@@ -1655,7 +1648,7 @@ fn manual_first_server_exit_does_not_claim_a_full_hold_queue() {
 fn manual_first_start_exit_holds_no_request_for_nothing() {
     let mut h = Harness::ungated(|c| c.restart = Restart::Manual);
     h.connect_legacy();
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     let epoch = h.current_epoch().expect("the first server started");
     exit_child(&mut h, epoch);
     let builds = h.io().builds_started;
@@ -1686,7 +1679,7 @@ fn manual_exit_during_a_build_keeps_held_requests_for_it() {
     let old = h.current_epoch().expect("a runs");
     let answer = h.control(json!({"op": "restart"}));
     assert_eq!(answer["result"], json!({"restarting": true}), "{answer}");
-    h.s.handle(Event::ChildStopped { epoch: old });
+    h.handle(Event::ChildStopped { epoch: old });
     let new = h
         .current_epoch()
         .expect("the replacement started (handshaking)");
@@ -1743,10 +1736,7 @@ fn restart_in_build_broken_holds_requests_for_the_starting_server() {
     h.build(failed(None));
     assert!(matches!(h.s.lifecycle(), Lifecycle::BuildBroken { .. }));
     let (tx, rx) = crossbeam_channel::bounded(1);
-    h.s.handle(Event::Control {
-        request: json!({"op": "restart"}),
-        reply: tx.into(),
-    });
+    h.control_call(json!({"op": "restart"}), tx.into());
     let answer = rx.try_recv().unwrap();
     assert_eq!(answer["result"], json!({"started": true}), "{answer}");
     let list = send_unserved(&mut h, "resources/list");
@@ -1798,7 +1788,7 @@ fn mode_step() -> impl Strategy<Value = ModeStep> {
 }
 
 fn deliver_maybe_served(h: &mut Harness, serve: bool, ev: Event) {
-    h.s.handle(ev);
+    h.handle(ev);
     if serve {
         h.serve();
     }
@@ -1850,7 +1840,10 @@ proptest! {
                 ModeStep::Advance(ms) => h.advance(ms as u64),
                 ModeStep::Restart => {
                     let (tx, _rx) = crossbeam_channel::bounded(1);
-                    deliver_maybe_served(&mut h, serve, Event::Control { request: json!({"op": "restart"}), reply: tx.into() });
+                    h.control_call(json!({"op": "restart"}), tx.into());
+                    if serve {
+                        h.serve();
+                    }
                 }
                 ModeStep::SpawnFails(f) => h.io().spawn_error = f.then(|| "executable missing".to_string()),
                 ModeStep::Changing => if !h.s.burst_open { deliver_maybe_served(&mut h, serve, Event::SourcesChanging) },
@@ -1872,7 +1865,7 @@ proptest! {
                     h.s.held.len(), h.s.lifecycle, h.s.cfg.restart);
             }
             // At most one live server process, and it is the session's child.
-            let io = h.s.io();
+            let io = &h.io;
             let live: Vec<String> = io.spawned.iter().map(|(e, _)| e.clone())
                 .filter(|e| !io.stopped.contains(e) && !io.reaped.contains(e)).collect();
             let child = h.s.server.child().map(|c| c.epoch.to_string());
@@ -1882,7 +1875,7 @@ proptest! {
             }
             // Every held request has an armed deadline.
             if !h.s.held.is_empty() {
-                let armed = h.s.io().timers.iter().any(|(_, t)| matches!(t, Timer::HeldDeadline));
+                let armed = h.io.timers.iter().any(|(_, t)| matches!(t, Timer::HeldDeadline));
                 prop_assert!(armed, "held requests with no deadline timer");
                 // ... and waits for something on its way.
                 let on_its_way = h.s.server.runs_or_restarts() || h.s.builds != Builds::Idle;
@@ -1890,7 +1883,7 @@ proptest! {
                     h.s.held.len(), h.s.lifecycle, h.s.cfg.restart);
             }
         }
-        h.s.handle(Event::HostEof);
+        h.handle(Event::HostEof);
         for id in &requests {
             let answers = h.io().to_host.iter().filter(|m| m.get("id") == Some(id) && m.get("method").is_none()).count();
             prop_assert_eq!(answers, 1, "request {} answered {} times", id, answers);
@@ -1912,7 +1905,7 @@ fn warm_second_initialize_leaves_neither_unanswered() {
         json!("initialize_in_progress")
     );
     h.advance(10_000);
-    h.s.handle(Event::HostEof);
+    h.handle(Event::HostEof);
     assert!(
         h.answer(&first).is_some(),
         "the first initialize was never answered"
@@ -1925,7 +1918,7 @@ fn send_unserved_with(h: &mut Harness, method: &str, params: Value) -> Value {
     let id = json!(h.next_host_id);
     h.next_host_id += 1;
     let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-    h.s.handle(Event::HostLine(msg.to_string().into_bytes()));
+    h.handle(Event::HostLine(msg.to_string().into_bytes()));
     id
 }
 
@@ -1942,7 +1935,7 @@ fn fire_timers(h: &mut Harness, until: u64, limit: usize) -> usize {
         let Some(timer) = h.io().take_due_timer(until) else {
             break;
         };
-        h.s.handle(Event::Timer(timer));
+        h.handle(Event::Timer(timer));
         fired += 1;
     }
     h.io().now_ms = h.io().now_ms.max(until);
@@ -1959,7 +1952,7 @@ fn a_discover_held_for_a_silent_server_is_answered_once_its_budget_ends() {
     let meta = json!({"_meta": {protocol::PROTOCOL_VERSION: protocol::MODERN_VERSION}});
     let d = send_unserved_with(&mut h, "server/discover", meta);
     // The build ends; the server starts and is sent our discover, which it never answers.
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     assert!(h.current_epoch().is_some());
     let fired = fire_timers(&mut h, 60_000, 500);
     let answered = h.answer(&d).is_some();
@@ -2022,7 +2015,7 @@ fn a_warm_initialize_waits_for_nothing_after_a_manual_exit() {
         c.restart = Restart::Manual;
         c.warm = true;
     });
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     exit_current(&mut h);
     assert_eq!(h.s.lifecycle(), &Lifecycle::FirstStart);
     assert!(h.s.hold_budget().is_none(), "nothing is on its way");
@@ -2042,9 +2035,9 @@ fn a_warm_initialize_waits_for_nothing_after_a_manual_exit() {
 fn a_finished_early_build_is_not_reported_as_abandoned() {
     let mut h = Harness::ungated(|_| {});
     h.build(failed(None));
-    h.s.handle(Event::SourcesChanging);
-    h.s.handle(Event::BuildFinished(Box::new(failed(None))));
-    h.s.handle(Event::HostEof);
+    h.handle(Event::SourcesChanging);
+    h.handle(Event::BuildFinished(Box::new(failed(None))));
+    h.handle(Event::HostEof);
     assert!(
         !h.s.first_build_abandoned(),
         "no build runs (its result is held), yet the first build is reported abandoned"
@@ -2074,7 +2067,7 @@ fn a_warm_initialize_is_bounded_even_when_the_server_starts_during_the_wait() {
     assert_eq!(h.answer(&init), None, "warm: waits for the server");
     h.io().now_ms = 300;
     // The build ends; the server starts and is sent the host's initialize: it never answers.
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     assert!(h.current_epoch().is_some());
     h.io().to_child.clear();
     let fired = fire_timers(&mut h, 120_000, 500);
@@ -2203,7 +2196,7 @@ fn a_crash_during_the_first_handshake_does_not_fail_the_hosts_initialize() {
     let mut h = Harness::ungated(|c| c.warm = true);
     let init = initialize_unserved(&mut h);
     h.io().now_ms = 300;
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     h.io().to_child.clear(); // the server dies before reading its stdin
     exit_current(&mut h);
     assert!(
@@ -2300,7 +2293,7 @@ fn a_cancelled_call_that_ran_still_gets_an_audited_outcome() {
 #[test]
 fn initialize_is_not_announced_as_success_when_the_connection_closes() {
     let mut h = Harness::ungated(|c| c.restart = Restart::Disconnect);
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     assert!(
         h.current_epoch().is_some(),
         "the server is up before the host speaks"
@@ -2327,7 +2320,7 @@ fn initialize_is_not_announced_as_success_when_the_connection_closes() {
 #[test]
 fn a_slow_running_server_answering_another_version_is_not_disconnected() {
     let mut h = Harness::ungated(|_| {});
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     assert!(
         h.current_epoch().is_some(),
         "the server is up before the host speaks"
@@ -2344,7 +2337,7 @@ fn a_slow_running_server_answering_another_version_is_not_disconnected() {
     fire_timers(&mut h, 6_000, 50);
     let line = json!({"jsonrpc": "2.0", "id": sent["id"], "result": {"protocolVersion": "2025-06-18",
         "capabilities": {"tools": {}}, "serverInfo": {"name": "fake", "version": "1"}}});
-    h.s.handle(Event::ChildLine {
+    h.handle(Event::ChildLine {
         epoch,
         line: line.to_string().into_bytes(),
     });
@@ -2406,19 +2399,13 @@ fn a_control_request_its_client_gave_up_on_is_not_carried_out() {
     let (tx, rx) = crossbeam_channel::bounded(1);
     let (reply, wait) = ControlReply::new(tx);
     assert!(wait.give_up());
-    h.s.handle(Event::Control {
-        request: json!({"op": "restart"}),
-        reply,
-    });
+    h.control_call(json!({"op": "restart"}), reply);
     h.serve();
     assert!(rx.try_recv().is_err(), "no answer: nobody waits for one");
     assert_eq!(h.io().stopped.len(), stops, "not restarted");
     let (tx, rx) = crossbeam_channel::bounded(1);
     let (reply, wait) = ControlReply::new(tx);
-    h.s.handle(Event::Control {
-        request: json!({"op": "restart"}),
-        reply,
-    });
+    h.control_call(json!({"op": "restart"}), reply);
     assert!(!wait.give_up(), "taken up: its answer is coming");
     assert_eq!(rx.try_recv().unwrap()["ok"], json!(true));
     assert_eq!(h.io().stopped.len(), stops + 1, "restarted");

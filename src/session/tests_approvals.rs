@@ -424,7 +424,7 @@ fn a_server_exit_during_the_prompt_withdraws_it() {
     let call = h.call_with("write_item", json!({}));
     let pid = last_prompt(&mut h)["id"].clone();
     assert_eq!(h.answer(&call), None, "waits for the human");
-    h.s.handle(Event::ChildExited {
+    h.handle(Event::ChildExited {
         epoch: epoch.clone(),
         exit: ExitInfo {
             code: Some(101),
@@ -533,7 +533,7 @@ fn open_prompts_are_bounded_and_a_cancelled_call_closes_its_prompt() {
     answer_prompt(&mut h, &p1, accept("tool"));
     assert!(grants(&mut h).is_empty());
     // Shutdown answers the call still waiting.
-    h.s.handle(Event::Shutdown("test".into()));
+    h.handle(Event::Shutdown("test".into()));
     assert!(h.answer(&c2).is_some());
 }
 

@@ -176,7 +176,7 @@ fn decline_refuses_and_a_rebuild_voids_the_answer() {
     let (state, _) = form(&h.answer(&second).unwrap());
     let old = h.current_epoch().unwrap();
     h.build(complete("b"));
-    h.s.handle(Event::ChildStopped { epoch: old });
+    h.handle(Event::ChildStopped { epoch: old });
     h.serve();
     let l = h.request("tools/list", json!({"_meta": meta(true)}));
     assert!(h.answer(&l).is_some());
@@ -306,7 +306,7 @@ proptest! {
                 Step::Rebuild(n) => {
                     if let Some(old) = h.current_epoch() {
                         h.build(complete(&format!("r{n}")));
-                        h.s.handle(Event::ChildStopped { epoch: old });
+                        h.handle(Event::ChildStopped { epoch: old });
                         h.serve();
                     }
                 }
@@ -315,10 +315,7 @@ proptest! {
                     terminal_may_grant = true;
                     if let Some(epoch) = h.current_epoch() {
                         let (tx, _rx) = crossbeam_channel::bounded(1);
-                        h.s.handle(Event::Control {
-                            request: json!({"op": "approve", "epoch": epoch, "tools": ["write_item"]}),
-                            reply: tx.into(),
-                        });
+                        h.control_call(json!({"op": "approve", "epoch": epoch, "tools": ["write_item"]}), tx.into());
                         h.serve();
                     }
                 }

@@ -65,7 +65,7 @@ fn garbage_first_page_of_a_refresh_keeps_the_catalog() {
         "{{\"jsonrpc\":\"2.0\",\"id\":{},\"result\":{{\"tools\":[",
         page["id"]
     );
-    h.s.handle(Event::ChildLine {
+    h.handle(Event::ChildLine {
         epoch: epoch.clone(),
         line: line.into_bytes(),
     });

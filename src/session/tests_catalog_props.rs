@@ -162,7 +162,7 @@ impl Run {
     }
 
     fn handle(&mut self, e: Event) {
-        self.h.s.handle(e);
+        self.h.handle(e);
         self.pump();
     }
 
@@ -179,7 +179,7 @@ impl Run {
 
     /// The server reads what was sent to it: handshakes are answered at once, the rest queued.
     fn pump(&mut self) {
-        while let Some((epoch, msg)) = self.h.s.io().to_child.pop_front() {
+        while let Some((epoch, msg)) = self.h.io.to_child.pop_front() {
             if Some(epoch.as_str()) != self.h.s.current_epoch() {
                 continue;
             }
@@ -209,7 +209,7 @@ impl Run {
                 }
             };
             let line = json!({"jsonrpc": "2.0", "id": id, "result": result});
-            self.h.s.handle(Event::ChildLine {
+            self.h.handle(Event::ChildLine {
                 epoch,
                 line: line.to_string().into_bytes(),
             });
@@ -455,11 +455,11 @@ impl Run {
 
     /// The invariants that hold after every step.
     fn check(&mut self, max_run: usize) -> Result<(), TestCaseError> {
-        let ends = fetches_ended(&self.h.s.io);
+        let ends = fetches_ended(&self.h.io);
         if ends > std::mem::replace(&mut self.fetch_ends, ends) {
             self.fetch_run = self.fetch_run.min(1); // at most one started since
         }
-        let s = &self.h.s;
+        let (s, io) = (&self.h.s, &self.h.io);
         if let Some(c) = s.server.child() {
             let pages = c
                 .requests
@@ -492,15 +492,12 @@ impl Run {
                 self.fetched_whole.contains(&rec.digest),
                 "recorded catalog {:?} is no list a fetch got whole (status: {:?})",
                 rec.tools,
-                s.io.status
+                io.status
             );
         }
         // The server says `list_changed` whenever its tools change: a catalog mixing two of its
         // states is kept only once the refetches in a row ran out (and says so).
-        let gave_up =
-            s.io.status
-                .iter()
-                .any(|l| l.contains("changed during each"));
+        let gave_up = io.status.iter().any(|l| l.contains("changed during each"));
         if let Some(rec) = &s.recorded.catalog
             && !gave_up
         {
@@ -510,7 +507,7 @@ impl Run {
                 rec.tools
             );
         }
-        for (kind, _, data) in &s.io.audit {
+        for (kind, _, data) in &io.audit {
             // A single tool presented on its own (a stale call's result) is no listing.
             if kind == audit::CATALOG_PRESENTED
                 && data["tool"].is_null()
@@ -524,11 +521,11 @@ impl Run {
             }
         }
         for id in &self.requests {
-            let n =
-                s.io.to_host
-                    .iter()
-                    .filter(|m| m.get("id") == Some(id) && m.get("method").is_none())
-                    .count();
+            let n = io
+                .to_host
+                .iter()
+                .filter(|m| m.get("id") == Some(id) && m.get("method").is_none())
+                .count();
             prop_assert!(n <= 1, "request {} answered {} times", id, n);
         }
         Ok(())

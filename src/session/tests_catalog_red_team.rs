@@ -154,7 +154,7 @@ fn a_huge_description_change_keeps_the_catalog_record_small() {
         req["id"],
         serde_json::to_string(&"\"".repeat(n + 1)).unwrap()
     );
-    h.s.handle(Event::ChildLine {
+    h.handle(Event::ChildLine {
         epoch: epoch.clone(),
         line: line.into_bytes(),
     });
@@ -278,7 +278,7 @@ fn refetches_for_list_changed_are_bounded() {
 fn an_error_on_a_later_page_of_the_first_fetch_keeps_the_pages_fetched() {
     let mut h = Harness::ungated(|_| {});
     h.connect_legacy();
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     let epoch = h.current_epoch().unwrap();
     // The handshake, answered by the fake server; the first catalog page is ours to answer.
     loop {
@@ -459,7 +459,7 @@ fn a_garbled_catalog_page_does_not_leave_the_session_fetching() {
     let epoch = h.current_epoch().unwrap();
     from_child(&mut h, &epoch, list_changed());
     let page = next_to_child(&mut h);
-    h.s.handle(Event::ChildLine {
+    h.handle(Event::ChildLine {
         epoch: epoch.clone(),
         line: format!(
             "{{\"jsonrpc\":\"2.0\",\"id\":{},\"result\":{{\"tools\":[{{\"name\":\"x\",\"inputSchema\":{{\"default\":NaN}}}}]}}}}",

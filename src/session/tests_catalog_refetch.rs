@@ -71,7 +71,7 @@ fn a_new_servers_first_list_past_its_deadline_announces_nothing() {
     assert_ne!(new, old);
     // The budget passes; a call comes right after.
     h.io().now_ms += budget_ms() + 1;
-    h.s.handle(Event::Timer(Timer::ServerDeadline));
+    h.handle(Event::Timer(Timer::ServerDeadline));
     let id = json!("late-call");
     host_raw(
         &mut h,
@@ -224,7 +224,7 @@ fn a_host_listing_past_the_page_bound_starts_no_fetch() {
     };
     let mut h = Harness::ungated(|_| {});
     h.connect_legacy();
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     server.serve(&mut h);
     assert!(h.s.child_ready());
     let first_fetch = server.supervisor_pages;
@@ -293,8 +293,8 @@ fn a_call_to_a_server_whose_tools_are_unknown_asks_for_them() {
 #[test]
 fn a_call_fetching_unknown_tools_strands_no_other_held_request() {
     let (mut h, old) = Harness::serving_legacy();
-    h.s.handle(Event::BuildFinished(Box::new(complete("b"))));
-    h.s.handle(Event::ChildStopped { epoch: old });
+    h.handle(Event::BuildFinished(Box::new(complete("b"))));
+    h.handle(Event::ChildStopped { epoch: old });
     let c = json!("c1");
     let call = json!({"name": "list_items", "arguments": {}});
     host_raw(
@@ -334,8 +334,8 @@ fn a_call_fetching_unknown_tools_strands_no_other_held_request() {
 #[test]
 fn a_request_held_through_a_handshake_goes_to_the_server_when_its_list_is_fetched() {
     let (mut h, old) = Harness::serving_legacy();
-    h.s.handle(Event::BuildFinished(Box::new(complete("b"))));
-    h.s.handle(Event::ChildStopped { epoch: old });
+    h.handle(Event::BuildFinished(Box::new(complete("b"))));
+    h.handle(Event::ChildStopped { epoch: old });
     let r = json!("r1");
     host_raw(
         &mut h,

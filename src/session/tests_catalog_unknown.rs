@@ -120,7 +120,7 @@ fn a_catalog_short_of_a_failed_page_is_fetched_again_when_the_host_lists() {
         pages: vec![vec![tool("list_items", 1)], vec![tool("write_item", 1)]],
         fail_page: Some(1),
     };
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     server.serve(&mut h);
     assert!(h.s.child_ready());
     assert_eq!(
@@ -305,7 +305,7 @@ fn advance_silent(h: &mut Harness, ms: u64) {
     let target = h.io().now_ms + ms;
     while let Some(timer) = h.io().take_due_timer(target) {
         h.io().to_child.clear();
-        h.s.handle(Event::Timer(timer));
+        h.handle(Event::Timer(timer));
     }
     h.io().to_child.clear();
     h.io().now_ms = target;
@@ -320,7 +320,7 @@ fn a_silent_handshake_after_an_old_servers_fetch_deadline_is_stopped() {
     from_child(&mut h, &a, list_changed());
     h.io().to_child.clear();
     advance_silent(&mut h, 1_000);
-    h.s.handle(Event::ChildExited {
+    h.handle(Event::ChildExited {
         epoch: a.clone(),
         exit: ExitInfo {
             code: Some(1),
@@ -404,7 +404,7 @@ fn a_whole_list_of_exactly_the_page_bound_is_not_cut() {
             .collect(),
         fail_page: None,
     };
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     server.serve(&mut h);
     assert!(h.s.child_ready());
     assert_eq!(
@@ -451,7 +451,7 @@ fn a_modern_call_with_a_request_state_argument_asks_for_unknown_tools() {
     let good = h.tools.clone();
     h.tools = vec![tool("list_items", 1), tool("list_items", 1)];
     h.build(complete("b"));
-    h.s.handle(Event::ChildStopped { epoch: old });
+    h.handle(Event::ChildStopped { epoch: old });
     h.serve();
     h.tools = good;
     assert!(h.s.child_ready());

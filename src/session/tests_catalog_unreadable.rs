@@ -24,7 +24,7 @@ fn next_request(h: &mut Harness, method: &str) -> Value {
 fn first_fetch_pending() -> (Harness, String, Value) {
     let mut h = Harness::ungated(|_| {});
     h.connect_legacy();
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     let epoch = h.current_epoch().expect("a server");
     let init = next_request(&mut h, "initialize");
     from_child(
@@ -118,7 +118,7 @@ fn a_continuation_page_asked_in_a_restart_is_not_answered_with_the_whole_record(
     h.connect_legacy();
     h.build(complete("a"));
     let epoch = h.current_epoch().unwrap();
-    h.s.handle(Event::ChildExited {
+    h.handle(Event::ChildExited {
         epoch,
         exit: crate::supervisor::ExitInfo {
             code: Some(1),
@@ -126,7 +126,7 @@ fn a_continuation_page_asked_in_a_restart_is_not_answered_with_the_whole_record(
         },
     });
     let presented = h.audit_kinds(audit::CATALOG_PRESENTED).len();
-    h.s.handle(Event::HostLine(
+    h.handle(Event::HostLine(
         json!({"jsonrpc": "2.0", "id": 50, "method": "tools/list", "params": {"cursor": "p2"}})
             .to_string()
             .into_bytes(),
@@ -144,7 +144,7 @@ fn a_continuation_page_asked_in_a_restart_is_not_answered_with_the_whole_record(
             .collect();
         io.timers.retain(|(at, _)| *at > now);
         for t in due {
-            h.s.handle(Event::Timer(t));
+            h.handle(Event::Timer(t));
         }
     }
     let answer = h.answer(&json!(50)).expect("answered");

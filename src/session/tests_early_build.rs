@@ -20,7 +20,7 @@ fn latest_exe(h: &Harness) -> Option<String> {
 }
 
 fn settle(h: &mut Harness, changed_after_leading_edge: bool) {
-    h.s.handle(Event::SourcesChanged {
+    h.handle(Event::SourcesChanged {
         paths: vec!["src/main.rs".into()],
         changed_after_leading_edge,
     });
@@ -28,7 +28,7 @@ fn settle(h: &mut Harness, changed_after_leading_edge: bool) {
 }
 
 fn changing(h: &mut Harness) {
-    h.s.handle(Event::SourcesChanging);
+    h.handle(Event::SourcesChanging);
     h.serve();
 }
 
@@ -104,7 +104,7 @@ fn a_burst_during_an_ordinary_build_still_queues_one_follow_up() {
 fn a_session_that_stops_during_an_early_build_uses_nothing() {
     let mut h = serving();
     changing(&mut h);
-    h.s.handle(Event::Shutdown("signal".into()));
+    h.handle(Event::Shutdown("signal".into()));
     h.serve();
     h.build(complete("b"));
     settle(&mut h, false);

@@ -89,7 +89,7 @@ impl Run {
             }
             let e = stopped[self.stopped_seen].clone();
             self.stopped_seen += 1;
-            self.h.s.handle(Event::ChildStopped { epoch: e });
+            self.h.handle(Event::ChildStopped { epoch: e });
         }
         if self.silent {
             return;
@@ -115,7 +115,7 @@ impl Run {
     fn advance(&mut self, ms: u64) {
         let target = self.h.io().now_ms + ms;
         while let Some(timer) = self.h.io().take_due_timer(target) {
-            self.h.s.handle(Event::Timer(timer));
+            self.h.handle(Event::Timer(timer));
             self.pump();
         }
         self.h.io().now_ms = target;
@@ -175,16 +175,16 @@ fn run(recorded: bool, mode: u8, evs: Vec<Ev>) {
             Ev::Call => r.send("tools/call", json!({"name": "list_items", "arguments": {}})),
             Ev::Build(x) => {
                 let exe = ["a", "b", "c"][x as usize];
-                r.h.s.handle(Event::BuildFinished(Box::new(complete(exe))));
+                r.h.handle(Event::BuildFinished(Box::new(complete(exe))));
                 r.pump();
             }
             Ev::Broken => {
-                r.h.s.handle(Event::BuildFinished(Box::new(failed(None))));
+                r.h.handle(Event::BuildFinished(Box::new(failed(None))));
                 r.pump();
             }
             Ev::Crash => {
                 if let Some(e) = r.h.current_epoch() {
-                    r.h.s.handle(Event::ChildExited {
+                    r.h.handle(Event::ChildExited {
                         epoch: e,
                         exit: ExitInfo {
                             code: Some(1),
@@ -231,7 +231,7 @@ fn run(recorded: bool, mode: u8, evs: Vec<Ev>) {
     // finale: a good build, a serving server, a long time
     r.silent = false;
     if !r.h.io().host_closed {
-        r.h.s.handle(Event::BuildFinished(Box::new(complete("z"))));
+        r.h.handle(Event::BuildFinished(Box::new(complete("z"))));
         r.pump();
     }
     for _ in 0..20 {

@@ -41,7 +41,7 @@ fn server_silent(h: &mut Harness) -> Vec<Value> {
 }
 
 fn crash(h: &mut Harness, epoch: &str) {
-    h.s.handle(Event::ChildExited {
+    h.handle(Event::ChildExited {
         epoch: epoch.to_string(),
         exit: ExitInfo {
             code: Some(101),
@@ -82,7 +82,7 @@ fn an_initialize_at_a_server_that_exits_waits_for_the_next_server() {
     let mut h = Harness::ungated(|_| {});
     let probe = h.request("server/discover", modern_meta());
     h.advance(900);
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     let a = h.current_epoch().expect("server a started");
     let sent = server_silent(&mut h);
     answer_sent(
@@ -136,7 +136,7 @@ fn initialize_is_answered_within_its_first_start_budget_while_a_started_server_i
     let mut h = Harness::ungated(|c| c.recorded = recorded(V));
     let init = initialize_raw(&mut h, 0, V);
     h.advance(4_000);
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     let sent = server_silent(&mut h);
     assert!(sent.iter().any(|m| m["method"] == json!("initialize")));
     let budget = DEFAULT_FIRST_START_BUDGET.as_millis() as u64;
@@ -157,7 +157,7 @@ fn initialize_waits_at_most_its_budget_across_a_late_servers_handshake() {
     let mut h = Harness::ungated(|_| {});
     let init = initialize_raw(&mut h, 0, V);
     h.advance(20_000);
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     server_silent(&mut h);
     h.advance(HOST_CONNECT_TIMEOUT_MS - 20_000);
     assert!(
@@ -185,8 +185,8 @@ fn a_fallback_initialize_never_stops_a_server_that_is_still_within_its_handshake
     h.build(complete("a")); // served: discover, list, and the held probe (host gave up at 500)
     let a = h.current_epoch().expect("server a");
     h.advance(100);
-    h.s.handle(Event::BuildFinished(Box::new(complete("b"))));
-    h.s.handle(Event::ChildStopped { epoch: a.clone() });
+    h.handle(Event::BuildFinished(Box::new(complete("b"))));
+    h.handle(Event::ChildStopped { epoch: a.clone() });
     let b = h.current_epoch().expect("server b");
     assert_ne!(a, b);
     server_silent(&mut h); // b has our server/discover, not answered yet
@@ -220,7 +220,7 @@ fn a_second_initialize_while_one_is_at_the_server_is_refused_not_forwarded() {
     let mut h = Harness::ungated(|_| {});
     let probe = h.request("server/discover", modern_meta());
     h.advance(900);
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     let a = h.current_epoch().expect("server a");
     let sent = server_silent(&mut h);
     answer_sent(
@@ -267,7 +267,7 @@ fn a_recorded_answer_is_kept_under_the_version_the_server_was_asked() {
         json!("recorded")
     );
     h.initialized();
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     let a = h.current_epoch().expect("server a");
     let sent = server_silent(&mut h);
     let _second = initialize_raw(&mut h, 1, "2025-11-25");
@@ -347,7 +347,7 @@ fn an_identical_answer_never_reads_as_a_version_change() {
     // A record whose version is not a string is not one the host can be given (fix: it
     // waits for the server's own answer).
     assert!(h.answer(&init).is_none(), "{:?}", h.io().status);
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     let a = h.current_epoch().expect("server a");
     let sent = server_silent(&mut h);
     answer_sent(&mut h, &a, &sent, "initialize", odd);
@@ -396,7 +396,7 @@ fn a_held_list_is_never_answered_from_a_record_once_a_server_of_this_session_was
     h.initialized();
     let list = h.request("tools/list", json!({}));
     h.advance(15_000); // 20 s
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     let a = h.current_epoch().expect("server a");
     let sent = server_silent(&mut h);
     answer_sent(
@@ -442,7 +442,7 @@ fn an_oversized_handshake_answer_still_gets_the_hosts_initialize_an_answer() {
     let mut h = Harness::ungated(|_| {});
     let init = initialize_raw(&mut h, 0, V);
     h.advance(1_000);
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     let a = h.current_epoch().expect("server a");
     let sent = server_silent(&mut h);
     let ours = sent
@@ -453,7 +453,7 @@ fn an_oversized_handshake_answer_still_gets_the_hosts_initialize_an_answer() {
         r#"{{"jsonrpc":"2.0","id":{},"result":{{"protocolVersion":"#,
         ours["id"]
     );
-    h.s.handle(Event::ChildOversize {
+    h.handle(Event::ChildOversize {
         epoch: a,
         prefix: prefix.into_bytes(),
         len: 64 << 20,

@@ -24,11 +24,11 @@ fn only_notifications_are_droppable_whatever_their_member_order() {
     h.initialized();
     h.io().droppable.clear();
     h.host(serde_json::json!({"jsonrpc": "2.0", "method": "tools/list", "params": {}, "id": 41}));
-    h.s.handle(Event::HostLine(
+    h.handle(Event::HostLine(
         br#"{"jsonrpc":"2.0","method":"tools/list","params":{},"id":42}"#.to_vec(),
     ));
     h.serve();
-    h.s.handle(Event::HostLine(
+    h.handle(Event::HostLine(
         br#"{"method":"notifications/roots/list_changed","jsonrpc":"2.0"}"#.to_vec(),
     ));
     h.serve();
@@ -58,7 +58,7 @@ fn serving_a_host() -> (Harness, String) {
 /// what the host is told, exactly one message.
 fn list_answered_with(h: &mut Harness, epoch: &str, host_id: &str, result: &str) -> Value {
     h.io().to_child.clear();
-    h.s.handle(Event::HostLine(
+    h.handle(Event::HostLine(
         format!(r#"{{"jsonrpc":"2.0","id":"{host_id}","method":"tools/list","params":{{}}}}"#)
             .into_bytes(),
     ));
@@ -66,7 +66,7 @@ fn list_answered_with(h: &mut Harness, epoch: &str, host_id: &str, result: &str)
     assert_eq!(forwarded["method"], "tools/list");
     let ours = forwarded["id"].clone();
     let before = h.io().to_host.len();
-    h.s.handle(Event::ChildLine {
+    h.handle(Event::ChildLine {
         epoch: epoch.to_string(),
         line: format!(r#"{{"jsonrpc":"2.0","id":{ours},"result":{result}}}"#).into_bytes(),
     });
@@ -123,7 +123,7 @@ fn a_call_without_one_tool_name_is_refused_not_forwarded() {
         h.io().to_child.clear();
         let before = h.io().to_host.len();
         let denied_before = h.audit_kinds("authorization_denied").len();
-        h.s.handle(Event::HostLine(
+        h.handle(Event::HostLine(
             format!(
                 r#"{{"jsonrpc":"2.0","id":"bad-{i}","method":"tools/call","params":{params}}}"#
             )
@@ -153,7 +153,7 @@ fn a_call_without_one_tool_name_is_refused_not_forwarded() {
 
 /// The host's request `line` as the session reads it.
 fn host_line(h: &mut Harness, line: String) {
-    h.s.handle(Event::HostLine(line.into_bytes()));
+    h.handle(Event::HostLine(line.into_bytes()));
 }
 
 /// Every queue is bounded: a server that reads requests and never answers cannot grow the
@@ -220,7 +220,7 @@ fn a_server_that_never_answers_cannot_grow_the_open_requests_without_bound() {
 
     // The server answers one: the next request is forwarded; the overflow after it is told again.
     let ours = first_forwarded.unwrap();
-    h.s.handle(Event::ChildLine {
+    h.handle(Event::ChildLine {
         epoch: epoch.clone(),
         line: format!(r#"{{"jsonrpc":"2.0","id":{ours},"result":{{}}}}"#).into_bytes(),
     });
@@ -250,7 +250,7 @@ fn a_server_cannot_flood_the_host_with_requests_nobody_answers() {
     let (mut h, epoch) = serving_a_host();
     h.io().to_host.clear();
     let server_request = |h: &mut Harness, epoch: &str, i: usize| {
-        h.s.handle(Event::ChildLine {
+        h.handle(Event::ChildLine {
             epoch: epoch.to_string(),
             line: format!(r#"{{"jsonrpc":"2.0","id":"s-{i}","method":"roots/list"}}"#).into_bytes(),
         });
@@ -276,7 +276,7 @@ fn a_server_cannot_flood_the_host_with_requests_nobody_answers() {
     // The host answers the first: it reaches the server under the server's id, and the
     // server's next request reaches the host.
     let first = at_host[0]["id"].clone();
-    h.s.handle(Event::HostLine(
+    h.handle(Event::HostLine(
         json!({"jsonrpc": "2.0", "id": first, "result": {"roots": []}})
             .to_string()
             .into_bytes(),

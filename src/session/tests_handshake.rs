@@ -17,7 +17,7 @@ fn handshaking(configure: impl FnOnce(&mut SessionConfig)) -> (Harness, Value, S
     h.connect_legacy();
     let list = h.request("tools/list", json!({}));
     assert!(h.answer(&list).is_none(), "held for the first server");
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     let epoch = h.s.current_epoch().map(str::to_string);
     let epoch = epoch.unwrap_or_else(|| h.s.server.child().expect("spawned").epoch.to_string());
     let init = next_to_child(&mut h);
@@ -70,7 +70,7 @@ fn a_server_that_refuses_the_handshake_is_stopped_and_held_requests_are_answered
     let again = h.answer(&again).expect("answered at once");
     assert_eq!(again["error"]["code"], codes::SERVER_UNAVAILABLE);
     // The stopped server's exit is not a crash: no restart is scheduled.
-    h.s.handle(Event::ChildStopped {
+    h.handle(Event::ChildStopped {
         epoch: epoch.clone(),
     });
     assert!(!matches!(h.s.server, Server::RestartScheduled));
@@ -91,7 +91,7 @@ fn the_next_successful_build_starts_a_server_again_and_it_serves() {
 #[test]
 fn the_hosts_own_initialize_gets_the_servers_refusal_and_the_server_is_stopped() {
     let mut h = Harness::ungated(|c| c.warm = true);
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     let epoch = h.s.server.child().expect("spawned").epoch.to_string();
     let id = json!(1);
     host_raw(
@@ -160,7 +160,7 @@ fn an_earlier_servers_deadline_does_not_stop_a_later_one() {
     refuse(&mut h, &epoch, &init, "first");
     h.advance(20_000);
     // A new build at 20 s: its server's deadline is 45 s, the first server's timer fires at 25.
-    h.s.handle(Event::BuildFinished(Box::new(complete("b"))));
+    h.handle(Event::BuildFinished(Box::new(complete("b"))));
     let second = h.s.server.child().expect("spawned").epoch.to_string();
     let init = next_to_child(&mut h);
     assert_eq!(
@@ -203,7 +203,7 @@ fn discovering() -> (Harness, Value, String, Value) {
         json!({"_meta": {protocol::PROTOCOL_VERSION: protocol::MODERN_VERSION}}),
     );
     assert!(h.answer(&discover).is_none(), "held for the first server");
-    h.s.handle(Event::BuildFinished(Box::new(complete("a"))));
+    h.handle(Event::BuildFinished(Box::new(complete("a"))));
     let epoch = h.s.server.child().expect("spawned").epoch.to_string();
     let ours = next_to_child(&mut h);
     assert_eq!(ours["method"], "server/discover");
@@ -323,8 +323,8 @@ fn modern_rebuilt_unanswered() -> (Harness, String, Value) {
     let l = h.request("tools/list", json!({"_meta": meta()}));
     assert!(h.answer(&l).is_some());
     let old = h.current_epoch().unwrap();
-    h.s.handle(Event::BuildFinished(Box::new(complete("b"))));
-    h.s.handle(Event::ChildStopped { epoch: old.clone() });
+    h.handle(Event::BuildFinished(Box::new(complete("b"))));
+    h.handle(Event::ChildStopped { epoch: old.clone() });
     let new = h.s.server.child().expect("b spawned").epoch.to_string();
     assert_ne!(new, old);
     let ours = loop {
@@ -412,8 +412,8 @@ fn a_rebuilt_servers_internal_error_to_discover_does_not_end_the_session() {
     let l = h.request("tools/list", json!({"_meta": meta}));
     assert!(h.answer(&l).is_some());
     let old = h.current_epoch().unwrap();
-    h.s.handle(Event::BuildFinished(Box::new(complete("b"))));
-    h.s.handle(Event::ChildStopped { epoch: old.clone() });
+    h.handle(Event::BuildFinished(Box::new(complete("b"))));
+    h.handle(Event::ChildStopped { epoch: old.clone() });
     let epoch = h.s.server.child().expect("b spawned").epoch.to_string();
     let ours = loop {
         let m = next_to_child(&mut h);

@@ -47,7 +47,7 @@ fn rebuild_with_changed_tools(h: &mut Harness, exe: &str, version: u32) {
     let old = h.current_epoch().unwrap();
     h.tools = vec![tool("list_items", 1), tool("write_item", version)];
     h.build(complete(exe));
-    h.s.handle(Event::ChildStopped { epoch: old.clone() });
+    h.handle(Event::ChildStopped { epoch: old.clone() });
     h.serve();
     let new = h.current_epoch().expect("a new server");
     assert_ne!(new, old);
@@ -267,7 +267,7 @@ fn a_reopened_stream_the_new_server_refuses_is_acknowledged_again_for_tools_only
     h.listen = ListenReply::Refuse;
     let old = h.current_epoch().unwrap();
     h.build(complete("b"));
-    h.s.handle(Event::ChildStopped { epoch: old });
+    h.handle(Event::ChildStopped { epoch: old });
     h.serve();
     assert!(
         h.server_saw
