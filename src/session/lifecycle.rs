@@ -531,7 +531,8 @@ impl Session {
                     let delay = Duration::from_millis(
                         250u64 << (self.crashes.len().saturating_sub(1)).min(6),
                     );
-                    self.server.schedule_restart();
+                    let due = self.now() + delay.as_millis() as u64;
+                    self.server.schedule_restart(due);
                     self.out.status(StatusEvent::RestartingIn {
                         ms: delay.as_millis(),
                     });
@@ -570,7 +571,8 @@ impl Session {
     }
 
     pub(super) fn restart_due(&mut self) {
-        if self.server.restart_due()
+        let now = self.now();
+        if self.server.restart_due(now)
             && !matches!(self.lifecycle, Lifecycle::Stopping | Lifecycle::CrashLoop)
             && let Some(record) = self.latest.clone()
         {

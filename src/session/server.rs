@@ -16,8 +16,10 @@ pub enum Server {
     /// No server process runs, and none is on its way by itself (a build may be running: its
     /// result starts one).
     Idle,
-    /// The server exited and its restart is scheduled (`Timer::Restart`).
-    RestartScheduled,
+    /// The server exited and its restart is scheduled for `due_ms` (`Timer::Restart`). A timer
+    /// armed for an earlier restart that did not happen (a build's server started in the gap)
+    /// finds it not due: a restart never comes sooner than its status line said.
+    RestartScheduled { due_ms: u64 },
     /// A build runs because the last server could not start from its stored copy (was the
     /// target directory cleaned?); its result starts the server.
     RebuildingToStart,
@@ -57,7 +59,7 @@ impl Server {
             Server::Running(_)
                 | Server::Spawning(_)
                 | Server::Replacing(_)
-                | Server::RestartScheduled
+                | Server::RestartScheduled { .. }
         )
     }
 
@@ -127,16 +129,17 @@ impl Server {
         }
     }
 
-    /// The server exited and will be started again after a delay: from idle only (it was
-    /// just taken out).
-    pub fn schedule_restart(&mut self) {
+    /// The server exited and will be started again at `due_ms`: from idle only (it was just
+    /// taken out).
+    pub fn schedule_restart(&mut self, due_ms: u64) {
         debug_assert!(matches!(self, Server::Idle), "restart of {self:?}");
-        *self = Server::RestartScheduled;
+        *self = Server::RestartScheduled { due_ms };
     }
 
-    /// The scheduled restart is due: whether one was scheduled (the slot is idle again).
-    pub fn restart_due(&mut self) -> bool {
-        if matches!(self, Server::RestartScheduled) {
+    /// A restart timer fired at `now_ms`: whether the scheduled restart is due (the slot is idle
+    /// again). A timer of a restart that was overtaken finds nothing, or a later one not due.
+    pub fn restart_due(&mut self, now_ms: u64) -> bool {
+        if matches!(self, Server::RestartScheduled { due_ms } if *due_ms <= now_ms) {
             *self = Server::Idle;
             return true;
         }

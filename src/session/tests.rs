@@ -2200,7 +2200,7 @@ fn a_crash_during_the_first_handshake_does_not_fail_the_hosts_initialize() {
     h.io().to_child.clear(); // the server dies before reading its stdin
     exit_current(&mut h);
     assert!(
-        matches!(h.s.server, Server::RestartScheduled),
+        matches!(h.s.server, Server::RestartScheduled { .. }),
         "a restart is on its way"
     );
     h.advance(1_000); // the restart; the new server answers

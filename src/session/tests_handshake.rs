@@ -73,7 +73,7 @@ fn a_server_that_refuses_the_handshake_is_stopped_and_held_requests_are_answered
     h.handle(Event::ChildStopped {
         epoch: epoch.clone(),
     });
-    assert!(!matches!(h.s.server, Server::RestartScheduled));
+    assert!(!matches!(h.s.server, Server::RestartScheduled { .. }));
     assert_eq!(h.io().spawned.len(), 1);
 }
 
