@@ -2,7 +2,9 @@
 //!
 //! The shell around [`crate::session::Session`]: it owns the threads (host reader and writer,
 //! per-child readers and writer, build, watcher, signals, parent check, control socket) and
-//! turns the session's requests into I/O. Every decision is the session's.
+//! performs the session's effects ([`crate::session::Effect`]) one step at a time: the step's
+//! audit records in one write before its lines, results (a spawned pid, a failed write) handed
+//! back as events. Every decision is the session's.
 
 use std::collections::HashMap;
 use std::io::{BufReader, Write};

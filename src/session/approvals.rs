@@ -4,7 +4,7 @@
 //!
 //! Owns: prompts (their ids, deadlines and the call each holds), the form, matching an answer
 //! to the one prompt it answers, and turning an accepted answer into a grant through the gate
-//! (re-checked against the current epoch). Must not touch: the gate's rules, I/O (the port).
+//! (re-checked against the current epoch). Must not touch: the gate's rules, I/O (effects are data: `effect`).
 //!
 //! Ids: prompts are JSON-RPC requests to the host with string ids
 //! `"cargo-mcp-dev/approval/<minted id>"`. Requests the server sends to the host are relayed

@@ -6,7 +6,7 @@
 //!
 //! Owns: turning a refused call into that result, and matching a retry to the one open prompt it
 //! answers (same tool, same arguments digest, the prompt's epoch, once). Must not touch: the
-//! gate's rules, the legacy prompt flow (`approvals`), I/O (the port).
+//! gate's rules, the legacy prompt flow (`approvals`), I/O (effects are data: `effect`).
 //!
 //! The retry's `requestState` is only a key into the supervisor's own table of open prompts:
 //! nothing in it is trusted. A retry naming no open prompt, another call's prompt, or carrying

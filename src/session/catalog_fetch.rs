@@ -4,7 +4,7 @@
 //! Owns: the supervisor's own paged `tools/list` (bounded), catalog revisions and their audit
 //! records (`catalog_refreshed`, `catalog_presented`), the recorded catalog kept for later
 //! first contacts, and telling the host when what it holds is outdated. Must not touch: gating
-//! decisions (the gate judges per tool from what this room tells it), I/O (the port).
+//! decisions (the gate judges per tool from what this room tells it), I/O (effects are data: `effect`).
 
 use serde_json::{Value, json};
 

@@ -3,7 +3,7 @@
 //! Owns: mapping the server's answers back to the host's ids, the server's own requests and
 //! notifications (re-tagged for the host), the handshake result of each new server and whether
 //! it can continue the host's connection, and what happens to non-JSON or oversized output.
-//! Must not touch: gating, held-request policy, I/O (the port).
+//! Must not touch: gating, held-request policy, I/O (effects are data: `effect`).
 
 use serde_json::{Value, json};
 

@@ -7,7 +7,7 @@
 //!
 //! The rule (README "First contact"): no answer the host receives describes state that no real
 //! server produced. Must not touch: gating (held calls are judged by the router when released),
-//! I/O (the port).
+//! I/O (effects are data: `effect`).
 
 use std::time::Duration;
 

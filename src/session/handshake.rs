@@ -3,7 +3,7 @@
 //! answers it): it is stopped and requests are answered at once with why, or, for a server that
 //! refuses only the modern handshake, the host's fallback `initialize` is passed to it.
 //!
-//! Must not touch: I/O (the port), gating, what the host is told before a server exists (the
+//! Must not touch: I/O (effects are data: `effect`), gating, what the host is told before a server exists (the
 //! first-contact room).
 
 use std::time::Duration;

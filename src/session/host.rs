@@ -3,7 +3,7 @@
 //! Owns: parsing errors answered to the host, the era the host speaks, routing requests to the
 //! server (ids mapped into our id space), host notifications and the host's answers to the
 //! server's requests. Must not touch: gating (the router), held-request policy (first contact),
-//! I/O (the port).
+//! I/O (effects are data: `effect`).
 
 use serde_json::{Value, json};
 

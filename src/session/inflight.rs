@@ -1,7 +1,7 @@
 //! In-flight room: requests whose server was replaced or exited while they ran.
 //!
 //! Owns: the one answer each such request gets (`epoch_transition`, never a replay) and its
-//! audit record. Must not touch: restarts themselves (lifecycle), I/O (the port).
+//! audit record. Must not touch: restarts themselves (lifecycle), I/O (effects are data: `effect`).
 
 use serde_json::json;
 

@@ -10,7 +10,7 @@
 //! it and is gone (the server exited, was replaced, answered with a broken line) leaves it
 //! waiting again: the next server is sent it, and its deadline still holds.
 //!
-//! Must not touch: I/O (the port), gating, held requests (first contact), the server's
+//! Must not touch: I/O (effects are data: `effect`), gating, held requests (first contact), the server's
 //! handshake itself (the handshake room sends it and hands answers here).
 
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //!
 //! Owns: [`Lifecycle`], [`Builds`], the child slot, epochs minted for new servers and the
 //! audit records of those transitions. Must not touch: message contents (host and child rooms),
-//! gating decisions (the gate), I/O (the port).
+//! gating decisions (the gate), I/O (effects are data: `effect`).
 
 use std::time::Duration;
 
@@ -275,6 +275,14 @@ impl Session {
         fallback: Option<String>,
     ) {
         self.out.spawn(&epoch, record.clone());
+        // The shell reports a start before anything else happens; a start never reported is
+        // not waited for by a control client.
+        if let Server::Spawning(s) = &mut self.server
+            && let Some(ticket) = s.ticket.take()
+        {
+            self.out
+                .answer_control(ticket, json!({"ok": true, "result": {"restarting": true}}));
+        }
         self.server.spawning(Spawning {
             epoch,
             record,

@@ -4,7 +4,7 @@
 //! `tool_called` written before the call is forwarded), the refusal a model can read, and a
 //! stale call's result carrying the tool's current definition and the diff from what this host
 //! was shown (itself a presentation of the new definition, recorded as such). Must not touch:
-//! the rules themselves (the gate), I/O (the port).
+//! the rules themselves (the gate), I/O (effects are data: `effect`).
 
 use serde_json::{Value, json};
 

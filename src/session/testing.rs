@@ -85,14 +85,14 @@ impl FakeIo {
         for effect in effects {
             match effect {
                 Effect::Audit { .. } => {}
-                Effect::ToHost { line, droppable } => self.to_host(line, droppable),
+                Effect::ToHost { line, droppable } => self.host_line(line, droppable),
                 Effect::ToChild { call: Some(id), .. } if failed.is_some() => dropped.push(id),
                 Effect::ToChild {
                     epoch,
                     line,
                     droppable,
                     ..
-                } => self.to_child(&epoch, line, droppable),
+                } => self.child_line(&epoch, line, droppable),
                 Effect::StartBuild => self.builds_started += 1,
                 Effect::SetAsideBuild => self.builds_set_aside += 1,
                 Effect::Spawn { epoch, .. } => results.push(match &self.spawn_error {
@@ -137,7 +137,7 @@ impl FakeIo {
         results
     }
 
-    fn to_host(&mut self, line: Vec<u8>, droppable: bool) {
+    fn host_line(&mut self, line: Vec<u8>, droppable: bool) {
         assert_eq!(line.last(), Some(&b'\n'), "one line per message");
         assert!(
             !line[..line.len() - 1].contains(&b'\n'),
@@ -150,7 +150,7 @@ impl FakeIo {
         self.to_host.push(v);
     }
 
-    fn to_child(&mut self, epoch: &str, line: Vec<u8>, droppable: bool) {
+    fn child_line(&mut self, epoch: &str, line: Vec<u8>, droppable: bool) {
         let v: Value = serde_json::from_slice(&line).expect("the session writes JSON to the child");
         // A server that never started gets nothing (as the real shell has no pipe to it).
         if !self.spawned.iter().any(|(e, _)| e == epoch) {
