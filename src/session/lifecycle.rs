@@ -289,6 +289,7 @@ impl Session {
             replaced,
             fallback,
             ticket: None,
+            restart_due: None,
         });
     }
 
@@ -299,74 +300,78 @@ impl Session {
             return;
         };
         let ticket = spawning.ticket;
-        self.start_failed(spawning.record, why);
+        self.start_failed(spawning.record, why, spawning.restart_due);
         if let Some(ticket) = ticket {
             let answer = self.restart_answer_after_failure();
             self.out.answer_control(ticket, answer);
         }
     }
 
-    fn start_failed(&mut self, record: IdentityRecord, e: &str) {
-        {
-            {
-                self.out
-                    .status(StatusEvent::SpawnFailed { why: e.to_string() });
-                // Its stored copy may be gone (`cargo clean` takes the target directory, store
-                // included) or changed: a build captures it again. Once per identity and at most
-                // once a minute (a build whose identity changes every time must not loop), and
-                // not while a build runs (that build's result is started anyway).
-                let now = self.now();
-                if self.builds != Builds::Idle && self.lifecycle != Lifecycle::Stopping {
-                    // A build is under way and its result is started (a fresh copy): nothing
-                    // has failed for good, and held requests keep waiting for it.
-                    self.out.status(StatusEvent::BuildUnderWayStartsIt);
-                    self.leave_start_failed();
-                    self.publish();
-                    return;
-                }
-                let may_rebuild = match &self.last_start_rebuild {
-                    None => true,
-                    Some(last) => {
-                        last.identity != record.identity_digest
-                            && now.saturating_sub(last.at_ms) >= START_REBUILD_INTERVAL_MS
-                    }
-                };
-                if may_rebuild && self.lifecycle != Lifecycle::Stopping {
-                    self.last_start_rebuild = Some(StartRebuild {
-                        identity: record.identity_digest.clone(),
-                        at_ms: now,
-                    });
-                    self.server.rebuild_to_start();
-                    self.out.status(StatusEvent::BuildingAgainForFreshCopy);
-                    // A server is on its way again (a restart asked for from `StartFailed`).
-                    self.leave_start_failed();
-                    self.request_build();
-                    // Held requests keep waiting, within their own deadlines: a server is on
-                    // its way (see `hold_budget`).
-                    self.publish();
-                    return;
-                }
-                // No server runs now, whether or not one ran before: calls are answered with
-                // why (held calls would wait for a start that is not coming).
-                if self.lifecycle != Lifecycle::Stopping {
-                    self.lifecycle = Lifecycle::StartFailed {
-                        message: e.to_string(),
-                    };
-                }
-                self.fail_held();
-                self.publish();
-            }
+    /// `restart_due`: a crash restart that was scheduled when this start was asked for (a
+    /// build's server started in its gap); it stays scheduled, as it was announced.
+    fn start_failed(&mut self, record: IdentityRecord, e: &str, restart_due: Option<u64>) {
+        self.out
+            .status(StatusEvent::SpawnFailed { why: e.to_string() });
+        // Its stored copy may be gone (`cargo clean` takes the target directory, store
+        // included) or changed: a build captures it again. Once per identity and at most once
+        // a minute (a build whose identity changes every time must not loop), and not while a
+        // build runs (that build's result is started anyway).
+        let now = self.now();
+        let stopping = self.lifecycle == Lifecycle::Stopping;
+        if let Some(due) = restart_due.filter(|_| !stopping) {
+            self.server.schedule_restart(due);
         }
+        if self.builds != Builds::Idle && !stopping {
+            // A build is under way and its result is started (a fresh copy): nothing has
+            // failed for good, and held requests keep waiting for it.
+            self.out.status(StatusEvent::BuildUnderWayStartsIt);
+            self.leave_start_failed();
+            self.publish();
+            return;
+        }
+        let may_rebuild = match &self.last_start_rebuild {
+            None => true,
+            Some(last) => {
+                last.identity != record.identity_digest
+                    && now.saturating_sub(last.at_ms) >= START_REBUILD_INTERVAL_MS
+            }
+        };
+        if may_rebuild && !stopping {
+            self.last_start_rebuild = Some(StartRebuild {
+                identity: record.identity_digest.clone(),
+                at_ms: now,
+            });
+            self.server.rebuild_to_start(restart_due);
+            self.out.status(StatusEvent::BuildingAgainForFreshCopy);
+            // A server is on its way again (a restart asked for from `StartFailed`).
+            self.leave_start_failed();
+            self.request_build();
+            // Held requests keep waiting, within their own deadlines: a server is on its way
+            // (see `hold_budget`).
+            self.publish();
+            return;
+        }
+        // No server runs now, whether or not one ran before: calls are answered with why (held
+        // calls would wait for a start that is not coming).
+        if !stopping {
+            self.lifecycle = Lifecycle::StartFailed {
+                message: e.to_string(),
+            };
+        }
+        self.fail_held();
+        self.publish();
     }
 
     /// The server asked for runs as `pid`.
     pub(super) fn on_spawned(&mut self, epoch: &str, pid: u32) {
+        // Running: a crash restart still scheduled is moot.
         let Some(Spawning {
             epoch,
             record,
             replaced,
             fallback,
             ticket,
+            restart_due: _,
         }) = self.server.take_spawning(epoch)
         else {
             return;

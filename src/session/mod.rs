@@ -71,6 +71,8 @@ mod tests_catalog_unknown;
 #[cfg(test)]
 mod tests_catalog_unreadable;
 #[cfg(test)]
+mod tests_core_red_team;
+#[cfg(test)]
 mod tests_early_build;
 #[cfg(test)]
 mod tests_first_contact_fuzz;

@@ -21,8 +21,9 @@ pub enum Server {
     /// finds it not due: a restart never comes sooner than its status line said.
     RestartScheduled { due_ms: u64 },
     /// A build runs because the last server could not start from its stored copy (was the
-    /// target directory cleaned?); its result starts the server.
-    RebuildingToStart,
+    /// target directory cleaned?); its result starts the server. `restart_due`: a crash
+    /// restart scheduled before, still due at that time (it starts the latest build then).
+    RebuildingToStart { restart_due: Option<u64> },
     /// Supervise mode: the old server is stopping; the new epoch starts when it has stopped.
     Replacing(Replacing),
     /// A server was asked for ([`super::Effect::Spawn`]); its start is not reported yet.
@@ -65,13 +66,25 @@ impl Server {
 
     // ----- transitions ---------------------------------------------------------------------
 
-    /// A server is asked for: from any state but a running one (its predecessor is gone).
-    pub fn spawning(&mut self, spawning: Spawning) {
+    /// A server is asked for: from any state but a running one (its predecessor is gone). A
+    /// crash restart scheduled now goes with it, for the case it fails to start.
+    pub fn spawning(&mut self, mut spawning: Spawning) {
         debug_assert!(
             !matches!(self, Server::Running(_)),
             "a second server asked for while one runs"
         );
+        spawning.restart_due = self.scheduled_restart();
         *self = Server::Spawning(spawning);
+    }
+
+    /// When the crash restart still scheduled is due, in whatever state carries it.
+    fn scheduled_restart(&self) -> Option<u64> {
+        match self {
+            Server::RestartScheduled { due_ms } => Some(*due_ms),
+            Server::RebuildingToStart { restart_due } => *restart_due,
+            Server::Spawning(s) => s.restart_due,
+            _ => None,
+        }
     }
 
     /// The server asked for under `epoch` is reported (started or failed): taken out, and the
@@ -139,31 +152,46 @@ impl Server {
     /// A restart timer fired at `now_ms`: whether the scheduled restart is due (the slot is idle
     /// again). A timer of a restart that was overtaken finds nothing, or a later one not due.
     pub fn restart_due(&mut self, now_ms: u64) -> bool {
-        if matches!(self, Server::RestartScheduled { due_ms } if *due_ms <= now_ms) {
-            *self = Server::Idle;
-            return true;
+        match self {
+            Server::RestartScheduled { due_ms } if *due_ms <= now_ms => {
+                *self = Server::Idle;
+                true
+            }
+            // A failed start's rebuild runs: the restart still happens when it was announced
+            // (the latest build; the rebuild's result then finds it running).
+            Server::RebuildingToStart { restart_due }
+                if restart_due.is_some_and(|d| d <= now_ms) =>
+            {
+                *restart_due = None;
+                true
+            }
+            _ => false,
         }
-        false
     }
 
-    /// A server could not start from its stored copy and a build runs to capture it again.
-    pub fn rebuild_to_start(&mut self) {
+    /// A server could not start from its stored copy and a build runs to capture it again;
+    /// `restart_due`: a crash restart still scheduled (see [`Server::RebuildingToStart`]).
+    pub fn rebuild_to_start(&mut self, restart_due: Option<u64>) {
         debug_assert!(
             !matches!(self, Server::Running(_) | Server::Replacing(_)),
             "a rebuild to start while {self:?}"
         );
-        *self = Server::RebuildingToStart;
+        *self = Server::RebuildingToStart { restart_due };
     }
 
-    /// A build finished: a rebuild to start is over (its result, if any, starts the server).
+    /// A build finished: a rebuild to start is over (its result, if any, starts the server;
+    /// a restart still scheduled stays so).
     pub fn build_finished(&mut self) {
-        if matches!(self, Server::RebuildingToStart) {
-            *self = Server::Idle;
+        if let Server::RebuildingToStart { restart_due } = *self {
+            *self = match restart_due {
+                Some(due_ms) => Server::RestartScheduled { due_ms },
+                None => Server::Idle,
+            };
         }
     }
 
     /// Whether the build under way was asked for because a server could not start.
     pub fn rebuilding_to_start(&self) -> bool {
-        matches!(self, Server::RebuildingToStart)
+        matches!(self, Server::RebuildingToStart { .. })
     }
 }

@@ -312,6 +312,9 @@ pub struct Spawning {
     pub fallback: Option<String>,
     /// A `restart` control request answered when the start is reported.
     pub ticket: Option<super::Ticket>,
+    /// A crash restart scheduled when this start was asked for (set by the server slot): if
+    /// the start fails, it stays scheduled.
+    pub restart_due: Option<u64>,
 }
 
 /// A replacement in progress: the new epoch starts when the old child has stopped.
