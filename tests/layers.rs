@@ -636,6 +636,24 @@ fn code_only(text: &str) -> String {
 
 // ---- the checker on small examples: it can fail -----------------------------------------------
 
+/// The examples' own table (the layout before the move), so that they hold whatever
+/// [`MODULES`] says.
+const EXAMPLE: &[(&str, &str, &str)] = &[
+    ("cli", "face", ""),
+    ("commands", "face", ""),
+    ("control", "face", ""),
+    ("session", "session", ""),
+    ("build", "identity", ""),
+    ("audit", "audit", ""),
+    ("supervisor", "process", ""),
+    ("status", "screen", ""),
+    ("error", "base", ""),
+    ("exit_codes", "base", ""),
+    ("fsutil", "base", ""),
+    ("hashing", "base", ""),
+    ("sys", "base", ""),
+];
+
 fn files(list: &[(&str, &str)]) -> Vec<(String, String)> {
     list.iter()
         .map(|(p, t)| (p.to_string(), t.to_string()))
@@ -653,7 +671,7 @@ fn a_planted_upward_import_fails_naming_file_line_and_layers() {
                 "//! Builds.\n\nuse crate::cli::CargoArgs;\n",
             ),
         ]),
-        MODULES,
+        EXAMPLE,
     );
     assert_eq!(
         report.problems,
@@ -681,7 +699,7 @@ fn grouped_inline_and_super_paths_count() {
             ),
             ("src/fsutil.rs", "use crate::hashing as h;\nuse std::fs;\n"),
         ]),
-        MODULES,
+        EXAMPLE,
     );
     assert_eq!(report.problems.len(), 4, "{:#?}", report.problems);
     assert!(report.problems[0].starts_with("src/audit/log.rs:2: `crate::session::Session::new`"));
@@ -711,7 +729,7 @@ fn comments_strings_and_lower_layers_do_not_count() {
                 "// use crate::cli;\n",
             ),
         )]),
-        MODULES,
+        EXAMPLE,
     );
     assert_eq!(report.problems, Vec::<String>::new());
 }
@@ -729,7 +747,7 @@ fn after_the_move_the_folder_is_the_layer() {
                 "use crate::base::error::Failure;\n",
             ),
         ]),
-        MODULES,
+        EXAMPLE,
     );
     assert_eq!(ok.problems, Vec::<String>::new());
     let bad = check(
@@ -738,7 +756,7 @@ fn after_the_move_the_folder_is_the_layer() {
             ("src/screen/build.rs", "pub fn f() {}\n"),
             ("src/nowhere.rs", "pub fn f() {}\n"),
         ]),
-        MODULES,
+        EXAMPLE,
     );
     assert_eq!(
         bad.problems,
@@ -772,7 +790,7 @@ fn a_circle_in_one_layer_is_found_but_not_through_tests_or_parents() {
             ),
             ("src/commands/demo.rs", "use super::status::y;\n"),
         ]),
-        MODULES,
+        EXAMPLE,
     );
     assert_eq!(report.problems, Vec::<String>::new());
     assert_eq!(report.circles.len(), 1, "{:?}", report.circles);
