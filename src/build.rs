@@ -13,16 +13,76 @@ use std::time::{Duration, Instant};
 
 use cargo_metadata::{Message, TargetKind};
 
-use crate::cli::CargoArgs;
 use crate::error::Failure;
 use crate::exit_codes;
 use crate::status;
+
+/// Which package, binary, profile, features and target cargo builds, and how it may resolve
+/// the graph: the pass-through cargo flags as plain data (the command line's clap types stay
+/// in the face; `cli::CargoArgs::selection` converts).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CargoSelection {
+    /// `--package`
+    pub package: Option<String>,
+    /// `--bin` (else the config's `bin`, the only bin, or `default-run`)
+    pub bin: Option<String>,
+    /// `--release`
+    pub release: bool,
+    /// `--profile`
+    pub profile: Option<String>,
+    /// `--features`
+    pub features: Vec<String>,
+    /// `--all-features`
+    pub all_features: bool,
+    /// `--no-default-features`
+    pub no_default_features: bool,
+    /// `--target`
+    pub target: Option<String>,
+    /// `--target-dir`
+    pub target_dir: Option<PathBuf>,
+    /// `--manifest-path`
+    pub manifest_path: Option<PathBuf>,
+    /// `--locked`
+    pub locked: bool,
+    /// `--offline`
+    pub offline: bool,
+    /// `--frozen`
+    pub frozen: bool,
+}
+
+impl CargoSelection {
+    /// The flags that decide how cargo resolves the package graph, in the order cargo prints
+    /// them: the one place both `cargo metadata` and `cargo build` get them from.
+    pub fn resolution_flags(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if self.locked {
+            v.push("--locked".into());
+        }
+        if self.offline {
+            v.push("--offline".into());
+        }
+        if self.frozen {
+            v.push("--frozen".into());
+        }
+        if self.all_features {
+            v.push("--all-features".into());
+        }
+        if self.no_default_features {
+            v.push("--no-default-features".into());
+        }
+        for f in &self.features {
+            v.push("--features".into());
+            v.push(f.clone());
+        }
+        v
+    }
+}
 
 /// What to build.
 #[derive(Debug, Clone)]
 pub struct BuildRequest {
     pub cargo: PathBuf,
-    pub args: CargoArgs,
+    pub args: CargoSelection,
     pub manifest_path: PathBuf,
     pub package_id: String,
     pub package_name: String,
@@ -34,7 +94,7 @@ pub struct BuildRequest {
 }
 
 /// The profile name cargo will use, as `--profile` spells it.
-pub fn profile_name(args: &CargoArgs) -> String {
+pub fn profile_name(args: &CargoSelection) -> String {
     if let Some(p) = &args.profile {
         p.clone()
     } else if args.release {
@@ -375,7 +435,7 @@ impl Progress {
 }
 
 /// Where cargo puts the bin for a profile (used when no build ran, e.g. `identity --no-build`).
-pub fn expected_executable(target_dir: &Path, args: &CargoArgs, bin: &str) -> PathBuf {
+pub fn expected_executable(target_dir: &Path, args: &CargoSelection, bin: &str) -> PathBuf {
     let profile = profile_name(args);
     let dir = match profile.as_str() {
         "dev" | "test" => "debug".to_string(),
@@ -424,7 +484,7 @@ mod tests {
 
     #[test]
     fn profile_names() {
-        let mut a = CargoArgs::default();
+        let mut a = CargoSelection::default();
         assert_eq!(profile_name(&a), "dev");
         a.release = true;
         assert_eq!(profile_name(&a), "release");

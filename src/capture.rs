@@ -11,8 +11,7 @@ use std::sync::OnceLock;
 use sha2::{Digest, Sha256};
 use walkdir::WalkDir;
 
-use crate::build::profile_name;
-use crate::cli::CargoArgs;
+use crate::build::{CargoSelection, profile_name};
 use crate::fingerprint::{
     self, DependencyEntry, EnvDigest, Executable, ExtraInput, FileDigest, IdentityInputs,
     IdentityRecord, Launch, Launcher, PackageRef, Runtime, Wrapper,
@@ -67,7 +66,7 @@ pub enum CaptureError {
 /// What identity capture needs besides the built executable.
 pub struct CaptureContext<'a> {
     pub target: &'a ServerTarget,
-    pub args: &'a CargoArgs,
+    pub args: &'a CargoSelection,
     pub rustc: &'a RustcFacts,
     pub server_args: &'a [String],
     pub cwd: PathBuf,

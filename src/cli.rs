@@ -8,6 +8,9 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::build::CargoSelection;
+pub use crate::config::RestartMode;
+
 #[derive(Debug, Parser)]
 #[command(name = "cargo", bin_name = "cargo", styles = clap_cargo_styles())]
 pub enum Cargo {
@@ -77,6 +80,21 @@ pub struct GlobalArgs {
     pub color: Option<ColorChoice>,
 }
 
+impl GlobalArgs {
+    /// The status lines' options as plain data.
+    pub fn status_options(&self) -> crate::status::Options {
+        crate::status::Options {
+            color: match self.color.unwrap_or(ColorChoice::Auto) {
+                ColorChoice::Always => Some(true),
+                ColorChoice::Never => Some(false),
+                ColorChoice::Auto => None,
+            },
+            quiet: self.quiet,
+            verbose: self.verbose,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ColorChoice {
     Auto,
@@ -102,24 +120,62 @@ pub enum ChannelArg {
     Host,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum RestartMode {
-    /// Keep the host connection, replace the child, publish the new epoch and gate calls until
-    /// catalog and grants are current.
-    Supervise,
-    /// On a new build, fail in-flight calls and close the connection: the host must reconnect.
-    Disconnect,
-    /// Never restart by itself; `cargo mcp-dev restart` applies the latest build.
-    Manual,
+impl RunArgs {
+    /// The approval channels: `--approval-channels` wins over the config's `approval-channels`
+    /// (validated when the table was read); `None` when neither is set (the session's default
+    /// applies).
+    pub fn approval_channel_set(
+        &self,
+        config: &crate::config::McpDevConfig,
+    ) -> Option<std::collections::BTreeSet<crate::approval::Channel>> {
+        use crate::approval::Channel;
+        if !self.approval_channels.is_empty() {
+            return Some(
+                self.approval_channels
+                    .iter()
+                    .map(|f| match f {
+                        ChannelArg::Terminal => Channel::Terminal,
+                        ChannelArg::Host => Channel::Host,
+                    })
+                    .collect(),
+            );
+        }
+        config.approval_channels.as_ref().map(|s| {
+            s.names()
+                .into_iter()
+                .filter_map(|n| match n {
+                    "terminal" => Some(Channel::Terminal),
+                    "host" => Some(Channel::Host),
+                    _ => None,
+                })
+                .collect()
+        })
+    }
 }
 
-impl RestartMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RestartMode::Supervise => "supervise",
-            RestartMode::Disconnect => "disconnect",
-            RestartMode::Manual => "manual",
-        }
+/// `--restart` takes the config's restart modes (help text per mode below).
+impl ValueEnum for RestartMode {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[
+            RestartMode::Supervise,
+            RestartMode::Disconnect,
+            RestartMode::Manual,
+        ]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        let help = match self {
+            RestartMode::Supervise => {
+                "Keep the host connection, replace the child, publish the new epoch and gate calls until catalog and grants are current"
+            }
+            RestartMode::Disconnect => {
+                "On a new build, fail in-flight calls and close the connection: the host must reconnect"
+            }
+            RestartMode::Manual => {
+                "Never restart by itself; `cargo mcp-dev restart` applies the latest build"
+            }
+        };
+        Some(clap::builder::PossibleValue::new(self.as_str()).help(help))
     }
 }
 
@@ -168,30 +224,23 @@ pub struct CargoArgs {
 }
 
 impl CargoArgs {
-    /// The flags that decide how cargo resolves the package graph, in the order cargo prints
-    /// them: the one place both `cargo metadata` and `cargo build` get them from.
-    pub fn resolution_flags(&self) -> Vec<String> {
-        let mut v = Vec::new();
-        if self.locked {
-            v.push("--locked".into());
+    /// The same flags as plain data, for the layers below the command line.
+    pub fn selection(&self) -> CargoSelection {
+        CargoSelection {
+            package: self.package.clone(),
+            bin: self.bin.clone(),
+            release: self.release,
+            profile: self.profile.clone(),
+            features: self.features.clone(),
+            all_features: self.all_features,
+            no_default_features: self.no_default_features,
+            target: self.target.clone(),
+            target_dir: self.target_dir.clone(),
+            manifest_path: self.manifest_path.clone(),
+            locked: self.locked,
+            offline: self.offline,
+            frozen: self.frozen,
         }
-        if self.offline {
-            v.push("--offline".into());
-        }
-        if self.frozen {
-            v.push("--frozen".into());
-        }
-        if self.all_features {
-            v.push("--all-features".into());
-        }
-        if self.no_default_features {
-            v.push("--no-default-features".into());
-        }
-        for f in &self.features {
-            v.push("--features".into());
-            v.push(f.clone());
-        }
-        v
     }
 }
 

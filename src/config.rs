@@ -36,7 +36,27 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::cli::RestartMode;
+/// What `run` does when a new build changes the identity (`restart`, `--restart`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartMode {
+    /// Keep the host connection, replace the child, publish the new epoch and gate calls until
+    /// catalog and grants are current.
+    Supervise,
+    /// On a new build, fail in-flight calls and close the connection: the host must reconnect.
+    Disconnect,
+    /// Never restart by itself; `cargo mcp-dev restart` applies the latest build.
+    Manual,
+}
+
+impl RestartMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RestartMode::Supervise => "supervise",
+            RestartMode::Disconnect => "disconnect",
+            RestartMode::Manual => "manual",
+        }
+    }
+}
 
 /// Keys accepted in `[package.metadata.mcp-dev]`.
 pub const KNOWN_KEYS: &[&str] = &[
@@ -122,38 +142,6 @@ impl ChannelsSetting {
             ChannelsSetting::One(s) => vec![s.as_str()],
             ChannelsSetting::Many(v) => v.iter().map(String::as_str).collect(),
         }
-    }
-}
-
-impl McpDevConfig {
-    /// The approval channels: `--approval-channels` wins over `approval-channels` (validated
-    /// when the table was read); `None` when neither is set (the session's default applies).
-    pub fn approval_channel_set(
-        &self,
-        flag: &[crate::cli::ChannelArg],
-    ) -> Option<BTreeSet<crate::approval::Channel>> {
-        use crate::approval::Channel;
-        use crate::cli::ChannelArg;
-        if !flag.is_empty() {
-            return Some(
-                flag.iter()
-                    .map(|f| match f {
-                        ChannelArg::Terminal => Channel::Terminal,
-                        ChannelArg::Host => Channel::Host,
-                    })
-                    .collect(),
-            );
-        }
-        self.approval_channels.as_ref().map(|s| {
-            s.names()
-                .into_iter()
-                .filter_map(|n| match n {
-                    "terminal" => Some(Channel::Terminal),
-                    "host" => Some(Channel::Host),
-                    _ => None,
-                })
-                .collect()
-        })
     }
 }
 

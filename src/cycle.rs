@@ -9,9 +9,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::build::{self, BuildOutcome, BuildRequest};
+use crate::build::{self, BuildOutcome, BuildRequest, CargoSelection};
 use crate::capture::{self, CaptureContext, CaptureProblem};
-use crate::cli::CargoArgs;
 use crate::error::Failure;
 use crate::exit_codes;
 use crate::fingerprint::{self, Component, IdentityRecord};
@@ -25,7 +24,7 @@ pub struct Prepared {
     pub cargo: PathBuf,
     pub rustc: RustcFacts,
     pub target: ServerTarget,
-    pub args: CargoArgs,
+    pub args: CargoSelection,
 }
 
 impl Prepared {
@@ -34,7 +33,7 @@ impl Prepared {
     /// `rustc -vV` runs beside the rest: the facts the last run got from the same rustc stand in
     /// until it answers, and [`Prepared::confirmed`] (called before an identity is captured)
     /// replaces a wrong guess. Without a remembered answer this waits for rustc.
-    pub fn new(args: &CargoArgs) -> Result<Prepared, Failure> {
+    pub fn new(args: &CargoSelection) -> Result<Prepared, Failure> {
         let cargo = workspace::find_cargo()?;
         let rustc_path = workspace::find_rustc(&cargo);
         workspace::prefetch_rustc_facts(&rustc_path);

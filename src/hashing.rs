@@ -103,12 +103,7 @@ pub fn sha256_copy(mut reader: impl Read, mut writer: impl Write) -> io::Result<
 /// Digest of a value's canonical JSON encoding (serde_json maps are sorted by key, output is
 /// compact), so field order in the source never matters.
 pub fn sha256_json(value: &serde_json::Value) -> String {
-    sha256_bytes(canonical_json(value).as_bytes())
-}
-
-/// Canonical JSON ([`crate::canonical`], integral floats as integers).
-pub fn canonical_json(value: &serde_json::Value) -> String {
-    crate::canonical::to_string(value)
+    sha256_bytes(crate::canonical::to_string(value).as_bytes())
 }
 
 #[cfg(test)]

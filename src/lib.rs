@@ -1,10 +1,18 @@
 //! `cargo mcp-dev`: cargo run for MCP servers, with execution epochs, catalog revisions and
 //! epoch-bound approvals.
 //!
-//! Layout: the pure core (`fingerprint`, `epoch`, `catalog`, `approval`, `audit::chain`) knows
-//! nothing of processes, terminals or clap; adapters (`workspace`, `build`, `store`, `supervisor`,
-//! `proxy`, `watch`, `control`, `status`) do the I/O; `session` wires them for `run`; `commands`
-//! holds one orchestrator per subcommand.
+//! Layers, bottom to top; a module imports only from its own layer or lower ones, and clap's
+//! types stay in the face (`tests/layers.rs` holds the table and checks every import):
+//! - base: `error`, `exit_codes`, `paths`, `fsutil`, `hashing`, `canonical`, `sys`;
+//! - screen: `sanitize`, `output`, `status` (the lines on stderr), `status_feed`,
+//!   `wording`;
+//! - process: `supervisor`;
+//! - wire: `proxy`;
+//! - audit: `audit`;
+//! - identity: `workspace`, `config`, `build`, `fingerprint`, `capture`, `store`, `cycle`, `epoch`;
+//! - policy: `approval`, `catalog`;
+//! - session: `session` (the core `run` drives);
+//! - face: `cli`, `commands`, `control` (the socket server), `watch`, `templates`.
 
 pub mod approval;
 pub mod audit;
@@ -36,6 +44,7 @@ pub mod supervisor;
 pub mod sys;
 pub mod templates;
 pub mod watch;
+pub mod wording;
 pub mod workspace;
 
 use clap::Parser;
@@ -44,32 +53,32 @@ use clap::Parser;
 /// `cargo-mcp-dev …`), runs the command and returns the exit code.
 pub fn main_entry() -> i32 {
     // A file-size limit must fail a write, not kill us mid-append (see the function).
-    let _ = sys::unix::survive_file_size_limit();
+    let _ = crate::sys::unix::survive_file_size_limit();
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     // Invoked directly (`cargo-mcp-dev build`) rather than by cargo (`cargo-mcp-dev mcp-dev build`):
     // insert the subcommand name so both spellings parse the same way.
     if args.get(1).map(|a| a != "mcp-dev").unwrap_or(true) {
         args.insert(1, "mcp-dev".into());
     }
-    let cli::Cargo::McpDev(cmd) = match cli::Cargo::try_parse_from(args) {
+    let crate::cli::Cargo::McpDev(cmd) = match crate::cli::Cargo::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
             let code = if e.use_stderr() {
-                exit_codes::USAGE
+                crate::exit_codes::USAGE
             } else {
-                exit_codes::OK
+                crate::exit_codes::OK
             };
             let _ = e.print();
             return code;
         }
     };
-    status::init(&cmd.global);
-    match commands::dispatch(cmd) {
+    crate::status::init(cmd.global.status_options());
+    match crate::commands::dispatch(cmd) {
         Ok(code) => code,
         Err(failure) => {
-            status::error(&failure.message);
+            crate::status::error(&failure.message);
             for note in &failure.notes {
-                status::note(note);
+                crate::status::note(note);
             }
             failure.code
         }

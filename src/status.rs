@@ -9,8 +9,6 @@ use std::sync::OnceLock;
 
 use console::Style;
 
-use crate::cli::{ColorChoice, GlobalArgs};
-
 #[derive(Debug, Clone, Copy)]
 struct Settings {
     color: bool,
@@ -30,19 +28,27 @@ fn settings() -> Settings {
     })
 }
 
-/// Reads `--color`, `-q`, `-v` once at start-up.
-pub fn init(global: &GlobalArgs) {
+/// What the command line asks of the status lines (`--color`, `-q`, `-v`), as plain data (the
+/// face converts its clap types).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Options {
+    /// `Some(true)`: always; `Some(false)`: never; `None`: auto (a terminal without `NO_COLOR`).
+    pub color: Option<bool>,
+    pub quiet: bool,
+    pub verbose: u8,
+}
+
+/// Takes the options once at start-up.
+pub fn init(options: Options) {
     let stderr_tty = std::io::stderr().is_terminal();
-    let color = match global.color.unwrap_or(ColorChoice::Auto) {
-        ColorChoice::Always => true,
-        ColorChoice::Never => false,
-        ColorChoice::Auto => stderr_tty && std::env::var_os("NO_COLOR").is_none(),
-    };
+    let color = options
+        .color
+        .unwrap_or_else(|| stderr_tty && std::env::var_os("NO_COLOR").is_none());
     console::set_colors_enabled_stderr(color);
     let _ = SETTINGS.set(Settings {
         color,
-        quiet: global.quiet,
-        verbose: global.verbose,
+        quiet: options.quiet,
+        verbose: options.verbose,
         stderr_tty,
     });
 }

@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 use cargo_metadata::{DependencyKind, Metadata, MetadataCommand, PackageId, TargetKind};
 use serde::{Deserialize, Serialize};
 
-use crate::cli::CargoArgs;
+use crate::build::CargoSelection;
 use crate::config::LoadedConfig;
 use crate::error::Failure;
 use crate::exit_codes;
@@ -247,7 +247,7 @@ impl ServerTarget {
 }
 
 /// Resolves the server package for these cargo flags, from the cache when it is current.
-pub fn resolve(cargo: &Path, host: &str, args: &CargoArgs) -> Result<ServerTarget, Failure> {
+pub fn resolve(cargo: &Path, host: &str, args: &CargoSelection) -> Result<ServerTarget, Failure> {
     let manifest = locate_manifest(args.manifest_path.as_deref())?;
     let cache_file = cache_file_for(&manifest, args, host);
     let (resolved, from_cache) = match read_cache(&cache_file) {
@@ -261,7 +261,11 @@ pub fn resolve(cargo: &Path, host: &str, args: &CargoArgs) -> Result<ServerTarge
     select(resolved, args, from_cache)
 }
 
-fn select(resolved: Resolved, args: &CargoArgs, from_cache: bool) -> Result<ServerTarget, Failure> {
+fn select(
+    resolved: Resolved,
+    args: &CargoSelection,
+    from_cache: bool,
+) -> Result<ServerTarget, Failure> {
     let config = LoadedConfig::from_package_metadata(&resolved.metadata)
         .map_err(|e| config_failure(&e, &resolved.manifest_path))?;
     let name = &resolved.package_name;
@@ -431,7 +435,7 @@ fn cache_dir() -> PathBuf {
 }
 
 /// One cache slot per (manifest, resolution-relevant flags, environment).
-fn cache_file_for(manifest: &Path, args: &CargoArgs, host: &str) -> PathBuf {
+fn cache_file_for(manifest: &Path, args: &CargoSelection, host: &str) -> PathBuf {
     let env_keys = [
         "CARGO_TARGET_DIR",
         "CARGO_BUILD_TARGET",
@@ -517,7 +521,7 @@ fn run_metadata(
     cargo: &Path,
     host: &str,
     manifest: &Path,
-    args: &CargoArgs,
+    args: &CargoSelection,
 ) -> Result<Resolved, Failure> {
     let mut cmd = MetadataCommand::new();
     cmd.cargo_path(cargo).manifest_path(manifest);
@@ -836,7 +840,7 @@ mod tests {
         std::fs::write(dir.join("Cargo.toml"), "[package]\nname = \"x\"\n").unwrap();
         let e = locate_manifest(Some(&dir.join("Cargo.toml"))).unwrap_err();
         assert!(e.message.contains("not valid UTF-8"), "{}", e.message);
-        let _ = cache_file_for(&dir.join("Cargo.toml"), &CargoArgs::default(), "h");
+        let _ = cache_file_for(&dir.join("Cargo.toml"), &CargoSelection::default(), "h");
     }
 
     use super::*;

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 use crate::epoch::{AgentRunId, EpochId, GrantId};
+use crate::wording::lifetime_words;
 
 /// When a grant stops authorizing calls (besides an epoch change, which always ends it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,19 +27,6 @@ pub enum GrantKind {
     /// Exactly one call: the one tool in `tool_scope`, with arguments whose digest is
     /// `arguments_digest`, in this epoch, used once.
     Call,
-}
-
-/// How long a grant lasts, in the words a person reads (the form's choices, `audit show`,
-/// `approve`, `status`): `expires_when` and `kind` as recorded (`runEnd` or the older
-/// `run-end`; `firstUse`; kind `call` or `epoch`). Unknown values are shown as they are.
-pub fn lifetime_words<'a>(expires_when: &'a str, kind: Option<&str>) -> &'a str {
-    match (expires_when, kind) {
-        // A `call` grant covers one call, whatever else is recorded.
-        (_, Some("call")) => "this call only",
-        ("firstUse" | "first-use", _) => "its next call only",
-        ("runEnd" | "run-end", _) => "until the next rebuild",
-        (other, _) => other,
-    }
 }
 
 impl Expiry {

@@ -308,7 +308,7 @@ impl Journals {
                     .clone()
                     .map(|t| format!("revoked {t}"))
                     .unwrap_or_else(|| match &g.expires_when {
-                        Some(e) => crate::approval::lifetime_words(e, g.kind.as_deref()).to_owned(),
+                        Some(e) => crate::wording::lifetime_words(e, g.kind.as_deref()).to_owned(),
                         None => "-".into(),
                     }),
             ]

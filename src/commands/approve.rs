@@ -13,10 +13,8 @@ use crate::cli::ApproveArgs;
 use crate::error::{CmdResult, Failure};
 use crate::{exit_codes, output, status};
 
+/// `approve` without `--follow` (`dispatch` sends `--follow` to the inbox, `approve_follow`).
 pub fn execute(args: ApproveArgs) -> CmdResult {
-    if args.follow {
-        return super::approve_follow::execute(&args);
-    }
     if args.list {
         let st = control_client::call(&args.control, &json!({"op": "status"}))?;
         let grants = st.get("grants").cloned().unwrap_or(json!([]));
@@ -274,7 +272,7 @@ fn tools_lifetime(st: &Value, tools: &BTreeSet<String>) -> String {
 
 /// How long a grant (as the control socket sends it) lasts, in a person's words.
 pub(super) fn grant_lifetime(g: &Value) -> String {
-    crate::sanitize::review(crate::approval::lifetime_words(
+    crate::sanitize::review(crate::wording::lifetime_words(
         g["expiresWhen"].as_str().unwrap_or("?"),
         g["kind"].as_str(),
     ))

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use crate::audit::follow::{Followed, Follower};
 use crate::audit::{JournalView, Journals, KeyStore, Record, verify};
-use crate::cli::{AuditCommand, AuditPathArgs, AuditTailArgs, CargoArgs, Journal};
+use crate::build::CargoSelection;
+use crate::cli::{AuditCommand, AuditPathArgs, AuditTailArgs, Journal};
 use crate::cycle::Prepared;
 use crate::error::{CmdResult, Failure};
 use crate::{exit_codes, output, status};
@@ -331,11 +332,11 @@ fn log_path(a: &AuditPathArgs) -> Result<PathBuf, Failure> {
         return Ok(p.clone());
     }
     let c = &a.control;
-    let prep = Prepared::new(&CargoArgs {
+    let prep = Prepared::new(&CargoSelection {
         manifest_path: c.manifest_path.clone(),
         package: c.package.clone(),
         target_dir: c.target_dir.clone(),
-        ..CargoArgs::default()
+        ..CargoSelection::default()
     })?;
     let t = &prep.target;
     let label = c.label.clone().unwrap_or_else(|| t.label.clone());

@@ -7,7 +7,7 @@ use crate::error::CmdResult;
 use crate::{exit_codes, output, status};
 
 pub fn execute(args: BuildArgs) -> CmdResult {
-    let prep = Prepared::new(&args.cargo)?;
+    let prep = Prepared::new(&args.cargo.selection())?;
     let json = args.message_format == MessageFormat::Json;
     let outcome = cycle::run_cycle(&prep, &[], !status::quiet())?;
     report(&prep, &outcome, json)?;

@@ -9,7 +9,7 @@ use crate::hashing::short;
 use crate::{exit_codes, output, status};
 
 pub fn execute(args: CheckArgs) -> CmdResult {
-    let mut cargo = args.cargo.clone();
+    let mut cargo = args.cargo.selection();
     if !args.no_locked {
         cargo.locked = true;
     }
@@ -103,7 +103,7 @@ pub fn execute(args: CheckArgs) -> CmdResult {
 const NO_LOCKFILE: &str = "no Cargo.lock: the dependency versions that will run are not pinned (run `cargo generate-lockfile` and commit it)";
 
 /// Fails when the workspace has no Cargo.lock, without letting cargo create one.
-fn require_lockfile(cargo: &crate::cli::CargoArgs) -> Result<(), Failure> {
+fn require_lockfile(cargo: &crate::build::CargoSelection) -> Result<(), Failure> {
     let cargo_bin = crate::workspace::find_cargo()?;
     let manifest = crate::workspace::locate_manifest(cargo.manifest_path.as_deref())?;
     let out = std::process::Command::new(cargo_bin)

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use crate::cli::{CargoArgs, ControlArgs};
+use crate::build::CargoSelection;
+use crate::cli::ControlArgs;
 use crate::cycle::Prepared;
 use crate::error::Failure;
 use crate::{control, exit_codes};
@@ -42,11 +43,11 @@ fn socket_label(args: &ControlArgs, socket: &std::path::Path) -> String {
 
 /// The project's target directory and the label (`--label`, else the package's).
 fn target_and_label(args: &ControlArgs) -> Result<(PathBuf, String), Failure> {
-    let cargo = CargoArgs {
+    let cargo = CargoSelection {
         manifest_path: args.manifest_path.clone(),
         package: args.package.clone(),
         target_dir: args.target_dir.clone(),
-        ..CargoArgs::default()
+        ..CargoSelection::default()
     };
     let prep = Prepared::new(&cargo)?;
     let label = args

@@ -20,7 +20,8 @@
 
 use std::path::Path;
 
-use crate::cli::{CargoArgs, FirstBuildArgs};
+use crate::build::CargoSelection;
+use crate::cli::FirstBuildArgs;
 use crate::cycle::{self, CycleOutcome, Prepared};
 use crate::error::{CmdResult, Failure};
 use crate::{exit_codes, sanitize, status};
@@ -33,13 +34,13 @@ pub fn run(manifest: &Path, bin: Option<&str>, args: &FirstBuildArgs, written: &
         return Ok(exit_codes::OK);
     }
     let retry = retry_command(manifest);
-    let cargo = CargoArgs {
+    let cargo = CargoSelection {
         manifest_path: Some(manifest.to_path_buf()),
         bin: bin.map(str::to_string),
         offline: args.offline,
         locked: args.locked,
         frozen: args.frozen,
-        ..CargoArgs::default()
+        ..CargoSelection::default()
     };
     let written_note = |f: Failure| {
         f.with_note(format!(

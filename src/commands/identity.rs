@@ -30,7 +30,7 @@ pub fn execute(args: IdentityArgs) -> CmdResult {
 }
 
 fn current(args: &IdentityArgs) -> Result<IdentityRecord, Failure> {
-    let prep = Prepared::new(&args.cargo)?;
+    let prep = Prepared::new(&args.cargo.selection())?;
     if args.no_build {
         return prep.last_identity().ok_or_else(|| {
             Failure::new(

@@ -15,7 +15,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::cli::{CargoArgs, InitArgs};
+use crate::build::CargoSelection;
+use crate::cli::InitArgs;
 use crate::config::{GateSetting, LoadedConfig, McpDevConfig};
 use crate::cycle::Prepared;
 use crate::error::{CmdResult, Failure};
@@ -39,10 +40,10 @@ pub struct Project {
 }
 
 pub fn execute(args: InitArgs) -> CmdResult {
-    let cargo_args = CargoArgs {
+    let cargo_args = CargoSelection {
         manifest_path: args.manifest_path.clone(),
         bin: args.bin.clone(),
-        ..CargoArgs::default()
+        ..CargoSelection::default()
     };
     let prep = Prepared::new(&cargo_args)?;
     let t = &prep.target;

@@ -29,6 +29,7 @@ pub fn dispatch(cmd: McpDev) -> CmdResult {
         Command::Check(a) => check::execute(a),
         Command::Run(a) => run::execute(a),
         Command::Restart(a) => restart::execute(a),
+        Command::Approve(a) if a.follow => approve_follow::execute(&a),
         Command::Approve(a) => approve::execute(a),
         Command::Status(a) => status::execute(a),
         Command::Audit(a) => audit::execute(a),

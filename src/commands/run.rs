@@ -1085,7 +1085,7 @@ pub fn execute(args: RunArgs) -> CmdResult {
     // Every status line from here on is also kept for `status --follow`.
     crate::status_feed::enable();
     let started = Instant::now();
-    let prep = Prepared::new(&args.cargo)?;
+    let prep = Prepared::new(&args.cargo.selection())?;
     let t = &prep.target;
     let label = t.label.clone();
     let layout = t.layout();
@@ -1241,7 +1241,7 @@ pub fn execute(args: RunArgs) -> CmdResult {
         &c.approval_timeout,
         crate::session::DEFAULT_APPROVAL_TIMEOUT,
     )?;
-    let approval_channels = c.approval_channel_set(&args.approval_channels);
+    let approval_channels = args.approval_channel_set(c);
     let fallback = match (args.fallback, c.fallback.as_deref()) {
         (Some(FallbackMode::LastGood), _) | (None, Some("last-good")) => Fallback::LastGood,
         (Some(FallbackMode::None), _) | (None, None | Some("none")) => Fallback::None,

@@ -263,7 +263,7 @@ fn a_per_call_tools_choice_says_it_lasts_one_call() {
     let g = grants(&mut h).pop().unwrap();
     assert_eq!(g["grant"]["expiresWhen"], "firstUse");
     assert_eq!(
-        crate::approval::lifetime_words("firstUse", g["kind"].as_str()),
+        crate::wording::lifetime_words("firstUse", g["kind"].as_str()),
         "its next call only"
     );
 }

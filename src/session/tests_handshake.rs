@@ -301,7 +301,7 @@ fn the_status_document_says_why_no_server_runs() {
     refuse(&mut h, &epoch, &init, "no");
     let doc = serde_json::to_value(h.s.snapshot()).unwrap();
     assert_eq!(doc["serverAbsent"], "the server failed to start");
-    let shown = crate::commands::status::render(&doc);
+    let shown = crate::wording::status_page(&doc);
     assert!(
         shown.contains("server       not running: the server failed to start"),
         "{shown}"

@@ -10,6 +10,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::sys::unix;
+pub use crate::sys::unix::ExitInfo;
 
 /// What to start.
 #[derive(Debug, Clone)]
@@ -22,23 +23,6 @@ pub struct LaunchSpec {
     /// when set, the process is started from this descriptor (`argv[0]` stays as given), so the
     /// bytes that were hashed are the bytes that run.
     pub program: Option<Arc<std::fs::File>>,
-}
-
-/// How a process ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ExitInfo {
-    pub code: Option<i32>,
-    pub signal: Option<i32>,
-}
-
-impl std::fmt::Display for ExitInfo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match (self.code, self.signal) {
-            (Some(c), _) => write!(f, "exit code {c}"),
-            (None, Some(s)) => write!(f, "signal {s} ({})", unix::signal_name(s)),
-            _ => write!(f, "unknown exit"),
-        }
-    }
 }
 
 #[derive(Default)]

@@ -11,7 +11,22 @@ use std::process::{Command, ExitStatus};
 
 use rustix::process::{Pid, Signal};
 
-use crate::supervisor::ExitInfo;
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExitInfo {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+impl std::fmt::Display for ExitInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.code, self.signal) {
+            (Some(c), _) => write!(f, "exit code {c}"),
+            (None, Some(s)) => write!(f, "signal {s} ({})", signal_name(s)),
+            _ => write!(f, "unknown exit"),
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy)]
 pub enum Sig {
