@@ -50,6 +50,7 @@ const MODULES: &[(&str, &str, &str)] = &[
     ("output", "screen", "the only door to stdout"),
     ("status", "screen", "the status lines on stderr"),
     ("status_feed", "screen", "the status lines kept for `status --follow`"),
+    ("status_lines", "screen", "the session's status events and their wording"),
     ("wording", "screen", "words several screens share, and the `status` page"),
     ("error", "base", ""),
     ("exit_codes", "base", ""),
@@ -265,11 +266,14 @@ fn check(files: &[(String, String)], table: &[(&str, &str, &str)]) -> Report {
             .rsplit('/')
             .next()
             .is_some_and(|n| n.starts_with("tests") || n == "testing.rs");
+        // A test shell (`session/testing.rs`) plays the face for the core's tests: it performs
+        // effects with the face's types (a control client's reply), so it may import upward.
+        let file_is_shell = file.ends_with("/testing.rs");
         for import in imports(text, &module) {
             let Some(target) = layer_of(&import.path, table) else {
                 continue;
             };
-            if rank(target) > rank(layer) {
+            if rank(target) > rank(layer) && !file_is_shell {
                 report.problems.push(format!(
                     "{file}:{}: `crate::{}` runs upward: {layer} module `{}` imports {target} module `{}`",
                     import.line,

@@ -14,10 +14,10 @@ use serde_json::Value;
 
 use super::Timer;
 use super::state::RecordedFacts;
-use super::status_event::StatusEvent;
 use crate::audit::RecordData;
 use crate::epoch::LaunchRecord;
 use crate::fingerprint::IdentityRecord;
+use crate::status_lines::StatusEvent;
 
 /// Names one control request from the shell's table of waiting clients; its answer is an
 /// [`Effect::AnswerControl`] carrying it.

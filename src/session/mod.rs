@@ -47,7 +47,6 @@ mod router;
 mod server;
 pub mod snapshot;
 pub mod state;
-pub mod status_event;
 #[cfg(test)]
 pub mod testing;
 #[cfg(test)]
@@ -101,8 +100,8 @@ use route::Route;
 use server::Server;
 use state::*;
 
+pub use crate::status_lines::StatusEvent;
 pub use effect::{Effect, IdMint, Now, Outbox, Ticket};
-pub use status_event::StatusEvent;
 
 pub mod codes;
 
