@@ -5,9 +5,11 @@
 //! ([`super::anchor`]), rotate ([`super::rotate`]); opening checks the tail ([`super::tail`])
 //! under the writer lock ([`super::lock`]).
 //! Must not touch: record content (callers choose `data`; the bytes are defined by
-//! [`super::chain`]), policy, stdout; files other than through [`super::sink`], [`super::lock`],
-//! [`super::restore`] and [`super::rotate`] (every open of a file is in one of their named
-//! functions).
+//! [`super::chain`]), policy, stdout; files other than through named functions of its parts:
+//! `sink::open_active` (the active file), `lock::lock_at` (the lock files), `Removed::put_back`
+//! and `Removed::keep_beside` ([`super::restore`]), `rotate::close_into` and
+//! `rotate::sync_dir_of`, `AnchorFile` ([`super::keys`], the anchor) and the tail check's reads
+//! ([`super::tail`], through [`super::scan`] and `keys::open_nofollow`).
 //!
 //! # One writer per log
 //!
