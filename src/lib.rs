@@ -8,6 +8,7 @@
 
 pub mod approval;
 pub mod audit;
+pub mod beneath;
 pub mod build;
 pub mod canonical;
 pub mod capture;
