@@ -39,6 +39,7 @@ use std::ffi::OsString;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
@@ -129,6 +130,8 @@ pub struct Beneath {
     fd: Mutex<OwnedFd>,
     /// Create the root again when it was removed (and create it at open).
     create: bool,
+    /// A link at the root itself was followed at open (and is when opened again).
+    follow: bool,
     /// Resolve with the component walk even where `openat2` exists (tests run both ways).
     walk: bool,
 }
@@ -139,8 +142,11 @@ impl std::fmt::Debug for Beneath {
     }
 }
 
-fn open_root(root: &Path) -> io::Result<OwnedFd> {
-    let flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY;
+fn open_root(root: &Path, follow: bool) -> io::Result<OwnedFd> {
+    let mut flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY;
+    if follow {
+        flags.remove(OFlags::NOFOLLOW);
+    }
     rustix::fs::open(root, flags, Mode::empty()).map_err(|e| match e {
         Errno::LOOP | Errno::NOTDIR => io::Error::other(format!(
             "{} is not a directory (a symbolic link?); refusing to use it",
@@ -154,10 +160,22 @@ impl Beneath {
     /// Holds the existing directory `root`, which must be a real directory (a link at its last
     /// component is refused; the directories above it are the caller's choice).
     pub fn open(root: &Path) -> io::Result<Beneath> {
+        Beneath::hold(root, false)
+    }
+
+    /// Holds the existing directory `root` that the caller named, a link at it followed (the
+    /// package directory the human gave; the directory of an `--output` path below a linked
+    /// `/tmp`). Everything below it is resolved as for [`Beneath::open`].
+    pub fn open_following(root: &Path) -> io::Result<Beneath> {
+        Beneath::hold(root, true)
+    }
+
+    fn hold(root: &Path, follow: bool) -> io::Result<Beneath> {
         Ok(Beneath {
             root: root.to_path_buf(),
-            fd: Mutex::new(open_root(root)?),
+            fd: Mutex::new(open_root(root, follow)?),
             create: false,
+            follow,
             walk: false,
         })
     }
@@ -182,7 +200,7 @@ impl Beneath {
             Some(d) if !d.as_os_str().is_empty() => d,
             _ => Path::new("."),
         };
-        Ok((Beneath::open(dir)?, PathBuf::from(name)))
+        Ok((Beneath::open_following(dir)?, PathBuf::from(name)))
     }
 
     /// The same root resolved by the component walk (the path taken without `openat2`).
@@ -203,7 +221,7 @@ impl Beneath {
             if self.create {
                 ensure_dir(&self.root)?;
             }
-            *held = open_root(&self.root)?;
+            *held = open_root(&self.root, self.follow)?;
         }
         Ok(held)
     }
@@ -497,6 +515,7 @@ impl Beneath {
             root: self.shown(rel),
             fd: Mutex::new(fd),
             create: false,
+            follow: false,
             walk: self.walk,
         })
     }
@@ -562,6 +581,14 @@ impl Beneath {
         let (from_dir, from_name, shown) = self.split(from, false)?;
         let (to_dir, to_name, _) = self.split(to, false)?;
         rustix::fs::linkat(&from_dir, from_name, &to_dir, to_name, AtFlags::empty())
+            .map_err(|e| with_path(e.into(), &shown))
+    }
+
+    /// The target of the link `path` (not followed).
+    pub fn read_link(&self, path: &Path) -> io::Result<PathBuf> {
+        let (dir, name, shown) = self.split(path, false)?;
+        rustix::fs::readlinkat(&dir, name, Vec::new())
+            .map(|t| PathBuf::from(std::ffi::OsString::from_vec(t.into_bytes())))
             .map_err(|e| with_path(e.into(), &shown))
     }
 
@@ -684,6 +711,13 @@ pub mod outside {
     /// user's `--output`, a socket path they chose).
     pub fn symlink_metadata(path: &Path) -> io::Result<std::fs::Metadata> {
         std::fs::symlink_metadata(path)
+    }
+
+    /// Creates `dir` and its parents, following links: the directory of a path the human gave
+    /// (`check --write`'s output below a linked `/tmp`); the file itself is then written through
+    /// [`Beneath::parent_of`].
+    pub fn create_dir_all(dir: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(dir)
     }
 
     /// The target of a link outside the tree (`/proc/self/exe`, a tool on `PATH`).
