@@ -27,7 +27,8 @@
 //! most callers hold); anything else is an error.
 //!
 //! Files that are not under the package or `target/` (the user's config, `/proc`, an explicit
-//! `--output` path, cargo's own binary) are reached through [`outside`], one small helper per
+//! `--output` path, cargo's own binary) and inputs cargo itself reads following links are
+//! reached through [`followed`], one small helper per
 //! need, each saying why std's link-following call is right there. `clippy.toml` denies std's
 //! file calls everywhere else, so these two are the only doors.
 
@@ -76,9 +77,14 @@ pub struct Meta {
     pub id: (u64, u64),
     pub nlink: u64,
     pub modified: std::time::SystemTime,
+    /// Modification and status-change times as the kernel gave them, `(seconds, nanoseconds)`.
+    pub mtime: (i64, i64),
+    pub ctime: (i64, i64),
 }
 
 impl Meta {
+    // The field types differ between platforms (macOS: `i32` device, `u16` mode and link count).
+    #[allow(clippy::unnecessary_cast)]
     fn of(st: &rustix::fs::Stat) -> Meta {
         let kind = match FileType::from_raw_mode(st.st_mode as _) {
             FileType::RegularFile => Kind::File,
@@ -100,6 +106,8 @@ impl Meta {
             id: (st.st_dev as u64, st.st_ino as u64),
             nlink: st.st_nlink as u64,
             modified,
+            mtime: (secs, st.st_mtime_nsec as i64),
+            ctime: (st.st_ctime as i64, st.st_ctime_nsec as i64),
         }
     }
 
@@ -337,10 +345,7 @@ impl Beneath {
             Mode::from_raw_mode(mode as _),
         )
         .map_err(|e| match e {
-            Errno::LOOP => io::Error::other(format!(
-                "{} is a symbolic link; not followed",
-                shown.display()
-            )),
+            Errno::LOOP => io::Error::other(LinkRefused(shown.clone())),
             e => with_path(io::Error::from(e), &shown),
         })?;
         regular(fd, &shown)
@@ -610,6 +615,25 @@ impl Beneath {
     }
 }
 
+/// The error for a link found at a name that is never followed; [`is_link_refusal`] tells it.
+#[derive(Debug)]
+struct LinkRefused(PathBuf);
+
+impl std::fmt::Display for LinkRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} is a symbolic link; not followed", self.0.display())
+    }
+}
+
+impl std::error::Error for LinkRefused {}
+
+/// Whether an open failed because a link was found where a file or directory of ours belongs
+/// (also the raw `ELOOP` of an `O_NOFOLLOW` open).
+pub fn is_link_refusal(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(Errno::LOOP.raw_os_error())
+        || e.get_ref().is_some_and(|r| r.is::<LinkRefused>())
+}
+
 /// Keeps `fd` only if it is a regular file.
 fn regular(fd: OwnedFd, shown: &Path) -> io::Result<File> {
     let st = rustix::fs::fstat(&fd)?;
@@ -673,14 +697,17 @@ pub fn ensure_dir(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Files that are not below the package or `target/`, where following a link is right: each
-/// helper says whose path it is. Nothing under the agent-writable tree goes through here.
-pub mod outside {
+/// Files reached by a path whose links are followed on purpose: the path is one the human
+/// gave (`--manifest-path`, `--output`, a key file), one outside the project (`$HOME`'s cache and
+/// config, `/proc`, a program on `PATH`, cargo's own binary), or an input cargo itself reads
+/// following links (a manifest, `Cargo.lock`, `.cargo/config.toml`, a build output cargo
+/// linked): reading what cargo reads is the point. Even here a fifo or a device is never waited
+/// on (`O_NONBLOCK`) and is refused, and whole-file reads are bounded. Nothing cargo mcp-dev
+/// writes below `target/` goes through here.
+pub mod followed {
     use super::*;
 
-    /// Opens a regular file the human named (a `--output`/`--log` path, a key file, cargo's own
-    /// binary, a file in `/proc`): links are followed (it is their path), but a fifo or a device
-    /// is never waited on (`O_NONBLOCK`) and is refused.
+    /// Opens a regular file to read (links followed, no wait on a fifo).
     pub fn open_regular(path: &Path) -> io::Result<File> {
         use std::os::unix::fs::OpenOptionsExt;
         let file = std::fs::OpenOptions::new()
@@ -695,20 +722,44 @@ pub mod outside {
         read_bounded(open_regular(path)?, limit, path)
     }
 
+    /// [`read_regular`] as UTF-8 text.
+    pub fn read_to_string(path: &Path, limit: u64) -> io::Result<String> {
+        String::from_utf8(read_regular(path, limit)?).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} is not UTF-8 text", path.display()),
+            )
+        })
+    }
+
     /// The absolute form of a path the human gave (a manifest, a package directory), links
     /// resolved: what they named is what they meant; checks below it go through [`Beneath`].
     pub fn canonicalize(path: &Path) -> io::Result<PathBuf> {
         std::fs::canonicalize(path)
     }
 
-    /// Metadata following links, for a path the human gave or one outside the project (the
-    /// control socket directory's parent, `$HOME` config, a program on `PATH`).
+    /// Metadata following links.
     pub fn metadata(path: &Path) -> io::Result<std::fs::Metadata> {
         std::fs::metadata(path)
     }
 
-    /// Metadata not following a final link, for a path whose parent is not a root we hold (the
-    /// user's `--output`, a socket path they chose).
+    /// Whether `path` is a regular file, links followed (a program, a manifest, a config).
+    pub fn is_file(path: &Path) -> bool {
+        std::fs::metadata(path).is_ok_and(|m| m.is_file())
+    }
+
+    /// Whether `path` is a directory, links followed (a directory the human named).
+    pub fn is_dir(path: &Path) -> bool {
+        std::fs::metadata(path).is_ok_and(|m| m.is_dir())
+    }
+
+    /// Whether `path` names anything, links followed.
+    pub fn exists(path: &Path) -> bool {
+        std::fs::metadata(path).is_ok()
+    }
+
+    /// Metadata not following a final link, for a path whose directory is not a root we hold
+    /// (a socket path the human chose, a package directory about to be created).
     pub fn symlink_metadata(path: &Path) -> io::Result<std::fs::Metadata> {
         std::fs::symlink_metadata(path)
     }

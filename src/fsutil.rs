@@ -63,7 +63,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
 /// temporary file before the rename, so nothing the destination pointed to is ever chmod-ed.
 pub fn write_atomic_with_mode(path: &Path, bytes: &[u8], mode: FileMode) -> io::Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        crate::beneath::outside::create_dir_all(dir)?;
+        crate::beneath::followed::create_dir_all(dir)?;
     }
     let (dir, name) = Beneath::parent_of(path)?;
     dir.write_atomic(&name, bytes, mode)
@@ -228,14 +228,14 @@ pub fn open_regular_nofollow(path: &Path) -> io::Result<File> {
 
 /// Opens a file to read that may be a named pipe or a device where a file was expected (a path
 /// in the agent-writable tree, or one the human gave): no wait on the open (`O_NONBLOCK`),
-/// regular files only. Links are followed ([`crate::beneath::outside::open_regular`]).
+/// regular files only. Links are followed ([`crate::beneath::followed::open_regular`]).
 pub fn open_regular(path: &Path) -> io::Result<File> {
-    crate::beneath::outside::open_regular(path)
+    crate::beneath::followed::open_regular(path)
 }
 
 /// Reads a whole file through [`open_regular`], refusing one over `limit` bytes.
 pub fn read_regular(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
-    crate::beneath::outside::read_regular(path, limit)
+    crate::beneath::followed::read_regular(path, limit)
 }
 
 /// Reads a small file of ours that the agent may have replaced ([`open_regular_nofollow`]),
