@@ -604,7 +604,19 @@ impl Beneath {
         let fd: OwnedFd = match meta.kind {
             Kind::Dir => self.dir_at(rel)?,
             Kind::File => self.open_read(rel)?.into(),
-            _ => {
+            // A socket cannot be opened: changed by name, in its directory, once known not to be
+            // a link (`fchmodat` has no no-follow on Linux).
+            Kind::Other => {
+                let (dir, name, shown) = self.split(rel, false)?;
+                return rustix::fs::chmodat(
+                    &dir,
+                    name,
+                    Mode::from_raw_mode(mode as _),
+                    AtFlags::empty(),
+                )
+                .map_err(|e| with_path(e.into(), &shown));
+            }
+            Kind::Symlink => {
                 return Err(io::Error::other(format!(
                     "{} is not a file or a directory; mode not set",
                     self.shown(rel).display()
@@ -769,6 +781,17 @@ pub mod followed {
     /// [`Beneath::parent_of`].
     pub fn create_dir_all(dir: &Path) -> io::Result<()> {
         std::fs::create_dir_all(dir)
+    }
+
+    /// Creates `dir` and its parents with `mode` (less the umask), following links: the control
+    /// socket's private directory, outside the project; the caller then checks it is a real
+    /// directory of ours.
+    pub fn create_dir_all_with_mode(dir: &Path, mode: u32) -> io::Result<()> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(mode)
+            .create(dir)
     }
 
     /// The target of a link outside the tree (`/proc/self/exe`, a tool on `PATH`).
