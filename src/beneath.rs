@@ -794,6 +794,11 @@ pub mod followed {
             .create(dir)
     }
 
+    /// `/dev/null`, to read (a device, not below the project).
+    pub fn dev_null() -> io::Result<File> {
+        File::open("/dev/null")
+    }
+
     /// The target of a link outside the tree (`/proc/self/exe`, a tool on `PATH`).
     pub fn read_link(path: &Path) -> io::Result<PathBuf> {
         std::fs::read_link(path)

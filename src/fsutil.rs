@@ -245,6 +245,37 @@ pub fn read_small_regular(path: &Path, limit: u64) -> Option<Vec<u8>> {
     dir.read(&name, limit).ok()
 }
 
+/// Opens a regular file of ours to append (a log this run created), never through a link, never
+/// waiting on a fifo.
+pub fn open_append(path: &Path) -> io::Result<File> {
+    let (dir, name) = Beneath::parent_of(path)?;
+    dir.open_append(&name, 0o644)
+}
+
+/// The metadata of `path` itself (a link is not followed).
+pub fn metadata_nofollow(path: &Path) -> io::Result<crate::beneath::Meta> {
+    let (dir, name) = Beneath::parent_of(path)?;
+    dir.metadata(&name)
+}
+
+/// Reads a regular file as UTF-8 text, at most `limit` bytes, never through a link at it and
+/// never waiting on a fifo.
+pub fn read_text(path: &Path, limit: u64) -> io::Result<String> {
+    let (dir, name) = Beneath::parent_of(path)?;
+    dir.read_to_string(&name, limit)
+}
+
+/// Removes the file (or the link) `path`, by name in its directory.
+pub fn remove_file(path: &Path) -> io::Result<()> {
+    let (dir, name) = Beneath::parent_of(path)?;
+    dir.remove_file(&name)
+}
+
+/// Whether `path` names anything (a link included, not followed).
+pub fn exists(path: &Path) -> bool {
+    Beneath::parent_of(path).is_ok_and(|(dir, name)| dir.exists(&name))
+}
+
 /// Removes a symbolic link found where one of our files belongs (before a writer that does
 /// not use [`write_atomic`] yet writes there). Returns whether one was removed.
 pub fn remove_planted_link(path: &Path) -> bool {

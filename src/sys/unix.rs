@@ -61,7 +61,9 @@ pub fn command_from_fd(file: &std::fs::File, arg0: &str) -> Command {
     {
         use std::os::fd::AsRawFd;
         let fd_path = format!("/proc/self/fd/{}", file.as_raw_fd());
-        if std::path::Path::new("/proc/self/fd").is_dir() {
+        if rustix::fs::stat("/proc/self/fd").is_ok_and(|st| {
+            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory
+        }) {
             let mut cmd = Command::new(fd_path);
             cmd.arg0(arg0);
             return cmd;
