@@ -470,6 +470,7 @@ pub fn request(path: &Path, request: &Value) -> Result<Value, ControlError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::DirBuilderExt;
 
     #[test]
     fn only_the_same_uid_is_allowed() {

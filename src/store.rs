@@ -385,6 +385,7 @@ mod verified_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn capture_hashes_and_stores_read_only() {
@@ -538,6 +539,7 @@ mod tests {
 #[cfg(test)]
 mod planted_entry_tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     /// Red-team round 15: round 14 made capture replace an entry with wrong bytes, but the
     /// stamp fast path still returns the digest whenever `entry_path(digest).is_file()`, without
