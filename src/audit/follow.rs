@@ -3,7 +3,7 @@
 //!
 //! `tail -f` cannot follow the log: on Linux `run` copies records into space it reserved past
 //! the last one, so the file does not grow and, while `run` holds it, ends in NUL bytes (see
-//! [`super::log`]). A [`Follower`] reads forward from where it stopped up to the first NUL byte
+//! [`super::writer`]). A [`Follower`] reads forward from where it stopped up to the first NUL byte
 //! (the copy is made in order: everything before it is written) and takes only whole lines; a
 //! line still being copied is read again from its start at the next poll (never carried over:
 //! the next `run` cuts a killed writer's unfinished line and writes a record in its place). When the path names another file
@@ -559,7 +559,7 @@ mod tests {
             } else {
                 std::fs::remove_file(&path).unwrap();
             }
-            std::thread::sleep(crate::audit::log::LENGTH_CHECK_EVERY);
+            std::thread::sleep(crate::audit::sink::LENGTH_CHECK_EVERY);
             for n in 12..15 {
                 log.append("t", "R", None, json!({"n": n})).unwrap();
                 log.flush().unwrap();

@@ -36,7 +36,7 @@ use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// Environment variable naming the state directory explicitly.
-pub const HOME_ENV: &str = "CARGO_MCP_DEV_HOME";
+pub use super::error::HOME_ENV;
 
 const KEY_FILE: &str = "audit.key";
 const ANCHORS_DIR: &str = "anchors";
@@ -255,7 +255,7 @@ pub(crate) fn read_anchor_at(path: &Path) -> Result<Option<Anchor>, AuditError> 
 /// rename forces the new file's data out to disk, which costs 100–300 µs per append, on the path
 /// of every tool call. Instead the anchor is padded to a fixed length (a function of the log
 /// path only) and overwritten with one `pwrite` at offset 0 by the log's only writer (which
-/// holds the writer lock, see [`super::log`]). Readers (`verify`) take no lock: they read the
+/// holds the writer lock, see [`super::writer`]). Readers (`verify`) take no lock: they read the
 /// anchor before the log (the writer rewrites the anchor only after the records it names are
 /// written, so the log they read is never shorter than the anchor) and re-read an anchor that
 /// does not parse or seal (a read racing a rewrite). A torn anchor left by a power loss
@@ -267,7 +267,7 @@ pub(crate) struct AnchorFile {
     padded_len: usize,
     needs_trim: bool,
     /// The seq this handle last wrote: a rewrite prepared earlier and done later (see
-    /// [`super::log::AnchorUpdate`]) never replaces a newer anchor.
+    /// [`super::anchor::AnchorUpdate`]) never replaces a newer anchor.
     written_seq: Option<u64>,
 }
 

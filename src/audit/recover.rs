@@ -1,7 +1,7 @@
 //! Opening a log for a new run, and recovering from a log that cannot be extended.
 //!
 //! Owns the decision "extend this chain, or set it aside and start a new one". A log is extended
-//! only if its tail checks with this user's key and its anchor (see [`super::log`]: the anchored
+//! only if its tail checks with this user's key and its anchor (see [`super::writer`]: the anchored
 //! record and every record after it, hash, MAC and link; the start reads only that tail, so it
 //! costs the same on a 1 GB log as on an empty one). Records before the anchored one are checked
 //! by `audit verify`, not here: a record changed in the middle of the log is reported by
@@ -23,7 +23,7 @@
 //!
 //! One thing is not a reason to start over: an incomplete last line *after* the anchored head
 //! and every whole record after it, that is a prefix of the next record's line (what a crash or
-//! a power loss in the middle of a `write` leaves, see [`super::log`]). Those bytes were never
+//! a power loss in the middle of a `write` leaves, see [`super::writer`]). Those bytes were never
 //! a record; no tool call was forwarded on an intent record among them (a call is forwarded
 //! only after its intent record's whole line is written). They are copied to
 //! `<name>.torn-<time>.partial` beside the log (the copy and its directory synced), cut off the
@@ -35,16 +35,13 @@
 
 use super::chain::Record;
 use super::keys::{self, KeyStore};
-use super::log::{AuditLog, AuditOptions};
+use super::writer::{AuditLog, AuditOptions};
 use super::{AuditError, scan};
 use serde_json::{Value, json};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-pub use super::record_type::{CHAIN_RESTARTED, TORN_TAIL_SET_ASIDE};
-
-/// The `run` of records written by cargo mcp-dev itself outside any agent run.
-pub const TOOL_RUN: &str = "cargo-mcp-dev";
+pub use super::record_type::{CHAIN_RESTARTED, TOOL_RUN, TORN_TAIL_SET_ASIDE};
 
 /// What a recovery did (for the one status line `run` prints).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,7 +139,7 @@ pub fn open_for_run(
     open_for_run_with(path, keys, &AuditOptions::default())
 }
 
-/// Opens `path` for a new run as its only writer: the tail is checked (see [`super::log`]); a
+/// Opens `path` for a new run as its only writer: the tail is checked (see [`super::writer`]); a
 /// log whose tail does not check is set aside and a new chain starts (see the module doc), its
 /// restart record committed before this returns. Errors that recovery cannot fix (I/O, a
 /// symlink, an insecure key or directory, another writer holding the log) are returned.
@@ -851,7 +848,7 @@ mod tests {
             .unwrap()
             .write_all(b"{\"torn\"}\n")
             .unwrap();
-        let holder = std::fs::File::create(crate::audit::log::lock_path(&path)).unwrap();
+        let holder = std::fs::File::create(crate::audit::lock::lock_path(&path)).unwrap();
         rustix::fs::flock(&holder, rustix::fs::FlockOperation::LockExclusive).unwrap();
         let opts = AuditOptions {
             lock_wait: std::time::Duration::from_millis(100),

@@ -1,5 +1,5 @@
 //! Streaming checks of log files, shared by the verifier ([`super::verify()`]) and the writer's
-//! tail check ([`super::log`]); and the names of a log's segments.
+//! tail check ([`super::writer`]); and the names of a log's segments.
 //!
 //! Owns: the per-line checks (in this order: UTF-8, a JSON record with exactly the known fields,
 //! `v == 1`, `seq` consecutive, `prev` equal to the previous record's `hash`, `hash` well formed
@@ -17,7 +17,7 @@
 //! `prev`).
 
 use super::chain::{FORMAT_VERSION, GENESIS_PREV, MacChecker, Record, is_digest_hex};
-use super::verify::VerifyFailure;
+use super::error::VerifyFailure;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -274,7 +274,7 @@ pub(crate) fn check_line(
 /// a write to a file can stop at a page boundary when the process is killed), or damage. Never
 /// a record: a record is on disk when its whole line, `\n` included, is. Whether it is
 /// acceptable is the caller's decision: after the anchored head it is a crash's leftover, at or
-/// before it the log was cut (see [`super::verify()`] and [`super::log`]).
+/// before it the log was cut (see [`super::verify()`] and [`super::writer`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TornTail {
     /// 1-based line number in its file.
@@ -490,7 +490,7 @@ pub(crate) fn line_ending_at(file: &File, end: u64) -> std::io::Result<Option<Ve
 mod tests {
     use super::*;
     use crate::audit::keys::KeyStore;
-    use crate::audit::log::AuditLog;
+    use crate::audit::writer::AuditLog;
     use serde_json::json;
     use std::io::Write;
 

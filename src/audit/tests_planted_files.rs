@@ -115,7 +115,7 @@ fn a_huge_sparse_run_of_nuls_after_the_records_does_not_stall_run_start() {
 /// rotation never panics or wedges.
 #[test]
 fn a_planted_segment_numbered_u64_max_does_not_break_rotation() {
-    use crate::audit::log::{AuditLog, AuditOptions};
+    use crate::audit::writer::{AuditLog, AuditOptions};
     let (_tmp, keys, path) = setup();
     let opts = AuditOptions {
         max_segment_bytes: 2_000,
@@ -178,7 +178,7 @@ fn many_nul_extents_do_not_stall_run_start() {
 /// did not write are passed over, never gone back below), or rotation refuses with a message.
 #[test]
 fn a_planted_segment_near_u64_max_never_puts_the_chain_out_of_order() {
-    use crate::audit::log::{AuditLog, AuditOptions};
+    use crate::audit::writer::{AuditLog, AuditOptions};
     let (_tmp, keys, path) = setup();
     let opts = AuditOptions {
         max_segment_bytes: 2_000,

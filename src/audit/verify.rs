@@ -12,7 +12,7 @@
 //! renamed or reordered segment is reported with its name. Then the anchor: it must exist for a
 //! non-empty log, carry a valid MAC, not name a seq past the last record (truncated tail), and
 //! name the hash of the record at its seq. A log longer than its anchor is valid (the anchor lags
-//! the log by design, see [`super::log`]). An incomplete last line of the active file after the
+//! the log by design, see [`super::writer`]). An incomplete last line of the active file after the
 //! anchored head is a write a crash cut short: valid, reported in [`VerifyReport::torn_tail`];
 //! at or before the anchored record (where the anchor says a whole record is) it is a failure.
 //!
@@ -23,10 +23,10 @@
 
 use super::AuditError;
 use super::chain::{MacChecker, Record, verify_anchor_mac};
+use super::error::VerifyFailure;
 use super::keys::{self, Anchor, KeyStore};
 use super::scan::{self, Expect, short};
 use std::collections::BTreeSet;
-use std::fmt;
 use std::fs::File;
 use std::io::ErrorKind;
 use std::path::Path;
@@ -44,7 +44,7 @@ pub struct VerifyReport {
     pub head_hash: String,
     /// Every file of the log, oldest first; the active file last.
     pub segments: Vec<SegmentReport>,
-    /// When the first record is a [`super::recover::CHAIN_RESTARTED`]: the break, and the
+    /// When the first record is a [`super::record_type::CHAIN_RESTARTED`]: the break, and the
     /// verification of the chain that was set aside (with its own anchor).
     pub previous: Option<Box<ChainBreak>>,
     /// Bytes after the active file's last `\n`, past the anchored head: a write a crash cut
@@ -88,32 +88,6 @@ pub struct ChainBreak {
 
 /// How many set-aside chains `verify` follows back.
 const MAX_BREAKS: usize = 16;
-
-/// The first problem found. `line` is 1-based, in the file the reason names (the active file
-/// when it names none); `0` means the problem is not at a line (missing or empty log, missing
-/// key, missing or invalid anchor, a missing segment). For a truncated tail, `line` and `seq`
-/// name the first missing record.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VerifyFailure {
-    pub line: usize,
-    pub seq: Option<u64>,
-    pub reason: String,
-}
-
-impl fmt::Display for VerifyFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The reason may quote the log (serde names an unknown field raw): one line, always,
-        // so that a record cannot print a line of its own under the failure.
-        let reason = crate::sanitize::line(&self.reason);
-        match (self.line, self.seq) {
-            (0, _) => write!(f, "{reason}"),
-            (line, Some(seq)) => write!(f, "record {seq} (line {line}): {reason}"),
-            (line, None) => write!(f, "line {line}: {reason}"),
-        }
-    }
-}
-
-impl std::error::Error for VerifyFailure {}
 
 fn fail(line: usize, seq: Option<u64>, reason: impl Into<String>) -> VerifyFailure {
     VerifyFailure {
@@ -477,7 +451,7 @@ fn verify_once(
         }
     }
     let previous = match &first_record {
-        Some(first) if first.record_type == super::recover::CHAIN_RESTARTED && depth > 0 => {
+        Some(first) if first.record_type == super::record_type::CHAIN_RESTARTED && depth > 0 => {
             Some(Box::new(chain_break(first, keys, depth)))
         }
         _ => None,
@@ -597,7 +571,7 @@ pub fn read_records(path: &Path) -> Result<Vec<Record>, AuditError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::audit::log::AuditLog;
+    use crate::audit::writer::AuditLog;
     use serde_json::json;
 
     fn build(n: usize) -> (tempfile::TempDir, KeyStore, std::path::PathBuf) {

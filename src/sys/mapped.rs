@@ -20,7 +20,7 @@
 //! to the handler that was there before (Rust's own, which ends the process), as if the guard
 //! were not installed; a `SIGBUS` that was sent rather than raised by a fault is ignored. A cut
 //! that no store faults on (inside the page being written) is for the writer to find: see
-//! [`MappedRegion::byte_before`] and `audit::log`'s length checks.
+//! [`MappedRegion::byte_before`] and `audit::sink`'s length checks.
 #![allow(unsafe_code)]
 
 use std::fs::File;
