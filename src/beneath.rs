@@ -56,6 +56,28 @@ pub enum FileMode {
     Exactly(u32),
 }
 
+/// How [`Beneath::open_with`] opens a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    ReadWrite,
+    /// Writes go to the end (`O_APPEND`).
+    Append,
+    /// Read, and writes go to the end.
+    ReadAppend,
+}
+
+/// Whether [`Beneath::open_with`] creates the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Create {
+    /// It must exist.
+    No,
+    /// Created with these permission bits (less the umask) when missing.
+    IfMissing(u32),
+    /// Created with these bits; an existing name (a link included) is an error.
+    New(u32),
+}
+
 /// What a name below a root is, not following a link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Kind {
@@ -351,6 +373,43 @@ impl Beneath {
         regular(fd, &shown)
     }
 
+    /// Opens the regular file `path` as `access` asks, created as `create` asks (directories
+    /// between are then created too); no link followed, no wait on a fifo.
+    pub fn open_with(&self, path: &Path, access: Access, create: Create) -> io::Result<File> {
+        let mut flags = match access {
+            Access::Read => OFlags::RDONLY,
+            Access::ReadWrite => OFlags::RDWR,
+            Access::Append => OFlags::WRONLY | OFlags::APPEND,
+            Access::ReadAppend => OFlags::RDWR | OFlags::APPEND,
+        };
+        let (mode, make) = match create {
+            Create::No => (0, false),
+            Create::IfMissing(m) => {
+                flags |= OFlags::CREATE;
+                (m, true)
+            }
+            Create::New(m) => {
+                flags |= OFlags::CREATE | OFlags::EXCL;
+                (m, true)
+            }
+        };
+        self.open_file(path, flags, mode, make)
+    }
+
+    /// Syncs the root directory itself (a rename or a new name in it survives a power loss).
+    pub fn sync(&self) -> io::Result<()> {
+        rustix::fs::fsync(&*self.root_fd()?).map_err(io::Error::from)
+    }
+
+    /// Makes `to`, below `other`, a second name of the file `from` below this root (no link
+    /// followed; `to` must not exist).
+    pub fn hard_link_into(&self, from: &Path, other: &Beneath, to: &Path) -> io::Result<()> {
+        let (from_dir, from_name, shown) = self.split(from, false)?;
+        let (to_dir, to_name, _) = other.split(to, false)?;
+        rustix::fs::linkat(&from_dir, from_name, &to_dir, to_name, AtFlags::empty())
+            .map_err(|e| with_path(e.into(), &shown))
+    }
+
     /// Opens a regular file to read (no link followed, no wait on a fifo).
     pub fn open_read(&self, path: &Path) -> io::Result<File> {
         self.open_file(path, OFlags::RDONLY, 0, false)
@@ -583,10 +642,7 @@ impl Beneath {
 
     /// Makes `to` a second name of the file `from` (no link followed; `to` must not exist).
     pub fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
-        let (from_dir, from_name, shown) = self.split(from, false)?;
-        let (to_dir, to_name, _) = self.split(to, false)?;
-        rustix::fs::linkat(&from_dir, from_name, &to_dir, to_name, AtFlags::empty())
-            .map_err(|e| with_path(e.into(), &shown))
+        self.hard_link_into(from, self, to)
     }
 
     /// The target of the link `path` (not followed).
@@ -646,13 +702,31 @@ pub fn is_link_refusal(e: &io::Error) -> bool {
         || e.get_ref().is_some_and(|r| r.is::<LinkRefused>())
 }
 
+/// The error for a name that is not a regular file; [`is_not_regular`] tells it.
+#[derive(Debug)]
+struct NotRegular(PathBuf);
+
+impl std::fmt::Display for NotRegular {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} is not a regular file", self.0.display())
+    }
+}
+
+impl std::error::Error for NotRegular {}
+
+/// Whether an open was refused because the name is not a regular file (a fifo, a device, a
+/// directory).
+pub fn is_not_regular(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|r| r.is::<NotRegular>())
+}
+
 /// Keeps `fd` only if it is a regular file.
 fn regular(fd: OwnedFd, shown: &Path) -> io::Result<File> {
     let st = rustix::fs::fstat(&fd)?;
     if FileType::from_raw_mode(st.st_mode as _) != FileType::RegularFile {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("{} is not a regular file", shown.display()),
+            NotRegular(shown.to_path_buf()),
         ));
     }
     Ok(File::from(fd))

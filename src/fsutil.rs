@@ -245,11 +245,34 @@ pub fn read_small_regular(path: &Path, limit: u64) -> Option<Vec<u8>> {
     dir.read(&name, limit).ok()
 }
 
+/// Opens the regular file `path` as asked ([`Beneath::open_with`]), never through a link at it,
+/// never waiting on a fifo; the directories above are the caller's path.
+pub fn open_nofollow(
+    path: &Path,
+    access: crate::beneath::Access,
+    create: crate::beneath::Create,
+) -> io::Result<File> {
+    let (dir, name) = Beneath::parent_of(path)?;
+    dir.open_with(&name, access, create)
+}
+
 /// Opens a regular file of ours to append (a log this run created), never through a link, never
 /// waiting on a fifo.
 pub fn open_append(path: &Path) -> io::Result<File> {
     let (dir, name) = Beneath::parent_of(path)?;
     dir.open_append(&name, 0o644)
+}
+
+/// Makes `to` a second name of the file `from` (neither name followed; `to` must not exist).
+pub fn hard_link(from: &Path, to: &Path) -> io::Result<()> {
+    let (from_dir, from_name) = Beneath::parent_of(from)?;
+    let (to_dir, to_name) = Beneath::parent_of(to)?;
+    from_dir.hard_link_into(&from_name, &to_dir, &to_name)
+}
+
+/// Syncs the directory `dir` (a new name in it survives a power loss).
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    Beneath::open_following(dir)?.sync()
 }
 
 /// The metadata of `path` itself (a link is not followed).
