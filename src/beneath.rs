@@ -367,7 +367,7 @@ impl Beneath {
             Mode::from_raw_mode(mode as _),
         )
         .map_err(|e| match e {
-            Errno::LOOP => io::Error::other(LinkRefused(shown.clone())),
+            Errno::LOOP => io::Error::other(Refused::Link(shown.clone())),
             e => with_path(io::Error::from(e), &shown),
         })?;
         regular(fd, &shown)
@@ -683,41 +683,30 @@ impl Beneath {
     }
 }
 
-/// The error for a link found at a name that is never followed; [`is_link_refusal`] tells it.
-#[derive(Debug)]
-struct LinkRefused(PathBuf);
-
-impl std::fmt::Display for LinkRefused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} is a symbolic link; not followed", self.0.display())
-    }
+/// Why a name was refused; [`is_link_refusal`] and [`is_not_regular`] tell them apart.
+#[derive(Debug, thiserror::Error)]
+enum Refused {
+    #[error("{} is a symbolic link; not followed", .0.display())]
+    Link(PathBuf),
+    #[error("{} is not a regular file", .0.display())]
+    NotRegular(PathBuf),
 }
 
-impl std::error::Error for LinkRefused {}
+fn refused(e: &io::Error) -> Option<&Refused> {
+    e.get_ref().and_then(|r| r.downcast_ref::<Refused>())
+}
 
 /// Whether an open failed because a link was found where a file or directory of ours belongs
 /// (also the raw `ELOOP` of an `O_NOFOLLOW` open).
 pub fn is_link_refusal(e: &io::Error) -> bool {
     e.raw_os_error() == Some(Errno::LOOP.raw_os_error())
-        || e.get_ref().is_some_and(|r| r.is::<LinkRefused>())
+        || matches!(refused(e), Some(Refused::Link(_)))
 }
-
-/// The error for a name that is not a regular file; [`is_not_regular`] tells it.
-#[derive(Debug)]
-struct NotRegular(PathBuf);
-
-impl std::fmt::Display for NotRegular {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} is not a regular file", self.0.display())
-    }
-}
-
-impl std::error::Error for NotRegular {}
 
 /// Whether an open was refused because the name is not a regular file (a fifo, a device, a
 /// directory).
 pub fn is_not_regular(e: &io::Error) -> bool {
-    e.get_ref().is_some_and(|r| r.is::<NotRegular>())
+    matches!(refused(e), Some(Refused::NotRegular(_)))
 }
 
 /// Keeps `fd` only if it is a regular file.
@@ -726,7 +715,7 @@ fn regular(fd: OwnedFd, shown: &Path) -> io::Result<File> {
     if FileType::from_raw_mode(st.st_mode as _) != FileType::RegularFile {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            NotRegular(shown.to_path_buf()),
+            Refused::NotRegular(shown.to_path_buf()),
         ));
     }
     Ok(File::from(fd))

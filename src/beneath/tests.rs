@@ -15,6 +15,14 @@ fn both_ways(check: impl Fn(&Path, &Beneath)) {
     }
 }
 
+/// A directory outside the root holding `name` with the bytes `precious`.
+fn outside_with(tmp: &Path, name: &str) -> PathBuf {
+    let outside = tmp.join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join(name), b"precious").unwrap();
+    outside
+}
+
 #[test]
 fn a_link_at_the_final_name_is_not_followed_to_read_and_is_replaced_to_write() {
     both_ways(|tmp, b| {
@@ -40,9 +48,7 @@ fn a_link_at_the_final_name_is_not_followed_to_read_and_is_replaced_to_write() {
 #[test]
 fn a_linked_directory_on_the_way_is_refused() {
     both_ways(|tmp, b| {
-        let outside = tmp.join("outside");
-        std::fs::create_dir(&outside).unwrap();
-        std::fs::write(outside.join("f"), b"precious").unwrap();
+        let outside = outside_with(tmp, "f");
         std::fs::create_dir(b.root().join("real")).unwrap();
         symlink(&outside, b.root().join("real/linked")).unwrap();
         for p in ["real/linked/f", "real/linked/new"] {
@@ -168,9 +174,7 @@ fn a_removed_root_is_created_again_and_a_root_that_is_a_link_is_refused() {
 #[test]
 fn a_directory_swapped_for_a_link_after_open_is_refused_and_the_sub_handle_stays() {
     both_ways(|tmp, b| {
-        let outside = tmp.join("outside");
-        std::fs::create_dir(&outside).unwrap();
-        std::fs::write(outside.join("srv.json"), b"precious").unwrap();
+        let outside = outside_with(tmp, "srv.json");
         b.write_atomic(Path::new("status/srv.json"), b"one", FileMode::New(0o644))
             .unwrap();
         let held = b.sub(Path::new("status"), false).unwrap();
