@@ -287,7 +287,7 @@ mod tests {
             let mut log = AuditLog::open_with(&path, &keys, &opts).unwrap();
             let pad = "p".repeat(100);
             let mut n = 0;
-            while log.len + 400 <= 2_000 {
+            while log.sink().len() + 400 <= 2_000 {
                 log.append("x", "R", Some("E"), json!({"n": n, "pad": pad}))
                     .unwrap();
                 log.flush().unwrap();
@@ -296,7 +296,7 @@ mod tests {
             std::fs::remove_dir_all(tmp.path().join("logs")).unwrap();
             // Within the flush's rate limit: only the rotation's commit can notice.
             log.set_moment(Moment {
-                mono: log.length_checked.unwrap(),
+                mono: log.sink().length_checked().unwrap(),
                 wall: SystemTime::now(),
             });
             for _ in 0..4 {
@@ -349,7 +349,7 @@ mod tests {
                 .unwrap();
             log.flush().unwrap();
         }
-        let len = log.len;
+        let len = log.sink().len();
         std::fs::remove_file(&path).unwrap();
         std::fs::write(&path, b"").unwrap();
         std::thread::sleep(LENGTH_CHECK_EVERY * 2);

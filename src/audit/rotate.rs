@@ -68,3 +68,38 @@ fn next_segment_number(numbers: impl Iterator<Item = u64>) -> Option<u64> {
         Some(highest) => highest.checked_add(1),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_next_number_is_one_past_the_highest_and_none_past_the_largest() {
+        assert_eq!(next_segment_number([].into_iter()), Some(1));
+        assert_eq!(next_segment_number([3, 1, 2].into_iter()), Some(4));
+        assert_eq!(
+            next_segment_number([1, u64::MAX - 1].into_iter()),
+            Some(u64::MAX)
+        );
+        assert_eq!(next_segment_number([1, u64::MAX].into_iter()), None);
+    }
+
+    #[test]
+    fn closing_into_a_segment_never_overwrites_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("srv.jsonl");
+        std::fs::write(&path, b"active\n").unwrap();
+        let segment = next_segment(&path).unwrap().unwrap();
+        assert_eq!(segment, scan::segment_path(&path, 1));
+        std::fs::write(&segment, b"planted\n").unwrap();
+        assert!(close_into(&path, &segment).is_err());
+        assert_eq!(std::fs::read(&segment).unwrap(), b"planted\n");
+        assert_eq!(std::fs::read(&path).unwrap(), b"active\n");
+        assert_eq!(
+            next_segment(&path).unwrap(),
+            Some(scan::segment_path(&path, 2))
+        );
+        close_into(&path, &scan::segment_path(&path, 2)).unwrap();
+        assert!(!path.exists());
+    }
+}

@@ -87,10 +87,10 @@ impl TailCheck<'_> {
         // Space a writer reserved and did not release (it was killed) is never records (a
         // record has no NUL byte): the records are judged without it, and it is cut off only
         // once they pass (a log set aside keeps every byte it had).
-        let len = scan::data_end(&self.file, file_len)
+        let len = scan::data_end(self.file, file_len)
             .map_err(AuditError::io("read audit log", &self.path))?;
         let leftover = (len < file_len).then_some(file_len);
-        let segments = scan::list_segments(&self.path)
+        let segments = scan::list_segments(self.path)
             .map_err(AuditError::io("list the segments of", &self.path))?;
         let mac = MacChecker::new(self.key);
         if len == 0 {
@@ -124,7 +124,7 @@ impl TailCheck<'_> {
         }
         let Some(a) = anchor else {
             // The last record's own problems first (a log sealed with another key says so).
-            let line = scan::line_ending_at(&self.file, len)
+            let line = scan::line_ending_at(self.file, len)
                 .map_err(AuditError::io("read audit log", &self.path))?;
             let Some(line) = line else {
                 return Err(self.corrupt(
@@ -156,7 +156,7 @@ impl TailCheck<'_> {
             }
             if self.anchored_record_at(off, &a, &mac) {
                 let scanned = scan::scan_file(
-                    &self.file,
+                    self.file,
                     off,
                     0,
                     Expect {
@@ -185,7 +185,7 @@ impl TailCheck<'_> {
         // No usable offset: scan the active file once.
         let mut first: Option<Record> = None;
         let mut anchored: Option<Result<u64, String>> = None;
-        let scanned = scan::scan_file(&self.file, 0, 0, Expect::default(), &mac, |r, _, end| {
+        let scanned = scan::scan_file(self.file, 0, 0, Expect::default(), &mac, |r, _, end| {
             if first.is_none() {
                 first = Some(r.clone());
             }
@@ -304,7 +304,7 @@ impl TailCheck<'_> {
 
     /// Whether the complete line ending at `off` is the anchored record, sealed with the key.
     fn anchored_record_at(&self, off: u64, a: &Anchor, mac: &MacChecker) -> bool {
-        record_ending_at(&self.file, off, a, mac)
+        record_ending_at(self.file, off, a, mac)
     }
 }
 

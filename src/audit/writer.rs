@@ -5,9 +5,11 @@
 //! ([`super::anchor`]), rotate ([`super::rotate`]); opening checks the tail ([`super::tail`])
 //! under the writer lock ([`super::lock`]).
 //! Must not touch: record content (callers choose `data`; the bytes are defined by
-//! [`super::chain`]), policy, stdout; files other than through [`super::sink`], [`super::lock`],
-//! [`super::restore`] and [`super::rotate`] (every open of a file is in one of their named
-//! functions).
+//! [`super::chain`]), policy, stdout; files other than through named functions of its parts:
+//! `sink::open_active` (the active file), `lock::lock_at` (the lock files), `Removed::put_back`
+//! and `Removed::keep_beside` ([`super::restore`]), `rotate::close_into` and
+//! `rotate::sync_dir_of`, `AnchorFile` ([`super::keys`], the anchor) and the tail check's reads
+//! ([`super::tail`], through [`super::scan`] and `keys::open_nofollow`).
 //!
 //! # One writer per log
 //!
@@ -87,13 +89,10 @@ use super::record_type::{LOG_RESTORED, SEGMENT_STARTED, TOOL_RUN};
 use super::restore::{RESTORED_REASON, Removed};
 use super::rotate;
 use super::seal::{Head, Sealer};
-use super::sink::{FileState, LENGTH_CHECK_EVERY, PREPARE_BYTES, RESERVE_BYTES, open_active};
+use super::sink::{Broken, CopyOutcome, FileState, Sink, open_active};
 use super::tail::{Tail, TailCheck};
-use crate::sys::mapped::MappedRegion;
-use crate::sys::mapped::{self, PreparePages};
+use crate::sys::mapped::PreparePages;
 use serde_json::json;
-use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::{Duration, Instant, SystemTime};
@@ -188,52 +187,38 @@ impl Default for AuditOptions {
 /// An open audit log, ready to append; the only writer of its file while it lives.
 #[derive(Debug)]
 pub struct AuditLog {
-    pub(super) file: File,
+    /// The active file and how batches reach it ([`super::sink`]).
+    sink: Sink,
     /// Always `Some` while the log is usable (taken back out only by a failed open).
-    pub(super) lock: Option<WriterLock>,
-    pub(super) path: PathBuf,
-    pub(super) canonical_path: String,
+    lock: Option<WriterLock>,
+    path: PathBuf,
+    canonical_path: String,
     /// The anchor file and what it names ([`super::anchor`]).
-    pub(super) anchoring: Anchoring,
+    anchoring: Anchoring,
     /// Seals records onto `head` (holds the key).
-    pub(super) sealer: Sealer,
-    pub(super) opts: AuditOptions,
-    /// Length of the active file's records (everything written by this writer, or found at
-    /// open); the file itself can be longer by a reservation (see `mapped`).
-    pub(super) len: u64,
-    /// The reserved, mapped space the next batches are copied into (`None`: not reserved yet,
-    /// or writing with `write`).
-    pub(super) mapped: Option<MappedRegion>,
-    /// The file's length when a reservation made it longer than `len` (what `release` cuts).
-    pub(super) reserved_to: Option<u64>,
-    /// Whether batches go through the map (cleared for good when a reservation fails).
-    pub(super) map_batches: bool,
+    sealer: Sealer,
+    opts: AuditOptions,
     /// The last record in the file: `(seq, hash)`.
-    pub(super) written: Head,
+    written: Head,
     /// The last record sealed (in the batch or in the file).
-    pub(super) head: Head,
+    head: Head,
     /// Sealed lines not yet written.
-    pub(super) batch: Vec<u8>,
-    /// File length at the last fsync (a commit with nothing new does not fsync again).
-    pub(super) synced_len: u64,
-    /// When a flush last compared the file's length with the records' (see
-    /// [`LENGTH_CHECK_EVERY`]); `None`: not yet.
-    pub(super) length_checked: Option<Instant>,
+    batch: Vec<u8>,
     /// Whether the active file holds a record besides its opening `segment_started` (a file is
     /// rotated only then, so one oversized record cannot rotate forever).
-    pub(super) rotatable: bool,
+    rotatable: bool,
     /// No segment number is left above the highest one present (a file planted under the
     /// largest): the active file grows instead of rotating.
-    pub(super) numbers_exhausted: bool,
+    numbers_exhausted: bool,
     /// Set when a failed write could not be cut back: the file may end in a partial line, so
     /// nothing more is written to it.
-    pub(super) poisoned: Option<String>,
+    poisoned: Option<String>,
     /// The time of the event being handled, when the caller set one ([`AuditLog::set_moment`]):
     /// records, the anchor's lag and the length check read it instead of the clocks.
-    pub(super) moment: Option<Moment>,
+    moment: Option<Moment>,
     /// What the writer did by itself that its user should be told (one status line), until
     /// [`AuditLog::take_notice`].
-    pub(super) notice: Option<String>,
+    notice: Option<String>,
 }
 
 impl AuditLog {
@@ -298,22 +283,16 @@ impl AuditLog {
             Err(e) => return Err((e, Some(lock))),
         };
         let mut log = AuditLog {
-            file,
+            sink: Sink::new(file, opts.write_through_map),
             lock: Some(lock),
             path: path.to_owned(),
             anchoring: Anchoring::new(anchor, canonical_path.clone()),
             canonical_path,
             sealer: Sealer::new(key),
             opts: opts.clone(),
-            len: 0,
-            mapped: None,
-            reserved_to: None,
-            map_batches: opts.write_through_map,
-            synced_len: 0,
             written: Head::default(),
             head: Head::default(),
             batch: Vec::with_capacity(16 << 10),
-            length_checked: None,
             rotatable: false,
             numbers_exhausted: false,
             poisoned: None,
@@ -332,7 +311,7 @@ impl AuditLog {
     /// Checks the tail ([`super::tail`]) and continues the chain where it ends.
     fn continue_tail(&mut self) -> Result<(), AuditError> {
         let tail = TailCheck {
-            file: &self.file,
+            file: self.sink.file(),
             path: &self.path,
             anchor_path: self.anchoring.path(),
             key: self.sealer.key(),
@@ -362,9 +341,8 @@ impl AuditLog {
     }
 
     fn finish_open(&mut self, len: u64, seq: u64, hash: String, anchored: Option<u64>) {
-        self.len = len;
         // What was there before this writer is not its to fsync.
-        self.synced_len = len;
+        self.sink.opened_at(len);
         self.written = Head::at(seq, hash);
         self.head = self.written.clone();
         self.anchoring.found(anchored);
@@ -403,7 +381,7 @@ impl AuditLog {
             if self.opts.max_segment_bytes > 0
                 && self.rotatable
                 && !self.numbers_exhausted
-                && self.len + self.batch.len() as u64 > self.opts.max_segment_bytes
+                && self.sink.len() + self.batch.len() as u64 > self.opts.max_segment_bytes
             {
                 // Sealed onto the head the new segment will not continue: sealed again there.
                 self.batch.truncate(at);
@@ -418,7 +396,7 @@ impl AuditLog {
 
     /// Seals a record onto the head and appends its line (with its `\n`) to the batch
     /// ([`Sealer::seal`], at the event's time); the head is not moved ([`AuditLog::set_head`]).
-    pub(super) fn seal(
+    fn seal(
         &mut self,
         record_type: &str,
         run: &str,
@@ -437,7 +415,7 @@ impl AuditLog {
         )
     }
 
-    pub(super) fn set_head(&mut self, seq: u64, hash: &str) {
+    fn set_head(&mut self, seq: u64, hash: &str) {
         self.head.advance(seq, hash);
     }
 
@@ -474,7 +452,7 @@ impl AuditLog {
         self.moment = None;
     }
 
-    pub(super) fn mono_now(&self) -> Instant {
+    fn mono_now(&self) -> Instant {
         self.moment.map_or_else(Instant::now, |m| m.mono)
     }
 
@@ -486,7 +464,7 @@ impl AuditLog {
         // removed since the last flush must be put back before it is synced, renamed into a
         // segment or closed (its records would go with it).
         // (Without the lock, this is a failed open being dropped: it has no records to keep.)
-        if self.lock.is_some() && self.file_state(0) == FileState::Removed {
+        if self.lock.is_some() && self.sink.state(0) == FileState::Removed {
             self.restore_removed()?;
         }
         if !self.batch.is_empty() {
@@ -500,7 +478,7 @@ impl AuditLog {
         // anchor itself (the update is skipped later as older, see `AnchorUpdate::write`).
         let now = self.mono_now();
         self.anchoring
-            .commit(self.sealer.key(), &self.written, self.len, now, sync)
+            .commit(self.sealer.key(), &self.written, self.sink.len(), now, sync)
     }
 
     /// Sets the fsync policy from now on.
@@ -531,39 +509,28 @@ impl AuditLog {
         self.batch.len()
     }
 
-    pub(super) fn check_poisoned(&self) -> Result<(), AuditError> {
+    fn check_poisoned(&self) -> Result<(), AuditError> {
         match &self.poisoned {
             Some(reason) => Err(self.corrupt(reason.clone())),
             None => Ok(()),
         }
     }
 
-    pub(super) fn write_batch(&mut self) -> Result<(), AuditError> {
-        let before = self.len;
+    fn write_batch(&mut self) -> Result<(), AuditError> {
+        let before = self.sink.len();
         let result = match self.copy_to_map() {
             Some(copied) => copied,
-            None if self.length_check_due() && self.file_state(0) == FileState::Removed => {
+            None if self.sink.length_check_due(self.mono_now())
+                && self.sink.state(0) == FileState::Removed =>
+            {
                 self.restore_removed()?;
                 return self.write_batch();
             }
-            None => loop {
-                match (&self.file).write(&self.batch) {
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    other => break other,
-                }
-            },
-        };
-        // A short write (a signal, a size limit, a full disk) continues with the rest, which
-        // either completes the batch or fails with the cause (EFBIG, ENOSPC) for the message.
-        let result = match result {
-            Ok(n) if n < self.batch.len() && n > 0 => (&self.file)
-                .write_all(&self.batch[n..])
-                .map(|()| self.batch.len()),
-            other => other,
+            None => self.sink.write(&self.batch),
         };
         let error = match result {
             Ok(n) if n == self.batch.len() => {
-                self.len += n as u64;
+                self.sink.advance(n);
                 self.batch.clear();
                 // In place: no new string per write.
                 self.written.set_to(&self.head);
@@ -583,7 +550,7 @@ impl AuditLog {
             // Cut short by someone else (`copy_to_map`): the file is left as they left it.
             return Err(self.corrupt(reason.clone()));
         }
-        if let Err(cut) = self.file.set_len(before) {
+        if let Err(cut) = self.sink.cut_back(before) {
             self.poisoned = Some(format!(
                 "a failed write ({error}) could not be cut back ({cut}): the file may end in a partial line"
             ));
@@ -595,7 +562,7 @@ impl AuditLog {
     /// ([`super::restore`]) and the chain continues with a sealed
     /// [`super::record_type::LOG_RESTORED`] record in the batch; what cannot be put back is
     /// kept beside the anchor and the writer fails closed (poisoned).
-    pub(super) fn restore_removed(&mut self) -> Result<(), AuditError> {
+    fn restore_removed(&mut self) -> Result<(), AuditError> {
         let canonical = self.lock.as_ref().map_or_else(
             || PathBuf::from(&self.canonical_path),
             |l| l.canonical().to_owned(),
@@ -603,8 +570,8 @@ impl AuditLog {
         let removed = Removed {
             path: &self.path,
             canonical: &canonical,
-            records: &self.file,
-            len: self.len,
+            records: self.sink.file(),
+            len: self.sink.len(),
         };
         let put_back = match removed.put_back(self.lock.as_ref()) {
             Ok(p) => p,
@@ -614,14 +581,12 @@ impl AuditLog {
                 let kept = match removed.keep_beside(self.anchoring.path()) {
                     Ok(at) => format!(
                         "its {} bytes of records are kept in {}",
-                        self.len,
+                        self.sink.len(),
                         at.display()
                     ),
                     Err(k) => format!("its records could not be kept ({k})"),
                 };
-                self.mapped = None;
-                self.map_batches = false;
-                self.reserved_to = None;
+                self.sink.stop_mapping();
                 let reason = format!(
                     "removed while this run was writing it (cargo clean?), and it could not be \
                      put back ({e}); {kept}; restart `cargo mcp-dev run` to start a new chain"
@@ -631,17 +596,15 @@ impl AuditLog {
             }
         };
         // The removed file's map and reservation go with it.
-        self.mapped = None;
-        self.reserved_to = None;
-        self.file = put_back.file;
+        let len = self.sink.len();
+        self.sink.replace_file(put_back.file, len);
         if let (Some(new), Some(lock)) = (put_back.lock_file, self.lock.as_mut()) {
             lock.replace_file(new);
         }
-        self.synced_len = self.len;
         let last_seq = self.written.seq().unwrap_or(0);
         let mut data = Vec::with_capacity(256);
         crate::audit::canonical_json(
-            &json!({"reason": RESTORED_REASON, "bytes": self.len, "lastSeq": last_seq}),
+            &json!({"reason": RESTORED_REASON, "bytes": self.sink.len(), "lastSeq": last_seq}),
             &mut data,
         )?;
         let (seq, hash) = self.seal(LOG_RESTORED, TOOL_RUN, None, &data);
@@ -649,7 +612,7 @@ impl AuditLog {
         self.notice = Some(format!(
             "audit log {} was removed while this run was writing it (cargo clean?): put back from the open file ({} bytes, through record {last_seq}); the chain continues",
             self.path.display(),
-            self.len
+            self.sink.len()
         ));
         Ok(())
     }
@@ -673,9 +636,7 @@ impl AuditLog {
                 return Err(e);
             }
         };
-        self.file = file;
-        self.len = 0;
-        self.synced_len = 0;
+        self.sink.replace_file(file, 0);
         self.start_segment(&segment)
     }
 
@@ -697,7 +658,7 @@ impl AuditLog {
     }
 
     /// Whether `flush` rewrites the anchor now (see [`super::anchor`]).
-    pub(super) fn anchor_due(&self) -> bool {
+    fn anchor_due(&self) -> bool {
         self.anchoring.due(&self.written, self.mono_now())
     }
 
@@ -710,14 +671,14 @@ impl AuditLog {
         }
         let now = self.mono_now();
         self.anchoring
-            .take_update(self.sealer.key(), &self.written, self.len, now)
+            .take_update(self.sealer.key(), &self.written, self.sink.len(), now)
     }
 
     /// Rewrites the anchor to name the last record written.
-    pub(super) fn write_anchor(&mut self) -> Result<(), AuditError> {
+    fn write_anchor(&mut self) -> Result<(), AuditError> {
         let now = self.mono_now();
         self.anchoring
-            .write(self.sealer.key(), &self.written, self.len, now)
+            .write(self.sealer.key(), &self.written, self.sink.len(), now)
     }
 
     /// A status line about what the writer did by itself (a removed file put back), once.
@@ -725,7 +686,7 @@ impl AuditLog {
         self.notice.take()
     }
 
-    pub(super) fn corrupt(&self, reason: String) -> AuditError {
+    fn corrupt(&self, reason: String) -> AuditError {
         AuditError::CorruptTail {
             path: self.path.clone(),
             reason,
@@ -733,76 +694,36 @@ impl AuditLog {
     }
 }
 
-/// The output: writing batches through the map or with `write`, the length checks, fsync
-/// (the file, its open and the limits are [`super::sink`]'s).
+/// The output (the file's side is [`Sink`]'s): what the writer does when the sink reports a
+/// fault.
 impl AuditLog {
-    /// Copies the batch into the mapped reservation, reserving (and mapping) the next part of
-    /// the file first when it does not fit. `None`: not mapping (off, or a reservation failed:
-    /// the reservation is cut back and the caller `write`s, now and from then on).
-    pub(super) fn copy_to_map(&mut self) -> Option<std::io::Result<usize>> {
-        if !self.map_batches {
-            return None;
-        }
-        let end = self.len + self.batch.len() as u64;
-        if self.mapped.as_ref().is_none_or(|m| end > m.end())
-            && let Err(e) = self.reserve(end)
-        {
-            return e.map(Err);
-        }
-        // Not mapped: the reservation failed and was cut back, the caller writes.
-        self.mapped.as_ref()?;
-        if self.length_check_due() {
-            match self.file_state(end) {
-                FileState::Linked => {}
-                FileState::Shorter => return Some(Err(self.cut_short())),
-                FileState::Removed => {
-                    if let Err(e) = self.restore_removed() {
-                        return Some(Err(std::io::Error::other(e.to_string())));
-                    }
-                    // Into the file put back (its own reservation), with the new record.
-                    return self.copy_to_map();
+    /// Copies the batch into the mapped reservation ([`Sink::copy`]). `None`: not mapping (the
+    /// caller `write`s, now and from then on).
+    fn copy_to_map(&mut self) -> Option<std::io::Result<usize>> {
+        let now = self.mono_now();
+        match self.sink.copy(&self.batch, now) {
+            CopyOutcome::NotMapped => None,
+            CopyOutcome::Copied => Some(Ok(self.batch.len())),
+            CopyOutcome::Removed => {
+                if let Err(e) = self.restore_removed() {
+                    return Some(Err(std::io::Error::other(e.to_string())));
                 }
+                // Into the file put back (its own reservation), with the new record.
+                self.copy_to_map()
+            }
+            CopyOutcome::Broken(b) => Some(Err(self.broken(b))),
+        }
+    }
+
+    /// The writer fails closed on what the sink reports: every later append fails.
+    fn broken(&mut self, b: Broken) -> std::io::Error {
+        match b {
+            Broken::CutShort => self.cut_short(),
+            Broken::NotCutBack(reason, e) => {
+                self.poisoned = Some(reason);
+                e
             }
         }
-        let region = self.mapped.as_mut()?;
-        // Cut inside the page being written, below the records' end: the kernel zeroed the
-        // rest of that page, and a copy into it would not fault (see `byte_before`).
-        if region.byte_before(self.len).is_some_and(|b| b != b'\n') {
-            return Some(Err(self.cut_short()));
-        }
-        region.copy_at(self.len, &self.batch);
-        if region.cut_short() {
-            return Some(Err(self.cut_short()));
-        }
-        Some(Ok(self.batch.len()))
-    }
-
-    /// Whether the file is now shorter than `len` bytes: cut by someone else (one `fstat`).
-    pub(super) fn file_shorter_than(&self, len: u64) -> bool {
-        self.file_state(len) == FileState::Shorter
-    }
-
-    /// Whether the file is still linked and at least `len` bytes long (one `fstat`).
-    pub(super) fn file_state(&self, len: u64) -> FileState {
-        use std::os::unix::fs::MetadataExt;
-        match self.file.metadata() {
-            Ok(m) if m.nlink() == 0 => FileState::Removed,
-            Ok(m) if m.len() < len => FileState::Shorter,
-            _ => FileState::Linked,
-        }
-    }
-
-    /// Whether a flush compares the file with the records now: at most once per
-    /// [`LENGTH_CHECK_EVERY`] (this takes the turn).
-    pub(super) fn length_check_due(&mut self) -> bool {
-        let now = self.mono_now();
-        let due = self
-            .length_checked
-            .is_none_or(|at| now.saturating_duration_since(at) >= LENGTH_CHECK_EVERY);
-        if due {
-            self.length_checked = Some(now);
-        }
-        due
     }
 
     /// The file was cut shorter than the records this writer put in it (someone truncated it
@@ -810,10 +731,8 @@ impl AuditLog {
     /// grown back (the file is not what this writer wrote any more), and the writer is
     /// poisoned: every later append fails (fail closed: no call is forwarded unrecorded), and
     /// the next start sets the log aside (shorter than its anchor).
-    pub(super) fn cut_short(&mut self) -> std::io::Error {
-        self.mapped = None;
-        self.map_batches = false;
-        self.reserved_to = None;
+    fn cut_short(&mut self) -> std::io::Error {
+        self.sink.stop_mapping();
         let now = crate::fsutil::metadata_nofollow(&self.path)
             .map(|m| m.len)
             .ok();
@@ -822,7 +741,7 @@ impl AuditLog {
              the records this run wrote or was writing end at byte {}); \
              the records past the cut are lost; the next `cargo mcp-dev run` sets it aside and starts a new chain",
             now.map_or_else(|| "?".to_string(), |n| n.to_string()),
-            self.len + self.batch.len() as u64
+            self.sink.len() + self.batch.len() as u64
         );
         // The anchor names the last record this writer wrote, whatever it lagged: the next
         // start then finds the log shorter than its anchor and sets it aside, instead of
@@ -833,120 +752,50 @@ impl AuditLog {
         std::io::Error::other(reason)
     }
 
-    /// Reserves and maps the file from the page of the last record through `end` (at least
-    /// [`RESERVE_BYTES`]). On failure mapping stops for good and the reservation is cut back:
-    /// `Ok(())` with nothing mapped (the caller `write`s), or `Err(Some(e))` when the cut failed
-    /// (the writer is poisoned) or the file was found cut short by someone else.
-    pub(super) fn reserve(&mut self, end: u64) -> Result<(), Option<std::io::Error>> {
-        // Cut between two copies (no fault then): a reservation would grow the file back over
-        // the cut with NUL bytes and bury it.
-        if self.file_shorter_than(self.len) {
-            return Err(Some(self.cut_short()));
-        }
-        // Unmapped before the next reservation: one region of the file mapped at a time.
-        self.mapped = None;
-        let page = mapped::page_size();
-        let start = self.len / page * page;
-        let len = (end - start).max(RESERVE_BYTES).next_multiple_of(page);
-        match usize::try_from(len)
-            .map_err(std::io::Error::other)
-            .and_then(|len| MappedRegion::reserve(&self.file, start, len))
-        {
-            Ok(region) => {
-                self.reserved_to = Some(self.reserved_to.unwrap_or(0).max(region.end()));
-                self.mapped = Some(region);
-                Ok(())
-            }
-            Err(_) => {
-                // No space to reserve, a file system that cannot, no address space for the
-                // map: `write` reports what is wrong, if anything is, and is as safe. The
-                // failed attempt may have grown the file all the same (`fallocate` keeps what
-                // it allocated before ENOSPC, or the map failed after it): cut back to the
-                // records, so the space is free and no `write` lands after it.
-                self.map_batches = false;
-                // The failed attempt may have grown the file by any amount: all of it is ours.
-                self.reserved_to = Some(u64::MAX);
-                self.release_reservation().map_err(Some)
-            }
-        }
-    }
-
-    /// Makes the next reservation now, while nothing waits on the log, when a quarter or less
-    /// of the mapped space is left and no record is pending: otherwise the flush that crosses
-    /// the end pays for `fallocate` and `mmap` (tens of µs, once per [`RESERVE_BYTES`]) on the
-    /// path of the call whose intent record it writes. `run` calls it after delivering an
-    /// answer, when no call is on its way to a server. A failure is the next flush's fallback
-    /// (`write`), reported only if cutting the reservation back failed too.
-    /// Then, with `prepare`, it returns the pages of the next [`PREPARE_BYTES`] past the
-    /// records that are not writable yet ([`MappedRegion::prepare`]; the caller applies them
-    /// after releasing its own lock), so the copies of the next calls' records do not fault.
+    /// Makes the next reservation now, while nothing waits on the log ([`Sink::reserve_ahead`]):
+    /// `run` calls it after delivering an answer, when no call is on its way to a server and no
+    /// record is pending. With `prepare`, it returns the pages of the next
+    /// [`PREPARE_BYTES`](super::sink::PREPARE_BYTES) past the records to make writable (after
+    /// the caller releases its own lock).
     pub fn reserve_ahead(&mut self, prepare: bool) -> Result<Option<PreparePages>, AuditError> {
-        let Some(end) = self.mapped.as_ref().map(MappedRegion::end) else {
-            return Ok(None);
-        };
-        if !self.map_batches || !self.batch.is_empty() {
+        if !self.batch.is_empty() {
             return Ok(None);
         }
-        if end.saturating_sub(self.len) <= RESERVE_BYTES / 4 {
-            match self.reserve(self.len + 1) {
-                Ok(()) | Err(None) => {}
-                Err(Some(e)) => {
-                    return Err(AuditError::io("reserve audit log space", &self.path)(e));
-                }
-            }
-        }
-        Ok(self
-            .mapped
-            .as_mut()
-            .filter(|_| prepare)
-            .and_then(|region| region.prepare(self.len, PREPARE_BYTES)))
+        self.sink.reserve_ahead(prepare).map_err(|b| {
+            let e = self.broken(b);
+            AuditError::io("reserve audit log space", &self.path)(e)
+        })
     }
 
     /// Unmaps the reservation and cuts the file back to its records (at exit, before a
     /// rotation, and when mapping stops): a file nobody writes ends with its last record. A
     /// failure poisons the writer (a `write` would land past the reserved bytes).
     pub fn release_reservation(&mut self) -> std::io::Result<()> {
-        self.mapped = None;
-        if let Some(reserved_to) = self.reserved_to {
-            // Someone else may have changed the length behind the map. Shorter than the
-            // records: cut short (not grown back over the cut, which would bury it). Longer
-            // than the reservation: what lies past it is not ours to cut (the next open
-            // judges it). In between: the reservation's NUL bytes, cut off.
-            match self.file.metadata().map(|m| m.len()) {
-                Ok(size) if size < self.len => return Err(self.cut_short()),
-                Ok(size) if size > reserved_to => {
-                    self.reserved_to = None;
-                    return Ok(());
-                }
-                _ => {}
-            }
-            if let Err(e) = self.file.set_len(self.len) {
-                self.poisoned = Some(format!(
-                    "the space reserved past the last record could not be released ({e})"
-                ));
-                return Err(e);
-            }
-            self.reserved_to = None;
-        }
-        Ok(())
+        self.sink.release().map_err(|b| self.broken(b))
     }
 
-    pub(super) fn sync_file(&mut self) -> Result<(), AuditError> {
-        if self.synced_len == self.len {
-            return Ok(());
+    fn sync_file(&mut self) -> Result<(), AuditError> {
+        match self.sink.sync() {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                let _ = self.cut_short();
+                Err(self.corrupt(self.poisoned.clone().unwrap_or_default()))
+            }
+            Err(e) => Err(AuditError::io("sync audit log", &self.path)(e)),
         }
-        self.file
-            .sync_data()
-            .map_err(AuditError::io("sync audit log", &self.path))?;
-        // Synced is on disk only if the file still holds the records (a cut that no copy
-        // noticed, see `LENGTH_CHECK_EVERY`): checked here, where it costs nothing beside the
-        // sync, so `audit-fsync = every` never acknowledges a record that is not in the file.
-        if self.file_shorter_than(self.len) {
-            let _ = self.cut_short();
-            return Err(self.corrupt(self.poisoned.clone().unwrap_or_default()));
-        }
-        self.synced_len = self.len;
-        Ok(())
+    }
+}
+
+/// What the tests of the writer's parts read of its state.
+#[cfg(test)]
+impl AuditLog {
+    pub(super) fn sink(&self) -> &Sink {
+        &self.sink
+    }
+
+    /// A reservation through `end` ([`Sink`]'s), failing closed as a flush would.
+    pub(super) fn reserve(&mut self, end: u64) -> Result<(), Option<std::io::Error>> {
+        self.sink.reserve(end).map_err(|b| Some(self.broken(b)))
     }
 }
 
