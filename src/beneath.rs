@@ -24,13 +24,16 @@
 //!   for a link after the handle was opened is refused, never written through (red-team round 19).
 //!
 //! Paths given to a handle are either relative to its root or absolute and below it (the form
-//! most callers hold); anything else is an error.
+//! most callers hold); anything else is an error. A caller that holds only a path uses
+//! [`Beneath::parent_of`] (what `crate::fsutil`'s path-level helpers do): the file's own
+//! directory is the root for one access, so the final name gets every guard above and the
+//! directories above it are the caller's path.
 //!
 //! Files that are not under the package or `target/` (the user's config, `/proc`, an explicit
 //! `--output` path, cargo's own binary) and inputs cargo itself reads following links are
-//! reached through [`followed`], one small helper per
-//! need, each saying why std's link-following call is right there. `clippy.toml` denies std's
-//! file calls everywhere else, so these two are the only doors.
+//! reached through [`followed`], one small helper per need, each saying why following a link is
+//! right there. `clippy.toml` denies std's file calls everywhere else, so these two are the only
+//! doors.
 
 // The one place std's file calls are used: every other module goes through this one
 // (`clippy.toml`, `disallowed-methods`).
