@@ -12,6 +12,9 @@
 //! BENCH_CASE=echo|write_item` runs one variant of one case alone: the difference of two runs'
 //! instruction counts (two values of N) over the difference of N is the cost of one decision.
 
+// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+#![allow(clippy::disallowed_methods)]
+
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::Instant;

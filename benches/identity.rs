@@ -19,6 +19,9 @@
 //!   (`cp -a`) to `$BENCH_WORK/target` the first time so the dependencies are not rebuilt
 //! - `BENCH_RUNS=10`
 
+// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+#![allow(clippy::disallowed_methods)]
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -92,7 +92,7 @@ pub fn capture(
     let cfg = &t.config.config;
     let mut problems = Vec::new();
 
-    let lockfile = if r.lockfile.is_file() {
+    let lockfile = if crate::beneath::followed::is_file(&r.lockfile) {
         let (sha256, _) = hashing::sha256_file(&r.lockfile).map_err(io_err(&r.lockfile))?;
         Some(FileDigest {
             path: t.display_path(&r.lockfile),
@@ -150,7 +150,7 @@ pub fn capture(
     let mut extra_inputs = Vec::new();
     for rel in &cfg.extra_inputs {
         let p = r.package_root.join(rel);
-        if p.is_dir() {
+        if crate::beneath::followed::is_dir(&p) {
             let (sha256, files) = tree_digest(&p, false).map_err(io_err(&p))?;
             extra_inputs.push(ExtraInput {
                 path: rel.clone(),
@@ -158,7 +158,7 @@ pub fn capture(
                 sha256,
                 files,
             });
-        } else if p.is_file() {
+        } else if crate::beneath::followed::is_file(&p) {
             let (sha256, _) = hashing::sha256_file(&p).map_err(io_err(&p))?;
             extra_inputs.push(ExtraInput {
                 path: rel.clone(),
@@ -276,7 +276,7 @@ fn io_err(p: &Path) -> impl FnOnce(io::Error) -> CaptureError + '_ {
 
 fn is_executable_file(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p)
+    crate::beneath::followed::metadata(p)
         .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         .unwrap_or(false)
 }
@@ -317,7 +317,9 @@ pub fn tree_digest(root: &Path, package_sources: bool) -> io::Result<(String, us
             if !package_sources {
                 return true;
             }
-            !(name == "target" || name.starts_with('.') || e.path().join("Cargo.toml").is_file())
+            !(name == "target"
+                || name.starts_with('.')
+                || crate::beneath::followed::is_file(&e.path().join("Cargo.toml")))
         });
     for entry in walker {
         let entry = entry.map_err(|e| io::Error::other(e.to_string()))?;
@@ -329,13 +331,13 @@ pub fn tree_digest(root: &Path, package_sources: bool) -> io::Result<(String, us
         hasher.update(rel.as_os_str().as_encoded_bytes());
         hasher.update([0u8]);
         if ft.is_symlink() {
-            let target = std::fs::read_link(entry.path())?;
+            let target = crate::beneath::followed::read_link(entry.path())?;
             hasher.update(b"symlink\0");
             hasher.update(target.as_os_str().as_encoded_bytes());
             // What the server reads through a link to a file is its content: hashed too (red-team
             // round 14: the file behind a link could change with the digest unchanged). A
             // link to a directory is not walked (no loops); a dangling one is its text alone.
-            if std::fs::metadata(entry.path()).is_ok_and(|m| m.is_file()) {
+            if crate::beneath::followed::is_file(entry.path()) {
                 let (d, len) = hashing::sha256_file(entry.path())?;
                 hasher.update(b"\0->");
                 hasher.update(len.to_le_bytes());

@@ -643,7 +643,7 @@ fn docs_help() -> String {
     let readme = root.join("README.md");
     let notes = root.join("docs/protocol-notes.md");
     let missing = |p: &std::path::Path| {
-        if p.is_file() {
+        if crate::beneath::followed::is_file(p) {
             String::new()
         } else {
             " (not found: the source was moved)".to_string()

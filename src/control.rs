@@ -8,7 +8,7 @@
 //! ([`crate::status_feed`]), which the connection's thread answers itself.
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -198,14 +198,11 @@ pub fn socket_paths(target_dir: &Path, label: &str) -> Vec<PathBuf> {
 /// symlink), owned by us, with no access for group or others. A directory that fails is
 /// refused, not repaired: someone else may already have put a socket in it.
 pub fn ensure_private_dir(dir: &Path) -> Result<(), ControlError> {
-    if !dir.exists() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
+    if !crate::beneath::followed::exists(dir) {
+        crate::beneath::followed::create_dir_all_with_mode(dir, 0o700)
             .map_err(io_err("create", dir))?;
     }
-    let meta = std::fs::symlink_metadata(dir).map_err(io_err("inspect", dir))?;
+    let meta = crate::beneath::followed::symlink_metadata(dir).map_err(io_err("inspect", dir))?;
     if !meta.is_dir() {
         return Err(ControlError::NotADirectory { path: dir.into() });
     }
@@ -252,10 +249,10 @@ impl Served {
     /// supervisor for the same label must never remove the first one's socket; issue 12).
     pub fn release(&self, path: &Path) {
         let ours = *self.bound.lock().unwrap_or_else(|e| e.into_inner());
-        if let (Some(id), Ok(m)) = (ours, std::fs::symlink_metadata(path))
+        if let (Some(id), Ok(m)) = (ours, crate::beneath::followed::symlink_metadata(path))
             && crate::sys::unix::file_id(&m) == id
         {
-            let _ = std::fs::remove_file(path);
+            let _ = remove_socket(path);
         }
     }
 
@@ -330,7 +327,7 @@ enum Bind {
 /// directory, a file that is not a socket, or a socket of another user is reported, never
 /// removed.
 fn try_bind(path: &Path) -> Result<Bind, ControlError> {
-    match std::fs::symlink_metadata(path) {
+    match crate::beneath::followed::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
             if let Ok(stream) = UnixStream::connect(path) {
                 return Ok(Bind::Busy(peer_pid(&stream)));
@@ -341,7 +338,7 @@ fn try_bind(path: &Path) -> Result<Bind, ControlError> {
                     uid: m.uid(),
                 });
             }
-            let _ = std::fs::remove_file(path);
+            let _ = remove_socket(path);
         }
         Ok(m) if m.is_dir() => {
             return Err(ControlError::DirectoryAtSocket { path: path.into() });
@@ -353,8 +350,10 @@ fn try_bind(path: &Path) -> Result<Bind, ControlError> {
     }
     match UnixListener::bind(path) {
         Ok(l) => {
-            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
-            let m = std::fs::symlink_metadata(path).map_err(io_err("inspect", path))?;
+            let _ = crate::beneath::Beneath::parent_of(path)
+                .and_then(|(dir, name)| dir.set_mode(&name, 0o600));
+            let m = crate::beneath::followed::symlink_metadata(path)
+                .map_err(io_err("inspect", path))?;
             Ok(Bind::Bound(l, crate::sys::unix::file_id(&m)))
         }
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Ok(Bind::Busy(None)),
@@ -514,10 +513,17 @@ fn read_line_within(stream: UnixStream, limit: u64, within: Duration) -> std::io
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8"))
 }
 
+/// Removes the socket (or a stale file) at `path` by name in its directory, never through a link
+/// on the way to it.
+fn remove_socket(path: &Path) -> std::io::Result<()> {
+    let (dir, name) = crate::beneath::Beneath::parent_of(path)?;
+    dir.remove_file(&name)
+}
+
 /// Client side: one request, one answer. The peer must run as the same user (a socket planted
 /// by someone else never receives a decision).
 pub fn request(path: &Path, request: &Value) -> Result<Value, ControlError> {
-    if let Ok(m) = std::fs::symlink_metadata(path)
+    if let Ok(m) = crate::beneath::followed::symlink_metadata(path)
         && m.is_dir()
     {
         return Err(ControlError::DirectoryAtSocket { path: path.into() });
@@ -536,6 +542,7 @@ pub fn request(path: &Path, request: &Value) -> Result<Value, ControlError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::DirBuilderExt;
 
     #[test]
     fn only_the_same_uid_is_allowed() {

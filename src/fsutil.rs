@@ -1,4 +1,6 @@
-//! Writing cargo mcp-dev's own files under `target/mcp-dev` without following planted links.
+//! Writing cargo mcp-dev's own files under `target/mcp-dev` without following planted links:
+//! path-level conveniences over [`crate::beneath`] (the one door for files), each holding the
+//! directory of the path for one access.
 //!
 //! Anyone who can write the target directory (the agent has a shell in the project, often)
 //! could plant `latest.json -> ~/.bashrc`; a plain `fs::write` follows the link and overwrites a
@@ -21,135 +23,35 @@
 //! the directories a run creates are recorded so that a failed run can remove exactly those
 //! ([`remove_created`]).
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::File;
+use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::sys::unix::nofollow_flags as nofollow;
+use crate::beneath::{Beneath, Kind};
+pub use crate::beneath::{FileMode, ensure_dir};
 
 /// Writes files below one directory held open (a running session's `target/mcp-dev`): each
 /// directory between it and a file is opened without following links and the file is replaced
-/// by a rename inside its own directory, all relative to descriptors. A directory swapped for a
-/// link while the session runs (`mv status status.old && ln -s ~/x status`) is refused, never
-/// written through (red-team round 19); the held directory itself stays the one opened at start
-/// even if it is renamed away.
+/// by a rename inside its own directory, all relative to descriptors ([`Beneath`]). A directory
+/// swapped for a link while the session runs (`mv status status.old && ln -s ~/x status`) is
+/// refused, never written through (red-team round 19); the held directory itself stays the one
+/// opened at start even if it is renamed away, and is created again after `cargo clean`.
 pub struct DirWriter {
-    root: PathBuf,
-    /// The root as opened; opened again once it is gone (`cargo clean` removed it).
-    fd: std::sync::Mutex<std::os::fd::OwnedFd>,
+    root: Beneath,
 }
 
 impl DirWriter {
     /// Opens `root` (created if missing), which must be a real directory.
     pub fn open(root: &Path) -> io::Result<DirWriter> {
-        use rustix::fs::{Mode, OFlags};
-        ensure_dir(root)?;
-        let flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY;
-        let fd = rustix::fs::open(root, flags, Mode::empty())?;
         Ok(DirWriter {
-            root: root.to_path_buf(),
-            fd: std::sync::Mutex::new(fd),
+            root: Beneath::create(root)?,
         })
-    }
-
-    /// The held root, opened again when it was removed since (its link count is 0): after
-    /// `cargo clean` the session's files are written into the new `target/mcp-dev`.
-    fn root_fd(&self) -> io::Result<std::sync::MutexGuard<'_, std::os::fd::OwnedFd>> {
-        let mut held = self.fd.lock().unwrap_or_else(|e| e.into_inner());
-        if rustix::fs::fstat(&*held)?.st_nlink == 0 {
-            *held = DirWriter::open(&self.root)?
-                .fd
-                .into_inner()
-                .unwrap_or_else(|e| e.into_inner());
-        }
-        Ok(held)
     }
 
     /// Replaces `path` (below the root) with `bytes`, creating the directories between.
     pub fn write(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
-        use rustix::fs::{Mode, OFlags};
-        let rel = path.strip_prefix(&self.root).map_err(|_| {
-            io::Error::other(format!(
-                "{} is not below {}",
-                path.display(),
-                self.root.display()
-            ))
-        })?;
-        let name = rel
-            .file_name()
-            .ok_or_else(|| io::Error::other(format!("{} names no file", path.display())))?;
-        let dir_flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY;
-        let mut dir = rustix::fs::openat(&*self.root_fd()?, ".", dir_flags, Mode::empty())?;
-        for part in rel.parent().into_iter().flat_map(Path::components) {
-            let part = part.as_os_str();
-            dir = match rustix::fs::openat(&dir, part, dir_flags, Mode::empty()) {
-                Ok(d) => d,
-                Err(rustix::io::Errno::NOENT) => {
-                    match rustix::fs::mkdirat(&dir, part, Mode::from_raw_mode(0o755)) {
-                        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-                        Err(e) => return Err(e.into()),
-                    }
-                    rustix::fs::openat(&dir, part, dir_flags, Mode::empty())?
-                }
-                Err(e) => {
-                    return Err(io::Error::other(format!(
-                        "{} is not a directory of ours ({e}; a link planted while the session runs?); not written",
-                        self.root.join(rel.parent().unwrap_or(rel)).display()
-                    )));
-                }
-            };
-        }
-        let tmp = temp_name(Path::new(name));
-        let tmp = tmp.file_name().expect("a temporary name");
-        let file_flags =
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let fd = rustix::fs::openat(&dir, tmp, file_flags, Mode::from_raw_mode(0o644))?;
-        let written = File::from(fd)
-            .write_all(bytes)
-            .and_then(|()| rustix::fs::renameat(&dir, tmp, &dir, name).map_err(io::Error::from));
-        if written.is_err() {
-            let _ = rustix::fs::unlinkat(&dir, tmp, rustix::fs::AtFlags::empty());
-        }
-        written
+        self.root.write_atomic(path, bytes, FileMode::New(0o644))
     }
-}
-
-/// Creates `dir` (and parents) and checks the last component is a real directory.
-pub fn ensure_dir(dir: &Path) -> io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let m = std::fs::symlink_metadata(dir)?;
-    if !m.is_dir() {
-        return Err(io::Error::other(format!(
-            "{} is not a directory (a symbolic link?); refusing to write into it",
-            dir.display()
-        )));
-    }
-    Ok(())
-}
-
-fn temp_name(path: &Path) -> PathBuf {
-    let mut nonce = [0u8; 6];
-    // A name that another writer is unlikely to pick; the pid keeps it apart if this fails.
-    let _ = crate::sys::unix::fill_random(&mut nonce);
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!(
-        ".{name}.{}.{}.tmp",
-        std::process::id(),
-        hex::encode(nonce)
-    ))
-}
-
-/// Permissions of the file [`write_atomic_with_mode`] puts in place.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FileMode {
-    /// As for a newly created file: these bits less the umask (0o644 data, 0o755 a script).
-    New(u32),
-    /// Exactly these bits: a user's file being rewritten keeps its own.
-    Exactly(u32),
 }
 
 /// Writes `bytes` to `path` atomically, never following a symlink (see the module doc).
@@ -161,55 +63,27 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
 /// temporary file before the rename, so nothing the destination pointed to is ever chmod-ed.
 pub fn write_atomic_with_mode(path: &Path, bytes: &[u8], mode: FileMode) -> io::Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)?;
+        crate::beneath::followed::create_dir_all(dir)?;
     }
-    if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
-        return Err(io::Error::other(format!(
-            "{} is a directory; refusing to replace it",
-            path.display()
-        )));
-    }
-    let tmp = temp_name(path);
-    let result = (|| {
-        let create_bits = match mode {
-            FileMode::New(bits) => bits,
-            // Owner-only until the exact bits are set: never briefly wider than asked.
-            FileMode::Exactly(_) => 0o600,
-        };
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(create_bits)
-            .custom_flags(nofollow())
-            .open(&tmp)?;
-        if let FileMode::Exactly(bits) = mode {
-            use std::os::unix::fs::PermissionsExt as _;
-            f.set_permissions(std::fs::Permissions::from_mode(bits))?;
-        }
-        f.write_all(bytes)?;
-        drop(f);
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    let (dir, name) = Beneath::parent_of(path)?;
+    dir.write_atomic(&name, bytes, mode)
 }
 
 /// The permission bits of `path` when it is a regular file (not a link), for rewriting it with
 /// [`FileMode::Exactly`].
 pub fn regular_file_mode(path: &Path) -> Option<u32> {
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::symlink_metadata(path)
+    let (dir, name) = Beneath::parent_of(path).ok()?;
+    dir.metadata(&name)
         .ok()
         .filter(|m| m.is_file())
-        .map(|m| m.permissions().mode() & 0o7777)
+        .map(|m| m.mode)
 }
 
 /// Why a directory below a root cannot hold generated files.
-fn not_a_real_dir(path: &Path, m: &std::fs::Metadata) -> io::Error {
-    if m.file_type().is_symlink() {
-        let to = std::fs::read_link(path)
+fn not_a_real_dir(root: &Beneath, path: &Path, kind: Kind) -> io::Error {
+    if kind == Kind::Symlink {
+        let to = root
+            .read_link(path)
             .map(|t| format!(" (to {})", t.display()))
             .unwrap_or_default();
         io::Error::other(format!(
@@ -256,10 +130,19 @@ fn dirs_below(root: &Path, dir: &Path) -> io::Result<Vec<PathBuf>> {
 /// a real directory (not a symbolic link, not a file). `root` itself is the caller's choice and
 /// is not checked.
 pub fn check_dirs_below(root: &Path, dir: &Path) -> io::Result<()> {
-    for d in dirs_below(root, dir)? {
-        match std::fs::symlink_metadata(&d) {
+    let dirs = dirs_below(root, dir)?;
+    if dirs.is_empty() {
+        return Ok(());
+    }
+    let held = match Beneath::open_following(root) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for d in dirs {
+        match held.metadata(&d) {
             Ok(m) if m.is_dir() => {}
-            Ok(m) => return Err(not_a_real_dir(&d, &m)),
+            Ok(m) => return Err(not_a_real_dir(&held, &d, m.kind)),
             // Missing: it and everything below it will be created by this run.
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(e),
@@ -273,13 +156,18 @@ pub fn check_dirs_below(root: &Path, dir: &Path) -> io::Result<()> {
 /// run can remove exactly those. An existing component must be a real directory, as in
 /// [`check_dirs_below`]: `mkdir` does not follow a link, and one found there is an error.
 pub fn create_dirs_below(root: &Path, dir: &Path, created: &mut Vec<PathBuf>) -> io::Result<()> {
-    for d in dirs_below(root, dir)? {
-        match std::fs::create_dir(&d) {
-            Ok(()) => created.push(d),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                let m = std::fs::symlink_metadata(&d)?;
-                if !m.is_dir() {
-                    return Err(not_a_real_dir(&d, &m));
+    let dirs = dirs_below(root, dir)?;
+    if dirs.is_empty() {
+        return Ok(());
+    }
+    let held = Beneath::open_following(root)?;
+    for d in dirs {
+        match held.metadata(&d) {
+            Ok(m) if m.is_dir() => {}
+            Ok(m) => return Err(not_a_real_dir(&held, &d, m.kind)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if held.create_dir(&d, 0o777)? {
+                    created.push(d);
                 }
             }
             Err(e) => return Err(e),
@@ -292,106 +180,132 @@ pub fn create_dirs_below(root: &Path, dir: &Path, created: &mut Vec<PathBuf>) ->
 /// if still empty (something else put there since is left alone).
 pub fn remove_created(files: &[PathBuf], dirs: &[PathBuf]) {
     for f in files {
-        let _ = std::fs::remove_file(f);
+        if let Ok((dir, name)) = Beneath::parent_of(f) {
+            let _ = dir.remove_file(&name);
+        }
     }
     for d in dirs.iter().rev() {
-        let _ = std::fs::remove_dir(d);
+        if let Ok((dir, name)) = Beneath::parent_of(d) {
+            let _ = dir.remove_dir(&name);
+        }
     }
 }
 
-/// Opens (creating, mode 0600) a lock file without following a final symlink.
+/// Opens (creating, mode 0600) a lock file without following a final symlink; its directory
+/// must be a real one.
 pub fn open_lock_file(path: &Path) -> io::Result<File> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        ensure_dir(dir)?;
-    }
-    OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .custom_flags(nofollow())
-        .open(path)
+    let (dir, name) = real_parent_of(path)?;
+    dir.open_rw(&name, true, 0o600)
+}
+
+/// The directory of `path`, created when missing and refused when its last component is a
+/// link, and the final name.
+fn real_parent_of(path: &Path) -> io::Result<(Beneath, PathBuf)> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::other(format!("{} names no file", path.display())))?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => Beneath::create(d)?,
+        _ => Beneath::open(Path::new("."))?,
+    };
+    Ok((dir, PathBuf::from(name)))
 }
 
 /// Creates (or truncates) a log file to write, without following a link at it and only if it
 /// is a regular file (a named pipe planted there would block the open).
 pub fn create_log_file(path: &Path) -> io::Result<File> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        ensure_dir(dir)?;
-    }
-    let file = OpenOptions::new()
-        .create(true)
-        .write(true)
-        .mode(0o644)
-        .custom_flags(crate::sys::unix::nofollow_nonblock_flags())
-        .open(path)?;
-    if !file.metadata()?.file_type().is_file() {
-        return Err(io::Error::other(format!(
-            "{} is not a regular file",
-            path.display()
-        )));
-    }
-    file.set_len(0)?;
-    Ok(file)
+    let (dir, name) = real_parent_of(path)?;
+    dir.create_truncate(&name, 0o644)
 }
 
 /// Opens a file the agent may have planted or replaced, to read: no link followed, no wait on
 /// a named pipe (`O_NONBLOCK`; an open of a FIFO for reading blocks until a writer comes),
 /// regular files only.
 pub fn open_regular_nofollow(path: &Path) -> io::Result<File> {
-    open_regular_with(path, crate::sys::unix::nofollow_nonblock_flags())
-}
-
-fn open_regular_with(path: &Path, flags: i32) -> io::Result<File> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(flags)
-        .open(path)?;
-    if !file.metadata()?.file_type().is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("{} is not a regular file", path.display()),
-        ));
-    }
-    Ok(file)
+    let (dir, name) = Beneath::parent_of(path)?;
+    dir.open_read(&name)
 }
 
 /// Opens a file to read that may be a named pipe or a device where a file was expected (a path
 /// in the agent-writable tree, or one the human gave): no wait on the open (`O_NONBLOCK`),
-/// regular files only. Links are followed.
+/// regular files only. Links are followed ([`crate::beneath::followed::open_regular`]).
 pub fn open_regular(path: &Path) -> io::Result<File> {
-    open_regular_with(path, crate::sys::unix::nonblock_flags())
+    crate::beneath::followed::open_regular(path)
 }
 
 /// Reads a whole file through [`open_regular`], refusing one over `limit` bytes.
 pub fn read_regular(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
-    read_bounded(open_regular(path)?, limit)
-}
-
-fn read_bounded(file: File, limit: u64) -> io::Result<Vec<u8>> {
-    use std::io::Read;
-    if file.metadata()?.len() > limit {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("larger than {limit} bytes"),
-        ));
-    }
-    let mut bytes = Vec::new();
-    file.take(limit).read_to_end(&mut bytes)?;
-    Ok(bytes)
+    crate::beneath::followed::read_regular(path, limit)
 }
 
 /// Reads a small file of ours that the agent may have replaced ([`open_regular_nofollow`]),
 /// at most `limit` bytes (`None` otherwise).
 pub fn read_small_regular(path: &Path, limit: u64) -> Option<Vec<u8>> {
-    read_bounded(open_regular_nofollow(path).ok()?, limit).ok()
+    let (dir, name) = Beneath::parent_of(path).ok()?;
+    dir.read(&name, limit).ok()
+}
+
+/// Opens the regular file `path` as asked ([`Beneath::open_with`]), never through a link at it,
+/// never waiting on a fifo; the directories above are the caller's path.
+pub fn open_nofollow(
+    path: &Path,
+    access: crate::beneath::Access,
+    create: crate::beneath::Create,
+) -> io::Result<File> {
+    let (dir, name) = Beneath::parent_of(path)?;
+    dir.open_with(&name, access, create)
+}
+
+/// Opens a regular file of ours to append (a log this run created), never through a link, never
+/// waiting on a fifo.
+pub fn open_append(path: &Path) -> io::Result<File> {
+    let (dir, name) = Beneath::parent_of(path)?;
+    dir.open_append(&name, 0o644)
+}
+
+/// Makes `to` a second name of the file `from` (neither name followed; `to` must not exist).
+pub fn hard_link(from: &Path, to: &Path) -> io::Result<()> {
+    let (from_dir, from_name) = Beneath::parent_of(from)?;
+    let (to_dir, to_name) = Beneath::parent_of(to)?;
+    from_dir.hard_link_into(&from_name, &to_dir, &to_name)
+}
+
+/// Syncs the directory `dir` (a new name in it survives a power loss).
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    Beneath::open_following(dir)?.sync()
+}
+
+/// The metadata of `path` itself (a link is not followed).
+pub fn metadata_nofollow(path: &Path) -> io::Result<crate::beneath::Meta> {
+    let (dir, name) = Beneath::parent_of(path)?;
+    dir.metadata(&name)
+}
+
+/// Reads a regular file as UTF-8 text, at most `limit` bytes, never through a link at it and
+/// never waiting on a fifo.
+pub fn read_text(path: &Path, limit: u64) -> io::Result<String> {
+    let (dir, name) = Beneath::parent_of(path)?;
+    dir.read_to_string(&name, limit)
+}
+
+/// Removes the file (or the link) `path`, by name in its directory.
+pub fn remove_file(path: &Path) -> io::Result<()> {
+    let (dir, name) = Beneath::parent_of(path)?;
+    dir.remove_file(&name)
+}
+
+/// Whether `path` names anything (a link included, not followed).
+pub fn exists(path: &Path) -> bool {
+    Beneath::parent_of(path).is_ok_and(|(dir, name)| dir.exists(&name))
 }
 
 /// Removes a symbolic link found where one of our files belongs (before a writer that does
 /// not use [`write_atomic`] yet writes there). Returns whether one was removed.
 pub fn remove_planted_link(path: &Path) -> bool {
-    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
-        && std::fs::remove_file(path).is_ok()
+    let Ok((dir, name)) = Beneath::parent_of(path) else {
+        return false;
+    };
+    dir.metadata(&name).is_ok_and(|m| m.is_symlink()) && dir.remove_file(&name).is_ok()
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 
 use std::fs::{self, File};
 use std::io;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::hashing;
@@ -56,16 +56,14 @@ pub enum StoreError {
 /// run even if the path is replaced meanwhile. Issue 12: a replaced or symlinked store file used
 /// to run as trusted.
 pub fn open_verified(path: &Path, expected_sha256: &str) -> Result<File, StoreError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    // No wait on a named pipe planted at the entry (the store is in the target directory).
-    let flags = crate::sys::unix::nofollow_nonblock_flags();
-    let file = match fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(flags)
-        .open(path)
-    {
+    // No link followed, no wait on a named pipe planted at the entry (the store is in the
+    // target directory).
+    let file = match crate::fsutil::open_regular_nofollow(path) {
         Ok(f) => f,
-        Err(e) if crate::sys::unix::is_symlink_refusal(&e) => {
+        Err(e) if crate::beneath::is_link_refusal(&e) => {
+            return Err(StoreError::NotRegular { path: path.into() });
+        }
+        Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
             return Err(StoreError::NotRegular { path: path.into() });
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -125,6 +123,18 @@ struct StatStamp {
 }
 
 impl StatStamp {
+    fn of_meta(m: &crate::beneath::Meta) -> Self {
+        StatStamp {
+            dev: m.id.0,
+            ino: m.id.1,
+            size: m.len,
+            mtime: m.mtime.0,
+            mtime_nsec: m.mtime.1,
+            ctime: m.ctime.0,
+            ctime_nsec: m.ctime.1,
+        }
+    }
+
     fn of(m: &fs::Metadata) -> Self {
         StatStamp {
             dev: m.dev(),
@@ -181,7 +191,9 @@ impl Store {
     /// inode, size, mtime and ctime as recorded at that capture) and the entry still exists, the
     /// file is not read again; the entry's bytes were hashed when they were written.
     pub fn capture(&self, executable: &Path) -> Result<StoredExecutable, StoreError> {
-        let src = match File::open(executable) {
+        // Cargo's output in the target directory: the link cargo may have made is followed (as
+        // when it is run), a fifo planted there is not waited on.
+        let src = match crate::fsutil::open_regular(executable) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(StoreError::Missing(executable.into()));
@@ -205,14 +217,16 @@ impl Store {
                 newly_stored: false,
             });
         }
-        fs::create_dir_all(&self.dir).map_err(Self::io(&self.dir))?;
+        let held = crate::beneath::Beneath::create(&self.dir).map_err(Self::io(&self.dir))?;
         let tmp = tempfile::Builder::new()
             .prefix(".incoming-")
             .tempfile_in(&self.dir)
             .map_err(Self::io(&self.dir))?;
         let (sha256, size) =
             hashing::sha256_copy(&src, tmp.as_file()).map_err(Self::io(executable))?;
-        let after = StatStamp::of(&fs::metadata(executable).map_err(Self::io(executable))?);
+        let after = StatStamp::of(
+            &crate::beneath::followed::metadata(executable).map_err(Self::io(executable))?,
+        );
         if before != after || size != before.size {
             return Err(StoreError::ChangedDuringCapture {
                 path: executable.into(),
@@ -223,12 +237,12 @@ impl Store {
         // planted under the name of the next build's digest (the agent can write the store)
         // would be refused at every start, and every rebuild would keep it (red-team round
         // 14). A server running from the old entry keeps its inode.
-        let existed = dest.is_file();
-        if fs::symlink_metadata(&dest).is_ok_and(|m| m.is_dir()) {
+        let existed = held.metadata(&dest).is_ok_and(|m| m.is_file());
+        if held.metadata(&dest).is_ok_and(|m| m.is_dir()) {
             // Nothing we store is a directory: one planted there would fail every rename.
-            fs::remove_dir_all(&dest).map_err(Self::io(&dest))?;
+            held.remove_tree(&dest).map_err(Self::io(&dest))?;
         }
-        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o555))
+        held.set_mode(tmp.path(), 0o555)
             .map_err(Self::io(tmp.path()))?;
         // Closing the write handle before the rename matters: exec of a file still open for
         // writing fails with ETXTBSY.
@@ -262,21 +276,23 @@ impl Store {
         let text = crate::fsutil::read_small_regular(&self.stamp_path(executable)?, 1 << 20)?;
         let (stamp, sha256, entry): (StatStamp, String, StatStamp) =
             serde_json::from_slice(&text).ok()?;
-        let on_disk = fs::symlink_metadata(self.entry_path(&sha256)).ok()?;
-        (stamp == *now && on_disk.is_file() && StatStamp::of(&on_disk) == entry).then_some(sha256)
+        let held = crate::beneath::Beneath::open(&self.dir).ok()?;
+        let on_disk = held.metadata(&self.entry_path(&sha256)).ok()?;
+        (stamp == *now && on_disk.is_file() && StatStamp::of_meta(&on_disk) == entry)
+            .then_some(sha256)
     }
 
     fn remember_stamp(&self, executable: &Path, stamp: &StatStamp, sha256: &str, entry: &Path) {
         let Some(path) = self.stamp_path(executable) else {
             return;
         };
-        let Ok(entry) = fs::symlink_metadata(entry) else {
+        let Ok((dir, name)) = crate::beneath::Beneath::parent_of(entry) else {
             return;
         };
-        let entry = StatStamp::of(&entry);
-        if let Some(dir) = path.parent() {
-            let _ = fs::create_dir_all(dir);
-        }
+        let Ok(entry) = dir.metadata(&name) else {
+            return;
+        };
+        let entry = StatStamp::of_meta(&entry);
         let _ = crate::fsutil::write_atomic(
             &path,
             serde_json::to_string(&(stamp, sha256, entry))
@@ -299,20 +315,28 @@ impl Store {
     /// Removes all but the `keep` most recently used entries, never touching `in_use`.
     /// Returns the removed paths.
     pub fn gc(&self, keep: usize, in_use: &[&str]) -> Vec<PathBuf> {
-        let Ok(rd) = fs::read_dir(&self.dir) else {
+        let Ok(held) = crate::beneath::Beneath::open(&self.dir) else {
+            return Vec::new();
+        };
+        let Ok(rd) = held.list(Path::new("")) else {
             return Vec::new();
         };
         let protected: Vec<PathBuf> = in_use.iter().map(|d| self.entry_path(d)).collect();
         let mut entries: Vec<(std::time::SystemTime, PathBuf)> = rd
-            .filter_map(Result::ok)
-            .filter(|e| e.file_name().to_string_lossy().starts_with("sha256-"))
-            .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+            .into_iter()
+            .filter(|e| e.name.to_string_lossy().starts_with("sha256-"))
+            .filter_map(|e| {
+                Some((
+                    held.metadata(Path::new(&e.name)).ok()?.modified,
+                    self.dir.join(&e.name),
+                ))
+            })
             .filter(|(_, p)| !protected.contains(p))
             .collect();
         entries.sort_by_key(|e| std::cmp::Reverse(e.0));
         let mut removed = Vec::new();
         for (_, p) in entries.into_iter().skip(keep) {
-            if fs::remove_file(&p).is_ok() {
+            if held.remove_file(&p).is_ok() {
                 removed.push(p);
             }
         }
@@ -361,6 +385,7 @@ mod verified_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn capture_hashes_and_stores_read_only() {
@@ -514,6 +539,7 @@ mod tests {
 #[cfg(test)]
 mod planted_entry_tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     /// Red-team round 15: round 14 made capture replace an entry with wrong bytes, but the
     /// stamp fast path still returns the digest whenever `entry_path(digest).is_file()`, without

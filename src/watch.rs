@@ -63,11 +63,19 @@ impl WatchPlan {
         add(r.workspace_root.clone(), false);
         for pkg in &r.local_packages {
             add(pkg.root.clone(), false);
-            if let Ok(rd) = std::fs::read_dir(&pkg.root) {
-                for e in rd.flatten() {
-                    let p = e.path();
-                    let name = e.file_name().to_string_lossy().to_string();
-                    if p.is_dir()
+            let listed = crate::beneath::Beneath::open_following(&pkg.root)
+                .and_then(|held| held.list(Path::new("")));
+            if let Ok(rd) = listed {
+                for e in rd {
+                    let p = pkg.root.join(&e.name);
+                    let name = e.name.to_string_lossy().to_string();
+                    // A link to a directory is watched as a root of its own, as before.
+                    let is_dir = match e.kind {
+                        crate::beneath::Kind::Dir => true,
+                        crate::beneath::Kind::Symlink => crate::beneath::followed::is_dir(&p),
+                        _ => false,
+                    };
+                    if is_dir
                         && !NOISE_DIRS.contains(&name.as_str())
                         && !name.starts_with('.')
                         && p != r.target_dir
@@ -84,7 +92,7 @@ impl WatchPlan {
             .chain(cfg.wrapper.iter())
         {
             let p = r.package_root.join(extra);
-            if p.is_dir() {
+            if crate::beneath::followed::is_dir(&p) {
                 add(p, true);
             } else if let Some(parent) = p.parent() {
                 add(parent.to_path_buf(), false);
@@ -320,7 +328,7 @@ impl Watches {
     /// that cannot be watched is noted and the rest still are.
     fn watch_roots(&mut self, unwatchable: &mut Unwatchable) {
         for (root, recursive) in self.plan.roots.clone() {
-            if !root.exists() {
+            if !crate::beneath::followed::exists(&root) {
                 continue;
             }
             if self.per_directory && recursive {
@@ -370,7 +378,8 @@ impl Watches {
     /// directories are not entered; links are not followed (a link given as a root is watched
     /// itself, not walked: what it points to may be anywhere).
     fn watch_tree(&mut self, top: &Path, unwatchable: &mut Unwatchable) {
-        let is_link = std::fs::symlink_metadata(top).is_ok_and(|m| m.file_type().is_symlink());
+        let is_link = crate::beneath::followed::symlink_metadata(top)
+            .is_ok_and(|m| m.file_type().is_symlink());
         if is_link {
             return self.watch_one(top, RecursiveMode::NonRecursive, unwatchable);
         }
@@ -409,7 +418,7 @@ impl Watches {
         if !self.per_directory {
             return;
         }
-        match std::fs::symlink_metadata(path) {
+        match crate::beneath::followed::symlink_metadata(path) {
             Ok(meta) if meta.is_dir() => {
                 // Watched by path before, maybe: a directory removed and created again at once
                 // (`git checkout`, `rm -rf out && mkdir out`) is a new inode that no watch

@@ -21,6 +21,10 @@ use crate::exit_codes;
 use crate::fingerprint::DependencyEntry;
 use crate::hashing;
 
+/// The largest manifest, lockfile, cargo config or cache entry read (cargo reads these files
+/// following links; a larger one is not read).
+const MANIFEST_LIMIT: u64 = 64 << 20;
+
 /// Bumped whenever [`Resolved`] changes shape, so old cache entries are ignored.
 const CACHE_VERSION: u32 = 2;
 
@@ -28,7 +32,7 @@ const CACHE_VERSION: u32 = 2;
 pub fn find_cargo() -> Result<PathBuf, Failure> {
     if let Some(cargo) = std::env::var_os("CARGO") {
         let p = PathBuf::from(&cargo);
-        return match std::fs::metadata(&p) {
+        return match crate::beneath::followed::metadata(&p) {
             Ok(m) if m.is_file() => Ok(p),
             Ok(_) => Err(Failure::new(
                 exit_codes::METADATA_FAILED,
@@ -61,7 +65,7 @@ pub fn find_rustc(cargo: &Path) -> PathBuf {
     }
     if let Some(dir) = cargo.parent() {
         let beside = dir.join("rustc");
-        if beside.is_file() {
+        if crate::beneath::followed::is_file(&beside) {
             return beside;
         }
     }
@@ -77,7 +81,7 @@ pub fn find_on_path(program: &str) -> Option<PathBuf> {
 
 fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p)
+    crate::beneath::followed::metadata(p)
         .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         .unwrap_or(false)
 }
@@ -114,7 +118,7 @@ pub fn remembered_rustc_facts(rustc: &Path) -> Option<RustcFacts> {
 }
 
 fn remembered_in(file: &Path, rustc: &Path) -> Option<RustcFacts> {
-    let text = std::fs::read(file).ok()?;
+    let text = crate::beneath::followed::read_regular(file, MANIFEST_LIMIT).ok()?;
     let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
     if v["rustc"] != serde_json::json!(rustc.to_string_lossy())
         || v["toolchain"] != serde_json::json!(std::env::var("RUSTUP_TOOLCHAIN").ok())
@@ -328,7 +332,7 @@ fn select(
 
 /// A configuration error as one sentence that names the manifest and the line of the key.
 pub fn config_failure(e: &crate::config::ConfigError, manifest: &Path) -> Failure {
-    let line = std::fs::read_to_string(manifest)
+    let line = crate::beneath::followed::read_to_string(manifest, MANIFEST_LIMIT)
         .ok()
         .and_then(|text| crate::config::locate_line(&text, e.path()));
     let location = match line {
@@ -398,7 +402,7 @@ fn locate_manifest_any(explicit: Option<&Path>) -> Result<PathBuf, Failure> {
                 p.display()
             )));
         }
-        if !abs.is_file() {
+        if !crate::beneath::followed::is_file(&abs) {
             return Err(Failure::new(
                 exit_codes::METADATA_FAILED,
                 format!("manifest path `{}` does not exist", p.display()),
@@ -409,7 +413,7 @@ fn locate_manifest_any(explicit: Option<&Path>) -> Result<PathBuf, Failure> {
     let cwd = std::env::current_dir()?;
     cwd.ancestors()
         .map(|d| d.join("Cargo.toml"))
-        .find(|p| p.is_file())
+        .find(|p| crate::beneath::followed::is_file(p))
         .ok_or_else(|| {
             Failure::new(
                 exit_codes::METADATA_FAILED,
@@ -460,7 +464,7 @@ fn cache_file_for(manifest: &Path, args: &CargoSelection, host: &str) -> PathBuf
 fn key_digest(files: &[PathBuf]) -> String {
     let mut parts = Vec::new();
     for f in files {
-        let content = std::fs::read(f).ok();
+        let content = crate::beneath::followed::read_regular(f, MANIFEST_LIMIT).ok();
         parts.push(serde_json::json!([
             f,
             content.map(|c| hashing::sha256_bytes(&c))
@@ -470,7 +474,7 @@ fn key_digest(files: &[PathBuf]) -> String {
 }
 
 fn read_cache(path: &Path) -> Option<Resolved> {
-    let text = std::fs::read_to_string(path).ok()?;
+    let text = crate::beneath::followed::read_to_string(path, MANIFEST_LIMIT).ok()?;
     let r: Resolved = serde_json::from_str(&text).ok()?;
     if r.cache_version != CACHE_VERSION {
         return None;
@@ -501,7 +505,7 @@ fn config_files(start: &Path) -> Vec<PathBuf> {
     for dir in start.ancestors() {
         for name in ["config.toml", "config"] {
             let p = dir.join(".cargo").join(name);
-            if p.is_file() {
+            if crate::beneath::followed::is_file(&p) {
                 out.push(p);
             }
         }
@@ -509,7 +513,7 @@ fn config_files(start: &Path) -> Vec<PathBuf> {
     if let Some(home) = std::env::var_os("CARGO_HOME") {
         for name in ["config.toml", "config"] {
             let p = PathBuf::from(&home).join(name);
-            if p.is_file() && !out.contains(&p) {
+            if crate::beneath::followed::is_file(&p) && !out.contains(&p) {
                 out.push(p);
             }
         }
@@ -775,7 +779,7 @@ fn lock_checksums(lockfile: &Path) -> BTreeMap<(String, String, Option<String>),
         source: Option<String>,
         checksum: Option<String>,
     }
-    let Ok(text) = std::fs::read_to_string(lockfile) else {
+    let Ok(text) = crate::beneath::followed::read_to_string(lockfile, MANIFEST_LIMIT) else {
         return BTreeMap::new();
     };
     let Ok(lock) = toml::from_str::<Lock>(&text) else {

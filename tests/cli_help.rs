@@ -1,6 +1,9 @@
 //! `--help` is a guide on its own: `run --help` grouped as cargo groups its help, one text for
 //! `--message-format` everywhere, and the top-level help pointing to the documentation by path.
 
+// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+#![allow(clippy::disallowed_methods)]
+
 use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cargo-mcp-dev");

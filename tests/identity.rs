@@ -4,6 +4,9 @@
 //! Each test owns its project copy, target dir and `CARGO_MCP_DEV_HOME`; the fake-server build
 //! itself is shared (built once per process, copied with mtimes kept), see `common::fixture`.
 
+// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 
 use std::collections::BTreeSet;

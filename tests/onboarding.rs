@@ -7,6 +7,9 @@
 //! Every test works in its own temporary directory with its own `CARGO_MCP_DEV_HOME`; fixtures
 //! from the repository are copied, never written to.
 
+// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 
 use std::io::{BufRead, BufReader, Write as _};

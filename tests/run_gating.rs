@@ -2,6 +2,9 @@
 //! (`catalog_stale`, `unknown_tool`), epoch-bound approvals over the control socket, and the
 //! state `status --json` reports.
 
+// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 
 use std::io::{BufRead, BufReader, Write};

@@ -29,10 +29,10 @@ use super::chain::AuditKey;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::ffi::OsString;
-use std::fs::{DirBuilder, File, OpenOptions};
+use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 /// Environment variable naming the state directory explicitly.
@@ -100,11 +100,7 @@ impl KeyStore {
     /// create a key: a fresh key verifies nothing).
     pub fn load_key(&self) -> Result<AuditKey, AuditError> {
         let path = self.key_path();
-        let mut file = match OpenOptions::new()
-            .read(true)
-            .custom_flags(nofollow())
-            .open(&path)
-        {
+        let mut file = match crate::fsutil::open_nofollow(&path, Access::Read, Create::No) {
             Ok(f) => f,
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 return Err(AuditError::KeyMissing { path });
@@ -177,20 +173,18 @@ impl KeyStore {
             hex::encode(nonce)
         ));
         let write = || -> std::io::Result<()> {
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(nofollow())
-                .open(&tmp)?;
+            let mut f = crate::fsutil::open_nofollow(&tmp, Access::ReadWrite, Create::New(0o600))?;
             f.write_all(&bytes)?;
             f.sync_all()
         };
-        let result = write().and_then(|()| match std::fs::hard_link(&tmp, self.key_path()) {
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
-            other => other,
-        });
-        let _ = std::fs::remove_file(&tmp);
+        let result =
+            write().and_then(
+                |()| match crate::fsutil::hard_link(&tmp, &self.key_path()) {
+                    Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
+                    other => other,
+                },
+            );
+        let _ = crate::fsutil::remove_file(&tmp);
         result.map_err(AuditError::io("create audit key", self.key_path()))
     }
 
@@ -200,8 +194,8 @@ impl KeyStore {
 
     /// Where the anchor of `log` lives. `log` must exist (its path is canonicalized).
     pub fn anchor_path(&self, log: &Path) -> Result<PathBuf, AuditError> {
-        let canonical =
-            std::fs::canonicalize(log).map_err(AuditError::io("resolve the path of", log))?;
+        let canonical = crate::beneath::followed::canonicalize(log)
+            .map_err(AuditError::io("resolve the path of", log))?;
         Ok(self.anchor_path_for_canonical(&canonical))
     }
 
@@ -226,11 +220,7 @@ impl KeyStore {
 /// Reads an anchor file; `Ok(None)` if it does not exist or is empty (created, never written).
 /// A reader racing the writer may see a torn anchor (see [`AnchorFile`]); readers re-read once.
 pub(crate) fn read_anchor_at(path: &Path) -> Result<Option<Anchor>, AuditError> {
-    let mut file = match OpenOptions::new()
-        .read(true)
-        .custom_flags(nofollow())
-        .open(path)
-    {
+    let mut file = match crate::fsutil::open_nofollow(path, Access::Read, Create::No) {
         Ok(f) => f,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(AuditError::io("open anchor", path)(e)),
@@ -274,14 +264,7 @@ pub(crate) struct AnchorFile {
 impl AnchorFile {
     /// Opens (creating, mode 0600, empty = "no anchor yet") the anchor for `canonical_log`.
     pub(crate) fn open(path: &Path, canonical_log: &str) -> Result<AnchorFile, AuditError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(nofollow())
-            .open(path)
+        let file = crate::fsutil::open_nofollow(path, Access::ReadWrite, Create::IfMissing(0o600))
             .map_err(AuditError::io("open anchor", path))?;
         let widest = Anchor {
             log: canonical_log.to_owned(),
@@ -363,12 +346,10 @@ pub fn state_dir_from(
 /// Creates `dir` (and missing parents) with mode 0700, then checks an existing `dir` is ours and
 /// not writable by group or others.
 pub(crate) fn ensure_private_dir(dir: &Path) -> Result<(), AuditError> {
-    DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
+    crate::beneath::followed::create_dir_all_with_mode(dir, 0o700)
         .map_err(AuditError::io("create directory", dir))?;
-    let meta = std::fs::metadata(dir).map_err(AuditError::io("inspect directory", dir))?;
+    let meta = crate::beneath::followed::metadata(dir)
+        .map_err(AuditError::io("inspect directory", dir))?;
     let uid = rustix::process::geteuid().as_raw();
     if meta.uid() != uid {
         let reason = format!(
@@ -395,7 +376,8 @@ fn fill_random(buf: &mut [u8]) -> std::io::Result<()> {
     crate::sys::unix::fill_random(buf)
 }
 
-pub(crate) use crate::sys::unix::{is_symlink_refusal as is_eloop, nofollow_flags as nofollow};
+pub(crate) use crate::beneath::is_link_refusal as is_eloop;
+use crate::beneath::{Access, Create};
 
 /// Opens an existing file for reading without following a final symlink.
 pub(crate) fn open_nofollow(path: &Path) -> std::io::Result<File> {

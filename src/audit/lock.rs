@@ -6,9 +6,9 @@
 
 use super::AuditError;
 use super::keys::{self, KeyStore};
-use std::fs::{DirBuilder, File, OpenOptions};
+use std::fs::File;
 use std::io::Read;
-use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -19,14 +19,11 @@ pub(super) fn take(path: &Path, keys: &KeyStore, wait: Duration) -> Result<Write
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(parent)
+    crate::beneath::followed::create_dir_all_with_mode(parent, 0o700)
         .map_err(AuditError::io("create directory", parent))?;
     // The log's canonical path as it will resolve once the file exists (its last
     // component is never followed: `open_active` refuses a link there).
-    let canonical = std::fs::canonicalize(parent)
+    let canonical = crate::beneath::followed::canonicalize(parent)
         .map_err(AuditError::io("resolve the path of", parent))?
         .join(path.file_name().unwrap_or_default());
     keys.ensure_anchor_dir()?;
@@ -92,9 +89,9 @@ impl WriterLock {
         use std::os::unix::fs::MetadataExt;
         match (
             self.file.metadata(),
-            std::fs::symlink_metadata(lock_path(log)),
+            crate::fsutil::metadata_nofollow(&lock_path(log)),
         ) {
-            (Ok(h), Ok(p)) => h.nlink() > 0 && h.dev() == p.dev() && h.ino() == p.ino(),
+            (Ok(h), Ok(p)) => h.nlink() > 0 && (h.dev(), h.ino()) == p.id,
             _ => false,
         }
     }
@@ -119,23 +116,20 @@ impl WriterLock {
 /// then writes this process's pid into it. Busy: [`AuditError::WriterBusy`] with the holder's
 /// pid as it wrote it there, and the time waited since `since`.
 fn lock_at(log: &Path, path: &Path, wait: Duration, since: Instant) -> Result<File, AuditError> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(keys::nofollow())
-        .open(path)
-        .map_err(|e| {
-            if keys::is_eloop(&e) {
-                AuditError::Symlink {
-                    path: path.to_owned(),
-                }
-            } else {
-                AuditError::io("open the writer lock", path)(e)
+    let file = crate::fsutil::open_nofollow(
+        path,
+        crate::beneath::Access::ReadWrite,
+        crate::beneath::Create::IfMissing(0o600),
+    )
+    .map_err(|e| {
+        if keys::is_eloop(&e) {
+            AuditError::Symlink {
+                path: path.to_owned(),
             }
-        })?;
+        } else {
+            AuditError::io("open the writer lock", path)(e)
+        }
+    })?;
     let start = Instant::now();
     let mut pause = Duration::from_millis(1);
     loop {

@@ -38,7 +38,6 @@ use super::keys::{self, KeyStore};
 use super::writer::{AuditLog, AuditOptions};
 use super::{AuditError, scan};
 use serde_json::{Value, json};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 pub use super::record_type::{CHAIN_RESTARTED, TOOL_RUN, TORN_TAIL_SET_ASIDE};
@@ -236,12 +235,12 @@ fn keep_torn_tail(path: &Path, torn: &Torn, stamp: &str) -> Result<TornTailKept,
         len,
         file_id,
     } = torn;
-    let log = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(keys::nofollow())
-        .open(path)
-        .map_err(AuditError::io("open audit log", path))?;
+    let log = crate::fsutil::open_nofollow(
+        path,
+        crate::beneath::Access::ReadWrite,
+        crate::beneath::Create::No,
+    )
+    .map_err(AuditError::io("open audit log", path))?;
     let meta = log
         .metadata()
         .map_err(AuditError::io("inspect audit log", path))?;
@@ -271,12 +270,11 @@ fn keep_torn_tail(path: &Path, torn: &Torn, stamp: &str) -> Result<TornTailKept,
         .unwrap_or_else(|| "audit".into());
     let (kept_as, mut copy) =
         beside_unique(path, &format!("{stem}.torn-{stamp}"), "partial", |to| {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(keys::nofollow())
-                .open(to)
+            crate::fsutil::open_nofollow(
+                to,
+                crate::beneath::Access::ReadWrite,
+                crate::beneath::Create::New(0o600),
+            )
         })
         .map_err(AuditError::io("keep the torn tail of", path))?;
     let mut tail = &log;
@@ -293,9 +291,7 @@ fn keep_torn_tail(path: &Path, torn: &Torn, stamp: &str) -> Result<TornTailKept,
     // The copy, and its name, are on disk before the bytes leave the log.
     copy.sync_all().map_err(AuditError::io("sync", &kept_as))?;
     if let Some(dir) = kept_as.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(AuditError::io("sync the directory of", &kept_as))?;
+        crate::fsutil::sync_dir(dir).map_err(AuditError::io("sync the directory of", &kept_as))?;
     }
     log.set_len(offset)
         .and_then(|()| log.sync_data())
@@ -339,8 +335,8 @@ fn set_aside(path: &Path, keys: &KeyStore, problem: &str) -> Result<SetAside, Au
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "audit".into());
-    let non_empty = std::fs::symlink_metadata(path)
-        .map(|m| m.len() > 0)
+    let non_empty = crate::fsutil::metadata_nofollow(path)
+        .map(|m| m.len > 0)
         .unwrap_or(false);
     let segments =
         scan::list_segments(path).map_err(AuditError::io("list the segments of", path))?;
@@ -348,11 +344,11 @@ fn set_aside(path: &Path, keys: &KeyStore, problem: &str) -> Result<SetAside, Au
         // Always under a new name, even if only segments are left (the chain is then named
         // by an empty active file).
         if !non_empty {
-            let _ = std::fs::OpenOptions::new()
-                .append(true)
-                .create(true)
-                .custom_flags(keys::nofollow())
-                .open(path);
+            let _ = crate::fsutil::open_nofollow(
+                path,
+                crate::beneath::Access::Append,
+                crate::beneath::Create::IfMissing(0o666),
+            );
         }
         let ext = path
             .extension()
@@ -370,7 +366,7 @@ fn set_aside(path: &Path, keys: &KeyStore, problem: &str) -> Result<SetAside, Au
         None
     };
     let set_aside_anchor = match &anchor_path {
-        Some(a) if a.exists() => {
+        Some(a) if crate::fsutil::exists(a) => {
             let stem = a
                 .file_stem()
                 .map(|s| s.to_string_lossy().into_owned())
@@ -426,8 +422,8 @@ fn beside_unique<T>(
 /// `rename`, refusing to replace an existing destination (hard link + unlink: both names exist
 /// for an instant, the destination is never overwritten).
 fn rename_new(from: &Path, to: &Path) -> std::io::Result<()> {
-    std::fs::hard_link(from, to)?;
-    std::fs::remove_file(from)
+    crate::fsutil::hard_link(from, to)?;
+    crate::fsutil::remove_file(from)
 }
 
 /// The last record of a log that parses (best effort, for the restart record).

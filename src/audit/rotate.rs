@@ -12,7 +12,6 @@
 use super::AuditError;
 use super::scan;
 use serde_json::json;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 /// The path of the next segment of the log at `path`; `None`: no number is left (see
@@ -26,8 +25,8 @@ pub(super) fn next_segment(path: &Path) -> Result<Option<PathBuf>, AuditError> {
 /// Renames the active file at `path` to `segment` (committed and released by the writer):
 /// link + unlink, so an existing segment is never overwritten.
 pub(super) fn close_into(path: &Path, segment: &Path) -> Result<(), AuditError> {
-    std::fs::hard_link(path, segment)
-        .and_then(|()| std::fs::remove_file(path))
+    crate::fsutil::hard_link(path, segment)
+        .and_then(|()| crate::fsutil::remove_file(path))
         .map_err(AuditError::io("rotate audit log", path))
 }
 
@@ -53,10 +52,8 @@ pub(super) fn segment_started(
 /// Syncs the directory of `path` (best effort): the rename and the new file survive a power
 /// loss.
 pub(super) fn sync_dir_of(path: &Path) {
-    if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty())
-        && let Ok(d) = File::open(dir)
-    {
-        let _ = d.sync_all();
+    if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        let _ = crate::fsutil::sync_dir(dir);
     }
 }
 

@@ -77,16 +77,18 @@ pub fn list_segments(path: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
     let (stem, ext) = stem_and_ext(path);
     let prefix = format!("{stem}.");
     let suffix = ext.map(|e| format!(".{e}")).unwrap_or_default();
-    let entries = match std::fs::read_dir(&dir) {
+    let entries = match crate::beneath::Beneath::open_following(&dir)
+        .and_then(|held| held.list(Path::new("")))
+    {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e),
     };
     let mut out = Vec::new();
     for entry in entries {
-        let entry = entry?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
+        let Some(name) = entry.name.to_str() else {
+            continue;
+        };
         let Some(middle) = name
             .strip_prefix(&prefix)
             .and_then(|r| r.strip_suffix(&suffix))

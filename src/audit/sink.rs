@@ -30,9 +30,8 @@
 use super::AuditError;
 use super::keys;
 use crate::sys::mapped::{self, MappedRegion, PreparePages};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -354,25 +353,25 @@ pub(super) enum FileState {
 
 /// Opens the active file for appending (`create_new`: a fresh file after a rotation).
 pub(super) fn open_active(path: &Path, create_new: bool) -> Result<File, AuditError> {
-    let mut o = OpenOptions::new();
-    o.read(true)
-        .append(true)
-        .mode(0o600)
-        .custom_flags(keys::nofollow());
-    if create_new {
-        o.create_new(true);
+    let create = if create_new {
+        crate::beneath::Create::New(0o600)
     } else {
-        o.create(true);
-    }
-    let file = o.open(path).map_err(|e| {
-        if keys::is_eloop(&e) {
-            AuditError::Symlink {
-                path: path.to_owned(),
+        crate::beneath::Create::IfMissing(0o600)
+    };
+    let file = crate::fsutil::open_nofollow(path, crate::beneath::Access::ReadAppend, create)
+        .map_err(|e| {
+            if keys::is_eloop(&e) {
+                AuditError::Symlink {
+                    path: path.to_owned(),
+                }
+            } else if crate::beneath::is_not_regular(&e) {
+                AuditError::NotRegularFile {
+                    path: path.to_owned(),
+                }
+            } else {
+                AuditError::io("open audit log", path)(e)
             }
-        } else {
-            AuditError::io("open audit log", path)(e)
-        }
-    })?;
+        })?;
     let meta = file
         .metadata()
         .map_err(AuditError::io("inspect audit log", path))?;

@@ -262,8 +262,8 @@ impl AuditLog {
             let file = open_active(path, false)?;
             let key = keys.load_or_create_key()?;
             keys.ensure_anchor_dir()?;
-            let canonical =
-                std::fs::canonicalize(path).map_err(AuditError::io("resolve the path of", path))?;
+            let canonical = crate::beneath::followed::canonicalize(path)
+                .map_err(AuditError::io("resolve the path of", path))?;
             if canonical != lock.canonical() {
                 return Err(AuditError::io("open", path)(std::io::Error::other(
                     format!(
@@ -733,7 +733,9 @@ impl AuditLog {
     /// the next start sets the log aside (shorter than its anchor).
     fn cut_short(&mut self) -> std::io::Error {
         self.sink.stop_mapping();
-        let now = std::fs::metadata(&self.path).map(|m| m.len()).ok();
+        let now = crate::fsutil::metadata_nofollow(&self.path)
+            .map(|m| m.len)
+            .ok();
         let reason = format!(
             "cut short by another process while this run was writing it (the file has {} bytes; \
              the records this run wrote or was writing end at byte {}); \

@@ -164,7 +164,7 @@ fn run_tail(a: &AuditTailArgs) -> CmdResult {
             "waiting for the first record of {}",
             path.display()
         ));
-    } else if path.exists() {
+    } else if crate::fsutil::exists(&path) {
         // The whole log first (segments, anchor), as `audit verify` checks it: what is shown
         // was verified, and the follower checks each record after against the one before.
         verify_all()?;
@@ -242,7 +242,7 @@ fn run_tail(a: &AuditTailArgs) -> CmdResult {
 /// created may be empty or hold only reserved NUL bytes, which `audit verify` refuses).
 fn holds_a_record(path: &std::path::Path) -> bool {
     use std::io::Read;
-    let Ok(file) = std::fs::File::open(path) else {
+    let Ok(file) = crate::fsutil::open_regular_nofollow(path) else {
         return false;
     };
     let mut head = Vec::new();

@@ -45,7 +45,7 @@ pub fn execute(args: BackgroundBuildArgs) -> CmdResult {
             Err(e) => break format!("lost: {e}"),
         }
     };
-    if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(&args.log) {
+    if let Ok(mut f) = crate::fsutil::open_append(&args.log) {
         let _ = writeln!(f, "cargo mcp-dev: background build {outcome}");
     }
     Ok(exit_codes::OK)

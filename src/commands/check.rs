@@ -23,7 +23,7 @@ pub fn execute(args: CheckArgs) -> CmdResult {
         require_lockfile(&cargo)?;
     }
     let prep = Prepared::new(&cargo).map_err(lockfile_sentence)?;
-    if !prep.target.resolved.lockfile.is_file() {
+    if !crate::beneath::followed::is_file(&prep.target.resolved.lockfile) {
         return Err(Failure::new(exit_codes::IDENTITY_NOT_CAPTURED, NO_LOCKFILE));
     }
     let outcome = cycle::run_cycle(&prep, &[], !status::quiet()).map_err(lockfile_sentence)?;
@@ -127,7 +127,7 @@ fn require_lockfile(cargo: &crate::build::CargoSelection) -> Result<(), Failure>
     }
     let root_manifest = std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
     let lock = root_manifest.with_file_name("Cargo.lock");
-    if !lock.is_file() {
+    if !crate::beneath::followed::is_file(&lock) {
         return Err(Failure::new(exit_codes::IDENTITY_NOT_CAPTURED, NO_LOCKFILE));
     }
     Ok(())

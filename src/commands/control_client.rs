@@ -18,9 +18,9 @@ use crate::{control, exit_codes};
 pub fn locate(args: &ControlArgs) -> Result<(PathBuf, String), Failure> {
     use std::os::unix::fs::FileTypeExt;
     let (paths, label) = locate_all(args)?;
-    let bound = paths
-        .iter()
-        .find(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_socket()));
+    let bound = paths.iter().find(|p| {
+        crate::beneath::followed::symlink_metadata(p).is_ok_and(|m| m.file_type().is_socket())
+    });
     let path = bound.or(paths.first()).expect("at least one").clone();
     Ok((path, label))
 }

@@ -314,7 +314,7 @@ pub fn execute(args: DemoArgs) -> CmdResult {
     n.detail(&format!(
         "{files} files, as `cargo mcp-dev new {DEMO_NAME}` writes them"
     ));
-    let project = project.canonicalize()?;
+    let project = crate::beneath::followed::canonicalize(&project)?;
     let result = play(n, &project, &target_dir);
     if args.keep || args.dir.is_some() {
         if let Some(t) = tmp {
@@ -480,8 +480,9 @@ fn write_args() -> Value {
 /// the write tool (same tool name), so both the executable and the catalog change.
 fn edit_revision_b(project: &Path) -> Result<(), Failure> {
     let path = project.join("src/main.rs");
-    let src =
-        std::fs::read_to_string(&path).map_err(|e| fail(format!("{}: {e}", path.display())))?;
+    let src = crate::beneath::Beneath::open_following(project)
+        .and_then(|held| held.read_to_string(&path, 1 << 20))
+        .map_err(|e| fail(format!("{}: {e}", path.display())))?;
     let edited = src
         .replacen(
             "    /// The note to save.\n    text: String,\n",
@@ -508,7 +509,7 @@ fn edit_revision_b(project: &Path) -> Result<(), Failure> {
             "the template no longer has the lines the demo edits (src/main.rs)",
         ));
     }
-    std::fs::write(&path, edited).map_err(|e| fail(e.to_string()))
+    crate::fsutil::write_atomic(&path, edited.as_bytes()).map_err(|e| fail(e.to_string()))
 }
 
 fn list_tools(host: &mut Host) -> Result<Vec<Value>, Failure> {

@@ -23,6 +23,9 @@ use crate::error::{CmdResult, Failure};
 use crate::templates::{self, Template, Vars, json_string, shell_word, toml_key, toml_string};
 use crate::{fsutil, status, watch, workspace};
 
+/// The largest manifest, host config or install record read (a larger one is refused).
+const TEXT_LIMIT: u64 = 16 << 20;
+
 /// What the generated files are filled from.
 #[derive(Debug, Clone)]
 pub struct Project {
@@ -123,7 +126,7 @@ struct ManifestUpdate {
 /// is written here.
 fn metadata_block_update(project: &Project) -> Result<Option<ManifestUpdate>, Failure> {
     let path = &project.manifest_path;
-    let text = std::fs::read_to_string(path)
+    let text = crate::beneath::followed::read_to_string(path, TEXT_LIMIT)
         .map_err(|e| Failure::error(format!("could not read `{}`: {e}", path.display())))?;
     let doc: toml::Table = text
         .parse()
@@ -236,7 +239,7 @@ impl HostEnv {
         // elsewhere (a checkout's target/) must be on the PATH the host passes.
         let installed_beside_cargo = dirs
             .first()
-            .is_some_and(|d| d.join("cargo-mcp-dev").is_file());
+            .is_some_and(|d| crate::beneath::followed::is_file(&d.join("cargo-mcp-dev")));
         if !installed_beside_cargo
             && let Some(exe_dir) = std::env::current_exe()
                 .ok()
@@ -369,10 +372,10 @@ pub fn write_companions(project: &Project, env: &HostEnv, out: &mut Writer) -> R
 /// the user's (it is not read through).
 fn bacon_path(root: &Path) -> PathBuf {
     let main = root.join("bacon.toml");
-    if std::fs::symlink_metadata(&main).is_ok_and(|m| m.file_type().is_symlink()) {
+    if fsutil::metadata_nofollow(&main).is_ok_and(|m| m.is_symlink()) {
         return root.join("mcp-dev/bacon.toml");
     }
-    match std::fs::read_to_string(&main) {
+    match fsutil::read_text(&main, TEXT_LIMIT) {
         Ok(text) if !text.contains("[jobs.mcp-dev]") => root.join("mcp-dev/bacon.toml"),
         _ => main,
     }
@@ -382,7 +385,7 @@ fn bacon_path(root: &Path) -> PathBuf {
 fn ci_root(package_root: &Path) -> PathBuf {
     package_root
         .ancestors()
-        .find(|d| d.join(".git").exists())
+        .find(|d| crate::beneath::followed::exists(&d.join(".git")))
         .unwrap_or(package_root)
         .to_path_buf()
 }
@@ -509,7 +512,7 @@ pub fn ci_install_command() -> String {
     let from = std::env::current_exe()
         .ok()
         .and_then(|exe| Some(exe.parent()?.parent()?.join(".crates2.json")))
-        .and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|p| crate::beneath::followed::read_to_string(&p, TEXT_LIMIT).ok())
         .and_then(|text| installed_from(&text, version));
     let rev_ok = |r: &str| !r.is_empty() && r.chars().all(|c| c.is_ascii_hexdigit());
     match from {
@@ -822,7 +825,7 @@ impl Writer {
         kind: FileKind,
     ) -> Result<(), Failure> {
         let shown = self.display(path);
-        let existing = std::fs::symlink_metadata(path);
+        let existing = fsutil::metadata_nofollow(path);
         if existing.is_ok() && !self.force {
             self.skipped.push(shown);
             return Ok(());
@@ -845,7 +848,7 @@ impl Writer {
                 format!("created {shown}"),
             ),
             Err(e) => return Err(Failure::error(format!("could not inspect `{shown}`: {e}"))),
-            Ok(m) if m.file_type().is_symlink() => (
+            Ok(m) if m.is_symlink() => (
                 contents.to_string(),
                 new_mode,
                 false,
@@ -860,7 +863,7 @@ impl Writer {
             }
             Ok(_) => match &kind {
                 FileKind::HostConfig { servers_key, label } => {
-                    let mine = std::fs::read_to_string(path)
+                    let mine = fsutil::read_text(path, TEXT_LIMIT)
                         .map_err(|e| Failure::error(format!("could not read `{shown}`: {e}")))?;
                     let merged = merge_host_entry(&mine, contents, servers_key, label).map_err(
                         |why| {

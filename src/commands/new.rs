@@ -26,7 +26,7 @@ pub const NOTES_FILE: &str = "notes.jsonl";
 
 pub fn execute(args: NewArgs) -> CmdResult {
     create(&args, false)?;
-    let manifest = package_dir(&args)?.canonicalize()?.join("Cargo.toml");
+    let manifest = crate::beneath::followed::canonicalize(&package_dir(&args)?)?.join("Cargo.toml");
     super::first_build::run(
         &manifest,
         None,
@@ -74,8 +74,7 @@ pub fn create(args: &NewArgs, quiet: bool) -> Result<usize, Failure> {
 /// Plans and writes every file of the package in `dir` (which exists and is empty).
 fn write_package(args: &NewArgs, dir: &Path, quiet: bool) -> Result<usize, Failure> {
     // Canonical, so host snippets carry the path the OS reports (no `..`, no symlinked /tmp).
-    let dir = dir
-        .canonicalize()
+    let dir = crate::beneath::followed::canonicalize(dir)
         .map_err(|e| Failure::error(format!("could not resolve `{}`: {e}", dir.display())))?;
     init::require_utf8_path(&dir)?;
     let project = Project {
@@ -125,9 +124,9 @@ fn write_package(args: &NewArgs, dir: &Path, quiet: bool) -> Result<usize, Failu
 /// Creates `dir` (recording in `created` each directory made, parents included), or accepts
 /// it when it exists and is empty.
 fn prepare_dir(dir: &Path, created: &mut Vec<PathBuf>) -> Result<(), Failure> {
-    match std::fs::read_dir(dir) {
-        Ok(mut entries) => {
-            if entries.next().is_some() {
+    match crate::beneath::Beneath::open_following(dir).and_then(|held| held.list(Path::new(""))) {
+        Ok(entries) => {
+            if !entries.is_empty() {
                 return Err(Failure::error(format!(
                     "destination `{}` already exists and is not empty",
                     dir.display()
@@ -142,15 +141,19 @@ fn prepare_dir(dir: &Path, created: &mut Vec<PathBuf>) -> Result<(), Failure> {
             let existing = dir
                 .ancestors()
                 .skip(1)
-                .find(|a| a.exists())
+                .find(|a| crate::beneath::followed::exists(a))
                 .unwrap_or(Path::new("/"));
             fsutil::create_dirs_below(existing, dir, created)
                 .map_err(|e| Failure::error(format!("could not create `{}`: {e}", dir.display())))
         }
-        Err(e) if dir.exists() && !dir.is_dir() => Err(Failure::error(format!(
-            "destination `{}` exists and is not a directory ({e})",
-            dir.display()
-        ))),
+        Err(e)
+            if crate::beneath::followed::exists(dir) && !crate::beneath::followed::is_dir(dir) =>
+        {
+            Err(Failure::error(format!(
+                "destination `{}` exists and is not a directory ({e})",
+                dir.display()
+            )))
+        }
         Err(e) => Err(Failure::error(format!(
             "could not read `{}`: {e}",
             dir.display()

@@ -544,7 +544,7 @@ impl Shell {
         match self.identity_before.take() {
             Some(Some(bytes)) => write_atomic(&identity_file, &bytes),
             Some(None) => {
-                let _ = std::fs::remove_file(&identity_file);
+                let _ = crate::fsutil::remove_file(&identity_file);
             }
             None => {}
         }
@@ -1008,7 +1008,7 @@ fn follow_command(prep: &Prepared, cargo: &crate::cli::CargoArgs) -> String {
     let root = &prep.target.resolved.package_root;
     let here = std::env::current_dir()
         .ok()
-        .and_then(|d| d.canonicalize().ok());
+        .and_then(|d| crate::beneath::followed::canonicalize(&d).ok());
     let mut flag = |name: &str, path: &std::path::Path| {
         let text = path.display().to_string();
         cmd.push_str(&format!(
@@ -1016,7 +1016,7 @@ fn follow_command(prep: &Prepared, cargo: &crate::cli::CargoArgs) -> String {
             crate::sanitize::shell_word(&text).unwrap_or(text)
         ));
     };
-    if here.as_deref() != root.canonicalize().ok().as_deref() {
+    if here.as_deref() != crate::beneath::followed::canonicalize(root).ok().as_deref() {
         flag("--manifest-path", &prep.target.resolved.manifest_path);
     }
     if let Some(dir) = &cargo.target_dir {
@@ -1143,7 +1143,7 @@ pub fn execute(args: RunArgs) -> CmdResult {
     let (host_closed_tx, host_closed_rx) = crossbeam_channel::bounded::<()>(1);
     let host_out = Outlet::new("host", outlet::stdout_fd()?, move || {
         // Our copy of fd 1 is closed; fd 1 itself must go too for the host to see EOF.
-        if let Ok(null) = std::fs::File::open("/dev/null") {
+        if let Ok(null) = crate::beneath::followed::dev_null() {
             let _ = rustix::stdio::dup2_stdout(&null);
         }
         let _ = host_closed_tx.send(());
@@ -1262,7 +1262,7 @@ pub fn execute(args: RunArgs) -> CmdResult {
     // Warm: a build of this identity was recorded and its stored executable is still there.
     let warm = prep
         .last_identity()
-        .is_some_and(|r| std::path::Path::new(&r.executable.store_path).exists());
+        .is_some_and(|r| crate::fsutil::exists(std::path::Path::new(&r.executable.store_path)));
     sweep_planted_links(&layout, &label);
     let cfg = SessionConfig {
         label: label.clone(),

@@ -76,7 +76,9 @@ pub fn command_from_fd(file: &std::fs::File, arg0: &str) -> Command {
     {
         use std::os::fd::AsRawFd;
         let fd_path = format!("/proc/self/fd/{}", file.as_raw_fd());
-        if std::path::Path::new("/proc/self/fd").is_dir() {
+        if rustix::fs::stat("/proc/self/fd").is_ok_and(|st| {
+            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory
+        }) {
             let mut cmd = Command::new(fd_path);
             cmd.arg0(arg0);
             return cmd;
@@ -212,6 +214,64 @@ pub fn nofollow_nonblock_flags() -> i32 {
 /// are followed: a path the human gave); the caller refuses anything not a regular file.
 pub fn nonblock_flags() -> i32 {
     (rustix::fs::OFlags::CLOEXEC | rustix::fs::OFlags::NONBLOCK).bits() as i32
+}
+
+/// Opens the directory `rel` below the directory `dir` (`rel` is relative, has no `..` and no
+/// root; the caller checked), following no symbolic link on the way and never leaving `dir`:
+/// `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)` on Linux; where the
+/// kernel lacks it (`ENOSYS` before 5.6, a seccomp filter's `EPERM`) and on other systems, one
+/// `openat(O_NOFOLLOW | O_DIRECTORY)` per component. `walk` asks for the component walk (tests
+/// run both). An empty `rel` is `dir` itself, opened again.
+pub fn open_dir_beneath(
+    dir: std::os::fd::BorrowedFd<'_>,
+    rel: &std::path::Path,
+    walk: bool,
+) -> rustix::io::Result<std::os::fd::OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
+        if !walk && !NO_OPENAT2.load(Ordering::Relaxed) {
+            use rustix::fs::ResolveFlags;
+            let resolve =
+                ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+            let path = if rel.as_os_str().is_empty() {
+                std::path::Path::new(".")
+            } else {
+                rel
+            };
+            match rustix::fs::openat2(dir, path, flags, Mode::empty(), resolve) {
+                Err(rustix::io::Errno::NOSYS | rustix::io::Errno::PERM) => {
+                    NO_OPENAT2.store(true, Ordering::Relaxed);
+                }
+                // A link on the way (`ELOOP`) or a way out (`EXDEV`): both are refusals.
+                Err(rustix::io::Errno::XDEV) => return Err(rustix::io::Errno::LOOP),
+                other => return other,
+            }
+        }
+    }
+    let _ = walk;
+    let mut at = rustix::fs::openat(dir, ".", flags, Mode::empty())?;
+    for part in rel.components() {
+        match part {
+            std::path::Component::Normal(name) => {
+                at = rustix::fs::openat(&at, name, flags, Mode::empty())?;
+            }
+            std::path::Component::CurDir => {}
+            // The caller refused these; never resolved here either.
+            _ => return Err(rustix::io::Errno::XDEV),
+        }
+    }
+    Ok(at)
+}
+
+/// Flags for opening the final component of a path inside a directory held open: no link
+/// followed, no wait on a named pipe or a device, out of children, no controlling terminal.
+pub fn beneath_file_flags() -> rustix::fs::OFlags {
+    use rustix::fs::OFlags;
+    OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY
 }
 
 /// Whether an open failed because the path was a symbolic link (`ELOOP` under `O_NOFOLLOW`).
