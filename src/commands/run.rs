@@ -90,11 +90,11 @@ impl Running {
     /// Performs `effects`, and the steps of the results they give.
     fn perform(&mut self, mut effects: Vec<Effect>, now: Now, later: bool) {
         loop {
-            let results = self.shell.perform(effects, later);
+            let results = self.shell.perform(&mut effects, later);
             if results.is_empty() {
+                self.session.give_back(effects);
                 return;
             }
-            effects = Vec::new();
             for event in results {
                 effects.extend(self.session.handle(event, now));
             }
@@ -290,6 +290,16 @@ impl Shell {
         self.sink.emit(&format!("warning: audit log: {e}"));
     }
 
+    /// Writes a line to the host now (bounded, as [`Shell::queue_host`]).
+    fn send_host(&mut self, line: Vec<u8>, droppable: bool) {
+        let sent = if droppable {
+            self.host_out.send_droppable(line)
+        } else {
+            self.host_out.send(line)
+        };
+        self.report_host_refusal(sent);
+    }
+
     /// Queues a line for the host; the caller pumps `host_out` after the step's lines. Bounded
     /// (issue 12): a host that stops reading while the server floods notifications costs at
     /// most the outlet's bound; dropped notifications are counted and reported.
@@ -361,10 +371,10 @@ impl Shell {
     /// Group commit, one rule: the step's audit records go out in one write before any of its
     /// lines; if they cannot be written, its `tools/call` lines to servers are dropped (they
     /// must not run unrecorded) and [`Event::AuditFailed`] names them.
-    fn perform(&mut self, mut effects: Vec<Effect>, later: bool) -> Vec<Event> {
+    fn perform(&mut self, effects: &mut Vec<Effect>, later: bool) -> Vec<Event> {
         let mut results = Vec::new();
         let mut failed: Option<String> = None;
-        for effect in &mut effects {
+        for effect in effects.iter_mut() {
             if let Effect::Audit { kind, epoch, data } = effect {
                 let data = std::mem::replace(data, serde_json::Value::Null.into());
                 if let Err(e) = self
@@ -382,13 +392,22 @@ impl Shell {
         }
         self.audit_notice();
         let mut dropped = Vec::new();
+        // A step's one host line is sent as it is; several are queued and written together.
+        let mut host_line: Option<(Vec<u8>, bool)> = None;
         let mut host_queued = false;
-        for effect in effects {
+        for effect in effects.drain(..) {
             match effect {
                 Effect::Audit { .. } => {}
                 Effect::ToHost { line, droppable } => {
-                    self.queue_host(line, droppable);
-                    host_queued = true;
+                    if let Some((held, held_droppable)) = host_line.take() {
+                        self.queue_host(held, held_droppable);
+                        host_queued = true;
+                    }
+                    if host_queued {
+                        self.queue_host(line, droppable);
+                    } else {
+                        host_line = Some((line, droppable));
+                    }
                 }
                 Effect::ToChild { call: Some(id), .. } if failed.is_some() => dropped.push(id),
                 Effect::ToChild {
@@ -414,6 +433,9 @@ impl Shell {
                 Effect::Arm { delay, timer } => self.timers.schedule(delay, timer),
                 Effect::CloseHost => {
                     // Whatever the host was to be told first goes out before it closes.
+                    if let Some((line, droppable)) = host_line.take() {
+                        self.send_host(line, droppable);
+                    }
                     self.host_out.pump();
                     host_queued = false;
                     self.host_out.close();
@@ -434,7 +456,9 @@ impl Shell {
             }
         }
         // The step's host lines go out together: queued in order, then one `writev`.
-        if host_queued {
+        if let Some((line, droppable)) = host_line {
+            self.send_host(line, droppable);
+        } else if host_queued {
             self.host_out.pump();
         }
         if let Some(why) = failed {

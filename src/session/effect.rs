@@ -63,10 +63,11 @@ pub enum Effect {
     Arm { delay: Duration, timer: Timer },
     /// Close the host's connection after everything queued for it.
     CloseHost,
-    /// Something a human watching the terminal is told (worded by `crate::status_lines`).
-    Status(StatusEvent),
+    /// Something a human watching the terminal is told (worded by `crate::status_lines`;
+    /// boxed: effects on the hot path stay small).
+    Status(Box<StatusEvent>),
     /// The same, shown only with `-v`.
-    Verbose(StatusEvent),
+    Verbose(Box<StatusEvent>),
     /// The status document (`status`, the status file).
     Publish(Box<Value>),
     /// Keep the launch record of a new epoch.
@@ -84,6 +85,14 @@ pub struct Outbox(Vec<Effect>);
 impl Outbox {
     pub fn take(&mut self) -> Vec<Effect> {
         std::mem::take(&mut self.0)
+    }
+
+    /// Keeps a performed step's emptied list for the next step (no allocation per step).
+    pub fn give_back(&mut self, mut spent: Vec<Effect>) {
+        if self.0.is_empty() && spent.capacity() > self.0.capacity() {
+            spent.clear();
+            self.0 = spent;
+        }
     }
 
     fn push(&mut self, effect: Effect) {
@@ -171,11 +180,11 @@ impl Outbox {
     }
 
     pub fn status(&mut self, event: StatusEvent) {
-        self.push(Effect::Status(event));
+        self.push(Effect::Status(Box::new(event)));
     }
 
     pub fn verbose(&mut self, event: StatusEvent) {
-        self.push(Effect::Verbose(event));
+        self.push(Effect::Verbose(Box::new(event)));
     }
 
     pub fn publish_status(&mut self, snapshot: Value) {

@@ -468,6 +468,12 @@ impl Session {
         self.out.take()
     }
 
+    /// The effects a shell performed, emptied, for the next step to fill (optional: saves an
+    /// allocation per step).
+    pub fn give_back(&mut self, spent: Vec<Effect>) {
+        self.out.give_back(spent);
+    }
+
     /// A step's records could not be written: its calls never reached a server (the shell
     /// dropped them); each is answered as a call that could not be audited.
     fn audit_failed(&mut self, why: &str, calls: Vec<u64>) {
