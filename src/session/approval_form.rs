@@ -151,9 +151,9 @@ impl Session {
     /// How long a grant of `tools` would last, in a person's words (a per-call tool makes the
     /// whole grant last one call: the gate's stricter mode wins).
     fn tools_lifetime(&self, tools: &BTreeSet<String>) -> &'static str {
-        let per_call = tools
-            .iter()
-            .any(|t| self.gate.policy().mode_for(t) == crate::approval::ApprovalMode::PerCall);
+        let per_call = tools.iter().any(|t| {
+            self.approvals.gate.policy().mode_for(t) == crate::approval::ApprovalMode::PerCall
+        });
         match (per_call, tools.len()) {
             (false, _) => "until the next rebuild",
             (true, 1) => "for its next call only",
@@ -260,7 +260,7 @@ impl Session {
     fn change_head(&self, tool: &str) -> String {
         let since = self.since_last_approval();
         if since.is_null() {
-            return match &self.approved_baseline {
+            return match &self.approvals.baseline {
                 Some(_) => "No rebuild since your last approval.".into(),
                 None => "First approval in this session.".into(),
             };
@@ -293,7 +293,7 @@ impl Session {
     fn change_summary(&self, tool: &str) -> String {
         let since = self.since_last_approval();
         if since.is_null() {
-            return match &self.approved_baseline {
+            return match &self.approvals.baseline {
                 Some(_) => "No rebuild since the last approval.\n".into(),
                 None => "First approval in this session.\n".into(),
             };

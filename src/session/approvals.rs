@@ -176,8 +176,8 @@ impl Session {
             denial.reason,
             DenialReason::AuthorizationRequired | DenialReason::AuthorizationStale
         ) || !self.approval_channels().contains(&Channel::Host)
-            || self.prompts.len() >= self.cfg.max_open_prompts
-            || self.gate.run_ended()
+            || self.approvals.prompts.len() >= self.cfg.max_open_prompts
+            || self.approvals.gate.run_ended()
         {
             return Err(call);
         }
@@ -195,7 +195,7 @@ impl Session {
         } else {
             let params = form.params(false);
             let line = json!({"jsonrpc": "2.0", "id": prompt_id, "method": "elicitation/create", "params": params});
-            self.prompts.insert(prompt_id, prompt);
+            self.approvals.prompts.insert(prompt_id, prompt);
             let mut bytes = line.to_string().into_bytes();
             bytes.push(b'\n');
             self.out.to_host(bytes);
@@ -222,7 +222,7 @@ impl Session {
     ) -> (String, Prompt, Form) {
         let host_id = call.id().expect("request").to_owned();
         let tool = denial.tool.clone();
-        let mut requested = self.gate.pending_requests().0;
+        let mut requested = self.approvals.gate.pending_requests().0;
         requested.insert(tool.clone());
         let prompt_id = format!("{PROMPT_ID_PREFIX}{}", self.mint_id());
         let form = self.form(&tool, &epoch, &requested, arguments);
@@ -251,7 +251,7 @@ impl Session {
         if !id.starts_with(PROMPT_ID_PREFIX) {
             return false;
         }
-        let Some(prompt) = self.prompts.remove(&id) else {
+        let Some(prompt) = self.approvals.prompts.remove(&id) else {
             self.out.status(StatusEvent::PromptNotOpen {
                 id: sanitize::review(&id.chars().take(80).collect::<String>()).into_owned(),
             });
@@ -259,7 +259,7 @@ impl Session {
         };
         if prompt.modern {
             // A modern prompt is answered by the call's retry, never by a response.
-            self.prompts.insert(id, prompt);
+            self.approvals.prompts.insert(id, prompt);
             self.out.status(StatusEvent::PromptWasInputRequest);
             return true;
         }
@@ -299,7 +299,7 @@ impl Session {
         let (now, id) = (self.now.wall_ms, self.mint_id());
         let epoch = prompt.epoch.clone();
         let result = match decision {
-            Decision::Once => self.gate.approve_call(
+            Decision::Once => self.approvals.gate.approve_call(
                 CallApprovalRequest {
                     epoch,
                     tool: prompt.tool.clone(),
@@ -318,9 +318,9 @@ impl Session {
                 };
                 let credential_scopes = tools
                     .iter()
-                    .flat_map(|t| self.gate.policy().scopes_for(t))
+                    .flat_map(|t| self.approvals.gate.policy().scopes_for(t))
                     .collect();
-                self.gate.approve_via(
+                self.approvals.gate.approve_via(
                     ApprovalRequest {
                         epoch,
                         tools,
@@ -336,7 +336,9 @@ impl Session {
         match result {
             Ok(grant) => {
                 debug_assert!(grant.kind == GrantKind::Call || decision != Decision::Once);
-                self.denied_calls.retain(|d| d.call_id != prompt.call_id);
+                self.approvals
+                    .denied_calls
+                    .retain(|d| d.call_id != prompt.call_id);
                 self.record_grant(&grant, "host elicitation");
                 // Judged again: forwarded under the new grant (never prompts twice).
                 self.judge_call(prompt.call, false);
@@ -393,16 +395,20 @@ impl Session {
     /// now covers are judged again at once, and their prompts withdrawn from the host.
     pub(super) fn release_covered_prompts(&mut self) {
         let covered: Vec<String> = self
+            .approvals
             .prompts
             .iter()
             .filter(|(_, p)| {
                 self.current_epoch() == Some(p.epoch.as_str())
-                    && self.gate.has_grant_for(&p.tool, Some(&p.arguments_digest))
+                    && self
+                        .approvals
+                        .gate
+                        .has_grant_for(&p.tool, Some(&p.arguments_digest))
             })
             .map(|(id, _)| id.clone())
             .collect();
         for id in covered {
-            if let Some(p) = self.prompts.remove(&id) {
+            if let Some(p) = self.approvals.prompts.remove(&id) {
                 if p.modern {
                     // Answered already (input_required): the retry finds the grant.
                     continue;
@@ -411,7 +417,9 @@ impl Session {
                     &id,
                     "covered by a grant given since (in another form or channel)",
                 );
-                self.denied_calls.retain(|d| d.call_id != p.call_id);
+                self.approvals
+                    .denied_calls
+                    .retain(|d| d.call_id != p.call_id);
                 self.judge_call(p.call, false);
             }
         }
@@ -424,13 +432,14 @@ impl Session {
     /// supervisor holds open) are left to the retry, which is refused as void.
     pub(super) fn withdraw_prompts_of(&mut self, epoch: &str, outcome: &str) {
         let stale: Vec<String> = self
+            .approvals
             .prompts
             .iter()
             .filter(|(_, p)| !p.modern && p.epoch == epoch)
             .map(|(id, _)| id.clone())
             .collect();
         for id in stale {
-            if let Some(p) = self.prompts.remove(&id) {
+            if let Some(p) = self.approvals.prompts.remove(&id) {
                 self.withdraw_prompt(&id, outcome);
                 self.refuse_prompted(p, outcome);
             }
@@ -449,7 +458,7 @@ impl Session {
     /// Timer: prompts past their deadline are closed and their calls refused.
     /// One timer for all open prompts, armed for the earliest deadline (like held requests).
     fn arm_prompt_timer(&mut self) {
-        let Some(earliest) = self.prompts.values().map(|p| p.deadline_ms).min() else {
+        let Some(earliest) = self.approvals.prompts.values().map(|p| p.deadline_ms).min() else {
             return;
         };
         if self.armed.prompts.is_some_and(|armed| armed <= earliest) {
@@ -464,13 +473,14 @@ impl Session {
         self.armed.prompts = None;
         let now = self.now();
         let due: Vec<String> = self
+            .approvals
             .prompts
             .iter()
             .filter(|(_, p)| p.deadline_ms <= now)
             .map(|(id, _)| id.clone())
             .collect();
         for id in due {
-            if let Some(p) = self.prompts.remove(&id) {
+            if let Some(p) = self.approvals.prompts.remove(&id) {
                 if p.modern {
                     // Its call was answered with the form and never retried: recorded as
                     // refused now (a later retry finds nothing open).
@@ -491,7 +501,7 @@ impl Session {
 
     /// The session ends: every waiting call is answered (a modern one was: it is recorded).
     pub(super) fn fail_prompts(&mut self, why: &str) {
-        let open = std::mem::take(&mut self.prompts);
+        let open = std::mem::take(&mut self.approvals.prompts);
         for p in open.into_values() {
             if p.modern {
                 self.record_prompt_closed(&p, why);
@@ -503,7 +513,8 @@ impl Session {
 
     /// Open prompts (status document).
     pub(super) fn open_prompts(&self) -> Vec<Value> {
-        self.prompts
+        self.approvals
+            .prompts
             .iter()
             .map(|(id, p)| json!({"id": id, "callId": p.call_id, "tool": p.tool, "epoch": p.epoch}))
             .collect()

@@ -56,13 +56,14 @@ impl Session {
     /// recorded as refused, cancelled by the host. The host expects no answer to it.
     pub(super) fn drop_prompt_of_call(&mut self, request_id_text: &str) {
         let ids: Vec<String> = self
+            .approvals
             .prompts
             .iter()
             .filter(|(_, p)| !p.modern && p.host_id.get() == request_id_text)
             .map(|(id, _)| id.clone())
             .collect();
         for id in ids {
-            if let Some(p) = self.prompts.remove(&id) {
+            if let Some(p) = self.approvals.prompts.remove(&id) {
                 self.withdraw_prompt(&id, "the call was cancelled");
                 self.record_prompt_closed(&p, "cancelled by the host");
                 self.publish();
@@ -95,7 +96,7 @@ impl Session {
             "inputRequests": {prompt_id.clone(): {"method": "elicitation/create", "params": params}},
             REQUEST_STATE: prompt_id,
         });
-        self.prompts.insert(prompt_id, prompt);
+        self.approvals.prompts.insert(prompt_id, prompt);
         self.out.to_host(envelope::result_line(&host_id, &result));
     }
 
@@ -118,6 +119,7 @@ impl Session {
         let digest = hashing::sha256_bytes(arguments.map(|a| a.get()).unwrap_or("null").as_bytes());
         let host_id = msg.id().expect("request").to_owned();
         let open = self
+            .approvals
             .prompts
             .get(&prompt_id)
             .is_some_and(|p| p.modern && p.tool == tool && p.arguments_digest == digest);
@@ -151,7 +153,11 @@ impl Session {
             self.judge_call(stripped, false);
             return None;
         }
-        let mut prompt = self.prompts.remove(&prompt_id).expect("checked open");
+        let mut prompt = self
+            .approvals
+            .prompts
+            .remove(&prompt_id)
+            .expect("checked open");
         let answer = params
             .get(INPUT_RESPONSES)
             .and_then(|r| r.as_object())
@@ -189,7 +195,13 @@ impl Session {
             current_epoch: self.current_epoch().map(crate::epoch::EpochId::from),
             host_catalog: None,
             current_catalog: None,
-            credential_scopes: self.gate.policy().scopes_for(tool).into_iter().collect(),
+            credential_scopes: self
+                .approvals
+                .gate
+                .policy()
+                .scopes_for(tool)
+                .into_iter()
+                .collect(),
             authorization: None,
             mismatches: Vec::new(),
         };

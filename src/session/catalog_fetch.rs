@@ -295,7 +295,7 @@ impl Session {
             // an empty catalog announced every tool removed).
             Err(e) => return self.catalog_unknown(of, &format!("is invalid ({e})")),
         };
-        self.known_list = one_page_text.map(|tools_text| KnownList {
+        self.catalogs.known_list = one_page_text.map(|tools_text| KnownList {
             tools_text,
             result_text: None,
             catalog: catalog.clone(),
@@ -310,9 +310,11 @@ impl Session {
         self.end_fetch(Tools::Known(extent));
         let digests = catalog.tool_digests().clone();
         let tools_json = catalog.tools_json();
-        let had_catalog = self.catalog.current().is_some();
-        let (revision, diff) = self.catalog.observe(catalog);
-        self.gate.catalog_fetched(epoch, revision.clone(), digests);
+        let had_catalog = self.catalogs.history.current().is_some();
+        let (revision, diff) = self.catalogs.history.observe(catalog);
+        self.approvals
+            .gate
+            .catalog_fetched(epoch, revision.clone(), digests);
         let summary = match &diff {
             Some(d) => d.summary(),
             None if had_catalog => "unchanged".into(),
@@ -377,7 +379,10 @@ impl Session {
     /// tools count: the host should hear about them, though calls to unchanged tools are not
     /// stale).
     pub(super) fn host_list_outdated(&self) -> bool {
-        match (self.gate.host_catalog(), self.catalog.current()) {
+        match (
+            self.approvals.gate.host_catalog(),
+            self.catalogs.history.current(),
+        ) {
             (Some(shown), Some(current)) => shown != current.digest,
             _ => false,
         }
@@ -388,6 +393,7 @@ impl Session {
     /// lists the same catalog again and again).
     pub(super) fn is_known_list_result(&self, result: Option<envelope::Raw<'_>>) -> bool {
         let known = self
+            .catalogs
             .known_list
             .as_ref()
             .and_then(|k| k.result_text.as_deref());
@@ -425,7 +431,7 @@ impl Session {
         let result_text = msg.result().map(|r| r.get());
         if first
             && known
-            && let Some(known) = self.known_list.take()
+            && let Some(known) = self.catalogs.known_list.take()
         {
             return self.show_known_list(known);
         }
@@ -437,6 +443,7 @@ impl Session {
         if first && next.is_none() {
             // The whole list in one page: the same bytes as last time need no new digest.
             let known = self
+                .catalogs
                 .known_list
                 .take()
                 .filter(|k| k.tools_text == tools_text);
@@ -500,7 +507,7 @@ impl Session {
             return;
         };
         let said = phase.listed();
-        let current = self.catalog.current().map(|r| r.digest.as_str());
+        let current = self.catalogs.history.current().map(|r| r.digest.as_str());
         let differs = said.no_catalog() || current.is_none_or(|d| d != listed.digest());
         if !differs || said == Listed::Known(Extent::CutAtBound) {
             return;
@@ -520,7 +527,7 @@ impl Session {
     fn show_known_list(&mut self, known: KnownList) {
         self.fetch_if_listed_newer(&known.catalog);
         let changed = self.host_was_shown(&known.catalog, "server", None);
-        self.known_list = Some(known);
+        self.catalogs.known_list = Some(known);
         if changed {
             self.publish();
         }
@@ -536,7 +543,8 @@ impl Session {
         provenance: Option<(&str, &str)>,
     ) -> bool {
         let revision = self
-            .catalog
+            .catalogs
+            .history
             .current()
             .filter(|r| r.digest == shown.digest())
             .map(|r| r.number);
@@ -548,7 +556,7 @@ impl Session {
             f.audience = Audience::Host;
         }
         let digests = shown.tool_digests();
-        let changed = self.gate.host_view_mut().show_catalog(
+        let changed = self.approvals.gate.host_view_mut().show_catalog(
             shown.digest(),
             revision,
             shown.names().filter_map(|n| {

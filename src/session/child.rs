@@ -17,7 +17,7 @@ impl Session {
             return; // late output of a replaced child
         }
         // The last list answer again, but for its id: not read a second time (large catalogs).
-        let known = match &self.list_answer {
+        let known = match &self.catalogs.list_answer {
             Some(last) => last.with_other_id(line),
             None => Err(line),
         };
@@ -32,13 +32,14 @@ impl Session {
             Kind::Response => self.on_child_response(epoch, msg),
             Kind::Request => {
                 let child_id = msg.id().expect("request").to_owned();
-                if self.child_requests.open.len() >= OPEN_AT_HOST_LIMIT {
+                if self.host.server_requests.open.len() >= OPEN_AT_HOST_LIMIT {
                     self.refuse_server_request(epoch, &child_id);
-                    return self.child_requests.ended(child_id);
+                    return self.host.server_requests.ended(child_id);
                 }
                 let host_id = self.next_id;
                 self.next_id += 1;
-                self.child_requests
+                self.host
+                    .server_requests
                     .open
                     .insert(host_id, (EpochId::from(epoch), child_id));
                 let mut msg = msg;
@@ -53,7 +54,7 @@ impl Session {
     /// answered to the server at once and never reaches the host (a server that floods the
     /// host with requests cannot grow the session without bound).
     fn refuse_server_request(&mut self, epoch: &str, child_id: &RawIdText) {
-        if !std::mem::replace(&mut self.child_requests.overflow_told, true) {
+        if !std::mem::replace(&mut self.host.server_requests.overflow_told, true) {
             self.out.status(StatusEvent::TooManyServerRequests {
                 limit: OPEN_AT_HOST_LIMIT,
                 label: self.label().to_string(),
@@ -159,7 +160,12 @@ impl Session {
         )) {
             // Re-tag with the host's listen id; a repeated acknowledgement after a restart is ours.
             let Some(our) = sid.as_u64() else { return };
-            let Some(l) = self.listens.iter_mut().find(|l| l.child_id == Some(our)) else {
+            let Some(l) = self
+                .host
+                .listens
+                .iter_mut()
+                .find(|l| l.child_id == Some(our))
+            else {
                 return;
             };
             let host_sid: Value = serde_json::from_str(l.host_id.get()).unwrap_or(Value::Null);
@@ -192,16 +198,17 @@ impl Session {
             // host goes out under the id the host saw.
             let req_text = req.to_string();
             let ours = self
-                .child_requests
+                .host
+                .server_requests
                 .open
                 .iter()
                 .find(|(_, (_, child_id))| child_id.get() == req_text)
                 .map(|(host_id, _)| *host_id);
             if let Some(host_facing) = ours {
-                if let Some((_, child_id)) = self.child_requests.open.remove(&host_facing) {
-                    self.child_requests.ended(child_id);
+                if let Some((_, child_id)) = self.host.server_requests.open.remove(&host_facing) {
+                    self.host.server_requests.ended(child_id);
                 }
-                self.child_requests.overflow_told = false;
+                self.host.server_requests.overflow_told = false;
                 let mut params = params.clone();
                 params["requestId"] = json!(host_facing);
                 msg.set_params(&params);
@@ -210,7 +217,7 @@ impl Session {
             }
             // A late cancellation of its own request, already answered: ignored (as the spec
             // says), not read as one of the host's requests under the same number.
-            let answered = &self.child_requests.answered;
+            let answered = &self.host.server_requests.answered;
             if answered.iter().any(|id| id.get() == req_text) {
                 return;
             }
@@ -226,7 +233,9 @@ impl Session {
                         let mut params = params.clone();
                         params["requestId"] =
                             serde_json::from_str(&host_id_text).unwrap_or(Value::Null);
-                        self.listens.retain(|l| l.host_id.get() != host_id_text);
+                        self.host
+                            .listens
+                            .retain(|l| l.host_id.get() != host_id_text);
                         msg.set_params(&params);
                         self.send_host(&msg);
                     }
@@ -272,7 +281,9 @@ impl Session {
                     return;
                 }
                 if method == "subscriptions/listen" {
-                    self.listens.retain(|l| l.host_id.get() != host_id.get());
+                    self.host
+                        .listens
+                        .retain(|l| l.host_id.get() != host_id.get());
                 }
                 // Compared once: the answer is the list the host was last shown, byte for byte.
                 let known_list = method == "tools/list"
@@ -335,7 +346,7 @@ impl Session {
                     // Forwarded first: what the host was shown is worked out after.
                     self.observe_host_list(&msg, known_list, id);
                     if !msg.is_error() {
-                        self.list_answer = Some(msg);
+                        self.catalogs.list_answer = Some(msg);
                     }
                 }
             }
@@ -468,6 +479,7 @@ impl Session {
             return false;
         }
         let Some(l) = self
+            .host
             .listens
             .iter_mut()
             .find(|l| l.host_id.get() == host_id.get())
@@ -490,6 +502,7 @@ impl Session {
 
     fn reopen_listens(&mut self, epoch: &str) {
         let listens: Vec<(String, Value)> = self
+            .host
             .listens
             .iter()
             .filter(|l| l.server_part && l.child_id.is_none())
@@ -504,6 +517,7 @@ impl Session {
                 call: None,
             });
             if let Some(l) = self
+                .host
                 .listens
                 .iter_mut()
                 .find(|l| l.host_id.get() == host_id_text)

@@ -78,7 +78,7 @@ impl Session {
     pub(super) fn on_control(&mut self, request: ControlRequest, ticket: Ticket) -> Option<Value> {
         let answer = match request {
             ControlRequest::Status => Ok(self.status_json()),
-            ControlRequest::Restart => match self.latest.clone() {
+            ControlRequest::Restart => match self.build.latest.clone() {
                 Some(record) if self.server.child().is_some() => {
                     self.leave_crash_loop();
                     self.begin_replace(record, "cargo mcp-dev restart");
@@ -93,7 +93,7 @@ impl Session {
                 Some(record) => {
                     self.leave_crash_loop();
                     // Asked for by the human: a copy that cannot start gets its rebuild again.
-                    self.last_start_rebuild = None;
+                    self.restarts.last_start_rebuild = None;
                     self.spawn_child(record, None, None);
                     // Answered when its start is reported (`on_spawned`, `on_spawn_failed`).
                     if let Server::Spawning(spawning) = &mut self.server {
@@ -128,7 +128,7 @@ impl Session {
                     Some("all") | None => RevokeTarget::All,
                     Some(id) => RevokeTarget::Id(id.into()),
                 };
-                let revoked = self.gate.revoke(target);
+                let revoked = self.approvals.gate.revoke(target);
                 for g in &revoked {
                     self.audit_record(
                         audit::APPROVAL_REVOKED,
@@ -162,7 +162,13 @@ impl Session {
         // The id as the host wrote it first (what the suggested command passes); the bare text
         // of a string id only when no call has that exact id (`7` is the number's, not `"7"`'s).
         let quoted = serde_json::to_string(call_id).unwrap_or_default();
-        let newest = |id: &str| self.denied_calls.iter().rev().find(|d| d.call_id == id);
+        let newest = |id: &str| {
+            self.approvals
+                .denied_calls
+                .iter()
+                .rev()
+                .find(|d| d.call_id == id)
+        };
         newest(call_id).or_else(|| newest(&quoted))
     }
 
@@ -209,10 +215,13 @@ impl Session {
         };
         let (now, id) = (self.now.wall_ms, self.mint_id());
         let grant = self
+            .approvals
             .gate
             .approve_call(req, now, id)
             .map_err(|e| e.to_string())?;
-        self.denied_calls.retain(|d| d.call_id != denied.call_id);
+        self.approvals
+            .denied_calls
+            .retain(|d| d.call_id != denied.call_id);
         self.record_grant(&grant, "control socket");
         self.release_covered_prompts();
         Ok(json!({"grant": grant}))
@@ -222,10 +231,10 @@ impl Session {
     pub(super) fn record_grant(&mut self, grant: &crate::approval::Grant, via: &str) {
         let g = serde_json::to_value(grant).expect("grant serializes");
         if let Some(c) = self.server.child() {
-            self.approved_baseline = Some((
+            self.approvals.baseline = Some((
                 c.epoch.to_string(),
                 c.record.clone(),
-                self.catalog.catalog().cloned(),
+                self.catalogs.history.catalog().cloned(),
             ));
         }
         let epoch = grant.execution_epoch.to_string();
@@ -271,7 +280,11 @@ impl Session {
     fn control_approve(&mut self, req: ApprovalRequest) -> Result<Value, String> {
         self.terminal_channel()?;
         let (now, id) = (self.now.wall_ms, self.mint_id());
-        let grant = self.gate.approve(req, now, id).map_err(|e| e.to_string())?;
+        let grant = self
+            .approvals
+            .gate
+            .approve(req, now, id)
+            .map_err(|e| e.to_string())?;
         self.record_grant(&grant, "control socket");
         self.release_covered_prompts();
         Ok(json!({"grant": grant}))
@@ -280,7 +293,7 @@ impl Session {
     /// What changed between the last approved epoch and now (for `approve`'s review).
     pub(super) fn since_last_approval(&self) -> Value {
         let (Some((epoch, record, catalog)), Some(child)) =
-            (&self.approved_baseline, self.server.child())
+            (&self.approvals.baseline, self.server.child())
         else {
             return Value::Null;
         };
@@ -292,7 +305,7 @@ impl Session {
             &child.record,
         ));
         // No comparison with a catalog that is not this server's (its first list failed).
-        let catalog_lines = match (catalog, self.catalog.catalog()) {
+        let catalog_lines = match (catalog, self.catalogs.history.catalog()) {
             _ if !self.catalog_is_this_servers() => Value::Null,
             (Some(old), Some(new)) => json!(crate::catalog::diff(old, new).render_human()),
             _ => json!([]),
@@ -305,7 +318,7 @@ impl Session {
     pub(super) fn leave_crash_loop(&mut self) {
         if self.lifecycle == Lifecycle::CrashLoop {
             self.lifecycle = Lifecycle::Serving;
-            self.crashes.clear();
+            self.restarts.crashes.clear();
         }
     }
 }

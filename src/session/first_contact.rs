@@ -19,7 +19,7 @@ use crate::proxy::envelope::{self, Message};
 impl Session {
     /// Holds a request until a server can answer it or its deadline passes.
     pub(super) fn hold(&mut self, msg: Message, wait: Duration) {
-        if self.held.len() >= HELD_LIMIT {
+        if self.host.held.len() >= HELD_LIMIT {
             self.out
                 .status(StatusEvent::TooManyHeld { limit: HELD_LIMIT });
             if msg.method() == Some("tools/call") {
@@ -39,7 +39,7 @@ impl Session {
         }
         let now = self.now();
         let deadline_ms = now + wait.as_millis() as u64;
-        self.held.push_back(Held {
+        self.host.held.push_back(Held {
             msg,
             deadline_ms,
             since_ms: now,
@@ -50,7 +50,7 @@ impl Session {
     /// One timer for all held requests: armed for the earliest deadline (a flood of held
     /// requests costs one timer, not one each).
     fn arm_held_timer(&mut self, now: u64) {
-        let Some(earliest) = self.held.iter().map(|h| h.deadline_ms).min() else {
+        let Some(earliest) = self.host.held.iter().map(|h| h.deadline_ms).min() else {
             return;
         };
         if self.armed.held.is_some_and(|armed| armed <= earliest) {
@@ -70,7 +70,7 @@ impl Session {
             Lifecycle::Stopping => "the connection is closing",
             _ if self.server.child().is_some() => "the server is starting",
             _ if self.start_rebuild_pending() => "the server is being built again",
-            _ if self.builds != Builds::Idle => "the server is being built",
+            _ if self.build.runs != Builds::Idle => "the server is being built",
             _ if self.server.runs_or_restarts() => "the server is restarting",
             _ => "no server is running",
         }
@@ -80,7 +80,7 @@ impl Session {
     /// whose result is started.
     fn server_on_its_way(&self) -> bool {
         self.server.runs_or_restarts()
-            || self.builds != Builds::Idle
+            || self.build.runs != Builds::Idle
             || self.start_rebuild_pending()
     }
 
@@ -101,7 +101,7 @@ impl Session {
             // start and is being built again, or a change after a crash loop): like the first.
             Lifecycle::Serving
                 if self.server.child().is_none()
-                    && (self.start_rebuild_pending() || self.builds != Builds::Idle) =>
+                    && (self.start_rebuild_pending() || self.build.runs != Builds::Idle) =>
             {
                 Some(self.cfg.first_start_budget)
             }
@@ -129,13 +129,13 @@ impl Session {
     /// strand the requests behind it: round 25); the rest stay held, in order.
     pub(super) fn flush_held(&mut self) {
         let mut kept = std::collections::VecDeque::new();
-        while let Some(h) = self.held.pop_front() {
+        while let Some(h) = self.host.held.pop_front() {
             match self.route(&h.msg, route::Moment::Released) {
                 Route::Forward => self.route_host_request(h.msg),
                 _ => kept.push_back(h),
             }
         }
-        self.held = kept;
+        self.host.held = kept;
     }
 
     /// Held requests whose deadline passed get what the table says: forwarded, waiting for a
@@ -145,7 +145,7 @@ impl Session {
         let now = self.now();
         let record_lists = self.record_answers_lists();
         let mut kept = std::collections::VecDeque::new();
-        while let Some(h) = self.held.pop_front() {
+        while let Some(h) = self.host.held.pop_front() {
             let moment = if h.deadline_ms > now {
                 route::Moment::Released
             } else {
@@ -166,7 +166,7 @@ impl Session {
                 Route::Answer(_) => self.answer_expired(h),
             }
         }
-        self.held = kept;
+        self.host.held = kept;
         self.arm_held_timer(now);
     }
 
@@ -243,7 +243,8 @@ impl Session {
         let Some(rec) = &self.recorded.catalog else {
             return false;
         };
-        self.last_started
+        self.restarts
+            .last_started
             .as_ref()
             .is_none_or(|e| e.as_str() == rec.epoch)
     }
@@ -283,7 +284,7 @@ impl Session {
         if self.server.child().is_none()
             && (self.lifecycle == Lifecycle::FirstStart
                 || self.start_rebuild_pending()
-                || self.builds != Builds::Idle)
+                || self.build.runs != Builds::Idle)
         {
             "building"
         } else {
@@ -351,7 +352,7 @@ impl Session {
 
     /// Every held request gets its answer now (the server will not come soon).
     pub(super) fn fail_held(&mut self) {
-        while let Some(h) = self.held.pop_front() {
+        while let Some(h) = self.host.held.pop_front() {
             self.answer_unavailable(h.msg);
         }
         // Nothing may be coming: the host's `initialize` is looked at now (a record, or why).

@@ -183,7 +183,7 @@ impl Session {
         c.requests
             .retain(|_, p| !matches!(p, Pending::Handshake { modern: true, .. }));
         let mut kept = std::collections::VecDeque::new();
-        while let Some(h) = self.held.pop_front() {
+        while let Some(h) = self.host.held.pop_front() {
             if h.msg.method() != Some("server/discover") {
                 kept.push_back(h);
                 continue;
@@ -197,7 +197,7 @@ impl Session {
                 None => self.refuse_discover(h.msg),
             }
         }
-        self.held = kept;
+        self.host.held = kept;
     }
 
     /// The running server cannot serve (it refused our handshake or never answered it): it is
@@ -212,7 +212,7 @@ impl Session {
             epoch: child.epoch.to_string(),
             why: why.to_string(),
         });
-        self.gate.server_exited(&child.epoch);
+        self.approvals.gate.server_exited(&child.epoch);
         let requests = std::mem::take(&mut child.requests);
         self.answer_in_flight(requests, &child.epoch, None, "stopped", Some(&why));
         self.record_exit(&child, "handshake failed", None);

@@ -88,7 +88,7 @@ impl Session {
                 let id = msg.id().expect("request").to_owned();
                 self.out.to_host(envelope::result_line(&id, &json!({})));
             }
-            Method::Listen if self.listens.len() + self.held_listens() >= LISTEN_LIMIT => {
+            Method::Listen if self.host.listens.len() + self.held_listens() >= LISTEN_LIMIT => {
                 let id = msg.id().expect("request").to_owned();
                 let why = format!("more than {LISTEN_LIMIT} subscriptions/listen streams are open");
                 self.out
@@ -157,12 +157,13 @@ impl Session {
             let params = msg.params_value();
             let tools = protocol::ListenFilter::of(&params).tools;
             match self
+                .host
                 .listens
                 .iter_mut()
                 .find(|l| l.host_id.get() == host_id.get())
             {
                 Some(l) => l.child_id = Some(id),
-                None => self.listens.push(Listen {
+                None => self.host.listens.push(Listen {
                     host_id: host_id.clone(),
                     params,
                     child_id: Some(id),
@@ -217,7 +218,8 @@ impl Session {
 
     /// `subscriptions/listen` requests held for the server (they open streams once released).
     fn held_listens(&self) -> usize {
-        self.held
+        self.host
+            .held
             .iter()
             .filter(|h| h.msg.method() == Some("subscriptions/listen"))
             .count()
@@ -225,8 +227,8 @@ impl Session {
 
     /// A stream with this id is open, or a listen with it waits for the server.
     fn listen_id_taken(&self, id: &str) -> bool {
-        self.listens.iter().any(|l| l.host_id.get() == id)
-            || self.held.iter().any(|h| {
+        self.host.listens.iter().any(|l| l.host_id.get() == id)
+            || self.host.held.iter().any(|h| {
                 h.msg.method() == Some("subscriptions/listen")
                     && h.msg.id().is_some_and(|i| i.get() == id)
             })
@@ -246,7 +248,7 @@ impl Session {
             _ => None,
         });
         // A listen stream the host ends is gone, whoever served it.
-        self.listens.retain(|l| l.host_id.get() != req_text);
+        self.host.listens.retain(|l| l.host_id.get() != req_text);
         // A call waiting for an approval prompt: the prompt is closed, nothing is granted.
         self.drop_prompt_of_call(&req_text);
         if let Some((id, epoch)) = found {
@@ -291,7 +293,8 @@ impl Session {
             return;
         }
         // A held request the host gave up on is dropped (never forwarded later).
-        self.held
+        self.host
+            .held
             .retain(|h| h.msg.id().map(|i| i.get()) != Some(req_text.as_str()));
     }
 
@@ -307,15 +310,15 @@ impl Session {
             self.out.status(StatusEvent::HostAnsweredNobody);
             return;
         };
-        let Some((epoch, child_id)) = self.child_requests.open.remove(&id) else {
+        let Some((epoch, child_id)) = self.host.server_requests.open.remove(&id) else {
             self.out.verbose(StatusEvent::HostAnsweredReplaced { id });
             return;
         };
-        self.child_requests.overflow_told = false;
+        self.host.server_requests.overflow_told = false;
         if self.current_epoch() != Some(epoch.as_str()) {
             return;
         }
-        self.child_requests.ended(child_id.clone());
+        self.host.server_requests.ended(child_id.clone());
         msg.set_id(child_id);
         self.send_child(&epoch, &msg);
     }
@@ -346,6 +349,7 @@ impl Session {
     fn open_supervisor_listen(&mut self, msg: Message) {
         let host_id = msg.id().expect("request").to_owned();
         if self
+            .host
             .listens
             .iter()
             .any(|l| l.host_id.get() == host_id.get())
@@ -356,7 +360,7 @@ impl Session {
             return;
         }
         let host_id_text = host_id.get().to_string();
-        self.listens.push(Listen {
+        self.host.listens.push(Listen {
             host_id,
             params: msg.params_value(),
             child_id: None,
@@ -370,6 +374,7 @@ impl Session {
     /// Our acknowledgement of the tool-list part of a host stream (honoured: tools only).
     pub(super) fn acknowledge_supervisor_listen(&mut self, host_id_text: &str) {
         let Some(l) = self
+            .host
             .listens
             .iter_mut()
             .find(|l| l.host_id.get() == host_id_text)
@@ -403,10 +408,11 @@ impl Session {
 
     /// `list_changed` to the host, on every stream that asked for it (modern) or plainly.
     pub(super) fn notify_list_changed(&mut self) {
-        self.host.notified_revision = self.catalog.current().map(|r| r.number);
+        self.host.notified_revision = self.catalogs.history.current().map(|r| r.number);
         match self.era() {
             Some(Era::Modern) => {
                 let targets: Vec<Value> = self
+                    .host
                     .listens
                     .iter()
                     .filter(|l| l.tools && l.acknowledged)

@@ -87,12 +87,12 @@ impl Session {
                 }
             }
         }
-        for l in &mut self.listens {
+        for l in &mut self.host.listens {
             l.child_id = None;
         }
         // The server's requests still open at the host are void: the supervisor, which
         // issued them to the host, withdraws them (an elicitation form would stay open).
-        let mut void: Vec<u64> = (self.child_requests.open.iter())
+        let mut void: Vec<u64> = (self.host.server_requests.open.iter())
             .filter(|(_, (e, _))| e == epoch)
             .map(|(id, _)| *id)
             .collect();
@@ -102,7 +102,7 @@ impl Session {
             other => format!("was {other}"),
         };
         for id in void {
-            self.child_requests.open.remove(&id);
+            self.host.server_requests.open.remove(&id);
             let why = format!("the server that asked (epoch {epoch}) {what}");
             let params = json!({"requestId": id, "reason": why});
             self.out.notify_host(envelope::notification_line(
@@ -110,8 +110,8 @@ impl Session {
                 Some(&params),
             ));
         }
-        self.child_requests.answered.clear();
-        self.child_requests.overflow_told = false;
+        self.host.server_requests.answered.clear();
+        self.host.server_requests.overflow_told = false;
         // Cancelled calls of this server get no late answer now.
         self.host.cancelled_calls.retain(|(_, e, _)| e != epoch);
         self.host.list_pages.clear();

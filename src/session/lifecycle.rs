@@ -16,8 +16,8 @@ use crate::hashing::short;
 impl Session {
     /// A burst of changes began: with no build running, build at once (see [`EarlyBuild`]).
     pub(super) fn on_sources_changing(&mut self) {
-        self.burst_open = true;
-        if self.lifecycle == Lifecycle::Stopping || self.builds != Builds::Idle {
+        self.build.burst = Burst::Open;
+        if self.lifecycle == Lifecycle::Stopping || self.build.runs != Builds::Idle {
             return;
         }
         self.request_build();
@@ -27,14 +27,14 @@ impl Session {
         if self.lifecycle == Lifecycle::Stopping {
             return;
         }
-        self.burst_open = false;
+        self.build.burst = Burst::Settled;
         self.out.verbose(StatusEvent::ChangeDetected {
             paths: paths.iter().take(3).cloned().collect(),
         });
         if self.lifecycle == Lifecycle::CrashLoop {
             self.leave_crash_loop();
         }
-        let Some(mut early) = self.early_build.take() else {
+        let Some(mut early) = self.build.early.take() else {
             return self.request_build();
         };
         // A change seen after the leading edge may have reached the build half-way.
@@ -44,15 +44,15 @@ impl Session {
             (false, None) => {}
             (false, Some(result)) => self.on_build_finished(*result),
             // Still running on files that changed under it: set aside when it ends.
-            (true, None) => self.early_build = Some(early),
+            (true, None) => self.build.early = Some(early),
             (true, Some(_)) => self.set_aside_early_build(),
         }
     }
 
     /// An early build that may have read a file mid-save is not used: build the settled files.
     fn set_aside_early_build(&mut self) {
-        self.early_build = None;
-        self.builds = Builds::Idle;
+        self.build.early = None;
+        self.build.runs = Builds::Idle;
         self.out.set_aside_build();
         self.out.verbose(StatusEvent::EarlyBuildOutdated);
         self.request_build();
@@ -60,31 +60,31 @@ impl Session {
     }
 
     pub(super) fn request_build(&mut self) {
-        match self.builds {
+        match self.build.runs {
             // Changes during a build queue exactly one follow-up build.
             Builds::Running | Builds::RunningWithFollowUp => {
-                self.builds = Builds::RunningWithFollowUp
+                self.build.runs = Builds::RunningWithFollowUp
             }
             Builds::Idle => {
                 // Any build that starts while a burst is open (at its leading edge, or a
                 // rebuild after one was set aside) waits for the burst to settle.
-                if self.burst_open {
-                    self.early_build = Some(EarlyBuild {
+                if self.build.burst == Burst::Open {
+                    self.build.early = Some(EarlyBuild {
                         stale: false,
                         held: None,
                     });
                 }
-                self.builds = Builds::Running;
+                self.build.runs = Builds::Running;
                 self.out.start_build();
             }
         }
     }
 
     pub(super) fn on_build_finished(&mut self, result: BuildResult) {
-        if let Some(early) = self.early_build.as_mut() {
+        if let Some(early) = self.build.early.as_mut() {
             if self.lifecycle == Lifecycle::Stopping {
-                self.early_build = None;
-                self.builds = Builds::Idle;
+                self.build.early = None;
+                self.build.runs = Builds::Idle;
                 return;
             }
             if early.stale {
@@ -94,8 +94,8 @@ impl Session {
             early.held = Some(Box::new(result));
             return;
         }
-        let follow_up = self.builds == Builds::RunningWithFollowUp;
-        self.builds = Builds::Idle;
+        let follow_up = self.build.runs == Builds::RunningWithFollowUp;
+        self.build.runs = Builds::Idle;
         self.server.build_finished();
         if self.lifecycle == Lifecycle::Stopping {
             return;
@@ -107,7 +107,7 @@ impl Session {
                 self.out.status(StatusEvent::BuildError {
                     message: message.clone(),
                 });
-                self.last_build = Some(line);
+                self.build.last_line = Some(line);
                 self.build_broken(message, None);
             }
             BuildResult::Failed {
@@ -119,7 +119,7 @@ impl Session {
             } => {
                 self.out
                     .status(StatusEvent::BuildReport { line: line.clone() });
-                self.last_build = Some(line);
+                self.build.last_line = Some(line);
                 self.audit_record(
                     audit::BUILD_COMPLETED,
                     epoch.as_deref(),
@@ -141,7 +141,7 @@ impl Session {
             } => {
                 self.out
                     .status(StatusEvent::BuildReport { line: line.clone() });
-                self.last_build = Some(line);
+                self.build.last_line = Some(line);
                 for w in warnings {
                     self.out.status(StatusEvent::BuildWarning { warning: w });
                 }
@@ -176,13 +176,13 @@ impl Session {
             return;
         }
         if self.cfg.fallback == Fallback::LastGood
-            && self.latest.is_none()
+            && self.build.latest.is_none()
             && let Some(record) = last_good
         {
             self.out.status(StatusEvent::RunningLastGood {
                 identity: short(&record.identity_digest).to_string(),
             });
-            self.latest = Some(record.clone());
+            self.build.latest = Some(record.clone());
             self.spawn_child(
                 record,
                 None,
@@ -198,7 +198,7 @@ impl Session {
     }
 
     fn apply_build(&mut self, record: IdentityRecord) {
-        let previous = self.latest.replace(record.clone());
+        let previous = self.build.latest.replace(record.clone());
         let running_digest = self
             .server
             .child()
@@ -248,7 +248,7 @@ impl Session {
     /// Manual mode: a newer build than the running server's waits for `cargo mcp-dev restart`.
     pub(super) fn pending_restart(&self) -> bool {
         self.cfg.restart == Restart::Manual
-            && matches!((self.server.child(), &self.latest),
+            && matches!((self.server.child(), &self.build.latest),
                 (Some(c), Some(l)) if c.record.identity_digest != l.identity_digest)
     }
 
@@ -321,7 +321,7 @@ impl Session {
         if let Some(due) = restart_due.filter(|_| !stopping) {
             self.server.schedule_restart(due);
         }
-        if self.builds != Builds::Idle && !stopping {
+        if self.build.runs != Builds::Idle && !stopping {
             // A build is under way and its result is started (a fresh copy): nothing has
             // failed for good, and held requests keep waiting for it.
             self.out.status(StatusEvent::BuildUnderWayStartsIt);
@@ -329,7 +329,7 @@ impl Session {
             self.publish();
             return;
         }
-        let may_rebuild = match &self.last_start_rebuild {
+        let may_rebuild = match &self.restarts.last_start_rebuild {
             None => true,
             Some(last) => {
                 last.identity != record.identity_digest
@@ -337,7 +337,7 @@ impl Session {
             }
         };
         if may_rebuild && !stopping {
-            self.last_start_rebuild = Some(StartRebuild {
+            self.restarts.last_start_rebuild = Some(StartRebuild {
                 identity: record.identity_digest.clone(),
                 at_ms: now,
             });
@@ -392,8 +392,8 @@ impl Session {
         fallback: Option<String>,
     ) {
         // Started: a later failure to start may have a cause a build fixes again.
-        self.last_start_rebuild = None;
-        self.last_started = Some(epoch.clone());
+        self.restarts.last_start_rebuild = None;
+        self.restarts.last_started = Some(epoch.clone());
         // A server runs (after `BuildBroken`: the last good build, by `cargo mcp-dev restart`).
         if matches!(
             self.lifecycle,
@@ -406,7 +406,7 @@ impl Session {
         let mut launch = LaunchRecord::new(&epoch, pid, &record, started_at, replaced.clone());
         launch.fallback = fallback.clone();
         self.out.record_launch(&launch);
-        self.gate.epoch_started(&epoch);
+        self.approvals.gate.epoch_started(&epoch);
         self.audit_record(audit::SERVER_STARTED, Some(&epoch), json!({
             "epoch": epoch, "pid": pid, "identityDigest": record.identity_digest,
             "executableSha256": record.executable.sha256, "argv": record.launch.argv, "label": self.label(),
@@ -448,7 +448,7 @@ impl Session {
         self.out.verbose(StatusEvent::ReplacingServer {
             why: why.to_string(),
         });
-        self.gate.server_exited(&child.epoch);
+        self.approvals.gate.server_exited(&child.epoch);
         let requests = std::mem::take(&mut child.requests);
         self.answer_in_flight(requests, &child.epoch, Some(&new_epoch), "replaced", None);
         self.withdraw_prompts_of(
@@ -474,7 +474,7 @@ impl Session {
         }
         if let Some(r) = self.server.take_replacement(epoch) {
             // Apply the newest successful build, which may be newer than the one that asked.
-            let record = self.latest.clone().unwrap_or(r.record);
+            let record = self.build.latest.clone().unwrap_or(r.record);
             self.spawn_child_as(r.new_epoch, record, Some(r.old_epoch), None);
         }
     }
@@ -511,7 +511,7 @@ impl Session {
             exit: exit.to_string(),
         });
         self.record_exit(&child, &exit.to_string(), Some(&exit));
-        self.gate.server_exited(epoch);
+        self.approvals.gate.server_exited(epoch);
         let requests = std::mem::take(&mut child.requests);
         self.answer_in_flight(requests, epoch, None, "exited", Some(&exit.to_string()));
         self.withdraw_prompts_of(
@@ -525,24 +525,25 @@ impl Session {
         match self.cfg.restart {
             Restart::Supervise => {
                 let now = self.now();
-                self.crashes.push_back(now);
+                self.restarts.crashes.push_back(now);
                 while self
+                    .restarts
                     .crashes
                     .front()
                     .is_some_and(|t| now.saturating_sub(*t) > CRASH_WINDOW_MS)
                 {
-                    self.crashes.pop_front();
+                    self.restarts.crashes.pop_front();
                 }
-                if self.crashes.len() >= CRASH_LIMIT {
+                if self.restarts.crashes.len() >= CRASH_LIMIT {
                     self.lifecycle = Lifecycle::CrashLoop;
                     self.out.status(StatusEvent::CrashLoop {
-                        exits: self.crashes.len(),
+                        exits: self.restarts.crashes.len(),
                         window_s: CRASH_WINDOW_MS / 1000,
                     });
                     self.fail_held();
                 } else {
                     let delay = Duration::from_millis(
-                        250u64 << (self.crashes.len().saturating_sub(1)).min(6),
+                        250u64 << (self.restarts.crashes.len().saturating_sub(1)).min(6),
                     );
                     let due = self.now() + delay.as_millis() as u64;
                     self.server.schedule_restart(due);
@@ -576,7 +577,7 @@ impl Session {
     /// Where a session with a server (running or on its way) is: first start if none ever
     /// served a catalog.
     pub(super) fn serving_or_first_start(&self) -> Lifecycle {
-        if self.catalog.current().is_some() {
+        if self.catalogs.history.current().is_some() {
             Lifecycle::Serving
         } else {
             Lifecycle::FirstStart
@@ -587,7 +588,7 @@ impl Session {
         let now = self.now();
         if self.server.restart_due(now)
             && !matches!(self.lifecycle, Lifecycle::Stopping | Lifecycle::CrashLoop)
-            && let Some(record) = self.latest.clone()
+            && let Some(record) = self.build.latest.clone()
         {
             self.spawn_child(record, None, None);
         }
@@ -619,9 +620,9 @@ impl Session {
     /// lets that build finish in the background for the host's retry.
     pub fn first_build_abandoned(&self) -> bool {
         // An early build whose result waits for its burst to settle is over, not running.
-        self.builds != Builds::Idle
-            && self.catalog.current().is_none()
-            && self.early_build.as_ref().is_none_or(|e| e.held.is_none())
+        self.build.runs != Builds::Idle
+            && self.catalogs.history.current().is_none()
+            && self.build.early.as_ref().is_none_or(|e| e.held.is_none())
     }
 
     pub fn shutdown(&mut self, why: &str) {
@@ -654,7 +655,7 @@ impl Session {
             };
             self.out.stop(&e, grace);
         }
-        self.gate.end_run();
+        self.approvals.gate.end_run();
         self.audit_record(
             audit::RUN_ENDED,
             None,

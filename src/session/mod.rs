@@ -85,13 +85,12 @@ mod tests_forwarding;
 mod tests_handshake;
 #[cfg(test)]
 mod tests_listen;
-use std::{collections::VecDeque, time::Duration};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use crate::approval::{self, Gate};
 use crate::audit::{self, RecordData};
-use crate::catalog::CatalogHistory;
 use crate::fingerprint::IdentityRecord;
 use crate::proxy::envelope;
 use crate::supervisor::ExitInfo;
@@ -314,55 +313,43 @@ pub use state::{
 };
 
 pub struct Session {
+    // ----- the step: what the rooms write to and read the time from (mod.rs, effect.rs) ----
     /// The effects of the step being handled.
     out: Outbox,
     /// The time of the step being handled.
     now: Now,
+    /// Where new epoch, run, grant and prompt ids come from.
     ids: IdMint,
+    // ----- fixed for the session -----------------------------------------------------------
     cfg: SessionConfig,
     agent_run: AgentRunId,
-    gate: Gate,
-    catalog: CatalogHistory,
-    lifecycle: Lifecycle,
-    builds: Builds,
-    /// The running (or finished, unused) build started at a burst's first change.
-    early_build: Option<EarlyBuild>,
-    /// A burst of source changes began and has not settled yet.
-    burst_open: bool,
-    /// The one server slot: running, being replaced, restarting, or idle.
-    server: Server,
-    /// Identity to apply when (re)starting: the newest successful build.
-    latest: Option<IdentityRecord>,
-    /// The last build asked for because a server could not start from its stored copy
-    /// (once per identity, at most once a minute).
-    last_start_rebuild: Option<StartRebuild>,
     /// Our next request id (to servers and, for the server's requests, to the host).
     next_id: u64,
-    /// Child-to-host requests: our host-facing id → (epoch, the child's own id).
-    child_requests: ServerRequests,
-    held: VecDeque<Held>,
-    /// The deadlines the one held-request timer and the one prompt timer are armed for.
-    armed: ArmedTimers,
+    // ----- each owned by one room ----------------------------------------------------------
+    /// Where the session is in its life (lifecycle.rs).
+    lifecycle: Lifecycle,
+    /// The builds room's state (lifecycle.rs).
+    build: BuildState,
+    /// The one server slot: running, being replaced, restarting, or idle (server.rs owns its
+    /// transitions; a running server's phase, tools and open requests go with it).
+    server: Server,
+    /// What happened to servers before (crashes, rebuilds to start, the last one started).
+    restarts: Restarts,
+    /// The one host connection: what it negotiated, its held requests, streams and the
+    /// server's requests open at it (host.rs, first_contact.rs, initialize.rs).
     host: HostConnection,
-    listens: Vec<Listen>,
-    known_list: Option<KnownList>,
-    /// The last `tools/list` answer the host was sent, as the server wrote it (its id): the
-    /// same answer with another id is compared, not parsed ([`Message::with_other_id`]).
-    list_answer: Option<crate::proxy::envelope::Message>,
-
-    crashes: VecDeque<u64>,
-    last_build: Option<String>,
-    exit_code: Option<i32>,
-    /// The epoch, identity and catalog of the last approval (what `approve` diffs against).
-    approved_baseline: Option<(String, IdentityRecord, Option<crate::catalog::Catalog>)>,
+    /// The catalog room's state (catalog_fetch.rs).
+    catalogs: Catalogs,
+    /// The approval rooms' state, the gate and what the host was shown among it (router.rs,
+    /// approvals*.rs, control.rs).
+    approvals: Approvals,
+    /// What real servers of this package said, kept between runs (handshake.rs,
+    /// catalog_fetch.rs).
     recorded: RecordedFacts,
-    /// The epoch of the last server this session started: once one was up, a held list is
-    /// answered from the record only if that server produced it (never an earlier build's).
-    last_started: Option<EpochId>,
-    /// Calls refused for lack of a grant, newest last (bounded: [`state::DENIED_CALLS`]).
-    denied_calls: VecDeque<DeniedCallRecord>,
-    /// Approval prompts open in the host, by request id (bounded by `cfg.max_open_prompts`).
-    prompts: std::collections::BTreeMap<String, Prompt>,
+    /// The deadlines the one held-request, prompt and server timers are armed for.
+    armed: ArmedTimers,
+    /// Set once the session decided to end; the shell exits with it.
+    exit_code: Option<i32>,
 }
 
 impl Session {
@@ -377,32 +364,18 @@ impl Session {
             ids,
             cfg,
             agent_run,
-            gate,
-            catalog: CatalogHistory::new(),
             lifecycle: Lifecycle::FirstStart,
-            builds: Builds::Idle,
-            early_build: None,
-            burst_open: false,
+            build: BuildState::default(),
+            restarts: Restarts::default(),
+            catalogs: Catalogs::default(),
+            approvals: Approvals::new(gate),
             server: Server::Idle,
-            latest: None,
-            last_start_rebuild: None,
             next_id: 1,
-            child_requests: ServerRequests::default(),
-            held: VecDeque::new(),
             armed: ArmedTimers::default(),
             host: HostConnection::default(),
-            listens: Vec::new(),
-            known_list: None,
-            list_answer: None,
 
-            crashes: VecDeque::new(),
-            last_build: None,
             exit_code: None,
-            approved_baseline: None,
             recorded,
-            last_started: None,
-            denied_calls: VecDeque::new(),
-            prompts: std::collections::BTreeMap::new(),
         }
     }
 

@@ -72,17 +72,18 @@ impl Session {
         let wall = self.now.wall_ms;
         // The tool's definition in the current catalog: the gate checks the arguments against
         // its input schema (compiled once per definition).
-        let call = self.catalog.catalog().and_then(|c| {
+        let call = self.catalogs.history.catalog().and_then(|c| {
             Some(CheckedCall {
                 arguments: arguments.map(|a| a.get()),
                 definition: c.tool(&tool)?,
                 digest: c.tool_digests().get(&tool)?,
             })
         });
-        let decision = self
-            .gate
-            .decide_call_checked(&tool, Some(&args_digest), call, wall);
-        if let Some(notices) = self.gate.take_input_notices() {
+        let decision =
+            self.approvals
+                .gate
+                .decide_call_checked(&tool, Some(&args_digest), call, wall);
+        if let Some(notices) = self.approvals.gate.take_input_notices() {
             self.tell_unchecked_schemas(notices);
         }
         match decision {
@@ -172,7 +173,11 @@ impl Session {
                     Some(c) => c.epoch.clone(),
                     _ => return, // unreachable: the gate says identity_pending without a child
                 };
-                let shown_revision = self.gate.host_shown(&tool).and_then(|s| s.revision);
+                let shown_revision = self
+                    .approvals
+                    .gate
+                    .host_shown(&tool)
+                    .and_then(|s| s.revision);
                 // Written before the call reaches the server: the shell writes the step's
                 // records before its lines, and drops the call if they cannot be written
                 // (then `Event::AuditFailed` answers it).
@@ -218,11 +223,13 @@ impl Session {
     /// Keeps a call refused for lack of a grant for `approve --call` (bounded; a call id seen
     /// again replaces its older entry).
     fn remember_denied_call(&mut self, record: DeniedCallRecord) {
-        self.denied_calls.retain(|d| d.call_id != record.call_id);
-        if self.denied_calls.len() == DENIED_CALLS {
-            self.denied_calls.pop_front();
+        self.approvals
+            .denied_calls
+            .retain(|d| d.call_id != record.call_id);
+        if self.approvals.denied_calls.len() == DENIED_CALLS {
+            self.approvals.denied_calls.pop_front();
         }
-        self.denied_calls.push_back(record);
+        self.approvals.denied_calls.push_back(record);
     }
 
     /// A `tools/call` without one tool name to judge (params not an object, `name` missing, not
@@ -309,16 +316,26 @@ impl Session {
     /// the next call of the tool is judged against it. Returns the sentence for the model.
     fn present_current_definition(&mut self, denial: &Denial, payload: &mut Value) -> String {
         let tool = denial.tool.clone();
-        let current = self.catalog.catalog().and_then(|c| c.tool(&tool)).cloned();
-        let shown = self.gate.host_shown(&tool).map(|s| s.definition.clone());
-        let revision = self.catalog.current().map(|r| r.number);
+        let current = self
+            .catalogs
+            .history
+            .catalog()
+            .and_then(|c| c.tool(&tool))
+            .cloned();
+        let shown = self
+            .approvals
+            .gate
+            .host_shown(&tool)
+            .map(|s| s.definition.clone());
+        let revision = self.catalogs.history.current().map(|r| r.number);
         let one = |t: &Option<Value>| Catalog::from_tools(t.iter().cloned().collect()).ok();
         let changes = match (one(&shown), one(&current)) {
             (Some(old), Some(new)) => catalog::diff(&old, &new).render_human(),
             _ => Vec::new(),
         };
         let digest = current.as_ref().and_then(|_| {
-            self.catalog
+            self.catalogs
+                .history
                 .catalog()
                 .and_then(|c| c.tool_digests().get(&tool).cloned())
         });
@@ -334,7 +351,8 @@ impl Session {
             "the tool's current definition is in currentDefinition: call again with arguments that match it (refetch tools/list to see every change)"
         );
         let shown_now = digest.clone().zip(current.clone());
-        self.gate
+        self.approvals
+            .gate
             .host_view_mut()
             .show_tool(&tool, shown_now, revision);
         let epoch = self.current_epoch().map(str::to_string);
@@ -368,18 +386,20 @@ impl Session {
     fn present_definition_for_arguments(&mut self, denial: &Denial, payload: &mut Value) -> String {
         let tool = denial.tool.clone();
         let current = self
-            .catalog
+            .catalogs
+            .history
             .catalog()
             .and_then(|c| Some((c.tool(&tool)?.clone(), c.tool_digests().get(&tool)?.clone())));
         let Some((def, digest)) = current else {
             return denial.human_hint(); // unreachable: the gate judged against this catalog
         };
-        let revision = self.catalog.current().map(|r| r.number);
+        let revision = self.catalogs.history.current().map(|r| r.number);
         let shown_now = self
+            .approvals
             .gate
             .host_shown(&tool)
             .is_some_and(|s| s.digest == digest);
-        let held = self.gate.host_shown(&tool);
+        let held = self.approvals.gate.host_shown(&tool);
         let base = if shown_now {
             held.and_then(|s| s.replaced.clone())
         } else {
@@ -403,7 +423,7 @@ impl Session {
             "the tool's current definition is in currentDefinition: call again with arguments that match it (refetch tools/list to see every change)"
         );
         if !shown_now {
-            self.gate.host_view_mut().show_tool(
+            self.approvals.gate.host_view_mut().show_tool(
                 &tool,
                 Some((digest.clone(), def.clone())),
                 revision,
@@ -448,7 +468,7 @@ impl Session {
     /// Once per revision: the host was told the list changed and still calls with old
     /// definitions (Claude Code before v2.1.233, Python and most TS apps never refetch).
     fn note_host_not_refetching(&mut self) {
-        let Some(revision) = self.catalog.current().map(|r| r.number) else {
+        let Some(revision) = self.catalogs.history.current().map(|r| r.number) else {
             return;
         };
         if self.host.stale_notice_revision == Some(revision) {

@@ -117,13 +117,13 @@ impl Session {
 
     pub fn snapshot(&mut self) -> StatusSnapshot {
         let updated_at = self.now.timestamp();
-        let (pending_tools, pending_scopes) = self.gate.pending_requests();
-        let policy = self.gate.policy();
+        let (pending_tools, pending_scopes) = self.approvals.gate.pending_requests();
+        let policy = self.approvals.gate.policy();
         StatusSnapshot {
             label: self.label().to_string(),
             agent_run: self.agent_run.clone(),
             supervisor_pid: self.cfg.supervisor_pid,
-            state: match self.gate.phase() {
+            state: match self.approvals.gate.phase() {
                 approval::Phase::IdentityPending => "identity-pending",
                 approval::Phase::CatalogReady => "catalog-ready",
                 approval::Phase::Ready => "ready",
@@ -151,31 +151,39 @@ impl Session {
             server_absent: (self.server.child().is_none()
                 && self.absent_why() != "no server is running")
                 .then(|| self.absent_why().to_string()),
-            latest_build: self.latest.as_ref().map(|r| r.identity_digest.clone()),
+            latest_build: self
+                .build
+                .latest
+                .as_ref()
+                .map(|r| r.identity_digest.clone()),
             pending_restart: self.pending_restart(),
-            last_build: self.last_build.clone(),
+            last_build: self.build.last_line.clone(),
             // A server whose first list failed has no catalog yet: an earlier server's is not
             // shown as if it were this one's (round 23).
             catalog: self
-                .catalog
+                .catalogs
+                .history
                 .current()
                 .cloned()
                 .filter(|_| self.catalog_is_this_servers()),
             catalog_tools: (self
-                .catalog
+                .catalogs
+                .history
                 .catalog()
                 .filter(|_| self.catalog_is_this_servers()))
             .map(|c| c.names().map(str::to_string).collect()),
-            host_catalog: self.gate.host_catalog().map(str::to_string),
+            host_catalog: self.approvals.gate.host_catalog().map(str::to_string),
             stale_tools: self
+                .approvals
                 .gate
                 .stale_tools()
                 .into_iter()
                 .take(MAX_LISTED)
                 .collect(),
-            held_requests: self.held.len(),
-            grants: self.gate.grants().to_vec(),
+            held_requests: self.host.held.len(),
+            grants: self.approvals.gate.grants().to_vec(),
             recent_denials: self
+                .approvals
                 .gate
                 .recent_denials()
                 .iter()
@@ -190,6 +198,7 @@ impl Session {
                 })
                 .collect(),
             denied_calls: self
+                .approvals
                 .denied_calls
                 .iter()
                 .rev()
@@ -215,7 +224,8 @@ impl Session {
                     .collect(),
             },
             tool_policy: self
-                .catalog
+                .catalogs
+                .history
                 .catalog()
                 .filter(|_| self.catalog_is_this_servers())
                 .map(|c| {
@@ -236,7 +246,8 @@ impl Session {
                 }),
             since_last_approval: self.since_last_approval(),
             catalog_details: (self
-                .catalog
+                .catalogs
+                .history
                 .catalog()
                 .filter(|_| self.catalog_is_this_servers()))
             .map(|c| c.tools_json()),

@@ -40,8 +40,9 @@ pub enum Lifecycle {
 }
 
 /// Builds: never two at once; a change during a build queues exactly one more.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Builds {
+    #[default]
     Idle,
     Running,
     RunningWithFollowUp,
@@ -424,6 +425,12 @@ pub struct HostInitialize {
 /// The one host connection of this run (stdin/stdout).
 #[derive(Debug, Default)]
 pub struct HostConnection {
+    /// Requests waiting for a server (bounded: [`HELD_LIMIT`]).
+    pub held: VecDeque<Held>,
+    /// The host's `subscriptions/listen` streams, carried across restarts.
+    pub listens: Vec<Listen>,
+    /// The server's requests open at the host.
+    pub server_requests: ServerRequests,
     pub era: Option<Era>,
     /// A request was refused for [`OPEN_AT_SERVER_LIMIT`] and the status line said so; cleared
     /// when a request is forwarded again (one line per overflow).
@@ -643,3 +650,74 @@ pub const DEFAULT_APPROVAL_TIMEOUT: std::time::Duration = std::time::Duration::f
 pub const DEFAULT_MAX_OPEN_PROMPTS: usize = 4;
 /// Default time a call waits for the next server during a restart.
 pub const DEFAULT_RESTART_HOLD: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The builds room's state (lifecycle.rs): never two builds at once, the early build of a
+/// burst, and the newest successful build.
+#[derive(Debug, Default)]
+pub struct BuildState {
+    pub runs: Builds,
+    /// The running (or finished, unused) build started at a burst's first change.
+    pub early: Option<EarlyBuild>,
+    /// A burst of source changes began and has not settled yet.
+    pub burst: Burst,
+    /// Identity to apply when (re)starting: the newest successful build.
+    pub latest: Option<IdentityRecord>,
+    /// The last build's status line.
+    pub last_line: Option<String>,
+}
+
+/// Whether a burst of source changes is open (began, not settled yet).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Burst {
+    #[default]
+    Settled,
+    Open,
+}
+
+/// What happened to this session's servers before (the server slot holds the present).
+#[derive(Debug, Default)]
+pub struct Restarts {
+    /// When the server exited lately (monotonic ms), for the crash loop.
+    pub crashes: VecDeque<u64>,
+    /// The last build asked for because a server could not start from its stored copy (once
+    /// per identity, at most once a minute).
+    pub last_start_rebuild: Option<StartRebuild>,
+    /// The epoch of the last server this session started: once one was up, a held list is
+    /// answered from the record only if that server produced it (never an earlier build's).
+    pub last_started: Option<EpochId>,
+}
+
+/// The catalog room's state (catalog_fetch.rs): the revisions and the byte caches of lists.
+#[derive(Debug, Default)]
+pub struct Catalogs {
+    pub history: crate::catalog::CatalogHistory,
+    /// The last whole one-page list seen, with its catalog.
+    pub known_list: Option<KnownList>,
+    /// The last `tools/list` answer the host was sent, as the server wrote it (its id): the
+    /// same answer with another id is compared, not parsed ([`Message::with_other_id`]).
+    pub list_answer: Option<Message>,
+}
+
+/// The approval rooms' state: the gate (the one judge of calls), what `approve` diffs
+/// against, calls refused for lack of a grant, and prompts open in the host.
+#[derive(Debug)]
+pub struct Approvals {
+    pub gate: crate::approval::Gate,
+    /// The epoch, identity and catalog of the last approval (what `approve` diffs against).
+    pub baseline: Option<(String, IdentityRecord, Option<crate::catalog::Catalog>)>,
+    /// Calls refused for lack of a grant, newest last (bounded: [`DENIED_CALLS`]).
+    pub denied_calls: VecDeque<DeniedCallRecord>,
+    /// Approval prompts open in the host, by request id (bounded by `max_open_prompts`).
+    pub prompts: std::collections::BTreeMap<String, Prompt>,
+}
+
+impl Approvals {
+    pub fn new(gate: crate::approval::Gate) -> Approvals {
+        Approvals {
+            gate,
+            baseline: None,
+            denied_calls: VecDeque::new(),
+            prompts: std::collections::BTreeMap::new(),
+        }
+    }
+}

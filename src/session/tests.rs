@@ -755,7 +755,7 @@ fn restart_says_what_happened_when_the_server_cannot_start() {
     assert_eq!(answer["result"], json!({"building": true}), "{answer}");
     assert_eq!(h.io().builds_started, builds, "no second build");
     assert_eq!(
-        h.s.builds,
+        h.s.build.runs,
         Builds::Running,
         "the build under way is enough: no follow-up"
     );
@@ -1397,7 +1397,7 @@ fn many_held_requests_cost_one_timer() {
     assert_eq!(held_timers, 1, "one timer for every held request");
     h.advance(DEFAULT_FIRST_START_BUDGET.as_millis() as u64 + 300);
     assert!(
-        h.s.held.is_empty(),
+        h.s.host.held.is_empty(),
         "every held request answered when its time came"
     );
 }
@@ -1407,12 +1407,15 @@ fn repeated_host_lists_reuse_the_known_catalog_and_new_bytes_are_digested_again(
     let mut h = Harness::ungated(|_| {});
     h.connect_legacy();
     h.build(complete("a"));
-    let current = h.s.catalog.current().map(|r| r.digest.clone());
+    let current = h.s.catalogs.history.current().map(|r| r.digest.clone());
     let mut published = Vec::new();
     for _ in 0..3 {
         let l = h.request("tools/list", json!({}));
         assert!(h.answer(&l).is_some());
-        assert_eq!(h.s.gate.host_catalog().map(str::to_string), current);
+        assert_eq!(
+            h.s.approvals.gate.host_catalog().map(str::to_string),
+            current
+        );
         published.push(h.io().published);
     }
     assert_eq!(
@@ -1424,7 +1427,7 @@ fn repeated_host_lists_reuse_the_known_catalog_and_new_bytes_are_digested_again(
     h.tools.push(tool("added", 1));
     let l = h.request("tools/list", json!({}));
     assert_eq!(Harness::names(&h.answer(&l).unwrap()).len(), 3);
-    let shown = h.s.gate.host_catalog().map(str::to_string);
+    let shown = h.s.approvals.gate.host_catalog().map(str::to_string);
     assert_ne!(shown, current, "the host's view follows what it was shown");
     assert!(h.io().published > published[0]);
     // Every presentation is still recorded.
@@ -1822,15 +1825,15 @@ proptest! {
             if h.s.exit_code().is_some() { break; }
             // Requests held when a build result arrives: a server is started for them, or they
             // are answered.
-            let held_before_build = matches!(step, ModeStep::BuildOk(_)) && !h.s.held.is_empty()
-                && h.s.builds != Builds::Idle && h.s.early_build.is_none();
+            let held_before_build = matches!(step, ModeStep::BuildOk(_)) && !h.s.host.held.is_empty()
+                && h.s.build.runs != Builds::Idle && h.s.build.early.is_none();
             match step {
                 ModeStep::Init => { requests.push(h.initialize(V)); h.initialized(); }
                 ModeStep::List => requests.push(send_unserved(&mut h, "tools/list")),
                 ModeStep::Other => requests.push(send_unserved(&mut h, "resources/list")),
                 ModeStep::Call => requests.push(h.call("list_items")),
-                ModeStep::BuildOk(_) | ModeStep::BuildFail(_) if h.s.builds == Builds::Idle
-                    || h.s.early_build.as_ref().is_some_and(|e| e.held.is_some()) => {}
+                ModeStep::BuildOk(_) | ModeStep::BuildFail(_) if h.s.build.runs == Builds::Idle
+                    || h.s.build.early.as_ref().is_some_and(|e| e.held.is_some()) => {}
                 ModeStep::BuildOk(n) => deliver_maybe_served(&mut h, serve, Event::BuildFinished(Box::new(complete(&format!("e{n}"))))),
                 ModeStep::BuildFail(good) => deliver_maybe_served(&mut h, serve, Event::BuildFinished(Box::new(failed(good.then_some("e0"))))),
                 ModeStep::ChildExit => if let Some(epoch) = h.current_epoch() {
@@ -1849,23 +1852,23 @@ proptest! {
                     }
                 }
                 ModeStep::SpawnFails(f) => h.io().spawn_error = f.then(|| "executable missing".to_string()),
-                ModeStep::Changing => if !h.s.burst_open { deliver_maybe_served(&mut h, serve, Event::SourcesChanging) },
+                ModeStep::Changing => if h.s.build.burst == Burst::Settled { deliver_maybe_served(&mut h, serve, Event::SourcesChanging) },
                 ModeStep::Changed(after) => {
-                    let after = after && h.s.burst_open;
+                    let after = after && h.s.build.burst == Burst::Open;
                     deliver_maybe_served(&mut h, serve, Event::SourcesChanged {
                         paths: vec!["src/main.rs".into()], changed_after_leading_edge: after });
                 }
                 ModeStep::Serve => { serve = !serve; h.serve(); }
             }
             if h.s.exit_code().is_some() { break; }
-            if held_before_build && h.s.builds == Builds::Idle && h.s.early_build.is_none() {
-                prop_assert!(h.s.server.runs_or_restarts() || h.s.held.is_empty(),
+            if held_before_build && h.s.build.runs == Builds::Idle && h.s.build.early.is_none() {
+                prop_assert!(h.s.server.runs_or_restarts() || h.s.host.held.is_empty(),
                     "a build finished while requests waited for it, and no server was started (lifecycle {:?})", h.s.lifecycle);
             }
             // A request is held only while the state allows holding one.
-            if !h.s.held.is_empty() {
+            if !h.s.host.held.is_empty() {
                 prop_assert!(h.s.hold_budget().is_some(), "{} request(s) held in a state that holds none (lifecycle {:?}, mode {:?})",
-                    h.s.held.len(), h.s.lifecycle, h.s.cfg.restart);
+                    h.s.host.held.len(), h.s.lifecycle, h.s.cfg.restart);
             }
             // At most one live server process, and it is the session's child.
             let io = &h.io;
@@ -1877,13 +1880,13 @@ proptest! {
                 prop_assert_eq!(Some(e), child.as_ref(), "a live server that is not the session's child");
             }
             // Every held request has an armed deadline.
-            if !h.s.held.is_empty() {
+            if !h.s.host.held.is_empty() {
                 let armed = h.io.timers.iter().any(|(_, t)| matches!(t, Timer::HeldDeadline));
                 prop_assert!(armed, "held requests with no deadline timer");
                 // ... and waits for something on its way.
-                let on_its_way = h.s.server.runs_or_restarts() || h.s.builds != Builds::Idle;
+                let on_its_way = h.s.server.runs_or_restarts() || h.s.build.runs != Builds::Idle;
                 prop_assert!(on_its_way, "{} request(s) held with no server, build or restart on its way (lifecycle {:?}, mode {:?})",
-                    h.s.held.len(), h.s.lifecycle, h.s.cfg.restart);
+                    h.s.host.held.len(), h.s.lifecycle, h.s.cfg.restart);
             }
         }
         h.handle(Event::HostEof);
@@ -1976,7 +1979,7 @@ fn a_fix_built_during_the_crash_loop_is_started() {
     h.build(complete("a"));
     // The developer saves a fix; its build starts.
     save(&mut h);
-    assert_ne!(h.s.builds, Builds::Idle);
+    assert_ne!(h.s.build.runs, Builds::Idle);
     crash_until_the_loop(&mut h);
     assert_eq!(h.s.lifecycle(), &Lifecycle::CrashLoop);
     let spawned = h.io().spawned.len();
@@ -2144,7 +2147,7 @@ fn approval_deadline_timers_are_bounded_like_the_prompts() {
         h.host(json!({"jsonrpc": "2.0", "id": prompt["id"], "result": {"action": "decline"}}));
         assert!(h.answer(&call).is_some(), "declined: the call is refused");
     }
-    let open = h.s.prompts.len();
+    let open = h.s.approvals.prompts.len();
     let armed = h
         .io()
         .timers
@@ -2186,7 +2189,7 @@ fn a_reused_listen_id_does_not_open_unbounded_server_streams() {
     assert!(
         at_server <= LISTEN_LIMIT && grown <= LISTEN_LIMIT,
         "{at_server} listen streams opened at the server and {grown} pending entries for one host stream id (limit {LISTEN_LIMIT}); {} listens counted",
-        h.s.listens.len()
+        h.s.host.listens.len()
     );
 }
 
@@ -2248,7 +2251,7 @@ fn held_listens_with_one_id_open_one_server_stream() {
     assert!(
         at_server == 1,
         "one host stream id \"L\" opened {at_server} streams at the server ({refused} refused, {} listens counted)",
-        h.s.listens.len()
+        h.s.host.listens.len()
     );
     assert_eq!(refused, 2, "the reused ids are refused at once");
 }

@@ -128,7 +128,7 @@ fn denied_calls_are_bounded() {
     for i in 0..(state::DENIED_CALLS + 5) {
         h.call_with("write_item", json!({"i": i}));
     }
-    assert_eq!(h.s.denied_calls.len(), state::DENIED_CALLS);
+    assert_eq!(h.s.approvals.denied_calls.len(), state::DENIED_CALLS);
     let big = "x".repeat(state::ARGUMENTS_PREVIEW * 2);
     let id = h.call_with("write_item", json!({"big": big}));
     let shown = h.control(json!({"op": "deniedCall", "callId": id.to_string()}));
@@ -348,7 +348,7 @@ fn a_prompt_times_out_and_a_late_answer_grants_nothing() {
     assert_told_declined(&a);
     answer_prompt(&mut h, &pid, accept("tool"));
     assert!(grants(&mut h).is_empty());
-    assert!(h.s.prompts.is_empty());
+    assert!(h.s.approvals.prompts.is_empty());
 }
 
 #[test]
@@ -385,7 +385,7 @@ fn a_rebuild_during_the_prompt_voids_the_answer() {
         "{text}"
     );
     assert!(!text.contains("cargo mcp-dev approve"), "{text}");
-    assert!(h.s.prompts.is_empty());
+    assert!(h.s.approvals.prompts.is_empty());
     // The host's answer that still comes finds no open prompt: nothing is granted, and the
     // call is not answered twice (`answer` checks).
     answer_prompt(&mut h, &pid, accept("tool"));
@@ -442,7 +442,7 @@ fn a_server_exit_during_the_prompt_withdraws_it() {
     );
     answer_prompt(&mut h, &pid, accept("tool"));
     assert!(grants(&mut h).is_empty());
-    assert!(h.s.prompts.is_empty(), "nothing stays open");
+    assert!(h.s.approvals.prompts.is_empty(), "nothing stays open");
 }
 
 #[test]
@@ -529,7 +529,7 @@ fn open_prompts_are_bounded_and_a_cancelled_call_closes_its_prompt() {
     h.host(
         json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": c1}}),
     );
-    assert_eq!(h.s.prompts.len(), 1);
+    assert_eq!(h.s.approvals.prompts.len(), 1);
     answer_prompt(&mut h, &p1, accept("tool"));
     assert!(grants(&mut h).is_empty());
     // Shutdown answers the call still waiting.

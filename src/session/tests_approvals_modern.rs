@@ -201,7 +201,7 @@ fn a_modern_host_without_elicitation_gets_the_terminal_channel() {
         Harness::tool_error(&a).as_deref(),
         Some("authorization_required")
     );
-    assert!(h.s.prompts.is_empty());
+    assert!(h.s.approvals.prompts.is_empty());
 }
 
 // ----- property test: forged, replayed and mismatched retries never grant --------------------

@@ -327,7 +327,7 @@ fn a_call_cancelled_while_its_host_prompt_is_open_is_recorded() {
         json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
                   "params": {"requestId": call}}),
     );
-    assert!(h.s.prompts.is_empty(), "the prompt is closed");
+    assert!(h.s.approvals.prompts.is_empty(), "the prompt is closed");
     let recs = records_of_call(&mut h, &call.to_string());
     assert!(
         !recs.is_empty(),
@@ -388,7 +388,7 @@ fn a_modern_call_answered_with_the_form_and_never_retried_is_recorded() {
             .starts_with(PROMPT_ID_PREFIX)
     );
     h.advance(60_000);
-    assert!(h.s.prompts.is_empty(), "expired");
+    assert!(h.s.approvals.prompts.is_empty(), "expired");
     let recs = records_of_call(&mut h, &call.to_string());
     assert!(
         recs.iter().any(|(k, _)| k == audit::AUTHORIZATION_DENIED),

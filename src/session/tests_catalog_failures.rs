@@ -12,7 +12,7 @@ fn refresh(h: &mut Harness) -> (String, Value) {
     h.connect_legacy();
     h.build(complete("a"));
     let epoch = h.current_epoch().unwrap();
-    assert_eq!(h.s.catalog.current().unwrap().number, 1);
+    assert_eq!(h.s.catalogs.history.current().unwrap().number, 1);
     from_child(h, &epoch, list_changed());
     let page = next_to_child(h);
     assert_eq!(page["method"], json!("tools/list"));
@@ -21,7 +21,7 @@ fn refresh(h: &mut Harness) -> (String, Value) {
 
 /// Tools of the supervisor's current catalog.
 fn current_tools(h: &Harness) -> usize {
-    h.s.catalog.catalog().map(|c| c.len()).unwrap_or(0)
+    h.s.catalogs.history.catalog().map(|c| c.len()).unwrap_or(0)
 }
 
 /// A refresh in the same epoch (after `list_changed`) whose first page answers with an error
@@ -314,7 +314,7 @@ fn a_call_held_by_an_unanswered_refresh_reaches_the_server_after_its_hold() {
         &epoch,
         json!({"jsonrpc": "2.0", "id": refresh["id"], "result": {"tools": tools}}),
     );
-    assert_eq!(h.s.catalog.catalog().map(|c| c.len()), Some(3));
+    assert_eq!(h.s.catalogs.history.catalog().map(|c| c.len()), Some(3));
 }
 
 /// The first server never answers the supervisor's first `tools/list`: requests that do not
@@ -391,5 +391,5 @@ fn a_paged_fetch_arms_one_deadline_timer() {
             .child()
             .is_some_and(|c| c.phase.name() == "Ready")
     );
-    assert_eq!(h.s.catalog.catalog().map(|c| c.len()), Some(50));
+    assert_eq!(h.s.catalogs.history.catalog().map(|c| c.len()), Some(50));
 }

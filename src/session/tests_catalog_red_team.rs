@@ -62,7 +62,7 @@ fn two_host_lists_in_flight_are_not_merged_into_a_catalog_nobody_served() {
     h.connect_legacy();
     h.build(complete("a"));
     let epoch = h.current_epoch().unwrap();
-    let current = h.s.catalog.current().unwrap().digest.clone();
+    let current = h.s.catalogs.history.current().unwrap().digest.clone();
     host_raw(
         &mut h,
         json!({"jsonrpc": "2.0", "id": 100, "method": "tools/list", "params": {}}),
@@ -96,7 +96,7 @@ fn two_host_lists_in_flight_are_not_merged_into_a_catalog_nobody_served() {
         (json!(2), json!(current)),
         "recorded as shown to the host: {last}"
     );
-    assert_eq!(h.s.gate.host_catalog(), Some(current.as_str()));
+    assert_eq!(h.s.approvals.gate.host_catalog(), Some(current.as_str()));
 }
 
 /// A server whose cursor never ends, with a host that keeps following it: every page the host
@@ -188,7 +188,7 @@ fn an_error_on_a_later_page_keeps_the_catalog() {
     h.connect_legacy();
     h.build(complete("a"));
     let epoch = h.current_epoch().unwrap();
-    let before = h.s.catalog.current().unwrap().clone();
+    let before = h.s.catalogs.history.current().unwrap().clone();
     let list = h.request("tools/list", json!({}));
     assert!(h.answer(&list).is_some());
     let notes = h.host_notes("notifications/tools/list_changed");
@@ -209,7 +209,8 @@ fn an_error_on_a_later_page_keeps_the_catalog() {
                "error": {"code": -32602, "message": "cursor expired"}}),
     );
     let names: Vec<String> =
-        h.s.catalog
+        h.s.catalogs
+            .history
             .catalog()
             .unwrap()
             .names()
@@ -310,7 +311,8 @@ fn an_error_on_a_later_page_of_the_first_fetch_keeps_the_pages_fetched() {
                "error": {"code": -32602, "message": "cursor expired"}}),
     );
     let names: Vec<String> =
-        h.s.catalog
+        h.s.catalogs
+            .history
             .catalog()
             .unwrap()
             .names()
@@ -344,10 +346,10 @@ fn a_last_page_without_its_first_is_not_recorded_as_a_whole_catalog() {
     h.connect_legacy();
     h.build(complete("a"));
     let epoch = h.current_epoch().unwrap();
-    let current = h.s.catalog.current().unwrap().digest.clone();
+    let current = h.s.catalogs.history.current().unwrap().digest.clone();
     let list = h.request("tools/list", json!({}));
     assert!(h.answer(&list).is_some());
-    assert_eq!(h.s.gate.host_catalog(), Some(current.as_str()));
+    assert_eq!(h.s.approvals.gate.host_catalog(), Some(current.as_str()));
     let presented = h.audit_kinds(audit::CATALOG_PRESENTED).len();
 
     host_raw(
@@ -368,7 +370,7 @@ fn a_last_page_without_its_first_is_not_recorded_as_a_whole_catalog() {
         "a page 2 recorded as the whole catalog shown: {:?}",
         now.last()
     );
-    assert_eq!(h.s.gate.host_catalog(), Some(current.as_str()));
+    assert_eq!(h.s.approvals.gate.host_catalog(), Some(current.as_str()));
 }
 
 /// `list_starts` kept the newest 64 first-page requests (now `list_requests`, all lists). A host with 65 `tools/list` in flight
@@ -383,8 +385,8 @@ fn a_list_request_no_longer_kept_is_not_merged_into_another_listing() {
     h.connect_legacy();
     h.build(complete("a"));
     let epoch = h.current_epoch().unwrap();
-    let current = h.s.catalog.current().unwrap().digest.clone();
-    let before = h.s.gate.host_catalog().map(str::to_string);
+    let current = h.s.catalogs.history.current().unwrap().digest.clone();
+    let before = h.s.approvals.gate.host_catalog().map(str::to_string);
     let mut ours = Vec::new();
     for i in 0..=LIST_REQUESTS_KEPT {
         host_raw(
@@ -405,7 +407,7 @@ fn a_list_request_no_longer_kept_is_not_merged_into_another_listing() {
         &epoch,
         json!({"jsonrpc": "2.0", "id": ours[0], "result": {"tools": tools}}),
     );
-    let shown = h.s.gate.host_catalog().map(str::to_string);
+    let shown = h.s.approvals.gate.host_catalog().map(str::to_string);
     assert!(
         shown == before || shown.as_deref() == Some(current.as_str()),
         "the host is recorded as holding a catalog nobody served: {:?}",
@@ -442,7 +444,7 @@ fn a_list_changed_before_a_first_page_error_is_fetched() {
     assert!(
         refetch,
         "the list_changed announced during the fetch was dropped; catalog now: {:?}",
-        h.s.catalog.catalog().map(|c| c.names().count())
+        h.s.catalogs.history.catalog().map(|c| c.names().count())
     );
 }
 

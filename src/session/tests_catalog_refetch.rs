@@ -48,7 +48,8 @@ fn a_host_shown_a_newer_list_during_a_refresh_gets_it_fetched_again() {
         None,
         "the host called a tool the server listed to it moments ago and was refused with the \
          catalog of the given-up refresh (catalog tools: {:?}): {answer}",
-        h.s.catalog
+        h.s.catalogs
+            .history
             .catalog()
             .map(|c| c.names().map(str::to_string).collect::<Vec<_>>())
     );
@@ -137,7 +138,7 @@ fn a_list_that_differs_each_time_does_not_loop_host_and_supervisor() {
     let mut lists = 100;
     let mut told = h.host_notes("notifications/tools/list_changed");
     let mut rounds = 0;
-    let revisions_before = h.s.catalog.current().unwrap().number;
+    let revisions_before = h.s.catalogs.history.current().unwrap().number;
     // The host lists once, then again whenever told; 20 rounds at most here.
     for _ in 0..20 {
         let id = json!(format!("list-{rounds}"));
@@ -153,7 +154,7 @@ fn a_list_that_differs_each_time_does_not_loop_host_and_supervisor() {
         }
         told = now;
     }
-    let revisions = h.s.catalog.current().unwrap().number - revisions_before;
+    let revisions = h.s.catalogs.history.current().unwrap().number - revisions_before;
     assert!(
         rounds < 5,
         "the host listed {rounds} times, each time told list_changed again by the supervisor \
@@ -195,7 +196,8 @@ fn a_change_announced_while_a_call_waited_is_not_forgotten() {
         h.host_notes("notifications/tools/list_changed") > told_before,
         "the server said list_changed and listed a new tool; the host was never told (catalog \
          tools: {:?}; status: {:?})",
-        h.s.catalog
+        h.s.catalogs
+            .history
             .catalog()
             .map(|c| c.names().map(str::to_string).collect::<Vec<_>>()),
         h.io().status

@@ -124,7 +124,7 @@ fn a_catalog_short_of_a_failed_page_is_fetched_again_when_the_host_lists() {
     server.serve(&mut h);
     assert!(h.s.child_ready());
     assert_eq!(
-        h.s.catalog.catalog().map(|c| c.len()),
+        h.s.catalogs.history.catalog().map(|c| c.len()),
         Some(1),
         "page 1 only"
     );
@@ -139,7 +139,8 @@ fn a_catalog_short_of_a_failed_page_is_fetched_again_when_the_host_lists() {
         None,
         "the server listed write_item to the host; the supervisor never fetched again after a \
          transient page error (catalog: {:?}): {answer}",
-        h.s.catalog
+        h.s.catalogs
+            .history
             .catalog()
             .map(|c| c.names().map(str::to_string).collect::<Vec<_>>())
     );
@@ -171,7 +172,8 @@ fn a_method_not_found_first_list_is_fetched_again_when_the_host_lists() {
         None,
         "the host was just shown list_items by the server; the call is refused (catalog: {:?}, \
          server saw: {:?}): {answer}",
-        h.s.catalog
+        h.s.catalogs
+            .history
             .catalog()
             .map(|c| c.names().map(str::to_string).collect::<Vec<_>>()),
         h.server_saw
@@ -215,7 +217,7 @@ fn rebuild_with_unknown_tools(h: &mut Harness, old: &str) -> String {
     let (new, _) = h.rebuild_until_first_list("b", old);
     h.advance(budget_ms() + 1);
     assert!(h.s.child_ready());
-    assert_eq!(h.s.gate.phase(), approval::Phase::IdentityPending);
+    assert_eq!(h.s.approvals.gate.phase(), approval::Phase::IdentityPending);
     new
 }
 
@@ -255,7 +257,7 @@ fn a_host_listing_while_tools_are_unknown_goes_to_the_server() {
         json!({"jsonrpc": "2.0", "id": fetch["id"], "result": {"tools": tools}}),
     );
     h.serve(); // the listing during the fetch asked for it again
-    assert_eq!(h.s.catalog.catalog().map(|c| c.len()), Some(3));
+    assert_eq!(h.s.catalogs.history.catalog().map(|c| c.len()), Some(3));
     let told = h.host_notes("notifications/tools/list_changed") - told_before;
     assert!(
         shown.len() == 3 || told > 0,
@@ -293,7 +295,8 @@ fn an_invalid_first_list_leaves_the_tools_unknown() {
         told == 0 && Harness::tool_error(&answer).is_none(),
         "b never said it has no tools: list_changed told {told} time(s); after the host listed \
          b's two tools, the call is answered {answer} (catalog: {:?})",
-        h.s.catalog
+        h.s.catalogs
+            .history
             .catalog()
             .map(|c| c.names().map(str::to_string).collect::<Vec<_>>())
     );
@@ -372,14 +375,14 @@ fn a_call_started_fetch_after_a_failed_quiet_fetch_tells_the_host() {
         json!({"jsonrpc": "2.0", "id": fetch["id"], "error": {"code": -32603, "message": "busy"}}),
     );
     assert!(h.s.child_ready());
-    assert_eq!(h.s.gate.phase(), approval::Phase::IdentityPending);
+    assert_eq!(h.s.approvals.gate.phase(), approval::Phase::IdentityPending);
     // b gains a tool, says nothing; later a call asks for its list.
     h.tools.push(tool("delete_item", 1));
     h.advance(20_000);
     let told_before = h.host_notes("notifications/tools/list_changed");
     let c = h.call("list_items");
     assert_eq!(Harness::tool_error(&h.answer(&c).unwrap()), None);
-    assert_eq!(h.s.catalog.catalog().map(|c| c.len()), Some(3));
+    assert_eq!(h.s.catalogs.history.catalog().map(|c| c.len()), Some(3));
     let told = h.host_notes("notifications/tools/list_changed") - told_before;
     assert!(
         told > 0,
@@ -408,7 +411,7 @@ fn a_whole_list_of_exactly_the_page_bound_is_not_cut() {
     server.serve(&mut h);
     assert!(h.s.child_ready());
     assert_eq!(
-        h.s.catalog.catalog().map(|c| c.len()),
+        h.s.catalogs.history.catalog().map(|c| c.len()),
         Some(MAX_CATALOG_PAGES)
     );
     assert!(
@@ -455,7 +458,7 @@ fn a_modern_call_with_a_request_state_argument_asks_for_unknown_tools() {
     h.serve();
     h.tools = good;
     assert!(h.s.child_ready());
-    assert_eq!(h.s.gate.phase(), approval::Phase::IdentityPending);
+    assert_eq!(h.s.approvals.gate.phase(), approval::Phase::IdentityPending);
     h.advance(20_000);
     let lists_before = h.server_saw.iter().filter(|m| *m == "tools/list").count();
     let c = h.request(
@@ -488,7 +491,7 @@ fn status_since_last_approval_gives_no_catalog_diff_while_tools_are_unknown() {
     h.tools.push(tool("delete_item", 1));
     from_child(&mut h, &a, list_changed());
     h.serve();
-    assert_eq!(h.s.catalog.catalog().map(|c| c.len()), Some(3));
+    assert_eq!(h.s.catalogs.history.catalog().map(|c| c.len()), Some(3));
     rebuild_with_unknown_tools(&mut h, &a);
     let st = h.s.status_json();
     assert!(st["catalog"].is_null());

@@ -66,7 +66,10 @@ fn an_unreadable_later_page_is_not_recorded_as_an_empty_catalog() {
         "a fetch cut short by an unreadable page is recorded as the server's whole list"
     );
     assert!(
-        h.s.catalog.current().is_some_and(|c| c.number == 1),
+        h.s.catalogs
+            .history
+            .current()
+            .is_some_and(|c| c.number == 1),
         "the page fetched still gates calls"
     );
 }
@@ -82,7 +85,7 @@ fn an_unreadable_page_in_a_refresh_keeps_the_catalog() {
     h.connect_legacy();
     h.build(complete("a"));
     let epoch = h.current_epoch().unwrap();
-    let before = h.s.catalog.current().unwrap().digest.clone();
+    let before = h.s.catalogs.history.current().unwrap().digest.clone();
     let recorded = h.s.recorded.catalog.clone();
     assert!(recorded.is_some());
     from_child(
@@ -98,7 +101,7 @@ fn an_unreadable_page_in_a_refresh_keeps_the_catalog() {
     );
     assert_eq!(h.s.server.child().unwrap().phase.name(), "Ready");
     assert_eq!(
-        h.s.catalog.current().unwrap().digest,
+        h.s.catalogs.history.current().unwrap().digest,
         before,
         "an unreadable refresh emptied the catalog"
     );

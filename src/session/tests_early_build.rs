@@ -16,7 +16,10 @@ fn serving() -> Harness {
 }
 
 fn latest_exe(h: &Harness) -> Option<String> {
-    h.s.latest.as_ref().map(|r| r.executable.sha256.clone())
+    h.s.build
+        .latest
+        .as_ref()
+        .map(|r| r.executable.sha256.clone())
 }
 
 fn settle(h: &mut Harness, changed_after_leading_edge: bool) {
@@ -193,8 +196,8 @@ proptest! {
             note(&mut h, &mut used);
         }
         prop_assert_eq!(finished, h.io().builds_started - base, "builds kept starting");
-        prop_assert_eq!(h.s.builds, Builds::Idle);
-        prop_assert!(h.s.early_build.is_none());
+        prop_assert_eq!(h.s.build.runs, Builds::Idle);
+        prop_assert!(h.s.build.early.is_none());
         for exe in &used {
             prop_assert!(!stale.contains(exe), "{} was used though its burst changed after it began", exe);
         }

@@ -334,7 +334,7 @@ fn a_second_server_overflow_after_its_own_cancels_is_told() {
                    "params": {"requestId": i}}),
         );
     }
-    assert!(h.s.child_requests.open.is_empty());
+    assert!(h.s.host.server_requests.open.is_empty());
     flood(&mut h, 1_000_000);
     assert_eq!(
         told(&mut h),

@@ -193,7 +193,7 @@ fn a_stream_without_tool_changes_gets_the_servers_refusal() {
     let a = h.answer(&l).expect("the server's answer");
     assert_eq!(a["error"]["code"], json!(-32601));
     assert_eq!(notes(&mut h, ACK).len(), 0);
-    assert!(h.s.listens.is_empty());
+    assert!(h.s.host.listens.is_empty());
 }
 
 #[test]
@@ -217,7 +217,7 @@ fn listen_streams_are_bounded_and_ids_unique() {
             listen_params(json!({"toolsListChanged": true})),
         );
     }
-    assert_eq!(h.s.listens.len(), LISTEN_LIMIT);
+    assert_eq!(h.s.host.listens.len(), LISTEN_LIMIT);
     let over = h.request(
         "subscriptions/listen",
         listen_params(json!({"toolsListChanged": true})),
@@ -230,7 +230,7 @@ fn listen_streams_are_bounded_and_ids_unique() {
             .unwrap()
             .contains("subscriptions/listen")
     );
-    assert_eq!(h.s.listens.len(), LISTEN_LIMIT);
+    assert_eq!(h.s.host.listens.len(), LISTEN_LIMIT);
 }
 
 /// A modern host's stream asks for tool and prompt changes; the first server honours prompts
