@@ -12,15 +12,15 @@
 //! BENCH_CASE=echo|write_item` runs one variant of one case alone: the difference of two runs'
 //! instruction counts (two values of N) over the difference of N is the cost of one decision.
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::Instant;
 
-use cargo_mcp_dev::approval::{CheckedCall, Gate, Gating, Policy};
-use cargo_mcp_dev::catalog::CatalogRevision;
+use cargo_mcp_dev::policy::approval::{CheckedCall, Gate, Gating, Policy};
+use cargo_mcp_dev::policy::catalog::CatalogRevision;
 use serde_json::{Value, json};
 
 fn gate(tool: &str) -> Gate {

@@ -1,7 +1,7 @@
 //! Identity benchmarks (issue 2, "Performance"). Figures are written down in
 //! `bench-results/identity.md`; this program only measures and prints, it asserts nothing.
 //!
-//! (a) SHA-256 throughput of `cargo_mcp_dev::hashing::sha256_file` on a 256 MiB file against
+//! (a) SHA-256 throughput of `cargo_mcp_dev::base::hashing::sha256_file` on a 256 MiB file against
 //!     `openssl dgst -sha256` on the same file in the same run (best of 5 each, page cache warm).
 //! (b) Identity capture overhead: on an unchanged project whose debug binary is ~50 MB, the median
 //!     wall time of `cargo-mcp-dev build` minus the median of cargo's own no-op `cargo build`
@@ -19,7 +19,7 @@
 //!   (`cp -a`) to `$BENCH_WORK/target` the first time so the dependencies are not rebuilt
 //! - `BENCH_RUNS=10`
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 use std::io::Write;
@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cargo_mcp_dev::hashing;
+use cargo_mcp_dev::base::hashing;
 
 fn main() {
     let parts = std::env::var("BENCH_PARTS").unwrap_or_else(|_| "hash,overhead".into());
@@ -290,8 +290,9 @@ fn overhead_breakdown(
     mcp_dev: &Path,
 ) {
     let cargo = std::env::var_os("CARGO").map(PathBuf::from);
-    let rustc =
-        cargo_mcp_dev::workspace::find_rustc(cargo.as_deref().unwrap_or(Path::new("cargo")));
+    let rustc = cargo_mcp_dev::identity::workspace::find_rustc(
+        cargo.as_deref().unwrap_or(Path::new("cargo")),
+    );
     let time = |f: &mut dyn FnMut()| {
         let mut v = Vec::with_capacity(runs);
         for _ in 0..runs {
@@ -312,7 +313,7 @@ fn overhead_breakdown(
         .prefix("bench-store-")
         .tempdir_in(target.join("mcp-dev"))
         .expect("bench store dir");
-    let store = cargo_mcp_dev::store::Store::new(store_dir.path());
+    let store = cargo_mcp_dev::identity::store::Store::new(store_dir.path());
     assert!(store.capture(exe).expect("capture").newly_stored);
     let capture_existing = time(&mut || {
         let s = store.capture(exe).expect("capture");

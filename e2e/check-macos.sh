@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # macOS must not be precluded (Linux is the first platform): the crate, its tests and benches
 # type-check and pass clippy for x86_64-apple-darwin. Nothing is linked or run (no macOS SDK
-# here); what this catches is Linux-only code outside the `src/sys` seams. Installs the target's
+# here); what this catches is Linux-only code outside the `src/base/sys` seams. Installs the target's
 # standard library with rustup when it is missing (once; instant after). Without rustup (a
 # distribution's cargo), or with MCP_DEV_SKIP_MACOS_CHECK=1, it says so and skips.
 set -euo pipefail

@@ -2,7 +2,7 @@
 //! waiting for a grant with its arguments and grants it with one key; without a terminal it
 //! refuses. Also what `approve --list` prints of server-chosen tool names.
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 mod common;

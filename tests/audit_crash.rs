@@ -7,7 +7,7 @@
 //! incomplete line after its last whole record, which `audit verify` names without failing and
 //! the next `run` moves aside (a `torn_tail_set_aside` record) before continuing the chain.
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 mod common;

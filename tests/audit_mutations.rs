@@ -2,7 +2,7 @@
 //! failure must name the first bad line. Uses only the public `cargo_mcp_dev::audit` API and a
 //! key store in a temporary directory (never the process environment: tests run in parallel).
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 use cargo_mcp_dev::audit::{

@@ -5,7 +5,7 @@
 //! log, a log that appears later, a path that becomes a directory, a symbolic link).
 //! `audit::follow`'s own tests cover the records a lagging follower never read.
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 use cargo_mcp_dev::audit::follow::{Followed, Follower};

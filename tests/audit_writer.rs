@@ -6,7 +6,7 @@
 //! The other process is this test binary run again with `AUDIT_WRITER_CHILD` set (see
 //! [`child`]): real files, real processes, a real `SIGKILL`.
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 use cargo_mcp_dev::audit::{

@@ -1,7 +1,7 @@
 //! `--help` is a guide on its own: `run --help` grouped as cargo groups its help, one text for
 //! `--message-format` everywhere, and the top-level help pointing to the documentation by path.
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 use std::process::Command;

@@ -4,7 +4,7 @@
 //! Server tool names reach `--json` output escaped, an endless answer is given up on, idle
 //! connections are capped, and a key typed ahead never decides a call the human has not seen.
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -332,7 +332,7 @@ fn idle_control_connections_are_capped() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("run/x.sock");
     let (tx, _rx) = crossbeam_channel::unbounded();
-    let served = cargo_mcp_dev::control::serve(&path, tx).unwrap();
+    let served = cargo_mcp_dev::face::control_socket::serve(&path, tx).unwrap();
     assert!(served.owned());
     let mut idle = Vec::new();
     for _ in 0..120 {

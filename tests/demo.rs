@@ -1,7 +1,7 @@
 //! `cargo mcp-dev demo` end to end: it builds a real rmcp server from the `new` template, plays
 //! the host, and must exit 0 with every narrated step behaving as described.
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 use std::path::PathBuf;

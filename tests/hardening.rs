@@ -3,7 +3,7 @@
 //! the module they fix (`proxy::envelope`, `sanitize`, `commands::approve`, `audit::*`, `store`,
 //! `proxy::outlet`, `control`, `fsutil`).
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -1014,7 +1014,7 @@ fn file_size_limit_fails_the_append_and_keeps_the_log_valid() {
         let keys = KeyStore::at(dir.join("state"));
         let path = dir.join("audit.jsonl");
         let mut log = AuditLog::open(&path, &keys).unwrap();
-        cargo_mcp_dev::sys::unix::survive_file_size_limit().unwrap();
+        cargo_mcp_dev::base::sys::unix::survive_file_size_limit().unwrap();
         // Set before the first flush: the writer cannot reserve space past its records (see
         // `audit::log`, "Writing through a map") and `write`s, until a write does not fit.
         let limit = 2000;

@@ -4,7 +4,7 @@
 //! Each test owns its project copy, target dir and `CARGO_MCP_DEV_HOME`; the fake-server build
 //! itself is shared (built once per process, copied with mtimes kept), see `common::fixture`.
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -349,7 +349,8 @@ fn declared_env_change_is_env_and_the_value_is_never_written() {
     // Keyed with the audit key (issue 12: an unkeyed digest lets a reader test guesses).
     let digest = d1["sha256"].as_str().unwrap();
     assert!(digest.starts_with("hmac-sha256:"), "{digest}");
-    let unkeyed = cargo_mcp_dev::fingerprint::env_value_digest("FAKE_IDENTITY_MODE", first);
+    let unkeyed =
+        cargo_mcp_dev::identity::fingerprint::env_value_digest("FAKE_IDENTITY_MODE", first);
     assert!(!digest.contains(&unkeyed["sha256:".len()..]), "{digest}");
 
     p.set_env("FAKE_IDENTITY_MODE", second);

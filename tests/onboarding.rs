@@ -7,7 +7,7 @@
 //! Every test works in its own temporary directory with its own `CARGO_MCP_DEV_HOME`; fixtures
 //! from the repository are copied, never written to.
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -108,7 +108,7 @@ fn toml_file(p: &Path) -> toml::Table {
 
 /// A placeholder the renderer left behind (`{{key}}`), if any.
 fn leftover_placeholder(text: &str) -> Option<String> {
-    cargo_mcp_dev::templates::placeholders(text)
+    cargo_mcp_dev::face::templates::placeholders(text)
         .into_iter()
         .next()
 }
@@ -161,7 +161,7 @@ fn assert_server_entry(entry: &Value, manifest: &Path, file: &str) {
     let path = entry["env"]["PATH"]
         .as_str()
         .unwrap_or_else(|| panic!("{file}: env.PATH"));
-    let cargo_dir = cargo_mcp_dev::workspace::find_on_path("cargo")
+    let cargo_dir = cargo_mcp_dev::identity::workspace::find_on_path("cargo")
         .and_then(|c| c.parent().map(Path::to_path_buf))
         .unwrap();
     assert!(
@@ -366,7 +366,8 @@ fn new_creates_a_complete_package() {
 
     // The block is what `run` will read (an unknown key would fail here), the read tool exempt.
     let metadata = serde_json::to_value(&manifest["package"]["metadata"]).unwrap();
-    let loaded = cargo_mcp_dev::config::LoadedConfig::from_package_metadata(&metadata).unwrap();
+    let loaded =
+        cargo_mcp_dev::identity::config::LoadedConfig::from_package_metadata(&metadata).unwrap();
     let c = &loaded.config;
     assert_eq!(c.label.as_deref(), Some("notes-srv"));
     assert_eq!(c.bin.as_deref(), Some("notes-srv"));

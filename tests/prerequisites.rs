@@ -2,7 +2,7 @@
 //! too old, `e2e/test-all.sh` and `e2e/install-peers.sh` stop before installing or building
 //! anything, with one exact line per problem that says how to get it.
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 use std::os::unix::fs::PermissionsExt as _;

@@ -3,7 +3,7 @@
 //! prerequisites match Cargo.toml; every `cargo install` is `--locked`; and its copy-paste host
 //! blocks and CI workflow are exactly what `new` generates (paths aside), so they cannot drift.
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 use std::path::{Path, PathBuf};

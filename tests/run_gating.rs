@@ -2,7 +2,7 @@
 //! (`catalog_stale`, `unknown_tool`), epoch-bound approvals over the control socket, and the
 //! state `status --json` reports.
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 mod common;

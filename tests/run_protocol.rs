@@ -1,7 +1,7 @@
 //! `cargo-mcp-dev run` on the wire: ids, pagination, both protocol eras, framing limits and
 //! stdout hygiene, against the std-only fake server (tests/fixtures/fake-server).
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 mod common;

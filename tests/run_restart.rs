@@ -1,7 +1,7 @@
 //! `cargo-mcp-dev run` across server lifetimes: rebuilds (debounce, queueing, failures), restart
 //! modes, crashes, in-flight calls at a transition, and protocol changes that force a disconnect.
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 mod common;

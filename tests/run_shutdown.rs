@@ -2,7 +2,7 @@
 //! host dying without closing stdin. The server ignores stdin EOF and SIGTERM and leaves a
 //! grandchild behind; the supervisor must still be gone, with no orphan, within the hosts' grace.
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 mod common;

@@ -2,7 +2,7 @@
 //! and a declared identity env var is used through a whole session (approve with the scope,
 //! gated call, rebuild, status, audit), then every file cargo mcp-dev wrote is searched for it.
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 mod common;

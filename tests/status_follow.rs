@@ -3,7 +3,7 @@
 //! runs; Ctrl-C stops it; and nothing it prints from the socket reaches the terminal
 //! unescaped. Real `run` sessions on the fake server (tests/common/session.rs).
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 mod common;

@@ -1,7 +1,7 @@
 //! Untrusted text (tool names, call ids) on the human's terminal through `audit show`,
 //! `status --json` and `run -v`. Red-team round 10: each test failed on the code as found.
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 mod common;

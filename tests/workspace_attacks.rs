@@ -4,7 +4,7 @@
 //! that rewrites its own sources. One test per finding; each failed on the code it was written
 //! against.
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 mod common;

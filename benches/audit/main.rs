@@ -13,7 +13,7 @@
 //! - `AUDIT_BENCH_MB=1024`: size of the big log
 //! - `AUDIT_BENCH_DIR` (default a temporary directory under `target/`)
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 use std::path::{Path, PathBuf};

@@ -157,7 +157,7 @@ impl Record {
 
     /// The hash this record should carry: hex SHA-256 of [`Record::canonical_body`].
     pub fn compute_hash(&self) -> Result<String, ChainError> {
-        Ok(crate::hashing::hex_lower(Sha256::digest(
+        Ok(crate::base::hashing::hex_lower(Sha256::digest(
             self.canonical_body()?,
         )))
     }
@@ -256,21 +256,23 @@ impl Header<'_> {
         out.extend_from_slice(b"{\"data\":");
         out.extend_from_slice(data);
         out.extend_from_slice(b",\"epoch\":");
-        let epoch = span(out, |out| crate::canonical::write_opt_str(self.epoch, out));
+        let epoch = span(out, |out| {
+            crate::base::canonical::write_opt_str(self.epoch, out)
+        });
         out.extend_from_slice(b",\"prev\":");
-        let prev = span(out, |out| crate::canonical::write_str(self.prev, out));
+        let prev = span(out, |out| crate::base::canonical::write_str(self.prev, out));
         out.extend_from_slice(b",\"run\":");
-        let run = span(out, |out| crate::canonical::write_str(self.run, out));
+        let run = span(out, |out| crate::base::canonical::write_str(self.run, out));
         out.extend_from_slice(b",\"seq\":");
-        let seq = span(out, |out| crate::canonical::write_u64(self.seq, out));
+        let seq = span(out, |out| crate::base::canonical::write_u64(self.seq, out));
         out.extend_from_slice(b",\"time\":");
-        let time = span(out, |out| crate::canonical::write_str(self.time, out));
+        let time = span(out, |out| crate::base::canonical::write_str(self.time, out));
         out.extend_from_slice(b",\"type\":");
         let record_type = span(out, |out| {
-            crate::canonical::write_str(self.record_type, out)
+            crate::base::canonical::write_str(self.record_type, out)
         });
         out.extend_from_slice(b",\"v\":");
-        let v = span(out, |out| crate::canonical::write_u64(self.v, out));
+        let v = span(out, |out| crate::base::canonical::write_u64(self.v, out));
         out.push(b'}');
         BodySpans {
             epoch,
@@ -286,25 +288,25 @@ impl Header<'_> {
     /// Appends the record's line, without its `\n` (see the module doc for the field order).
     fn line_into(&self, data: &[u8], hash: &str, mac: &str, out: &mut Vec<u8>) {
         out.extend_from_slice(b"{\"v\":");
-        crate::canonical::write_u64(self.v, out);
+        crate::base::canonical::write_u64(self.v, out);
         out.extend_from_slice(b",\"seq\":");
-        crate::canonical::write_u64(self.seq, out);
+        crate::base::canonical::write_u64(self.seq, out);
         out.extend_from_slice(b",\"time\":");
-        crate::canonical::write_str(self.time, out);
+        crate::base::canonical::write_str(self.time, out);
         out.extend_from_slice(b",\"type\":");
-        crate::canonical::write_str(self.record_type, out);
+        crate::base::canonical::write_str(self.record_type, out);
         out.extend_from_slice(b",\"run\":");
-        crate::canonical::write_str(self.run, out);
+        crate::base::canonical::write_str(self.run, out);
         out.extend_from_slice(b",\"epoch\":");
-        crate::canonical::write_opt_str(self.epoch, out);
+        crate::base::canonical::write_opt_str(self.epoch, out);
         out.extend_from_slice(b",\"prev\":");
-        crate::canonical::write_str(self.prev, out);
+        crate::base::canonical::write_str(self.prev, out);
         out.extend_from_slice(b",\"data\":");
         out.extend_from_slice(data);
         out.extend_from_slice(b",\"hash\":");
-        crate::canonical::write_str(hash, out);
+        crate::base::canonical::write_str(hash, out);
         out.extend_from_slice(b",\"mac\":");
-        crate::canonical::write_str(mac, out);
+        crate::base::canonical::write_str(mac, out);
         out.push(b'}');
     }
 
@@ -389,7 +391,7 @@ impl Record {
         let digest: [u8; 32] = Sha256::digest(self.body_with_data(data_scratch)).into();
         Ok(Recomputed {
             digest,
-            hash: crate::hashing::hex_lower(digest),
+            hash: crate::base::hashing::hex_lower(digest),
             line: self.line_with_data(data_scratch),
         })
     }
@@ -453,7 +455,7 @@ pub fn record_mac(key: &AuditKey, hash_hex: &str) -> Result<String, ChainError> 
     let digest = decode_digest("hash", hash_hex)?;
     let mut mac = key.hmac();
     mac.update(&digest);
-    Ok(crate::hashing::hex_lower(mac.finalize().into_bytes()))
+    Ok(crate::base::hashing::hex_lower(mac.finalize().into_bytes()))
 }
 
 /// Checks a record MAC in constant time. Malformed hex in either field is an error.
@@ -475,14 +477,14 @@ pub fn verify_record_mac(
 pub fn keyed_digest(key: &AuditKey, message: &[u8]) -> String {
     let mut mac = key.hmac();
     mac.update(message);
-    crate::hashing::hex_lower(mac.finalize().into_bytes())
+    crate::base::hashing::hex_lower(mac.finalize().into_bytes())
 }
 
 /// `mac` of an anchor naming head `seq` with hash `hash_hex`.
 pub fn anchor_mac(key: &AuditKey, seq: u64, hash_hex: &str) -> String {
     let mut mac = key.hmac();
     mac.update(format!("{seq}:{hash_hex}").as_bytes());
-    crate::hashing::hex_lower(mac.finalize().into_bytes())
+    crate::base::hashing::hex_lower(mac.finalize().into_bytes())
 }
 
 /// Checks an anchor MAC in constant time.
@@ -527,9 +529,9 @@ impl RecordData {
 }
 
 /// Appends the canonical encoding of `value` to `out` (see the module doc): the crate's one
-/// encoder ([`crate::canonical`]) with integers only.
+/// encoder ([`crate::base::canonical`]) with integers only.
 pub fn canonical_json(value: &Value, out: &mut Vec<u8>) -> Result<(), ChainError> {
-    crate::canonical::write(value, crate::canonical::Numbers::IntegersOnly, out)
+    crate::base::canonical::write(value, crate::base::canonical::Numbers::IntegersOnly, out)
         .map_err(|e| ChainError::NonIntegerNumber(e.0))
 }
 

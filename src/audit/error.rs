@@ -110,7 +110,7 @@ impl fmt::Display for VerifyFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The reason may quote the log (serde names an unknown field raw): one line, always,
         // so that a record cannot print a line of its own under the failure.
-        let reason = crate::sanitize::line(&self.reason);
+        let reason = crate::screen::sanitize::line(&self.reason);
         match (self.line, self.seq) {
             (0, _) => write!(f, "{reason}"),
             (line, Some(seq)) => write!(f, "record {seq} (line {line}): {reason}"),

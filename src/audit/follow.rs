@@ -210,7 +210,7 @@ impl Follower {
         };
         let segments = scan::list_segments(&self.path).map_err(self.io())?;
         let same = |p: &Path| {
-            crate::beneath::followed::metadata(p)
+            crate::base::beneath::followed::metadata(p)
                 .map(|m| (m.dev(), m.ino()) == open.id)
                 .unwrap_or(false)
         };
@@ -288,7 +288,7 @@ impl Follower {
         let Some(open) = &self.open else {
             return Ok(false);
         };
-        match crate::beneath::followed::metadata(&self.path) {
+        match crate::base::beneath::followed::metadata(&self.path) {
             Ok(m) => Ok((m.dev(), m.ino()) != open.id),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(self.io()(e)),
@@ -396,7 +396,7 @@ impl Follower {
 /// Opens a file to read from its start (`None`: it does not exist).
 fn open_file(path: &Path) -> std::io::Result<Option<Open>> {
     // The log the human named (links followed, as `tail -F`); a fifo is never waited on.
-    let file = match crate::beneath::followed::open_regular(path) {
+    let file = match crate::base::beneath::followed::open_regular(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),

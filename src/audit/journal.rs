@@ -308,7 +308,9 @@ impl Journals {
                     .clone()
                     .map(|t| format!("revoked {t}"))
                     .unwrap_or_else(|| match &g.expires_when {
-                        Some(e) => crate::wording::lifetime_words(e, g.kind.as_deref()).to_owned(),
+                        Some(e) => {
+                            crate::screen::wording::lifetime_words(e, g.kind.as_deref()).to_owned()
+                        }
                         None => "-".into(),
                     }),
             ]
@@ -427,7 +429,7 @@ fn table(out: &mut String, headers: &[&str], rows: Vec<Vec<String>>) {
         .into_iter()
         .map(|row| {
             row.into_iter()
-                .map(|c| crate::sanitize::review(&c).into_owned())
+                .map(|c| crate::screen::sanitize::review(&c).into_owned())
                 .collect()
         })
         .collect();

@@ -100,7 +100,7 @@ impl KeyStore {
     /// create a key: a fresh key verifies nothing).
     pub fn load_key(&self) -> Result<AuditKey, AuditError> {
         let path = self.key_path();
-        let mut file = match crate::fsutil::open_nofollow(&path, Access::Read, Create::No) {
+        let mut file = match crate::base::fsutil::open_nofollow(&path, Access::Read, Create::No) {
             Ok(f) => f,
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 return Err(AuditError::KeyMissing { path });
@@ -173,18 +173,19 @@ impl KeyStore {
             hex::encode(nonce)
         ));
         let write = || -> std::io::Result<()> {
-            let mut f = crate::fsutil::open_nofollow(&tmp, Access::ReadWrite, Create::New(0o600))?;
+            let mut f =
+                crate::base::fsutil::open_nofollow(&tmp, Access::ReadWrite, Create::New(0o600))?;
             f.write_all(&bytes)?;
             f.sync_all()
         };
         let result =
             write().and_then(
-                |()| match crate::fsutil::hard_link(&tmp, &self.key_path()) {
+                |()| match crate::base::fsutil::hard_link(&tmp, &self.key_path()) {
                     Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
                     other => other,
                 },
             );
-        let _ = crate::fsutil::remove_file(&tmp);
+        let _ = crate::base::fsutil::remove_file(&tmp);
         result.map_err(AuditError::io("create audit key", self.key_path()))
     }
 
@@ -194,7 +195,7 @@ impl KeyStore {
 
     /// Where the anchor of `log` lives. `log` must exist (its path is canonicalized).
     pub fn anchor_path(&self, log: &Path) -> Result<PathBuf, AuditError> {
-        let canonical = crate::beneath::followed::canonicalize(log)
+        let canonical = crate::base::beneath::followed::canonicalize(log)
             .map_err(AuditError::io("resolve the path of", log))?;
         Ok(self.anchor_path_for_canonical(&canonical))
     }
@@ -220,7 +221,7 @@ impl KeyStore {
 /// Reads an anchor file; `Ok(None)` if it does not exist or is empty (created, never written).
 /// A reader racing the writer may see a torn anchor (see [`AnchorFile`]); readers re-read once.
 pub(crate) fn read_anchor_at(path: &Path) -> Result<Option<Anchor>, AuditError> {
-    let mut file = match crate::fsutil::open_nofollow(path, Access::Read, Create::No) {
+    let mut file = match crate::base::fsutil::open_nofollow(path, Access::Read, Create::No) {
         Ok(f) => f,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(AuditError::io("open anchor", path)(e)),
@@ -264,8 +265,9 @@ pub(crate) struct AnchorFile {
 impl AnchorFile {
     /// Opens (creating, mode 0600, empty = "no anchor yet") the anchor for `canonical_log`.
     pub(crate) fn open(path: &Path, canonical_log: &str) -> Result<AnchorFile, AuditError> {
-        let file = crate::fsutil::open_nofollow(path, Access::ReadWrite, Create::IfMissing(0o600))
-            .map_err(AuditError::io("open anchor", path))?;
+        let file =
+            crate::base::fsutil::open_nofollow(path, Access::ReadWrite, Create::IfMissing(0o600))
+                .map_err(AuditError::io("open anchor", path))?;
         let widest = Anchor {
             log: canonical_log.to_owned(),
             seq: u64::MAX,
@@ -346,9 +348,9 @@ pub fn state_dir_from(
 /// Creates `dir` (and missing parents) with mode 0700, then checks an existing `dir` is ours and
 /// not writable by group or others.
 pub(crate) fn ensure_private_dir(dir: &Path) -> Result<(), AuditError> {
-    crate::beneath::followed::create_dir_all_with_mode(dir, 0o700)
+    crate::base::beneath::followed::create_dir_all_with_mode(dir, 0o700)
         .map_err(AuditError::io("create directory", dir))?;
-    let meta = crate::beneath::followed::metadata(dir)
+    let meta = crate::base::beneath::followed::metadata(dir)
         .map_err(AuditError::io("inspect directory", dir))?;
     let uid = rustix::process::geteuid().as_raw();
     if meta.uid() != uid {
@@ -373,16 +375,16 @@ pub(crate) fn ensure_private_dir(dir: &Path) -> Result<(), AuditError> {
 }
 
 fn fill_random(buf: &mut [u8]) -> std::io::Result<()> {
-    crate::sys::unix::fill_random(buf)
+    crate::base::sys::unix::fill_random(buf)
 }
 
-pub(crate) use crate::beneath::is_link_refusal as is_eloop;
-use crate::beneath::{Access, Create};
+pub(crate) use crate::base::beneath::is_link_refusal as is_eloop;
+use crate::base::beneath::{Access, Create};
 
 /// Opens an existing file for reading without following a final symlink.
 pub(crate) fn open_nofollow(path: &Path) -> std::io::Result<File> {
     // Not blocking: a named pipe planted as a segment would hang `run`'s start in `open`.
-    crate::fsutil::open_regular_nofollow(path)
+    crate::base::fsutil::open_regular_nofollow(path)
 }
 
 #[cfg(test)]

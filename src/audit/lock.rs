@@ -19,11 +19,11 @@ pub(super) fn take(path: &Path, keys: &KeyStore, wait: Duration) -> Result<Write
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    crate::beneath::followed::create_dir_all_with_mode(parent, 0o700)
+    crate::base::beneath::followed::create_dir_all_with_mode(parent, 0o700)
         .map_err(AuditError::io("create directory", parent))?;
     // The log's canonical path as it will resolve once the file exists (its last
     // component is never followed: `open_active` refuses a link there).
-    let canonical = crate::beneath::followed::canonicalize(parent)
+    let canonical = crate::base::beneath::followed::canonicalize(parent)
         .map_err(AuditError::io("resolve the path of", parent))?
         .join(path.file_name().unwrap_or_default());
     keys.ensure_anchor_dir()?;
@@ -89,7 +89,7 @@ impl WriterLock {
         use std::os::unix::fs::MetadataExt;
         match (
             self.file.metadata(),
-            crate::fsutil::metadata_nofollow(&lock_path(log)),
+            crate::base::fsutil::metadata_nofollow(&lock_path(log)),
         ) {
             (Ok(h), Ok(p)) => h.nlink() > 0 && (h.dev(), h.ino()) == p.id,
             _ => false,
@@ -116,10 +116,10 @@ impl WriterLock {
 /// then writes this process's pid into it. Busy: [`AuditError::WriterBusy`] with the holder's
 /// pid as it wrote it there, and the time waited since `since`.
 fn lock_at(log: &Path, path: &Path, wait: Duration, since: Instant) -> Result<File, AuditError> {
-    let file = crate::fsutil::open_nofollow(
+    let file = crate::base::fsutil::open_nofollow(
         path,
-        crate::beneath::Access::ReadWrite,
-        crate::beneath::Create::IfMissing(0o600),
+        crate::base::beneath::Access::ReadWrite,
+        crate::base::beneath::Create::IfMissing(0o600),
     )
     .map_err(|e| {
         if keys::is_eloop(&e) {

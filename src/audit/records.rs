@@ -171,7 +171,7 @@ impl ToolCalled {
     pub fn canonical(&self) -> Result<RecordData, ChainError> {
         let mut out = Vec::with_capacity(320);
         out.extend_from_slice(b"{\"argumentsDigest\":");
-        crate::canonical::write_opt_str(self.arguments_digest.as_deref(), &mut out);
+        crate::base::canonical::write_opt_str(self.arguments_digest.as_deref(), &mut out);
         out.extend_from_slice(b",\"callId\":");
         canonical_json(&self.call_id, &mut out)?;
         out.extend_from_slice(b",\"credentialScopes\":[");
@@ -179,18 +179,18 @@ impl ToolCalled {
             if i > 0 {
                 out.push(b',');
             }
-            crate::canonical::write_str(scope, &mut out);
+            crate::base::canonical::write_str(scope, &mut out);
         }
         out.extend_from_slice(b"],\"grant\":");
-        crate::canonical::write_opt_str(self.grant.as_deref(), &mut out);
+        crate::base::canonical::write_opt_str(self.grant.as_deref(), &mut out);
         if let Some(kind) = &self.grant_kind {
             out.extend_from_slice(b",\"grantKind\":");
-            crate::canonical::write_str(kind, &mut out);
+            crate::base::canonical::write_str(kind, &mut out);
         }
         out.extend_from_slice(b",\"shownRevision\":");
-        crate::canonical::write_opt_u64(self.shown_revision, &mut out);
+        crate::base::canonical::write_opt_u64(self.shown_revision, &mut out);
         out.extend_from_slice(b",\"tool\":");
-        crate::canonical::write_str(&self.tool, &mut out);
+        crate::base::canonical::write_str(&self.tool, &mut out);
         out.push(b'}');
         Ok(RecordData::Canonical(out))
     }
@@ -203,14 +203,14 @@ impl ToolResult {
         out.extend_from_slice(b"{\"callId\":");
         canonical_json(&self.call_id, &mut out)?;
         out.extend_from_slice(b",\"durationMs\":");
-        crate::canonical::write_opt_u64(self.duration_ms, &mut out);
+        crate::base::canonical::write_opt_u64(self.duration_ms, &mut out);
         out.extend_from_slice(if self.is_error {
             b",\"isError\":true"
         } else {
             b",\"isError\":false"
         });
         out.extend_from_slice(b",\"tool\":");
-        crate::canonical::write_str(&self.tool, &mut out);
+        crate::base::canonical::write_str(&self.tool, &mut out);
         out.push(b'}');
         Ok(RecordData::Canonical(out))
     }
@@ -222,28 +222,28 @@ impl CatalogPresented {
     pub fn canonical(&self) -> RecordData {
         let mut out = Vec::with_capacity(256);
         out.extend_from_slice(b"{\"connection\":");
-        crate::canonical::write_str(&self.connection, &mut out);
+        crate::base::canonical::write_str(&self.connection, &mut out);
         out.extend_from_slice(b",\"digest\":");
-        crate::canonical::write_opt_str(self.digest.as_deref(), &mut out);
+        crate::base::canonical::write_opt_str(self.digest.as_deref(), &mut out);
         let mut optional = |name: &[u8], value: Option<&str>| {
             if let Some(v) = value {
                 out.extend_from_slice(name);
-                crate::canonical::write_str(v, &mut out);
+                crate::base::canonical::write_str(v, &mut out);
             }
         };
         optional(b",\"recordedEpoch\":", self.recorded_epoch.as_deref());
         optional(b",\"recordedIdentity\":", self.recorded_identity.as_deref());
         out.extend_from_slice(b",\"revision\":");
-        crate::canonical::write_opt_u64(self.revision, &mut out);
+        crate::base::canonical::write_opt_u64(self.revision, &mut out);
         out.extend_from_slice(b",\"source\":");
-        crate::canonical::write_str(&self.source, &mut out);
+        crate::base::canonical::write_str(&self.source, &mut out);
         if let Some(tool) = &self.tool {
             out.extend_from_slice(b",\"tool\":");
-            crate::canonical::write_str(tool, &mut out);
+            crate::base::canonical::write_str(tool, &mut out);
         }
         if let Some(n) = self.tools {
             out.extend_from_slice(b",\"tools\":");
-            crate::canonical::write_u64(n, &mut out);
+            crate::base::canonical::write_u64(n, &mut out);
         }
         out.push(b'}');
         RecordData::Canonical(out)

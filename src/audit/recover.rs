@@ -102,7 +102,7 @@ impl SetAside {
         let head = match &self.previous_head {
             Some((seq, hash)) => format!(
                 "old head seq {seq} {}",
-                crate::sanitize::first_chars(hash, 12)
+                crate::screen::sanitize::first_chars(hash, 12)
             ),
             None => "no anchored head".into(),
         };
@@ -235,10 +235,10 @@ fn keep_torn_tail(path: &Path, torn: &Torn, stamp: &str) -> Result<TornTailKept,
         len,
         file_id,
     } = torn;
-    let log = crate::fsutil::open_nofollow(
+    let log = crate::base::fsutil::open_nofollow(
         path,
-        crate::beneath::Access::ReadWrite,
-        crate::beneath::Create::No,
+        crate::base::beneath::Access::ReadWrite,
+        crate::base::beneath::Create::No,
     )
     .map_err(AuditError::io("open audit log", path))?;
     let meta = log
@@ -248,7 +248,7 @@ fn keep_torn_tail(path: &Path, torn: &Torn, stamp: &str) -> Result<TornTailKept,
     // goes with them.
     let data_len =
         scan::data_end(&log, meta.len()).map_err(AuditError::io("read the torn tail of", path))?;
-    let changed = if crate::sys::unix::file_id(&meta) != file_id {
+    let changed = if crate::base::sys::unix::file_id(&meta) != file_id {
         Some("it was replaced while it was opened".to_string())
     } else if data_len != offset + len {
         Some(format!(
@@ -270,17 +270,17 @@ fn keep_torn_tail(path: &Path, torn: &Torn, stamp: &str) -> Result<TornTailKept,
         .unwrap_or_else(|| "audit".into());
     let (kept_as, mut copy) =
         beside_unique(path, &format!("{stem}.torn-{stamp}"), "partial", |to| {
-            crate::fsutil::open_nofollow(
+            crate::base::fsutil::open_nofollow(
                 to,
-                crate::beneath::Access::ReadWrite,
-                crate::beneath::Create::New(0o600),
+                crate::base::beneath::Access::ReadWrite,
+                crate::base::beneath::Create::New(0o600),
             )
         })
         .map_err(AuditError::io("keep the torn tail of", path))?;
     let mut tail = &log;
     tail.seek(SeekFrom::Start(offset))
         .map_err(AuditError::io("read the torn tail of", path))?;
-    let (sha256, copied) = crate::hashing::sha256_copy(tail.take(len), &mut copy)
+    let (sha256, copied) = crate::base::hashing::sha256_copy(tail.take(len), &mut copy)
         .map_err(AuditError::io("keep the torn tail of", path))?;
     if copied != len {
         return Err(AuditError::CorruptTail {
@@ -291,7 +291,8 @@ fn keep_torn_tail(path: &Path, torn: &Torn, stamp: &str) -> Result<TornTailKept,
     // The copy, and its name, are on disk before the bytes leave the log.
     copy.sync_all().map_err(AuditError::io("sync", &kept_as))?;
     if let Some(dir) = kept_as.parent().filter(|d| !d.as_os_str().is_empty()) {
-        crate::fsutil::sync_dir(dir).map_err(AuditError::io("sync the directory of", &kept_as))?;
+        crate::base::fsutil::sync_dir(dir)
+            .map_err(AuditError::io("sync the directory of", &kept_as))?;
     }
     log.set_len(offset)
         .and_then(|()| log.sync_data())
@@ -335,7 +336,7 @@ fn set_aside(path: &Path, keys: &KeyStore, problem: &str) -> Result<SetAside, Au
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "audit".into());
-    let non_empty = crate::fsutil::metadata_nofollow(path)
+    let non_empty = crate::base::fsutil::metadata_nofollow(path)
         .map(|m| m.len > 0)
         .unwrap_or(false);
     let segments =
@@ -344,10 +345,10 @@ fn set_aside(path: &Path, keys: &KeyStore, problem: &str) -> Result<SetAside, Au
         // Always under a new name, even if only segments are left (the chain is then named
         // by an empty active file).
         if !non_empty {
-            let _ = crate::fsutil::open_nofollow(
+            let _ = crate::base::fsutil::open_nofollow(
                 path,
-                crate::beneath::Access::Append,
-                crate::beneath::Create::IfMissing(0o666),
+                crate::base::beneath::Access::Append,
+                crate::base::beneath::Create::IfMissing(0o666),
             );
         }
         let ext = path
@@ -366,7 +367,7 @@ fn set_aside(path: &Path, keys: &KeyStore, problem: &str) -> Result<SetAside, Au
         None
     };
     let set_aside_anchor = match &anchor_path {
-        Some(a) if crate::fsutil::exists(a) => {
+        Some(a) if crate::base::fsutil::exists(a) => {
             let stem = a
                 .file_stem()
                 .map(|s| s.to_string_lossy().into_owned())
@@ -422,8 +423,8 @@ fn beside_unique<T>(
 /// `rename`, refusing to replace an existing destination (hard link + unlink: both names exist
 /// for an instant, the destination is never overwritten).
 fn rename_new(from: &Path, to: &Path) -> std::io::Result<()> {
-    crate::fsutil::hard_link(from, to)?;
-    crate::fsutil::remove_file(from)
+    crate::base::fsutil::hard_link(from, to)?;
+    crate::base::fsutil::remove_file(from)
 }
 
 /// The last record of a log that parses (best effort, for the restart record).
@@ -528,7 +529,7 @@ mod tests {
         };
         assert_eq!((kept.after_seq, kept.bytes), (2, torn_bytes.len() as u64));
         assert_eq!(std::fs::read(&kept.kept_as).unwrap(), torn_bytes);
-        assert_eq!(kept.sha256, crate::hashing::sha256_bytes(torn_bytes));
+        assert_eq!(kept.sha256, crate::base::hashing::sha256_bytes(torn_bytes));
         assert!(
             rec.unwrap()
                 .status_line(&path)
@@ -586,7 +587,7 @@ mod tests {
     }
 
     fn file_id(path: &Path) -> (u64, u64) {
-        crate::sys::unix::file_id(&std::fs::metadata(path).unwrap())
+        crate::base::sys::unix::file_id(&std::fs::metadata(path).unwrap())
     }
 
     /// Appends `bytes` to the log, unterminated.

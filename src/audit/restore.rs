@@ -49,11 +49,11 @@ impl Removed<'_> {
     /// already at the path (never overwritten), a directory that cannot be made, a link.
     pub(super) fn put_back(&self, lock: Option<&WriterLock>) -> Result<PutBack, AuditError> {
         if let Some(parent) = self.path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            crate::beneath::followed::create_dir_all_with_mode(parent, 0o700)
+            crate::base::beneath::followed::create_dir_all_with_mode(parent, 0o700)
                 .map_err(AuditError::io("create directory", parent))?;
             // The directories made again must be where they were: a link planted in their
             // place (by whoever can write the target directory) is not followed.
-            let now = crate::beneath::followed::canonicalize(parent)
+            let now = crate::base::beneath::followed::canonicalize(parent)
                 .map_err(AuditError::io("resolve the path of", parent))?;
             // The path, not its lossy text: a directory name that is not UTF-8 must
             // match itself (red-team, session 22).
@@ -79,13 +79,13 @@ impl Removed<'_> {
         let copy = |file: &File| -> std::io::Result<()> {
             self.copy_records_to(file)?;
             if let Some(dir) = self.path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                crate::fsutil::sync_dir(dir)?;
+                crate::base::fsutil::sync_dir(dir)?;
             }
             Ok(())
         };
         if let Err(e) = copy(&file) {
             // Not left half-copied at the path: the next start would take it for a log.
-            let _ = crate::fsutil::remove_file(self.path);
+            let _ = crate::base::fsutil::remove_file(self.path);
             return Err(AuditError::io("put back the removed audit log", self.path)(
                 e,
             ));
@@ -104,10 +104,10 @@ impl Removed<'_> {
         let mut name = anchor_path.file_stem().unwrap_or_default().to_os_string();
         name.push(format!(".removed-{}-{ms}.jsonl", std::process::id()));
         let at = anchor_path.with_file_name(name);
-        let out = crate::fsutil::open_nofollow(
+        let out = crate::base::fsutil::open_nofollow(
             &at,
-            crate::beneath::Access::ReadWrite,
-            crate::beneath::Create::New(0o600),
+            crate::base::beneath::Access::ReadWrite,
+            crate::base::beneath::Create::New(0o600),
         )?;
         self.copy_records_to(&out)?;
         Ok(at)

@@ -25,8 +25,8 @@ pub(super) fn next_segment(path: &Path) -> Result<Option<PathBuf>, AuditError> {
 /// Renames the active file at `path` to `segment` (committed and released by the writer):
 /// link + unlink, so an existing segment is never overwritten.
 pub(super) fn close_into(path: &Path, segment: &Path) -> Result<(), AuditError> {
-    crate::fsutil::hard_link(path, segment)
-        .and_then(|()| crate::fsutil::remove_file(path))
+    crate::base::fsutil::hard_link(path, segment)
+        .and_then(|()| crate::base::fsutil::remove_file(path))
         .map_err(AuditError::io("rotate audit log", path))
 }
 
@@ -53,7 +53,7 @@ pub(super) fn segment_started(
 /// loss.
 pub(super) fn sync_dir_of(path: &Path) {
     if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        let _ = crate::fsutil::sync_dir(dir);
+        let _ = crate::base::fsutil::sync_dir(dir);
     }
 }
 

@@ -23,9 +23,9 @@ use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 /// A line longer than this is no record (a record holds at most what one host message held,
-/// [`crate::proxy::framing::DEFAULT_MAX_LINE`], and its own fields): readers stop at it as
+/// [`crate::wire::proxy::framing::DEFAULT_MAX_LINE`], and its own fields): readers stop at it as
 /// damage instead of reading a line without bound (a log written by something else).
-pub(crate) const MAX_RECORD_LINE: usize = 2 * crate::proxy::framing::DEFAULT_MAX_LINE;
+pub(crate) const MAX_RECORD_LINE: usize = 2 * crate::wire::proxy::framing::DEFAULT_MAX_LINE;
 
 /// `read_until(b'\n')` that reads at most `max + 1` bytes into `buf` (cleared first).
 /// `Err(n)` where the line is longer than `max` (`n`: the bytes read); `Ok(0)` at the end.
@@ -77,7 +77,7 @@ pub fn list_segments(path: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
     let (stem, ext) = stem_and_ext(path);
     let prefix = format!("{stem}.");
     let suffix = ext.map(|e| format!(".{e}")).unwrap_or_default();
-    let entries = match crate::beneath::Beneath::open_following(&dir)
+    let entries = match crate::base::beneath::Beneath::open_following(&dir)
         .and_then(|held| held.list(Path::new("")))
     {
         Ok(e) => e,
@@ -430,7 +430,7 @@ pub(crate) fn data_end(file: &File, len: u64) -> std::io::Result<u64> {
     let mut buf = vec![0u8; 64 << 10];
     let mut end = len;
     while end > 0 {
-        let (start, stop) = match crate::sys::unix::last_data_region(file, end) {
+        let (start, stop) = match crate::base::sys::unix::last_data_region(file, end) {
             Ok(Some(region)) => region,
             Ok(None) => return Ok(0),
             Err(_) => (0, end),

@@ -10,7 +10,7 @@
 //!
 //! On Linux a batch is not `write`-n: the writer reserves space past its last record
 //! ([`RESERVE_BYTES`] at a time, or a batch's worth, allocated with `fallocate` so that no copy
-//! can fail for want of space), maps it ([`crate::sys::mapped`]) and copies the batch in. No
+//! can fail for want of space), maps it ([`crate::base::sys::mapped`]) and copies the batch in. No
 //! system call and no file-time update per batch: on a call's path that was most of what a
 //! spaced call paid for the log (issue 15). The file is longer than its records while the
 //! writer has it; the rest reads as NUL bytes, which readers ([`super::scan`]) stop at, and which
@@ -29,7 +29,7 @@
 
 use super::AuditError;
 use super::keys;
-use crate::sys::mapped::{self, MappedRegion, PreparePages};
+use crate::base::sys::mapped::{self, MappedRegion, PreparePages};
 use std::fs::File;
 use std::io::Write;
 use std::path::Path;
@@ -354,24 +354,25 @@ pub(super) enum FileState {
 /// Opens the active file for appending (`create_new`: a fresh file after a rotation).
 pub(super) fn open_active(path: &Path, create_new: bool) -> Result<File, AuditError> {
     let create = if create_new {
-        crate::beneath::Create::New(0o600)
+        crate::base::beneath::Create::New(0o600)
     } else {
-        crate::beneath::Create::IfMissing(0o600)
+        crate::base::beneath::Create::IfMissing(0o600)
     };
-    let file = crate::fsutil::open_nofollow(path, crate::beneath::Access::ReadAppend, create)
-        .map_err(|e| {
-            if keys::is_eloop(&e) {
-                AuditError::Symlink {
-                    path: path.to_owned(),
+    let file =
+        crate::base::fsutil::open_nofollow(path, crate::base::beneath::Access::ReadAppend, create)
+            .map_err(|e| {
+                if keys::is_eloop(&e) {
+                    AuditError::Symlink {
+                        path: path.to_owned(),
+                    }
+                } else if crate::base::beneath::is_not_regular(&e) {
+                    AuditError::NotRegularFile {
+                        path: path.to_owned(),
+                    }
+                } else {
+                    AuditError::io("open audit log", path)(e)
                 }
-            } else if crate::beneath::is_not_regular(&e) {
-                AuditError::NotRegularFile {
-                    path: path.to_owned(),
-                }
-            } else {
-                AuditError::io("open audit log", path)(e)
-            }
-        })?;
+            })?;
     let meta = file
         .metadata()
         .map_err(AuditError::io("inspect audit log", path))?;
@@ -387,7 +388,7 @@ pub(super) fn open_active(path: &Path, create_new: bool) -> Result<File, AuditEr
 mod tests {
     use super::*;
     use crate::audit::writer::testing::*;
-    use crate::sys::mapped::{self, PreparePages};
+    use crate::base::sys::mapped::{self, PreparePages};
 
     /// Someone cuts the log while the writer has it mapped (`: > log`, a rotator's
     /// `copytruncate`): the next copy past the cut would fault with `SIGBUS` and end the

@@ -277,7 +277,7 @@ impl TailCheck<'_> {
                 after_seq,
                 offset: t.offset,
                 len: t.len,
-                file_id: crate::sys::unix::file_id(&meta),
+                file_id: crate::base::sys::unix::file_id(&meta),
             },
             Err(e) => AuditError::io("inspect audit log", self.path)(e),
         }

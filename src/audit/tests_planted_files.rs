@@ -220,7 +220,7 @@ fn a_planted_segment_near_u64_max_never_puts_the_chain_out_of_order() {
 fn after_cargo_clean_the_sessions_files_are_written_again() {
     let d = tempfile::tempdir().unwrap();
     let root = d.path().join("target/mcp-dev");
-    let w = crate::fsutil::DirWriter::open(&root).unwrap();
+    let w = crate::base::fsutil::DirWriter::open(&root).unwrap();
     let status = root.join("status/srv.json");
     w.write(&status, b"one").unwrap();
     std::fs::remove_dir_all(d.path().join("target")).unwrap(); // `cargo clean`

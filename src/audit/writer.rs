@@ -25,7 +25,7 @@
 //! to the file behind the writer's back (not a writer: an editor, an attacker) is not noticed
 //! while it runs; it breaks the chain, and `audit verify` and the next start report it. The
 //! one exception is a file cut shorter than the writer's records while it maps them: the copy
-//! past the cut is caught ([`crate::sys::mapped`]) and the writer fails closed from then on
+//! past the cut is caught ([`crate::base::sys::mapped`]) and the writer fails closed from then on
 //! (see `AuditLog::cut_short`). Another is a file removed while the writer has it open
 //! (`cargo clean`, `rm`): the records would go on into a file nobody can read, so the writer
 //! puts the file back at its path from its open descriptor and the chain continues (see
@@ -91,7 +91,7 @@ use super::rotate;
 use super::seal::{Head, Sealer};
 use super::sink::{Broken, CopyOutcome, FileState, Sink, open_active};
 use super::tail::{Tail, TailCheck};
-use crate::sys::mapped::PreparePages;
+use crate::base::sys::mapped::PreparePages;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -262,7 +262,7 @@ impl AuditLog {
             let file = open_active(path, false)?;
             let key = keys.load_or_create_key()?;
             keys.ensure_anchor_dir()?;
-            let canonical = crate::beneath::followed::canonicalize(path)
+            let canonical = crate::base::beneath::followed::canonicalize(path)
                 .map_err(AuditError::io("resolve the path of", path))?;
             if canonical != lock.canonical() {
                 return Err(AuditError::io("open", path)(std::io::Error::other(
@@ -727,13 +727,13 @@ impl AuditLog {
     }
 
     /// The file was cut shorter than the records this writer put in it (someone truncated it
-    /// while it was mapped, see [`crate::sys::mapped`]): mapping stops, nothing is cut or
+    /// while it was mapped, see [`crate::base::sys::mapped`]): mapping stops, nothing is cut or
     /// grown back (the file is not what this writer wrote any more), and the writer is
     /// poisoned: every later append fails (fail closed: no call is forwarded unrecorded), and
     /// the next start sets the log aside (shorter than its anchor).
     fn cut_short(&mut self) -> std::io::Error {
         self.sink.stop_mapping();
-        let now = crate::fsutil::metadata_nofollow(&self.path)
+        let now = crate::base::fsutil::metadata_nofollow(&self.path)
             .map(|m| m.len)
             .ok();
         let reason = format!(

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use super::super::*;
 use super::{DECISION_FIELD, Decision};
-use crate::sanitize;
+use crate::screen::sanitize;
 
 /// How much of the call's arguments the form's details show (characters).
 const FORM_ARGUMENTS: usize = 600;
@@ -152,7 +152,8 @@ impl Session {
     /// whole grant last one call: the gate's stricter mode wins).
     fn tools_lifetime(&self, tools: &BTreeSet<String>) -> &'static str {
         let per_call = tools.iter().any(|t| {
-            self.approvals.gate.policy().mode_for(t) == crate::approval::ApprovalMode::PerCall
+            self.approvals.gate.policy().mode_for(t)
+                == crate::policy::approval::ApprovalMode::PerCall
         });
         match (per_call, tools.len()) {
             (false, _) => "until the next rebuild",

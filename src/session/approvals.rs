@@ -18,12 +18,12 @@ use std::collections::BTreeSet;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::approval::{
+use crate::policy::approval::{
     ApprovalRequest, CallApprovalRequest, Channel, Denial, DenialReason, GrantKind,
 };
 
-use crate::proxy::envelope::{self, Message};
-use crate::sanitize;
+use crate::screen::sanitize;
+use crate::wire::proxy::envelope::{self, Message};
 
 #[path = "approval_form.rs"]
 mod form;
@@ -372,8 +372,8 @@ impl Session {
         let mut payload = denial.payload();
         payload["approval"] = json!({"channel": "host", "outcome": outcome, "declined": declined});
         let hint = if declined {
-            payload["retry"] = json!(crate::approval::RETRY_DECLINED);
-            crate::approval::declined_hint(&prompt.tool, outcome)
+            payload["retry"] = json!(crate::policy::approval::RETRY_DECLINED);
+            crate::policy::approval::declined_hint(&prompt.tool, outcome)
         } else {
             format!(
                 "Approval was asked in the host: {outcome}. The call was not run; calling it again asks the person again."

@@ -18,9 +18,9 @@ use serde_json::{Value, json};
 use super::approvals::{Form, PROMPT_ID_PREFIX};
 use super::*;
 use crate::audit::records;
-use crate::hashing;
-use crate::proxy::envelope::{self, Message};
-use crate::sanitize;
+use crate::base::hashing;
+use crate::screen::sanitize;
+use crate::wire::proxy::envelope::{self, Message};
 
 /// Where a call's params carry a multi-round answer.
 const REQUEST_STATE: &str = "requestState";
@@ -38,7 +38,7 @@ impl Session {
             approved_epoch: denial.approved_epoch.as_deref().map(str::to_string),
             current_epoch: denial.current_epoch.as_deref().map(str::to_string),
             arguments_digest: Some(prompt.arguments_digest.clone()),
-            channel: Some(crate::approval::Channel::Host.as_str().into()),
+            channel: Some(crate::policy::approval::Channel::Host.as_str().into()),
             outcome: Some(outcome.to_string()),
             mismatches: None,
         };
@@ -188,11 +188,13 @@ impl Session {
         } else {
             "approved in the host after the form had closed (it had timed out or was withdrawn)"
         };
-        let denial = crate::approval::Denial {
-            reason: crate::approval::DenialReason::AuthorizationRequired,
+        let denial = crate::policy::approval::Denial {
+            reason: crate::policy::approval::DenialReason::AuthorizationRequired,
             tool: tool.to_string(),
             approved_epoch: None,
-            current_epoch: self.current_epoch().map(crate::epoch::EpochId::from),
+            current_epoch: self
+                .current_epoch()
+                .map(crate::identity::epoch::EpochId::from),
             host_catalog: None,
             current_catalog: None,
             credential_scopes: self
@@ -208,9 +210,9 @@ impl Session {
         let mut payload = denial.payload();
         payload["approval"] = json!({"channel": "host", "outcome": outcome, "declined": no});
         payload["retry"] = json!(if no {
-            crate::approval::RETRY_DECLINED
+            crate::policy::approval::RETRY_DECLINED
         } else {
-            crate::approval::RETRY_LATE_ANSWER
+            crate::policy::approval::RETRY_LATE_ANSWER
         });
         let record = records::AuthorizationDenied {
             call_id: json!(host_id.get()),
@@ -219,7 +221,7 @@ impl Session {
             approved_epoch: None,
             current_epoch: denial.current_epoch.as_deref().map(str::to_string),
             arguments_digest: Some(digest.to_string()),
-            channel: Some(crate::approval::Channel::Host.as_str().into()),
+            channel: Some(crate::policy::approval::Channel::Host.as_str().into()),
             outcome: Some(outcome.into()),
             mismatches: None,
         };
@@ -230,9 +232,9 @@ impl Session {
             records::data(&record),
         );
         let hint = if no {
-            crate::approval::declined_hint(tool, outcome)
+            crate::policy::approval::declined_hint(tool, outcome)
         } else {
-            crate::approval::late_answer_hint(tool)
+            crate::policy::approval::late_answer_hint(tool)
         };
         let result = self.tool_error(&payload, &hint);
         self.out.to_host(envelope::result_line(host_id, &result));

@@ -9,9 +9,9 @@
 use serde_json::{Value, json};
 
 use super::*;
-use crate::catalog::Catalog;
-use crate::hashing::short;
-use crate::proxy::envelope::{self, Message};
+use crate::base::hashing::short;
+use crate::policy::catalog::Catalog;
+use crate::wire::proxy::envelope::{self, Message};
 
 impl Session {
     /// Starts a fetch of the current server's tools (its first list, or a refresh), or starts

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::audit::records;
-use crate::proxy::envelope::{self, Kind, Message};
+use crate::wire::proxy::envelope::{self, Kind, Message};
 
 impl Session {
     pub(super) fn on_child_line(&mut self, epoch: &str, line: Vec<u8>) {
@@ -58,7 +58,7 @@ impl Session {
             self.out.status(StatusEvent::TooManyServerRequests {
                 limit: OPEN_AT_HOST_LIMIT,
                 label: self.label().to_string(),
-                epoch: crate::epoch::short(epoch).to_string(),
+                epoch: crate::identity::epoch::short(epoch).to_string(),
             });
         }
         let why = format!("more than {OPEN_AT_HOST_LIMIT} requests to the host are unanswered");
@@ -80,7 +80,7 @@ impl Session {
             text: cut,
             cut: text.chars().count() > 200,
             label: self.label().to_string(),
-            epoch: crate::epoch::short(epoch).to_string(),
+            epoch: crate::identity::epoch::short(epoch).to_string(),
         });
         let id = protocol::recover_id(line).and_then(|r| envelope::parse_numeric_id(&r));
         if let Some(id) = id
@@ -388,7 +388,7 @@ impl Session {
             // It cannot serve this host: held requests are answered with why, not held again.
             return self.server_cannot_serve(format!(
                 "refused the handshake: {}",
-                crate::sanitize::line(&said)
+                crate::screen::sanitize::line(&said)
             ));
         }
         let mut result = msg.result_value();
@@ -417,9 +417,10 @@ impl Session {
                 // said must not be named in the status line).
                 let said = result.get("protocolVersion").and_then(Value::as_str);
                 if said != Some(n.protocol_version.as_str()) {
-                    let told = crate::sanitize::first_chars(&n.protocol_version, 40).to_string();
+                    let told =
+                        crate::screen::sanitize::first_chars(&n.protocol_version, 40).to_string();
                     let now = said.map_or("no protocol version".to_string(), |v| {
-                        crate::sanitize::first_chars(v, 40).to_string()
+                        crate::screen::sanitize::first_chars(v, 40).to_string()
                     });
                     self.close_connection(&format!(
                         "protocol version changed: the host was given protocol {told} (recorded from an earlier build of this server) while the server was building, but the new build answers {now} (did its MCP SDK change?); reconnect the server in the host"
@@ -535,7 +536,7 @@ impl Session {
         self.out.status(StatusEvent::ServerOversize {
             len,
             label: self.label().to_string(),
-            epoch: crate::epoch::short(epoch).to_string(),
+            epoch: crate::identity::epoch::short(epoch).to_string(),
         });
         // If it was an answer, its requester must not hang.
         if let Some(id) = protocol::recover_id(prefix).and_then(|r| envelope::parse_numeric_id(&r))

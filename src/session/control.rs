@@ -3,15 +3,15 @@
 //!
 //! Owns: turning a human decision into a grant (re-checked against the current epoch by the
 //! gate), revocations, and what `approve` shows as changed since the last approval. Must not
-//! touch: the socket itself and where answers go (`crate::control`, the shell); a request
+//! touch: the socket itself and where answers go (`crate::face::control_socket`, the shell); a request
 //! arrives typed ([`ControlRequest`], parsed at the socket) with a ticket, and its answer is
 //! an effect carrying that ticket.
 
 use serde_json::{Value, json};
 
 use super::*;
-use crate::approval::{ApprovalRequest, CallApprovalRequest, Channel, RevokeTarget};
-use crate::epoch::EpochId;
+use crate::identity::epoch::EpochId;
+use crate::policy::approval::{ApprovalRequest, CallApprovalRequest, Channel, RevokeTarget};
 
 /// A request on the control socket, as the session understands it. The wire is one JSON
 /// object with `op` (`status`, `restart`, `approve`, `revoke`); unknown operations and missing
@@ -228,7 +228,7 @@ impl Session {
     }
 
     /// The `approval_granted` record, the baseline for the next review, the status line.
-    pub(super) fn record_grant(&mut self, grant: &crate::approval::Grant, via: &str) {
+    pub(super) fn record_grant(&mut self, grant: &crate::policy::approval::Grant, via: &str) {
         let g = serde_json::to_value(grant).expect("grant serializes");
         if let Some(c) = self.server.child() {
             self.approvals.baseline = Some((
@@ -245,9 +245,9 @@ impl Session {
                    "kind": grant.kind.as_str(), "argumentsDigest": grant.arguments_digest}),
         );
         let what = match grant.kind {
-            crate::approval::GrantKind::Call => format!(
+            crate::policy::approval::GrantKind::Call => format!(
                 "one call of {} (arguments {})",
-                crate::sanitize::review(
+                crate::screen::sanitize::review(
                     &grant
                         .tool_scope
                         .iter()
@@ -257,7 +257,7 @@ impl Session {
                 ),
                 grant.arguments_digest.as_deref().unwrap_or("?")
             ),
-            crate::approval::GrantKind::Epoch => crate::sanitize::review(
+            crate::policy::approval::GrantKind::Epoch => crate::screen::sanitize::review(
                 &grant
                     .tool_scope
                     .iter()
@@ -300,14 +300,13 @@ impl Session {
         if child.epoch == *epoch {
             return Value::Null;
         }
-        let identity = crate::fingerprint::component_list(&crate::fingerprint::changed_components(
-            record,
-            &child.record,
-        ));
+        let identity = crate::identity::fingerprint::component_list(
+            &crate::identity::fingerprint::changed_components(record, &child.record),
+        );
         // No comparison with a catalog that is not this server's (its first list failed).
         let catalog_lines = match (catalog, self.catalogs.history.catalog()) {
             _ if !self.catalog_is_this_servers() => Value::Null,
-            (Some(old), Some(new)) => json!(crate::catalog::diff(old, new).render_human()),
+            (Some(old), Some(new)) => json!(crate::policy::catalog::diff(old, new).render_human()),
             _ => json!([]),
         };
         json!({"epoch": epoch, "identity": identity, "catalog": catalog_lines})

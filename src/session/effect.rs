@@ -15,9 +15,9 @@ use serde_json::Value;
 use super::Timer;
 use super::state::RecordedFacts;
 use crate::audit::RecordData;
-use crate::epoch::LaunchRecord;
-use crate::fingerprint::IdentityRecord;
-use crate::status_lines::StatusEvent;
+use crate::identity::epoch::LaunchRecord;
+use crate::identity::fingerprint::IdentityRecord;
+use crate::screen::status_lines::StatusEvent;
 
 /// Names one control request from the shell's table of waiting clients; its answer is an
 /// [`Effect::AnswerControl`] carrying it.
@@ -63,7 +63,7 @@ pub enum Effect {
     Arm { delay: Duration, timer: Timer },
     /// Close the host's connection after everything queued for it.
     CloseHost,
-    /// Something a human watching the terminal is told (worded by `crate::status_lines`;
+    /// Something a human watching the terminal is told (worded by `crate::screen::status_lines`;
     /// boxed: effects on the hot path stay small).
     Status(Box<StatusEvent>),
     /// The same, shown only with `-v`.

@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::proxy::envelope::{self, Message};
+use crate::wire::proxy::envelope::{self, Message};
 
 impl Session {
     /// Holds a request until a server can answer it or its deadline passes.
@@ -264,12 +264,12 @@ impl Session {
         }
         self.out.status(StatusEvent::ListFromRecord {
             starting: self.starting_word(),
-            epoch: crate::epoch::short(&rec.epoch).to_string(),
-            digest: crate::hashing::short(&rec.digest).to_string(),
-            identity: crate::hashing::short(&rec.identity_digest).to_string(),
+            epoch: crate::identity::epoch::short(&rec.epoch).to_string(),
+            digest: crate::base::hashing::short(&rec.digest).to_string(),
+            identity: crate::base::hashing::short(&rec.identity_digest).to_string(),
         });
         self.out.to_host(envelope::result_line(&id, &result));
-        if let Ok(c) = crate::catalog::Catalog::from_tools(rec.tools.clone()) {
+        if let Ok(c) = crate::policy::catalog::Catalog::from_tools(rec.tools.clone()) {
             self.host_was_shown(
                 &c,
                 "recorded catalog",

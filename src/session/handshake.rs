@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::*;
-use crate::proxy::envelope::{self, Message};
+use crate::wire::proxy::envelope::{self, Message};
 
 impl Session {
     /// Sends our handshake to the fresh server of `epoch` (`initialize` with the host's params,
@@ -161,7 +161,7 @@ impl Session {
                         .collect();
                     self.server_cannot_serve(format!(
                         "refused server/discover: {}",
-                        crate::sanitize::line(&said)
+                        crate::screen::sanitize::line(&said)
                     ))
                 }
                 None => {

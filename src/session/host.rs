@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::audit::records;
-use crate::proxy::envelope::{self, Kind, Message};
+use crate::wire::proxy::envelope::{self, Kind, Message};
 
 impl Session {
     pub(super) fn on_host_line(&mut self, line: Vec<u8>) {
@@ -198,7 +198,7 @@ impl Session {
                 }
             }
             "notifications/cancelled" => self.on_host_cancel(&msg),
-            m if crate::proxy::envelope::is_notification_method(m) => {
+            m if crate::wire::proxy::envelope::is_notification_method(m) => {
                 if let Some(c) = self.server.child()
                     && c.phase != ChildPhase::Started
                 {

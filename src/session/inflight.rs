@@ -7,7 +7,7 @@ use serde_json::json;
 
 use super::*;
 use crate::audit::records;
-use crate::proxy::envelope;
+use crate::wire::proxy::envelope;
 
 impl Session {
     /// Every request open at the server of `epoch` (`requests`, taken from it as it goes)

@@ -18,7 +18,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::proxy::envelope::{self, Message};
+use crate::wire::proxy::envelope::{self, Message};
 
 impl Session {
     /// Legacy `initialize` from the host.
@@ -263,9 +263,9 @@ impl Session {
         });
         let list_waits = self.hold_budget().is_some();
         self.out.status(StatusEvent::InitializeFromRecord {
-            protocol: crate::sanitize::first_chars(&version, 40).to_string(),
-            epoch: crate::epoch::short(&rec.epoch).to_string(),
-            identity: crate::hashing::short(&rec.identity_digest).to_string(),
+            protocol: crate::screen::sanitize::first_chars(&version, 40).to_string(),
+            epoch: crate::identity::epoch::short(&rec.epoch).to_string(),
+            identity: crate::base::hashing::short(&rec.identity_digest).to_string(),
             why: self.absent_why(),
             list_waits,
         });

@@ -10,8 +10,8 @@ use serde_json::json;
 
 use super::*;
 use crate::audit::records::ServerExited;
-use crate::epoch::LaunchRecord;
-use crate::hashing::short;
+use crate::base::hashing::short;
+use crate::identity::epoch::LaunchRecord;
 
 impl Session {
     /// A burst of changes began: with no build running, build at once (see [`EarlyBuild`]).
@@ -613,7 +613,7 @@ impl Session {
         self.fail_held();
         self.fail_prompts("the supervisor is shutting down");
         self.out.close_host();
-        self.shutdown_with(why, crate::exit_codes::CONNECTION_CLOSED);
+        self.shutdown_with(why, crate::base::exit_codes::CONNECTION_CLOSED);
     }
 
     /// The session ends while its first build runs and no server ever came up: the shell
@@ -626,7 +626,7 @@ impl Session {
     }
 
     pub fn shutdown(&mut self, why: &str) {
-        self.shutdown_with(why, crate::exit_codes::OK);
+        self.shutdown_with(why, crate::base::exit_codes::OK);
     }
 
     fn shutdown_with(&mut self, why: &str, code: i32) {

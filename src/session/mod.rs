@@ -3,7 +3,7 @@
 //! Owns: the state machine of one `cargo mcp-dev run` (builds, epochs, the host connection's
 //! protocol facts, held and in-flight requests, what the host was shown) and every decision
 //! about a message: forward, hold, answer, refuse. Whether a `tools/call` is forwarded is
-//! decided by [`crate::approval::Gate`] alone; the session routes, maps ids and keeps the host's
+//! decided by [`crate::policy::approval::Gate`] alone; the session routes, maps ids and keeps the host's
 //! view of the protocol coherent across restarts.
 //!
 //! Must not touch: files, sockets, processes, the clock, random ids or the terminal.
@@ -89,17 +89,17 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::approval::{self, Gate};
 use crate::audit::{self, RecordData};
-use crate::fingerprint::IdentityRecord;
-use crate::proxy::envelope;
-use crate::supervisor::ExitInfo;
+use crate::identity::fingerprint::IdentityRecord;
+use crate::policy::approval::{self, Gate};
+use crate::process::supervisor::ExitInfo;
+use crate::wire::proxy::envelope;
 use protocol::Era;
 use route::Route;
 use server::Server;
 use state::*;
 
-pub use crate::status_lines::StatusEvent;
+pub use crate::screen::status_lines::StatusEvent;
 pub use effect::{Effect, IdMint, Now, Outbox, Ticket};
 
 pub mod codes;

@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use crate::proxy::envelope::RawId;
+use crate::wire::proxy::envelope::RawId;
 
 pub const MODERN_VERSION: &str = "2026-07-28";
 pub const LEGACY_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];

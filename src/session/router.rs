@@ -9,11 +9,11 @@
 use serde_json::{Value, json};
 
 use super::*;
-use crate::approval::{CallDecision, Channel, CheckedCall, Denial, DenialReason};
 use crate::audit::records;
-use crate::catalog::{self, Catalog};
-use crate::hashing;
-use crate::proxy::envelope::{self, Message};
+use crate::base::hashing;
+use crate::policy::approval::{CallDecision, Channel, CheckedCall, Denial, DenialReason};
+use crate::policy::catalog::{self, Catalog};
+use crate::wire::proxy::envelope::{self, Message};
 
 impl Session {
     pub(super) fn on_host_call(&mut self, msg: Message) {
@@ -151,7 +151,7 @@ impl Session {
                     .replace('`', "\\`");
                 // The id is the agent's: suggested only as a word the shell cannot expand.
                 let approve_command =
-                    needs_grant.then(|| crate::sanitize::approve_call_command(&call_id));
+                    needs_grant.then(|| crate::screen::sanitize::approve_call_command(&call_id));
                 self.out.status(StatusEvent::CallDenied {
                     tool: shown_tool,
                     reason: denial.reason.as_str().to_string(),
@@ -459,7 +459,8 @@ impl Session {
     fn tell_unchecked_schemas(&mut self, notices: Vec<(String, String)>) {
         for (tool, why) in notices {
             let tool =
-                crate::sanitize::review(crate::sanitize::first_chars(&tool, 128)).into_owned();
+                crate::screen::sanitize::review(crate::screen::sanitize::first_chars(&tool, 128))
+                    .into_owned();
             self.out
                 .status(StatusEvent::ArgumentsNotChecked { tool, why });
         }

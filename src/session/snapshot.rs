@@ -36,14 +36,14 @@ pub struct StatusSnapshot {
     pub latest_build: Option<String>,
     pub pending_restart: bool,
     pub last_build: Option<String>,
-    pub catalog: Option<crate::catalog::CatalogRevision>,
+    pub catalog: Option<crate::policy::catalog::CatalogRevision>,
     pub catalog_tools: Option<Vec<String>>,
     /// Digest of the last whole catalog the host was shown.
     pub host_catalog: Option<String>,
     /// Tools whose definition as shown to the host is outdated.
     pub stale_tools: Vec<String>,
     pub held_requests: usize,
-    pub grants: Vec<crate::approval::Grant>,
+    pub grants: Vec<crate::policy::approval::Grant>,
     pub recent_denials: Vec<DenialSnapshot>,
     /// Calls refused for lack of a grant that `approve --call ID` can approve, newest first
     /// (ids, tools and digests only: the arguments are shown over the control socket).
@@ -81,8 +81,8 @@ pub struct DenialSnapshot {
     pub at: u64,
     pub tool: String,
     pub reason: String,
-    pub approved_epoch: Option<crate::epoch::EpochId>,
-    pub current_epoch: Option<crate::epoch::EpochId>,
+    pub approved_epoch: Option<crate::identity::epoch::EpochId>,
+    pub current_epoch: Option<crate::identity::epoch::EpochId>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -8,11 +8,11 @@ use std::collections::{HashMap, VecDeque};
 
 use serde_json::Value;
 
-pub use crate::epoch::{AgentRunId, EpochId};
-use crate::fingerprint::IdentityRecord;
-use crate::proxy::envelope::Message;
-pub use crate::proxy::envelope::RawId;
+pub use crate::identity::epoch::{AgentRunId, EpochId};
+use crate::identity::fingerprint::IdentityRecord;
 use crate::session::BuildResult;
+use crate::wire::proxy::envelope::Message;
+pub use crate::wire::proxy::envelope::RawId;
 
 use super::protocol::Era;
 
@@ -371,7 +371,7 @@ pub struct KnownList {
     pub tools_text: String,
     /// The whole `result` text of the last host answer that showed it.
     pub result_text: Option<String>,
-    pub catalog: crate::catalog::Catalog,
+    pub catalog: crate::policy::catalog::Catalog,
 }
 
 /// A host `subscriptions/listen` stream, carried across restarts.
@@ -600,7 +600,7 @@ pub struct Prompt {
     /// Monotonic milliseconds after which the call is refused as timed out.
     pub deadline_ms: u64,
     /// The denial the call gets if no grant results.
-    pub denial: crate::approval::Denial,
+    pub denial: crate::policy::approval::Denial,
     /// 2026-07-28: the call was answered with the form (`input_required`); the host's retry
     /// carries the answer. Legacy: the call waits for the answer to our request.
     pub modern: bool,
@@ -690,7 +690,7 @@ pub struct Restarts {
 /// The catalog room's state (catalog_fetch.rs): the revisions and the byte caches of lists.
 #[derive(Debug, Default)]
 pub struct Catalogs {
-    pub history: crate::catalog::CatalogHistory,
+    pub history: crate::policy::catalog::CatalogHistory,
     /// The last whole one-page list seen, with its catalog.
     pub known_list: Option<KnownList>,
     /// The last `tools/list` answer the host was sent, as the server wrote it (its id): the
@@ -702,9 +702,13 @@ pub struct Catalogs {
 /// against, calls refused for lack of a grant, and prompts open in the host.
 #[derive(Debug)]
 pub struct Approvals {
-    pub gate: crate::approval::Gate,
+    pub gate: crate::policy::approval::Gate,
     /// The epoch, identity and catalog of the last approval (what `approve` diffs against).
-    pub baseline: Option<(String, IdentityRecord, Option<crate::catalog::Catalog>)>,
+    pub baseline: Option<(
+        String,
+        IdentityRecord,
+        Option<crate::policy::catalog::Catalog>,
+    )>,
     /// Calls refused for lack of a grant, newest last (bounded: [`DENIED_CALLS`]).
     pub denied_calls: VecDeque<DeniedCallRecord>,
     /// Approval prompts open in the host, by request id (bounded by `max_open_prompts`).
@@ -712,7 +716,7 @@ pub struct Approvals {
 }
 
 impl Approvals {
-    pub fn new(gate: crate::approval::Gate) -> Approvals {
+    pub fn new(gate: crate::policy::approval::Gate) -> Approvals {
         Approvals {
             gate,
             baseline: None,

@@ -11,10 +11,10 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::approval::{Gating, Policy};
-pub use crate::control::ControlReply;
-use crate::epoch::LaunchRecord;
-use crate::fingerprint::{IdentityRecord, identity_record};
+pub use crate::face::control_socket::ControlReply;
+use crate::identity::epoch::LaunchRecord;
+use crate::identity::fingerprint::{IdentityRecord, identity_record};
+use crate::policy::approval::{Gating, Policy};
 
 /// A `tool_called` record: its callId and epoch.
 pub type Intent = (Value, Option<String>);
@@ -37,7 +37,7 @@ pub struct FakeIo {
     pub reaped: Vec<String>,
     pub timers: Vec<(u64, Timer)>,
     pub host_closed: bool,
-    /// Status lines as the terminal shows them (rendered by `crate::status_lines`).
+    /// Status lines as the terminal shows them (rendered by `crate::screen::status_lines`).
     pub status: Vec<String>,
     pub audit: Vec<(String, Option<String>, Value)>,
     /// Every step's audit write fails ("disk full"): its calls are dropped and answered.
@@ -192,7 +192,7 @@ impl FakeIo {
 
 /// An identity record whose executable digest is `exe`.
 pub fn record(exe: &str) -> IdentityRecord {
-    let mut i = crate::fingerprint::tests::inputs();
+    let mut i = crate::identity::fingerprint::tests::inputs();
     i.executable.sha256 = format!("sha256:{exe}");
     identity_record(i)
 }

@@ -186,7 +186,10 @@ fn a_server_that_answers_another_version_than_the_record_closes_the_connection_w
         line.contains("2025-06-18") && line.contains("2025-03-26"),
         "{line}"
     );
-    assert_eq!(h.s.exit_code(), Some(crate::exit_codes::CONNECTION_CLOSED));
+    assert_eq!(
+        h.s.exit_code(),
+        Some(crate::base::exit_codes::CONNECTION_CLOSED)
+    );
 }
 
 /// A server that answers another version than the host asked for, with nothing recorded: its
@@ -784,10 +787,10 @@ fn the_core_imports_no_io() {
         "SystemTime",
         "console::",
         "indicatif",
-        // The stderr writer (its status events, `crate::status_lines`, are plain data).
-        "crate::status::",
-        "crate::status;",
-        "crate::status,",
+        // The stderr writer (its status events, `crate::screen::status_lines`, are plain data).
+        "crate::screen::stderr::",
+        "crate::screen::stderr;",
+        "crate::screen::stderr,",
         "Instant",
     ];
     for entry in std::fs::read_dir(dir).unwrap() {

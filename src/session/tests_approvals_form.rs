@@ -51,7 +51,7 @@ pub(in crate::session) fn assert_told_declined(answer: &Value) {
     assert_eq!(payload["approval"]["declined"], json!(true), "{payload}");
     assert_eq!(
         payload["retry"],
-        json!(crate::approval::RETRY_DECLINED),
+        json!(crate::policy::approval::RETRY_DECLINED),
         "{payload}"
     );
     assert!(
@@ -243,9 +243,9 @@ fn a_terminal_refusal_cites_this_builds_used_grant() {
 /// A per-call tool's grant lasts one call: its choice says so, not "until the next rebuild".
 #[test]
 fn a_per_call_tools_choice_says_it_lasts_one_call() {
-    let policy = crate::approval::Policy {
+    let policy = crate::policy::approval::Policy {
         per_call_tools: ["write_item".to_string()].into(),
-        ..crate::approval::Policy::default()
+        ..crate::policy::approval::Policy::default()
     };
     let mut h = Harness::with_policy(|_| {}, policy);
     ready_eliciting(&mut h);
@@ -263,7 +263,7 @@ fn a_per_call_tools_choice_says_it_lasts_one_call() {
     let g = grants(&mut h).pop().unwrap();
     assert_eq!(g["grant"]["expiresWhen"], "firstUse");
     assert_eq!(
-        crate::wording::lifetime_words("firstUse", g["kind"].as_str()),
+        crate::screen::wording::lifetime_words("firstUse", g["kind"].as_str()),
         "its next call only"
     );
 }

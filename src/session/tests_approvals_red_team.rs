@@ -109,7 +109,7 @@ fn status_suggests_approve_call_with_the_same_safe_word() {
     let id = "\"7$(echo INJECTED)\"";
     let st = json!({"deniedCalls": [{"callId": id, "tool": "write_item",
                      "argumentsDigest": "sha256:ab"}]});
-    let text = crate::wording::status_page(&st);
+    let text = crate::screen::wording::status_page(&st);
     let line = text
         .lines()
         .find(|l| l.contains("approve --call"))

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::testing::*;
 use super::*;
-use crate::catalog::Catalog;
+use crate::policy::catalog::Catalog;
 
 /// How the fake server answers the pending catalog page (or the oldest forwarded request).
 #[derive(Debug, Clone, Copy)]

@@ -491,7 +491,7 @@ fn a_cursor_page_continues_only_the_listing_that_gave_its_cursor() {
     h.build(complete("a"));
     let epoch = h.current_epoch().unwrap();
     let digest = |tools: Vec<Value>| {
-        crate::catalog::Catalog::from_tools(tools)
+        crate::policy::catalog::Catalog::from_tools(tools)
             .unwrap()
             .digest()
             .to_string()

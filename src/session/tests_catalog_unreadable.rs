@@ -123,7 +123,7 @@ fn a_continuation_page_asked_in_a_restart_is_not_answered_with_the_whole_record(
     let epoch = h.current_epoch().unwrap();
     h.handle(Event::ChildExited {
         epoch,
-        exit: crate::supervisor::ExitInfo {
+        exit: crate::process::supervisor::ExitInfo {
             code: Some(1),
             signal: None,
         },

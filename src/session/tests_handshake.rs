@@ -187,7 +187,10 @@ fn a_hostile_refusal_reaches_the_terminal_printable_and_bounded() {
         .find(|l| l.contains("server stopped"))
         .cloned()
         .expect("status line");
-    assert!(!line.chars().any(crate::sanitize::is_control), "{line:?}");
+    assert!(
+        !line.chars().any(crate::screen::sanitize::is_control),
+        "{line:?}"
+    );
     assert!(line.len() < 1_000, "bounded: {} bytes", line.len());
     let answer = h.answer(&list).expect("answered");
     let message = answer["error"]["message"].as_str().unwrap();
@@ -301,7 +304,7 @@ fn the_status_document_says_why_no_server_runs() {
     refuse(&mut h, &epoch, &init, "no");
     let doc = serde_json::to_value(h.s.snapshot()).unwrap();
     assert_eq!(doc["serverAbsent"], "the server failed to start");
-    let shown = crate::wording::status_page(&doc);
+    let shown = crate::screen::wording::status_page(&doc);
     assert!(
         shown.contains("server       not running: the server failed to start"),
         "{shown}"

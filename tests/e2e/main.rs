@@ -11,7 +11,7 @@
 //! Every denial is asserted as a tool result with `isError: true` (never a transport or protocol
 //! failure): `Driver::call` fails the scenario otherwise.
 
-// Tests plant links, fifos and files with std; only the library is held to `crate::beneath`.
+// Tests plant links, fifos and files with std; only the library is held to `crate::base::beneath`.
 #![allow(clippy::disallowed_methods)]
 
 mod approvals;

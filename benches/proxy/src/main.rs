@@ -209,7 +209,7 @@ fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
-/// The cargo build argument list `run` uses (src/build.rs `cargo_build_args`), for the twin builds.
+/// The cargo build argument list `run` uses (src/identity/build.rs `cargo_build_args`), for the twin builds.
 fn cargo_build(manifest: &Path, target_dir: &Path, release: bool) -> (Duration, Option<f64>) {
     let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()));
     cmd.args([

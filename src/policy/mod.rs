@@ -1,0 +1,6 @@
+//! The policy layer: what may run: approvals (grants, the gate) and catalog revisions.
+//!
+//! It imports only from its own layer and the ones below it (see `tests/layers.rs`).
+
+pub mod approval;
+pub mod catalog;
