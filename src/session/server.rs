@@ -90,15 +90,16 @@ impl Server {
     /// The server asked for under `epoch` is reported (started or failed): taken out, and the
     /// slot is idle until the caller says what it is now.
     pub fn take_spawning(&mut self, epoch: &str) -> Option<Spawning> {
-        match self {
-            Server::Spawning(s) if s.epoch == epoch => {
-                match std::mem::replace(self, Server::Idle) {
-                    Server::Spawning(s) => Some(s),
-                    _ => unreachable!("matched"),
-                }
-            }
+        let asked = matches!(self, Server::Spawning(s) if s.epoch == epoch);
+        match self.take_if(asked) {
+            Some(Server::Spawning(s)) => Some(s),
             _ => None,
         }
+    }
+
+    /// The slot's state, taken out (the slot is idle) when `take`.
+    fn take_if(&mut self, take: bool) -> Option<Server> {
+        take.then(|| std::mem::replace(self, Server::Idle))
     }
 
     /// A server was spawned: from any state but a running one (its predecessor is gone).
@@ -113,12 +114,10 @@ impl Server {
     /// The running server is gone (it exited, could not serve, or the session ends): taken
     /// out, and the slot is idle.
     pub fn take_running(&mut self) -> Option<ChildState> {
-        match std::mem::replace(self, Server::Idle) {
-            Server::Running(c) => Some(c),
-            other => {
-                *self = other;
-                None
-            }
+        let running = matches!(self, Server::Running(_));
+        match self.take_if(running) {
+            Some(Server::Running(c)) => Some(c),
+            _ => None,
         }
     }
 
@@ -131,13 +130,9 @@ impl Server {
 
     /// The replacement whose old server (`old_epoch`) has stopped, taken out to be started.
     pub fn take_replacement(&mut self, old_epoch: &str) -> Option<Replacing> {
-        match self {
-            Server::Replacing(r) if r.old_epoch == old_epoch => {
-                match std::mem::replace(self, Server::Idle) {
-                    Server::Replacing(r) => Some(r),
-                    _ => unreachable!("matched"),
-                }
-            }
+        let stopped = matches!(self, Server::Replacing(r) if r.old_epoch == old_epoch);
+        match self.take_if(stopped) {
+            Some(Server::Replacing(r)) => Some(r),
             _ => None,
         }
     }
