@@ -61,7 +61,7 @@ impl Session {
         if modern {
             params["_meta"] = meta.unwrap_or(json!({}));
         }
-        let id = self.alloc(Pending::CatalogPage);
+        let id = self.alloc(OpenRequest::CatalogPage);
         // Each page has a deadline: a server that never answers must not leave the session
         // fetching (holding calls) for the rest of its epoch.
         self.arm_server_timer(due);
@@ -94,7 +94,8 @@ impl Session {
             return;
         };
         let epoch = c.epoch.to_string();
-        c.requests.retain(|_, p| !matches!(p, Pending::CatalogPage));
+        c.requests
+            .retain(|_, p| !matches!(p, OpenRequest::CatalogPage));
         self.catalog_page_failed(&epoch, why);
     }
 

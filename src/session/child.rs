@@ -84,14 +84,14 @@ impl Session {
         });
         let id = protocol::recover_id(line).and_then(|r| envelope::parse_numeric_id(&r));
         if let Some(id) = id
-            && matches!(self.request(id), Some(Pending::CatalogPage))
+            && matches!(self.request(id), Some(OpenRequest::CatalogPage))
         {
             // The supervisor's own fetch must end too, or every request waits behind it.
             self.take_request(id);
             return self.catalog_page_failed(epoch, "was not valid JSON");
         }
         if let Some(id) = id
-            && matches!(self.request(id), Some(Pending::Host { .. }))
+            && matches!(self.request(id), Some(OpenRequest::Host { .. }))
         {
             self.answer_broken(
                 id,
@@ -104,7 +104,7 @@ impl Session {
     /// Answers one pending host request that the server's output cannot answer.
     fn answer_broken(&mut self, id: u64, why: &str, payload: Value) {
         let carried = self.take_initialize_carried_by(id);
-        let Some(Pending::Host { host_id, call, .. }) = self.take_request(id) else {
+        let Some(OpenRequest::Host { host_id, call, .. }) = self.take_request(id) else {
             // Our handshake carrying the host's `initialize`: the server's answer is broken,
             // so the host gets that, as the server's (once: it is answered now).
             if let Some(init) = carried {
@@ -224,7 +224,7 @@ impl Session {
             // The server ends one of the host's requests, which it knows under our id.
             if let Some(our) = req.as_u64() {
                 match self.request(our) {
-                    Some(Pending::Host {
+                    Some(OpenRequest::Host {
                         method, host_id, ..
                     }) if method == "subscriptions/listen" => {
                         // 2026-07-28: a listen stream ends with a cancellation.
@@ -239,7 +239,7 @@ impl Session {
                         msg.set_params(&params);
                         self.send_host(&msg);
                     }
-                    Some(Pending::Host { .. }) => {
+                    Some(OpenRequest::Host { .. }) => {
                         // Every host request gets exactly one answer: this one, an error.
                         self.answer_broken(
                             our,
@@ -247,7 +247,7 @@ impl Session {
                             json!({"error": "cancelled_by_server"}),
                         );
                     }
-                    Some(Pending::CatalogPage) => {
+                    Some(OpenRequest::CatalogPage) => {
                         // Our own fetch must end too, or every request waits behind it.
                         self.take_request(our);
                         let epoch = self.current_epoch().unwrap_or_default().to_string();
@@ -271,7 +271,7 @@ impl Session {
             return;
         };
         match p {
-            Pending::Host {
+            OpenRequest::Host {
                 host_id,
                 method,
                 call,
@@ -350,12 +350,12 @@ impl Session {
                     }
                 }
             }
-            Pending::Handshake { modern, asked, .. } => {
+            OpenRequest::Handshake { modern, asked, .. } => {
                 self.on_handshake_result(epoch, id, msg, modern, asked)
             }
-            Pending::CatalogPage => self.on_catalog_page(epoch, &msg),
+            OpenRequest::CatalogPage => self.on_catalog_page(epoch, &msg),
             // The host's own `initialize`, passed to a server past its handshake.
-            Pending::ForwardedInitialize => self.on_initialize_answer(epoch, id, &msg),
+            OpenRequest::ForwardedInitialize => self.on_initialize_answer(epoch, id, &msg),
         }
     }
 
@@ -512,7 +512,7 @@ impl Session {
         for (host_id_text, params) in listens {
             let host_id = serde_json::value::RawValue::from_string(host_id_text.clone())
                 .expect("valid raw id");
-            let id = self.alloc(Pending::Host {
+            let id = self.alloc(OpenRequest::Host {
                 host_id,
                 method: "subscriptions/listen".into(),
                 call: None,
@@ -541,7 +541,7 @@ impl Session {
         // If it was an answer, its requester must not hang.
         if let Some(id) = protocol::recover_id(prefix).and_then(|r| envelope::parse_numeric_id(&r))
         {
-            if matches!(self.request(id), Some(Pending::CatalogPage)) {
+            if matches!(self.request(id), Some(OpenRequest::CatalogPage)) {
                 self.take_request(id);
                 return self.catalog_page_failed(epoch, "was over the line limit");
             }

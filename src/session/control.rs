@@ -89,7 +89,7 @@ impl Session {
                     Ok(json!({"restarting": true}))
                 }
                 // The rebuild for a copy that could not start runs; its result starts it.
-                Some(_) if self.start_rebuild_pending() => Ok(json!({"building": true})),
+                Some(_) if self.server.rebuilding_to_start() => Ok(json!({"building": true})),
                 Some(record) => {
                     self.leave_crash_loop();
                     // Asked for by the human: a copy that cannot start gets its rebuild again.
@@ -147,7 +147,7 @@ impl Session {
     pub(super) fn restart_answer_after_failure(&self) -> Value {
         let answer = if self.server.child().is_some() {
             Ok(json!({"started": true}))
-        } else if self.hold_budget().is_some() || self.start_rebuild_pending() {
+        } else if self.hold_budget().is_some() || self.server.rebuilding_to_start() {
             // It could not start, and a build under way starts it if it succeeds.
             Ok(json!({"building": true}))
         } else {

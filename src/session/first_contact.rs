@@ -69,7 +69,7 @@ impl Session {
             Lifecycle::CrashLoop => "the server keeps exiting",
             Lifecycle::Stopping => "the connection is closing",
             _ if self.server.child().is_some() => "the server is starting",
-            _ if self.start_rebuild_pending() => "the server is being built again",
+            _ if self.server.rebuilding_to_start() => "the server is being built again",
             _ if self.build.runs != Builds::Idle => "the server is being built",
             _ if self.server.runs_or_restarts() => "the server is restarting",
             _ => "no server is running",
@@ -81,12 +81,7 @@ impl Session {
     fn server_on_its_way(&self) -> bool {
         self.server.runs_or_restarts()
             || self.build.runs != Builds::Idle
-            || self.start_rebuild_pending()
-    }
-
-    /// A build is on its way because a server could not start from its stored copy.
-    pub(super) fn start_rebuild_pending(&self) -> bool {
-        self.server.rebuilding_to_start()
+            || self.server.rebuilding_to_start()
     }
 
     /// How long a request may wait for the server in the current state, if it may wait.
@@ -101,7 +96,7 @@ impl Session {
             // start and is being built again, or a change after a crash loop): like the first.
             Lifecycle::Serving
                 if self.server.child().is_none()
-                    && (self.start_rebuild_pending() || self.build.runs != Builds::Idle) =>
+                    && (self.server.rebuilding_to_start() || self.build.runs != Builds::Idle) =>
             {
                 Some(self.cfg.first_start_budget)
             }
@@ -179,7 +174,7 @@ impl Session {
             "tools/call" => self.on_host_call(h.msg),
             "server/discover" => {
                 self.refuse_discover(h.msg);
-                if self.discovery_pending() && self.host.negotiated.is_none() {
+                if self.discovery_in_flight() && self.host.negotiated.is_none() {
                     // The host falls back now: so does the server's handshake (its late
                     // discover answer is dropped), and it waits for the host's `initialize`.
                     self.discovery_failed(None);
@@ -283,7 +278,7 @@ impl Session {
     pub(super) fn starting_word(&self) -> &'static str {
         if self.server.child().is_none()
             && (self.lifecycle == Lifecycle::FirstStart
-                || self.start_rebuild_pending()
+                || self.server.rebuilding_to_start()
                 || self.build.runs != Builds::Idle)
         {
             "building"
@@ -334,7 +329,7 @@ impl Session {
                 "the connection is closing".into(),
                 json!({"error": "server_unavailable", "reason": "closing"}),
             ),
-            _ if self.start_rebuild_pending() => (
+            _ if self.server.rebuilding_to_start() => (
                 "the MCP server could not start from its stored copy and is being built again (was the target directory cleaned?); retry when the build is done".into(),
                 json!({"error": "server_building", "reason": "rebuilding to start",
                        "retry": "retry the request when the build is done"}),

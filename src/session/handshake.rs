@@ -21,7 +21,7 @@ impl Session {
             .then(|| params.get("protocolVersion").and_then(Value::as_str))
             .flatten()
             .map(str::to_string);
-        let id = self.alloc(Pending::Handshake { modern, asked });
+        let id = self.alloc(OpenRequest::Handshake { modern, asked });
         let due = self.now() + self.handshake_deadline().as_millis() as u64;
         if let Some(c) = self.server.child_mut() {
             c.phase = ChildPhase::Handshaking { due_ms: due };
@@ -116,7 +116,7 @@ impl Session {
     /// A server still handshaking at its deadline never answered: it is stopped as one that
     /// cannot serve (held requests would otherwise each wait out a budget, again and again).
     fn handshake_deadline_over(&mut self) {
-        if self.discovery_pending() {
+        if self.discovery_in_flight() {
             return self.discovery_failed(None);
         }
         let secs = self.handshake_deadline().as_secs_f64();
@@ -126,14 +126,14 @@ impl Session {
     }
 
     /// Our modern `server/discover` is in flight to the current server.
-    pub(super) fn discovery_pending(&self) -> bool {
+    pub(super) fn discovery_in_flight(&self) -> bool {
         let Some(c) = self.server.child() else {
             return false;
         };
         matches!(c.phase, ChildPhase::Handshaking { .. })
             && c.requests
                 .values()
-                .any(|p| matches!(p, Pending::Handshake { modern: true, .. }))
+                .any(|p| matches!(p, OpenRequest::Handshake { modern: true, .. }))
     }
 
     /// The server did not take our `server/discover` (it refused it, or its deadline passed):
@@ -181,7 +181,7 @@ impl Session {
         c.phase = ChildPhase::Started;
         // A late answer to it is dropped as one to an unknown id.
         c.requests
-            .retain(|_, p| !matches!(p, Pending::Handshake { modern: true, .. }));
+            .retain(|_, p| !matches!(p, OpenRequest::Handshake { modern: true, .. }));
         let mut kept = std::collections::VecDeque::new();
         while let Some(h) = self.host.held.pop_front() {
             if h.msg.method() != Some("server/discover") {

@@ -141,7 +141,7 @@ impl Session {
             })
         });
         let mut msg = msg;
-        let id = self.alloc(Pending::Host {
+        let id = self.alloc(OpenRequest::Host {
             host_id: host_id.clone(),
             method: method.clone(),
             call: None,
@@ -242,7 +242,7 @@ impl Session {
         let req_text = req.to_string();
         let epoch = self.current_epoch().map(EpochId::from);
         let found = self.requests().find_map(|(id, p)| match p {
-            Pending::Host { host_id, .. } if host_id.get() == req_text => {
+            OpenRequest::Host { host_id, .. } if host_id.get() == req_text => {
                 Some((*id, epoch.clone()?))
             }
             _ => None,
@@ -254,7 +254,7 @@ impl Session {
         if let Some((id, epoch)) = found {
             let mut params = params.clone();
             params["requestId"] = json!(id);
-            if let Some(Pending::Host {
+            if let Some(OpenRequest::Host {
                 call: Some(call), ..
             }) = self.request(id)
             {
@@ -271,7 +271,7 @@ impl Session {
             // The host expects no answer now, and a server that follows the spec sends none:
             // kept, the entry would stay for the whole epoch (and be answered at its end). A
             // call's late answer is still recorded (bounded: the newest `CANCELLED_KEPT`).
-            if let Some(Pending::Host {
+            if let Some(OpenRequest::Host {
                 call: Some(call), ..
             }) = self.take_request(id)
             {

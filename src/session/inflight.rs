@@ -30,7 +30,7 @@ impl Session {
                 self.initialize_lost_its_server(id, epoch, cause);
                 continue;
             }
-            if let Pending::Host {
+            if let OpenRequest::Host {
                 host_id,
                 method,
                 call,

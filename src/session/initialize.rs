@@ -47,7 +47,7 @@ impl Session {
         {
             self.host.negotiated = None;
         }
-        if self.discovery_pending() {
+        if self.discovery_in_flight() {
             // The host fell back from `server/discover`: so does the server's handshake.
             self.discovery_failed(None);
         }
@@ -124,7 +124,7 @@ impl Session {
         };
         let epoch = c.epoch.clone();
         let params = self.host.init_params.clone().unwrap_or(json!({}));
-        let id = self.alloc(Pending::ForwardedInitialize);
+        let id = self.alloc(OpenRequest::ForwardedInitialize);
         if let Some(init) = &mut self.host.initialize {
             init.at_server = Some(id);
         }

@@ -246,7 +246,7 @@ impl Session {
     }
 
     /// Manual mode: a newer build than the running server's waits for `cargo mcp-dev restart`.
-    pub(super) fn pending_restart(&self) -> bool {
+    pub(super) fn newer_build_waits(&self) -> bool {
         self.cfg.restart == Restart::Manual
             && matches!((self.server.child(), &self.build.latest),
                 (Some(c), Some(l)) if c.record.identity_digest != l.identity_digest)

@@ -461,7 +461,7 @@ impl Session {
             why: why.to_string(),
         });
         for id in calls {
-            if let Some(Pending::Host {
+            if let Some(OpenRequest::Host {
                 host_id,
                 call: Some(_),
                 ..
@@ -524,7 +524,7 @@ impl Session {
 
     /// Our id for a request to the running server, kept in its open requests until answered
     /// (none runs: the id is spent, the entry dropped).
-    fn alloc(&mut self, p: Pending) -> u64 {
+    fn alloc(&mut self, p: OpenRequest) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         if let Some(c) = self.server.child_mut() {
@@ -534,18 +534,18 @@ impl Session {
     }
 
     /// The running server's open request `id`.
-    fn request(&self, id: u64) -> Option<&Pending> {
+    fn request(&self, id: u64) -> Option<&OpenRequest> {
         self.server.child()?.requests.get(&id)
     }
 
     /// The running server's open request `id`, taken: it is answered now.
-    fn take_request(&mut self, id: u64) -> Option<Pending> {
+    fn take_request(&mut self, id: u64) -> Option<OpenRequest> {
         self.server.child_mut()?.requests.remove(&id)
     }
 
     /// The running server's open requests, as a table (empty: no server runs).
     #[cfg(test)]
-    pub(super) fn pending(&self) -> &Requests {
+    pub(super) fn open_requests(&self) -> &Requests {
         static NONE: std::sync::OnceLock<Requests> = std::sync::OnceLock::new();
         match self.server.child() {
             Some(c) => &c.requests,
@@ -554,7 +554,7 @@ impl Session {
     }
 
     /// The running server's open requests (none: no server runs).
-    fn requests(&self) -> impl Iterator<Item = (&u64, &Pending)> {
+    fn requests(&self) -> impl Iterator<Item = (&u64, &OpenRequest)> {
         self.server
             .child()
             .into_iter()

@@ -205,7 +205,7 @@ impl Session {
                 };
                 self.audit_record(audit::TOOL_CALLED, Some(&epoch), data);
                 let started_ms = self.now();
-                let id = self.alloc(Pending::Host {
+                let id = self.alloc(OpenRequest::Host {
                     host_id,
                     method: "tools/call".into(),
                     call: Some(CallInfo {

@@ -156,7 +156,7 @@ impl Session {
                 .latest
                 .as_ref()
                 .map(|r| r.identity_digest.clone()),
-            pending_restart: self.pending_restart(),
+            pending_restart: self.newer_build_waits(),
             last_build: self.build.last_line.clone(),
             // A server whose first list failed has no catalog yet: an earlier server's is not
             // shown as if it were this one's (round 23).

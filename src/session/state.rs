@@ -262,7 +262,7 @@ pub struct ChildState {
 }
 
 /// One server's open requests, by our id.
-pub type Requests = HashMap<u64, Pending, OurIds>;
+pub type Requests = HashMap<u64, OpenRequest, OurIds>;
 
 impl ChildState {
     /// A server just spawned: nothing said to it yet.
@@ -329,7 +329,7 @@ pub struct Replacing {
 /// What a child-facing id (always ours) stands for: an entry of one server's
 /// [`ChildState::requests`], so it goes with that server.
 #[derive(Debug)]
-pub enum Pending {
+pub enum OpenRequest {
     /// A host request forwarded to the child.
     Host {
         host_id: RawId,

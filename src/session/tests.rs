@@ -470,7 +470,7 @@ fn a_server_side_cancel_still_answers_the_hosts_call() {
     let call = h.call("write_item");
     let epoch = h.current_epoch().unwrap();
     // Our id for the call is the newest pending one.
-    let ours = *h.s.pending().keys().max().unwrap();
+    let ours = *h.s.open_requests().keys().max().unwrap();
     let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": ours}});
     h.handle(Event::ChildLine {
         epoch,
@@ -2100,7 +2100,7 @@ fn cancelled_calls_do_not_pile_up_in_pending() {
     let list = h.request("tools/list", json!({}));
     assert!(h.answer(&list).is_some());
     h.answer_calls = false; // the server drops cancelled work without answering
-    let before = h.s.pending().len();
+    let before = h.s.open_requests().len();
     let mut ids = Vec::new();
     for _ in 0..500 {
         let id = h.call("list_items");
@@ -2110,7 +2110,7 @@ fn cancelled_calls_do_not_pile_up_in_pending() {
         );
         ids.push(id);
     }
-    let grown = h.s.pending().len() - before;
+    let grown = h.s.open_requests().len() - before;
     exit_current(&mut h);
     let late = ids.iter().filter(|id| h.answer(id).is_some()).count();
     assert!(
@@ -2176,7 +2176,7 @@ fn a_reused_listen_id_does_not_open_unbounded_server_streams() {
     let d = h.request("server/discover", json!({"_meta": meta}));
     h.build(complete("a"));
     assert!(h.answer(&d).unwrap().get("result").is_some());
-    let before = h.s.pending().len();
+    let before = h.s.open_requests().len();
     for _ in 0..(LISTEN_LIMIT * 4) {
         h.host(
             json!({"jsonrpc": "2.0", "id": "L", "method": "subscriptions/listen",
@@ -2188,7 +2188,7 @@ fn a_reused_listen_id_does_not_open_unbounded_server_streams() {
         .iter()
         .filter(|m| *m == "subscriptions/listen")
         .count();
-    let grown = h.s.pending().len() - before;
+    let grown = h.s.open_requests().len() - before;
     assert!(
         at_server <= LISTEN_LIMIT && grown <= LISTEN_LIMIT,
         "{at_server} listen streams opened at the server and {grown} pending entries for one host stream id (limit {LISTEN_LIMIT}); {} listens counted",

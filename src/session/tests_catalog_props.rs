@@ -191,7 +191,10 @@ impl Run {
                 "initialize" => json!({"protocolVersion": msg["params"]["protocolVersion"],
                     "capabilities": {"tools": {"listChanged": true}}, "serverInfo": {"name": "f", "version": "1"}}),
                 "tools/list"
-                    if matches!(self.h.s.pending().get(&id), Some(Pending::CatalogPage)) =>
+                    if matches!(
+                        self.h.s.open_requests().get(&id),
+                        Some(OpenRequest::CatalogPage)
+                    ) =>
                 {
                     if cursor.is_none() {
                         if self.fetch_epoch != epoch {
@@ -286,9 +289,9 @@ impl Run {
     }
 
     fn answer_page(&mut self, how: Answer) {
-        let pending = self.h.s.pending();
+        let pending = self.h.s.open_requests();
         self.pages
-            .retain(|(_, id, _)| matches!(pending.get(id), Some(Pending::CatalogPage)));
+            .retain(|(_, id, _)| matches!(pending.get(id), Some(OpenRequest::CatalogPage)));
         let Some((epoch, id, cursor)) = self.pages.pop_front() else {
             return;
         };
@@ -302,9 +305,9 @@ impl Run {
     }
 
     fn answer_host(&mut self, how: Answer) {
-        let pending = self.h.s.pending();
+        let pending = self.h.s.open_requests();
         self.forwarded
-            .retain(|(_, id, _, _)| matches!(pending.get(id), Some(Pending::Host { .. })));
+            .retain(|(_, id, _, _)| matches!(pending.get(id), Some(OpenRequest::Host { .. })));
         let Some((epoch, id, method, cursor)) = self.forwarded.pop_front() else {
             return;
         };
@@ -464,7 +467,7 @@ impl Run {
             let pages = c
                 .requests
                 .values()
-                .filter(|p| matches!(p, Pending::CatalogPage))
+                .filter(|p| matches!(p, OpenRequest::CatalogPage))
                 .count();
             let fetching = c.phase.name() == "FetchingCatalog";
             prop_assert_eq!(

@@ -54,8 +54,9 @@ impl Paged {
                 .and_then(|c| c.parse().ok())
                 .unwrap_or(0);
             let ours = matches!(
-                h.s.pending().get(&msg["id"].as_u64().unwrap_or(u64::MAX)),
-                Some(Pending::CatalogPage)
+                h.s.open_requests()
+                    .get(&msg["id"].as_u64().unwrap_or(u64::MAX)),
+                Some(OpenRequest::CatalogPage)
             );
             self.supervisor_pages += usize::from(ours);
             if ours && self.fail_page == Some(at) {

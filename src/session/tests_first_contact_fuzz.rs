@@ -6,7 +6,7 @@
 //! version; our refusal of the probe within a second; every server's first message a handshake,
 //! and the serving server initialized. It found the forwarded `initialize` answered twice (the
 //! record at its deadline, then `epoch_transition` when its server exited), which is why that
-//! request holds no host id (`Pending::ForwardedInitialize`).
+//! request holds no host id (`OpenRequest::ForwardedInitialize`).
 
 use proptest::prelude::*;
 use serde_json::{Value, json};

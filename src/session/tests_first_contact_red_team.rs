@@ -73,8 +73,8 @@ fn answer_sent(h: &mut Harness, epoch: &str, sent: &[Value], method: &str, resul
 /// Harm: the host's `initialize` is answered `-31001 server exited while the request was in
 /// flight` although the restarted server could answer it a quarter second later: Claude Code
 /// marks the server failed for the whole session (no tools; it does not reconnect by itself).
-/// The `Pending::Handshake` path puts a waiting `initialize` back for the next server; the
-/// `Pending::Host` `initialize` of `initialize_to_server` does not. (Worse, `negotiated` may
+/// The `OpenRequest::Handshake` path puts a waiting `initialize` back for the next server; the
+/// `OpenRequest::Host` `initialize` of `initialize_to_server` does not. (Worse, `negotiated` may
 /// still hold the modern version of a probe answer the host abandoned, and the restarted
 /// server's legacy answer is then "incompatible": the connection is closed.)
 #[test]
@@ -433,7 +433,7 @@ fn a_held_list_is_never_answered_from_a_record_once_a_server_of_this_session_was
 /// as `ChildOversize` with the line's prefix, which names our handshake id.
 ///
 /// Harm: `on_child_oversize` hands the id to `answer_broken`, which removes the pending entry
-/// *before* checking it is a host request: the `Pending::Handshake` with the host's
+/// *before* checking it is a host request: the `OpenRequest::Handshake` with the host's
 /// `initialize` in it is dropped silently. No deadline finds it again (the server is stopped at
 /// its handshake deadline, but `answer_in_flight` no longer sees the entry): the host's
 /// `initialize` is never answered. Claude Code waits out its 30 s and fails the server.

@@ -164,7 +164,7 @@ fn host_line(h: &mut Harness, line: String) {
 fn a_server_that_never_answers_cannot_grow_the_open_requests_without_bound() {
     let (mut h, epoch) = serving_a_host();
     h.io().to_host.clear();
-    let room = OPEN_AT_SERVER_LIMIT - h.s.pending().len();
+    let room = OPEN_AT_SERVER_LIMIT - h.s.open_requests().len();
     let mut first_forwarded = None;
     for i in 0..room {
         host_line(
