@@ -23,19 +23,8 @@ impl Session {
         let Some(child) = self.server.child_mut() else {
             return;
         };
-        match &mut child.phase {
-            ChildPhase::Up(Tools::Fetching(f)) => {
-                *f = Fetch {
-                    refetches: f.refetches,
-                    ..Fetch::new(f.of, f.audience, due)
-                }
-            }
-            // Only a server past its handshake is asked for its tools.
-            ChildPhase::Started => return debug_assert!(false, "fetch before the handshake"),
-            phase => {
-                let of = phase.listed();
-                *phase = ChildPhase::Up(Tools::Fetching(Fetch::new(of, audience, due)));
-            }
+        if !child.phase.fetch_begins(audience, due) {
+            return;
         }
         self.request_page(None, due);
         // What waited for the server's handshake and does not need its list goes to it now.
@@ -252,10 +241,8 @@ impl Session {
 
     /// The fetch in flight is over: the server's tools are now `tools`.
     fn end_fetch(&mut self, tools: Tools) {
-        if let Some(c) = self.server.child_mut()
-            && c.phase.fetch().is_some()
-        {
-            c.phase = ChildPhase::Up(tools);
+        if let Some(c) = self.server.child_mut() {
+            c.phase.fetch_ended(tools);
         }
     }
 

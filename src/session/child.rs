@@ -468,7 +468,7 @@ impl Session {
             );
             self.fetch_tools(Audience::Host);
         } else if let Some(c) = self.server.child_mut() {
-            c.phase = ChildPhase::AwaitingInitialized;
+            c.phase.initialized();
         }
     }
 

@@ -24,7 +24,7 @@ impl Session {
         let id = self.alloc(OpenRequest::Handshake { modern, asked });
         let due = self.now() + self.handshake_deadline().as_millis() as u64;
         if let Some(c) = self.server.child_mut() {
-            c.phase = ChildPhase::Handshaking { due_ms: due };
+            c.phase.handshake_sent(due);
         }
         self.arm_server_timer(due);
         let method = if modern {
@@ -178,7 +178,7 @@ impl Session {
         let Some(c) = self.server.child_mut() else {
             return;
         };
-        c.phase = ChildPhase::Started;
+        c.phase.discover_failed();
         // A late answer to it is dropped as one to an unknown id.
         c.requests
             .retain(|_, p| !matches!(p, OpenRequest::Handshake { modern: true, .. }));

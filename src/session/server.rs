@@ -1,14 +1,14 @@
 //! The server slot: at most one server process per session, and what is known about the next.
 //!
-//! Owns: [`Server`] and its transitions. Every change of the slot goes through one of the
-//! functions here, each of which names (and in debug builds asserts) the states it may start
-//! from, so "a child and a replacement at once" or "a restart scheduled for a running server"
-//! cannot be written down. What a running server is doing (handshake, tools) is its
-//! [`ChildPhase`]; why no server runs (build broken, crash loop…) is the lifecycle's.
+//! Owns: [`Server`] and a running server's [`ChildPhase`], and their transitions. Every change
+//! of either goes through one of the functions here, each of which names (and in debug builds
+//! asserts) the states it may start from, so "a child and a replacement at once", "a restart
+//! scheduled for a running server" or "a fetch before the handshake" cannot be written down.
+//! Why no server runs (build broken, crash loop…) is the lifecycle's.
 //!
 //! Must not touch: decisions (the lifecycle room decides when to start, stop or replace), I/O.
 
-use super::state::{ChildPhase, ChildState, Replacing, Spawning};
+use super::state::{Audience, ChildPhase, ChildState, Fetch, Replacing, Spawning, Tools};
 
 /// The one server slot of a session.
 #[derive(Debug)]
@@ -188,5 +188,74 @@ impl Server {
     /// Whether the build under way was asked for because a server could not start.
     pub fn rebuilding_to_start(&self) -> bool {
         matches!(self, Server::RebuildingToStart { .. })
+    }
+}
+
+/// A running server's phase transitions (the rooms decide when; these say from where).
+impl ChildPhase {
+    /// Our handshake (`initialize`, or modern `server/discover`) is sent, to be answered by
+    /// `due_ms`: from a fresh server, or one whose discover failed and that waits for the
+    /// host's `initialize`.
+    pub fn handshake_sent(&mut self, due_ms: u64) {
+        debug_assert!(
+            matches!(self, ChildPhase::Started),
+            "handshake from {self:?}"
+        );
+        *self = ChildPhase::Handshaking { due_ms };
+    }
+
+    /// Its `server/discover` was refused or not answered: it waits for the host's
+    /// `initialize` again.
+    pub fn discover_failed(&mut self) {
+        debug_assert!(
+            matches!(self, ChildPhase::Handshaking { .. }),
+            "discover failed from {self:?}"
+        );
+        *self = ChildPhase::Started;
+    }
+
+    /// Legacy: it answered our `initialize`; the host's `notifications/initialized` is awaited.
+    pub fn initialized(&mut self) {
+        debug_assert!(
+            matches!(self, ChildPhase::Handshaking { .. }),
+            "initialized from {self:?}"
+        );
+        *self = ChildPhase::AwaitingInitialized;
+    }
+
+    /// A fetch of its tools begins (`audience`: who hears what it brings), due by `due_ms`; or
+    /// the one in flight starts over from its first page (a change was announced during it),
+    /// keeping what it refreshes, its audience and its count. From a server past its handshake
+    /// only. Returns whether a fetch is now in flight.
+    pub fn fetch_begins(&mut self, audience: Audience, due_ms: u64) -> bool {
+        match self {
+            ChildPhase::Up(Tools::Fetching(f)) => {
+                *f = Fetch {
+                    refetches: f.refetches,
+                    ..Fetch::new(f.of, f.audience, due_ms)
+                }
+            }
+            ChildPhase::Started => {
+                debug_assert!(false, "fetch before the handshake");
+                return false;
+            }
+            phase => {
+                let of = phase.listed();
+                *phase = ChildPhase::Up(Tools::Fetching(Fetch::new(of, audience, due_ms)));
+            }
+        }
+        true
+    }
+
+    /// The fetch in flight ended: its tools are now `tools` (known, or not known). Nothing
+    /// happens to a server with no fetch in flight.
+    pub fn fetch_ended(&mut self, tools: Tools) {
+        debug_assert!(
+            !matches!(tools, Tools::Fetching(_)),
+            "a fetch ends in a fetch"
+        );
+        if self.fetch().is_some() {
+            *self = ChildPhase::Up(tools);
+        }
     }
 }
