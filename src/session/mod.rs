@@ -8,21 +8,26 @@
 //!
 //! Must not touch: files, sockets, processes, the clock, random ids or the terminal.
 //! [`Session::handle`] takes an event and the step's time and returns [`Effect`]s as data; the
-//! shell performs them (the real shell is `commands/run.rs`; the test shell is
+//! shell performs them (the real shell is `face/commands/run/`; the test shell is
 //! `session::testing`) and reports results as events (a spawned pid, a failed audit write).
-//! Ids come from an [`IdMint`] the shell seeds once. `tests/session_core.rs` checks
-//! mechanically that no file here imports `std::fs`, `std::process`, `std::os`, `std::net`,
-//! `SystemTime` or a terminal crate.
+//! Ids come from an [`IdMint`] the shell seeds once. `session::tests::the_core_imports_no_io`
+//! checks mechanically that no file here names `std::fs`, `std::process`, `std::os`,
+//! `std::net`, `SystemTime`, `Instant`, a terminal crate or the stderr writer. The map, the
+//! state diagrams and the routing table are in docs/ARCHITECTURE.md.
 //!
 //! Rooms (each file says what it owns):
-//! - [`effect`]: effects, the step's clock, ids; [`status_event`]: status lines as events;
-//! - [`state`]: the state types (lifecycle, builds, child phase, pending tables, host view);
+//! - [`effect`]: effects, the step's clock, ids (status lines are `crate::screen::status_lines`
+//!   events, worded there);
+//! - [`state`]: the state types (lifecycle, builds, a server's phase and tools, open requests,
+//!   the host connection); `server`: the server slot and every phase transition;
+//! - `route`: the one routing table (forward, hold, answer, answer from the record);
 //! - `lifecycle`: builds, spawning, replacing, exits, crash loop, shutdown;
 //! - `first_contact`: requests that arrive before a server is up (held requests, recorded
 //!   catalog, build failure at start); `initialize`: the host's `initialize`, answered once and
 //!   only by a real server; `handshake`: our handshake and a server that cannot serve;
 //! - `host`: messages from the host; `child`: messages from the server;
-//! - `catalog_fetch`: fetching and publishing catalogs, what each host connection was shown;
+//! - `catalog_fetch`: fetching and publishing catalogs, what the host connection was shown (kept
+//!   in the gate's `HostView`);
 //! - `router`: `tools/call` gating and forwarding; `inflight`: answers for requests whose
 //!   server went away;
 //! - `control`: `approve`/`status`/`restart`/`revoke`; `snapshot`: the status document;
