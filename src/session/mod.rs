@@ -209,18 +209,6 @@ pub enum Event {
     },
 }
 
-/// An effect the shell could not perform (a server that would not start, an audit record that
-/// could not be written), in one sentence for status lines and payloads.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct EffectError(pub String);
-
-impl EffectError {
-    pub fn new(e: impl std::fmt::Display) -> Self {
-        EffectError(e.to_string())
-    }
-}
-
 /// Restart mode (`--restart`): what a new build does to the running server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Restart {
