@@ -291,7 +291,7 @@ impl Harness {
         let mut s = Session::new(cfg, policy, IdMint::Counted { last: 0 }, now);
         let effects = s.start(now);
         io.perform(effects);
-        let mut h = Harness {
+        Harness {
             s,
             io,
             tools: vec![tool("list_items", 1), tool("write_item", 1)],
@@ -301,9 +301,7 @@ impl Harness {
             listen: ListenReply::Refuse,
             server_saw: Vec::new(),
             server_saw_in: Vec::new(),
-        };
-        h.perform(Vec::new());
-        h
+        }
     }
 
     pub fn io(&mut self) -> &mut FakeIo {
