@@ -793,7 +793,9 @@ impl AuditLog {
         &self.sink
     }
 
-    /// A reservation through `end` ([`Sink`]'s), failing closed as a flush would.
+    /// A reservation through `end` ([`Sink`]'s), failing closed as a flush would (the mapped
+    /// reservation is Linux's).
+    #[cfg(any(target_os = "linux", target_os = "android"))]
     pub(super) fn reserve(&mut self, end: u64) -> Result<(), Option<std::io::Error>> {
         self.sink.reserve(end).map_err(|b| Some(self.broken(b)))
     }
