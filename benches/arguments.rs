@@ -19,29 +19,20 @@ use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::Instant;
 
-use cargo_mcp_dev::policy::approval::{CheckedCall, Gate, Gating, Policy};
+use cargo_mcp_dev::identity::epoch::EpochId;
+use cargo_mcp_dev::policy::approval::{CheckedCall, Gate, Gating, Policy, ServedCatalog, Serving};
 use cargo_mcp_dev::policy::catalog::CatalogRevision;
 use serde_json::{Value, json};
 
-fn gate(tool: &str) -> Gate {
-    let mut g = Gate::new(
+fn gate() -> Gate {
+    Gate::new(
         Policy {
             gating: Gating::Off,
             ..Policy::default()
         },
         "run-1",
         "bench".into(),
-    );
-    g.epoch_started("E1");
-    g.catalog_fetched(
-        "E1",
-        CatalogRevision {
-            number: 1,
-            digest: "sha256:c".into(),
-        },
-        BTreeMap::from([(tool.to_string(), DIGEST.to_string())]),
-    );
-    g
+    )
 }
 
 const DIGEST: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
@@ -76,7 +67,21 @@ fn main() {
         if case.as_deref().is_some_and(|c| c != *tool) {
             continue;
         }
-        let mut g = gate(tool);
+        let mut g = gate();
+        // What the session would hand the gate: epoch E1 serving a catalog of this one tool.
+        let epoch = EpochId::from("E1");
+        let revision = CatalogRevision {
+            number: 1,
+            digest: "sha256:c".into(),
+        };
+        let tools = BTreeMap::from([(tool.to_string(), DIGEST.to_string())]);
+        let serving = Serving {
+            epoch: Some(&epoch),
+            catalog: Some(ServedCatalog {
+                revision: &revision,
+                tools: &tools,
+            }),
+        };
         let mut run = |checked: bool| {
             let mut samples = Vec::with_capacity(batches);
             for _ in 0..batches {
@@ -87,7 +92,13 @@ fn main() {
                         definition: def,
                         digest: DIGEST,
                     });
-                    black_box(g.decide_call_checked(black_box(tool), Some("sha256:a"), call, 0));
+                    black_box(g.decide_call_checked(
+                        serving,
+                        black_box(tool),
+                        Some("sha256:a"),
+                        call,
+                        0,
+                    ));
                 }
                 samples.push(t.elapsed().as_nanos() as f64 / iters as f64);
             }

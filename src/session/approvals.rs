@@ -222,7 +222,11 @@ impl Session {
     ) -> (String, Prompt, Form) {
         let host_id = call.id().expect("request").to_owned();
         let tool = denial.tool.clone();
-        let mut requested = self.approvals.gate.pending_requests().0;
+        let mut requested = self
+            .approvals
+            .gate
+            .pending_requests(serving(&self.server, &self.catalogs))
+            .0;
         requested.insert(tool.clone());
         let prompt_id = format!("{PROMPT_ID_PREFIX}{}", self.mint_id());
         let form = self.form(&tool, &epoch, &requested, arguments);
@@ -300,6 +304,7 @@ impl Session {
         let epoch = prompt.epoch.clone();
         let result = match decision {
             Decision::Once => self.approvals.gate.approve_call(
+                serving(&self.server, &self.catalogs),
                 CallApprovalRequest {
                     epoch,
                     tool: prompt.tool.clone(),
@@ -321,6 +326,7 @@ impl Session {
                     .flat_map(|t| self.approvals.gate.policy().scopes_for(t))
                     .collect();
                 self.approvals.gate.approve_via(
+                    serving(&self.server, &self.catalogs),
                     ApprovalRequest {
                         epoch,
                         tools,

@@ -296,13 +296,9 @@ impl Session {
             Extent::Listed
         };
         self.end_fetch(Tools::Known(extent));
-        let digests = catalog.tool_digests().clone();
         let tools_json = catalog.tools_json();
         let had_catalog = self.catalogs.history.current().is_some();
         let (revision, diff) = self.catalogs.history.observe(catalog);
-        self.approvals
-            .gate
-            .catalog_fetched(epoch, revision.clone(), digests);
         let summary = match &diff {
             Some(d) => d.summary(),
             None if had_catalog => "unchanged".into(),

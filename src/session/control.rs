@@ -217,7 +217,7 @@ impl Session {
         let grant = self
             .approvals
             .gate
-            .approve_call(req, now, id)
+            .approve_call(serving(&self.server, &self.catalogs), req, now, id)
             .map_err(|e| e.to_string())?;
         self.approvals
             .denied_calls
@@ -283,7 +283,7 @@ impl Session {
         let grant = self
             .approvals
             .gate
-            .approve(req, now, id)
+            .approve(serving(&self.server, &self.catalogs), req, now, id)
             .map_err(|e| e.to_string())?;
         self.record_grant(&grant, "control socket");
         self.release_covered_prompts();

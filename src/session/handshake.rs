@@ -212,7 +212,7 @@ impl Session {
             epoch: child.epoch.to_string(),
             why: why.to_string(),
         });
-        self.approvals.gate.server_exited(&child.epoch);
+        self.approvals.gate.epoch_changed();
         let requests = std::mem::take(&mut child.requests);
         self.answer_in_flight(requests, &child.epoch, None, "stopped", Some(&why));
         self.record_exit(&child, "handshake failed", None);

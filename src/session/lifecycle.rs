@@ -406,7 +406,7 @@ impl Session {
         let mut launch = LaunchRecord::new(&epoch, pid, &record, started_at, replaced.clone());
         launch.fallback = fallback.clone();
         self.out.record_launch(&launch);
-        self.approvals.gate.epoch_started(&epoch);
+        self.approvals.gate.epoch_changed();
         self.audit_record(audit::SERVER_STARTED, Some(&epoch), json!({
             "epoch": epoch, "pid": pid, "identityDigest": record.identity_digest,
             "executableSha256": record.executable.sha256, "argv": record.launch.argv, "label": self.label(),
@@ -448,7 +448,7 @@ impl Session {
         self.out.verbose(StatusEvent::ReplacingServer {
             why: why.to_string(),
         });
-        self.approvals.gate.server_exited(&child.epoch);
+        self.approvals.gate.epoch_changed();
         let requests = std::mem::take(&mut child.requests);
         self.answer_in_flight(requests, &child.epoch, Some(&new_epoch), "replaced", None);
         self.withdraw_prompts_of(
@@ -511,7 +511,7 @@ impl Session {
             exit: exit.to_string(),
         });
         self.record_exit(&child, &exit.to_string(), Some(&exit));
-        self.approvals.gate.server_exited(epoch);
+        self.approvals.gate.epoch_changed();
         let requests = std::mem::take(&mut child.requests);
         self.answer_in_flight(requests, epoch, None, "exited", Some(&exit.to_string()));
         self.withdraw_prompts_of(

@@ -96,7 +96,7 @@ use serde_json::{Value, json};
 
 use crate::audit::{self, RecordData};
 use crate::identity::fingerprint::IdentityRecord;
-use crate::policy::approval::{self, Gate};
+use crate::policy::approval::{self, Gate, ServedCatalog, Serving};
 use crate::process::supervisor::ExitInfo;
 use crate::wire::proxy::envelope;
 use protocol::Era;
@@ -343,6 +343,36 @@ pub struct Session {
     armed: ArmedTimers,
     /// Set once the session decided to end; the shell exits with it.
     exit_code: Option<i32>,
+}
+
+/// What the gate reads of the server that runs now: its epoch (the server slot) and, once this
+/// server has given one, its catalog (the catalog history's current revision). The gate keeps
+/// none of it, so these facts live in one place each. A function of the two rooms, not of
+/// `&Session`, so a caller can hand it to the gate while the approvals room is borrowed mutably.
+fn serving<'a>(server: &'a Server, catalogs: &'a Catalogs) -> Serving<'a> {
+    let Some(child) = server.child() else {
+        return Serving::NONE;
+    };
+    let catalog = if child.phase.listed().no_catalog() {
+        None
+    } else {
+        let history = &catalogs.history;
+        debug_assert!(
+            history.current().is_some(),
+            "a server with a catalog, none in history"
+        );
+        history
+            .current()
+            .zip(history.catalog())
+            .map(|(revision, catalog)| ServedCatalog {
+                revision,
+                tools: catalog.tool_digests(),
+            })
+    };
+    Serving {
+        epoch: Some(&child.epoch),
+        catalog,
+    }
 }
 
 impl Session {

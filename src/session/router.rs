@@ -79,10 +79,13 @@ impl Session {
                 digest: c.tool_digests().get(&tool)?,
             })
         });
-        let decision =
-            self.approvals
-                .gate
-                .decide_call_checked(&tool, Some(&args_digest), call, wall);
+        let decision = self.approvals.gate.decide_call_checked(
+            serving(&self.server, &self.catalogs),
+            &tool,
+            Some(&args_digest),
+            call,
+            wall,
+        );
         if let Some(notices) = self.approvals.gate.take_input_notices() {
             self.tell_unchecked_schemas(notices);
         }

@@ -117,13 +117,20 @@ impl Session {
 
     pub fn snapshot(&mut self) -> StatusSnapshot {
         let updated_at = self.now.timestamp();
-        let (pending_tools, pending_scopes) = self.approvals.gate.pending_requests();
+        let (pending_tools, pending_scopes) = self
+            .approvals
+            .gate
+            .pending_requests(serving(&self.server, &self.catalogs));
         let policy = self.approvals.gate.policy();
         StatusSnapshot {
             label: self.label().to_string(),
             agent_run: self.agent_run.clone(),
             supervisor_pid: self.cfg.supervisor_pid,
-            state: match self.approvals.gate.phase() {
+            state: match self
+                .approvals
+                .gate
+                .phase(serving(&self.server, &self.catalogs))
+            {
                 approval::Phase::IdentityPending => "identity-pending",
                 approval::Phase::CatalogReady => "catalog-ready",
                 approval::Phase::Ready => "ready",
@@ -176,7 +183,7 @@ impl Session {
             stale_tools: self
                 .approvals
                 .gate
-                .stale_tools()
+                .stale_tools(serving(&self.server, &self.catalogs))
                 .into_iter()
                 .take(MAX_LISTED)
                 .collect(),

@@ -418,6 +418,12 @@ impl Harness {
             .count()
     }
 
+    /// The gate's phase, judged against the server that runs now.
+    pub fn gate_phase(&self) -> approval::Phase {
+        let serving = super::serving(&self.s.server, &self.s.catalogs);
+        self.s.approvals.gate.phase(serving)
+    }
+
     pub fn current_epoch(&self) -> Option<String> {
         self.s.current_epoch().map(str::to_string)
     }

@@ -218,7 +218,7 @@ fn rebuild_with_unknown_tools(h: &mut Harness, old: &str) -> String {
     let (new, _) = h.rebuild_until_first_list("b", old);
     h.advance(budget_ms() + 1);
     assert!(h.s.child_ready());
-    assert_eq!(h.s.approvals.gate.phase(), approval::Phase::IdentityPending);
+    assert_eq!(h.gate_phase(), approval::Phase::IdentityPending);
     new
 }
 
@@ -376,7 +376,7 @@ fn a_call_started_fetch_after_a_failed_quiet_fetch_tells_the_host() {
         json!({"jsonrpc": "2.0", "id": fetch["id"], "error": {"code": -32603, "message": "busy"}}),
     );
     assert!(h.s.child_ready());
-    assert_eq!(h.s.approvals.gate.phase(), approval::Phase::IdentityPending);
+    assert_eq!(h.gate_phase(), approval::Phase::IdentityPending);
     // b gains a tool, says nothing; later a call asks for its list.
     h.tools.push(tool("delete_item", 1));
     h.advance(20_000);
@@ -459,7 +459,7 @@ fn a_modern_call_with_a_request_state_argument_asks_for_unknown_tools() {
     h.serve();
     h.tools = good;
     assert!(h.s.child_ready());
-    assert_eq!(h.s.approvals.gate.phase(), approval::Phase::IdentityPending);
+    assert_eq!(h.gate_phase(), approval::Phase::IdentityPending);
     h.advance(20_000);
     let lists_before = h.server_saw.iter().filter(|m| *m == "tools/list").count();
     let c = h.request(

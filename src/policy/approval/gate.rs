@@ -1,6 +1,8 @@
 //! The gate: the state machine of one agent run against one server label, and the only place
 //! that decides whether a `tools/call` is forwarded (rules in the module doc of `approval`).
-//! Owns: current epoch and catalog, what the host was shown, live and stale grants, denials.
+//! Owns: what the host was shown, live and stale grants, denials. Reads, never keeps: the
+//! running server's epoch and catalog ([`Serving`], handed in by the session, whose server slot
+//! and catalog history are the one place those facts live).
 //! Must not touch: I/O, the clock (times come in as arguments).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -20,13 +22,40 @@ pub enum Phase {
     Ready,
 }
 
-/// The current server as far as the gate knows.
-#[derive(Debug, Clone)]
-struct Current {
-    epoch: EpochId,
-    /// `None` until the supervisor has fetched this epoch's catalog: revision and, per tool,
-    /// the digest of its definition.
-    catalog: Option<(CatalogRevision, BTreeMap<String, String>)>,
+/// The server that runs now, as the session knows it: the gate is handed this view for each
+/// decision and keeps none of it (the session's server slot holds the epoch, its catalog history
+/// the catalog; one fact, one place).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Serving<'a> {
+    /// The running server's epoch; `None` while no server runs.
+    pub epoch: Option<&'a EpochId>,
+    /// That server's catalog, once the supervisor has fetched it (always `None` without an
+    /// epoch).
+    pub catalog: Option<ServedCatalog<'a>>,
+}
+
+/// The running server's catalog as the gate reads it.
+#[derive(Debug, Clone, Copy)]
+pub struct ServedCatalog<'a> {
+    pub revision: &'a CatalogRevision,
+    /// Each tool's definition digest.
+    pub tools: &'a BTreeMap<String, String>,
+}
+
+impl<'a> Serving<'a> {
+    /// No server runs.
+    pub const NONE: Serving<'static> = Serving {
+        epoch: None,
+        catalog: None,
+    };
+
+    fn tools(&self) -> Option<&'a BTreeMap<String, String>> {
+        self.catalog.map(|c| c.tools)
+    }
+
+    fn is_epoch(&self, epoch: &EpochId) -> bool {
+        self.epoch == Some(epoch)
+    }
 }
 
 /// The gate of one agent run against one server label.
@@ -35,7 +64,6 @@ pub struct Gate {
     policy: Policy,
     agent_run: AgentRunId,
     server_label: String,
-    current: Option<Current>,
     /// What the host connection was shown (the one place that fact is kept).
     host: HostView,
     /// Grants for the current epoch that have not expired or been revoked.
@@ -61,7 +89,6 @@ impl Gate {
             policy,
             agent_run: agent_run.into(),
             server_label,
-            current: None,
             host: HostView::default(),
             live: Vec::new(),
             stale: Vec::new(),
@@ -85,34 +112,13 @@ impl Gate {
         &self.server_label
     }
 
-    /// A new child was started under `epoch` (minted by the supervisor): identity is pending,
-    /// the catalog is unknown, and every grant issued so far is stale. Epochs are never reused;
-    /// if the same value arrives twice it is still treated as a new child (the safe reading).
-    pub fn epoch_started(&mut self, epoch: &str) {
+    /// The running server's epoch ended, or a new one began (a child exited, was replaced, or a
+    /// new child was started): every grant issued so far is stale. The session calls this at
+    /// each such transition of its server slot; a second call in a row changes nothing. A
+    /// catalog refresh within an epoch is no transition: grants name tools explicitly, so a
+    /// tool that appears in the new catalog is not covered unless a grant already named it.
+    pub fn epoch_changed(&mut self) {
         self.retire_live_grants();
-        self.current = Some(Current {
-            epoch: EpochId::from(epoch),
-            catalog: None,
-        });
-    }
-
-    /// The supervisor fetched the full catalog of `epoch`. Ignored (returns `false`) when `epoch`
-    /// is not the current one, e.g. a late answer from a replaced child. A refresh in the same
-    /// epoch keeps the epoch and its grants: grants name tools explicitly, so a tool that appears
-    /// in the new catalog is not covered unless a grant already named it.
-    pub fn catalog_fetched(
-        &mut self,
-        epoch: &str,
-        revision: CatalogRevision,
-        tools: BTreeMap<String, String>,
-    ) -> bool {
-        match &mut self.current {
-            Some(current) if current.epoch == epoch => {
-                current.catalog = Some((revision, tools));
-                true
-            }
-            _ => false,
-        }
     }
 
     /// What the host connection holds: the session records what it shows the host here, and
@@ -132,8 +138,8 @@ impl Gate {
 
     /// Tools whose definition as shown to the host differs from the current catalog (or that
     /// are gone), sorted. Empty before either is known.
-    pub fn stale_tools(&self) -> Vec<String> {
-        let Some((_, current)) = self.current.as_ref().and_then(|c| c.catalog.as_ref()) else {
+    pub fn stale_tools(&self, serving: Serving<'_>) -> Vec<String> {
+        let Some(current) = serving.tools() else {
             return Vec::new();
         };
         self.host
@@ -149,40 +155,30 @@ impl Gate {
             .is_some_and(|shown| current.get(tool) != Some(&shown.digest))
     }
 
-    /// The child of `epoch` exited. Ignored (returns `false`) for any other epoch. Until the next
-    /// [`Gate::epoch_started`] no call is forwarded, and the exited epoch's grants are stale.
-    pub fn server_exited(&mut self, epoch: &str) -> bool {
-        if self.current.as_ref().is_some_and(|c| c.epoch == epoch) {
-            self.retire_live_grants();
-            self.current = None;
-            true
-        } else {
-            false
-        }
-    }
-
     /// Applies a human decision. The epoch is checked again here: a decision made while looking
     /// at an older epoch is void. A request containing any per-call tool yields one per-call grant
     /// (the stricter mode wins); approve per-call tools separately to keep the others per-epoch.
     pub fn approve(
         &mut self,
+        serving: Serving<'_>,
         req: ApprovalRequest,
         now: u64,
         id: String,
     ) -> Result<Grant, ApprovalError> {
-        self.approve_via(req, Channel::Terminal, now, id)
+        self.approve_via(serving, req, Channel::Terminal, now, id)
     }
 
     /// [`Gate::approve`] for a decision that came through `channel`.
     pub fn approve_via(
         &mut self,
+        serving: Serving<'_>,
         req: ApprovalRequest,
         channel: Channel,
         now: u64,
         id: String,
     ) -> Result<Grant, ApprovalError> {
         let tools: Vec<String> = req.tools.iter().cloned().collect();
-        self.check_approvable(&req.epoch, &tools)?;
+        self.check_approvable(serving, &req.epoch, &tools)?;
         if let Some(scope) = req
             .credential_scopes
             .iter()
@@ -236,13 +232,14 @@ impl Gate {
     /// [`Gate::approve`] apply (run, epoch, catalog, tool).
     pub fn approve_call(
         &mut self,
+        serving: Serving<'_>,
         req: CallApprovalRequest,
         now: u64,
         id: String,
     ) -> Result<Grant, ApprovalError> {
         let scopes = self.policy.scopes_for(&req.tool);
         // The epoch, catalog and tool checks of a per-epoch approval, without issuing one.
-        self.check_approvable(&req.epoch, std::slice::from_ref(&req.tool))?;
+        self.check_approvable(serving, &req.epoch, std::slice::from_ref(&req.tool))?;
         if req.arguments_digest.is_empty() {
             return Err(ApprovalError::NoArgumentsDigest);
         }
@@ -265,20 +262,22 @@ impl Gate {
         Ok(grant)
     }
 
-    fn check_approvable(&self, epoch: &EpochId, tools: &[String]) -> Result<(), ApprovalError> {
+    fn check_approvable(
+        &self,
+        serving: Serving<'_>,
+        epoch: &EpochId,
+        tools: &[String],
+    ) -> Result<(), ApprovalError> {
         if self.run_ended {
             return Err(ApprovalError::RunEnded);
         }
-        let current = match &self.current {
-            Some(c) if &c.epoch == epoch => c,
-            other => {
-                return Err(ApprovalError::EpochChanged {
-                    requested: epoch.clone(),
-                    current: other.as_ref().map(|c| c.epoch.clone()),
-                });
-            }
-        };
-        let Some((_, catalog)) = &current.catalog else {
+        if !serving.is_epoch(epoch) {
+            return Err(ApprovalError::EpochChanged {
+                requested: epoch.clone(),
+                current: serving.epoch.cloned(),
+            });
+        }
+        let Some(catalog) = serving.tools() else {
             return Err(ApprovalError::NotReady);
         };
         if tools.is_empty() {
@@ -322,8 +321,8 @@ impl Gate {
     /// Decides one `tools/call` (see the module doc for the order of checks). Forwarding under a
     /// per-call grant consumes it; a cancelled or failed call does not give it back, because the
     /// call may have run.
-    pub fn decide_call(&mut self, tool: &str, now: u64) -> CallDecision {
-        self.decide_call_with(tool, None, now)
+    pub fn decide_call(&mut self, serving: Serving<'_>, tool: &str, now: u64) -> CallDecision {
+        self.decide_call_with(serving, tool, None, now)
     }
 
     /// [`Gate::decide_call`] for a call whose arguments have digest `arguments_digest` (the
@@ -331,11 +330,12 @@ impl Gate {
     /// `call` grants never apply.
     pub fn decide_call_with(
         &mut self,
+        serving: Serving<'_>,
         tool: &str,
         arguments_digest: Option<&str>,
         now: u64,
     ) -> CallDecision {
-        self.decide_call_checked(tool, arguments_digest, None, now)
+        self.decide_call_checked(serving, tool, arguments_digest, None, now)
     }
 
     /// [`Gate::decide_call_with`] with the call's arguments checked against the tool's current
@@ -345,6 +345,7 @@ impl Gate {
     /// another catalog); without one the arguments are not checked.
     pub fn decide_call_checked(
         &mut self,
+        serving: Serving<'_>,
         tool: &str,
         arguments_digest: Option<&str>,
         call: Option<CheckedCall<'_>>,
@@ -352,8 +353,8 @@ impl Gate {
     ) -> CallDecision {
         let scopes = self.policy.scopes_for(tool);
         let gated = self.policy.is_gated(tool);
-        let Some((_, catalog)) = self.current.as_ref().and_then(|c| c.catalog.as_ref()) else {
-            let denial = self.denial(tool, &scopes, DenialReason::IdentityPending);
+        let Some(catalog) = serving.tools() else {
+            let denial = self.denial(serving, tool, &scopes, DenialReason::IdentityPending);
             return self.deny(denial, gated, now);
         };
         let in_catalog = catalog.contains_key(tool);
@@ -372,10 +373,10 @@ impl Gate {
         // current one (or the tool is gone). A host that was never shown the tool (e.g. a
         // one-shot CLI call) is judged against the current catalog; approval rules still apply.
         if self.is_stale(tool, catalog) {
-            let mut denial = self.denial(tool, &scopes, DenialReason::CatalogStale);
+            let mut denial = self.denial(serving, tool, &scopes, DenialReason::CatalogStale);
             if gated && in_catalog && live.is_none() {
                 let stale = stale(self);
-                let past = stale.as_ref().is_some_and(|e| !self.is_current_epoch(e));
+                let past = stale.as_ref().is_some_and(|e| !serving.is_epoch(e));
                 denial.authorization = Some(if past {
                     PendingAuthorization::Stale
                 } else {
@@ -387,7 +388,7 @@ impl Gate {
             return self.deny(denial, record, now);
         }
         if !in_catalog {
-            let denial = self.denial(tool, &scopes, DenialReason::UnknownTool);
+            let denial = self.denial(serving, tool, &scopes, DenialReason::UnknownTool);
             return self.deny(denial, false, now);
         }
         if let Some(call) = call
@@ -396,7 +397,7 @@ impl Gate {
                 self.inputs
                     .check(tool, call.digest, call.definition, call.arguments)
         {
-            let mut denial = self.denial(tool, &scopes, DenialReason::ArgumentsInvalid);
+            let mut denial = self.denial(serving, tool, &scopes, DenialReason::ArgumentsInvalid);
             denial.mismatches = mismatches;
             return self.deny(denial, false, now);
         }
@@ -438,10 +439,10 @@ impl Gate {
                 credential_scopes: scopes.into_iter().collect(),
             };
         }
-        let mut denial = self.denial(tool, &scopes, DenialReason::AuthorizationRequired);
+        let mut denial = self.denial(serving, tool, &scopes, DenialReason::AuthorizationRequired);
         if let Some(approved) = stale(self) {
             // A grant of this epoch that was used up: approval is required again (not stale).
-            if !self.is_current_epoch(&approved) {
+            if !serving.is_epoch(&approved) {
                 denial.reason = DenialReason::AuthorizationStale;
             }
             denial.approved_epoch = Some(approved);
@@ -451,15 +452,20 @@ impl Gate {
 
     /// A refusal of `tool` as things stand (built only when a call is refused: a forwarded
     /// call allocates none of it).
-    fn denial(&self, tool: &str, scopes: &BTreeSet<String>, reason: DenialReason) -> Denial {
-        let catalog = self.current.as_ref().and_then(|c| c.catalog.as_ref());
+    fn denial(
+        &self,
+        serving: Serving<'_>,
+        tool: &str,
+        scopes: &BTreeSet<String>,
+        reason: DenialReason,
+    ) -> Denial {
         Denial {
             reason,
             tool: tool.to_owned(),
             approved_epoch: None,
-            current_epoch: self.current.as_ref().map(|c| c.epoch.clone()),
+            current_epoch: serving.epoch.cloned(),
             host_catalog: self.host.catalog().map(str::to_owned),
-            current_catalog: catalog.map(|(revision, _)| revision.clone()),
+            current_catalog: serving.catalog.map(|c| c.revision.clone()),
             credential_scopes: scopes.iter().cloned().collect(),
             authorization: None,
             mismatches: Vec::new(),
@@ -490,10 +496,6 @@ impl Gate {
             .max_by_key(|g| g.issued_at)
     }
 
-    fn is_current_epoch(&self, epoch: &EpochId) -> bool {
-        self.current.as_ref().is_some_and(|c| &c.epoch == epoch)
-    }
-
     fn retire_live_grants(&mut self) {
         self.stale.append(&mut self.live);
         let excess = self.stale.len().saturating_sub(STALE_GRANTS);
@@ -503,12 +505,8 @@ impl Gate {
     /// Tools (and the credential scopes they use) that were refused for lack of a grant and are
     /// still not covered: the defaults `cargo mcp-dev approve` proposes. Limited to the current
     /// catalog once it is known.
-    pub fn pending_requests(&self) -> (BTreeSet<String>, BTreeSet<String>) {
-        let catalog = self
-            .current
-            .as_ref()
-            .and_then(|c| c.catalog.as_ref())
-            .map(|(_, tools)| tools);
+    pub fn pending_requests(&self, serving: Serving<'_>) -> (BTreeSet<String>, BTreeSet<String>) {
+        let catalog = serving.tools();
         let tools: BTreeSet<String> = self
             .requested
             .iter()
@@ -546,28 +544,16 @@ impl Gate {
         &self.live
     }
 
-    pub fn phase(&self) -> Phase {
-        match self.current.as_ref().and_then(|c| c.catalog.as_ref()) {
+    pub fn phase(&self, serving: Serving<'_>) -> Phase {
+        match serving.tools() {
             None => Phase::IdentityPending,
-            Some((_, tools))
+            Some(tools)
                 if self.live.is_empty() && tools.keys().any(|t| self.policy.is_gated(t)) =>
             {
                 Phase::CatalogReady
             }
             Some(_) => Phase::Ready,
         }
-    }
-
-    pub fn current_epoch(&self) -> Option<&str> {
-        self.current.as_ref().map(|c| c.epoch.as_str())
-    }
-
-    /// The revision of the current epoch's catalog, once fetched.
-    pub fn current_catalog(&self) -> Option<&CatalogRevision> {
-        self.current
-            .as_ref()
-            .and_then(|c| c.catalog.as_ref())
-            .map(|(rev, _)| rev)
     }
 
     /// Digest of the catalog the host last fetched.
@@ -596,23 +582,4 @@ pub struct CheckedCall<'a> {
     /// The tool's definition in the current catalog, and its digest there.
     pub definition: &'a serde_json::Value,
     pub digest: &'a str,
-}
-
-#[cfg(test)]
-impl Gate {
-    /// The host was shown catalog `sha256:<tag>` holding the current catalog's tools.
-    pub(super) fn host_fetched_catalog(&mut self, digest: &str) {
-        let tag = digest.trim_start_matches("sha256:");
-        let names: Vec<String> = self
-            .current
-            .as_ref()
-            .and_then(|c| c.catalog.as_ref())
-            .map(|(_, t)| t.keys().cloned().collect())
-            .unwrap_or_default();
-        let view = names.into_iter().map(|n| {
-            let d = format!("{tag}:{n}");
-            (n, d, serde_json::Value::Null)
-        });
-        self.host.show_catalog(digest, None, view);
-    }
 }

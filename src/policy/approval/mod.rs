@@ -37,6 +37,8 @@ mod grant;
 mod host_view;
 mod policy;
 #[cfg(test)]
+mod test_gate;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_arguments;

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
+use super::test_gate::TestGate;
 use super::*;
 use crate::identity::epoch::{EpochId, GrantId};
 use crate::policy::catalog::CatalogRevision;
@@ -50,12 +51,12 @@ fn policy() -> Policy {
     }
 }
 
-fn gate() -> Gate {
-    Gate::new(policy(), "run-1", "inventory".into())
+fn gate() -> TestGate {
+    TestGate::new(Gate::new(policy(), "run-1", "inventory".into()))
 }
 
 /// A gate at `ready(epoch, catalog 1)` with the host up to date and no grants.
-fn ready_gate(epoch: &str) -> Gate {
+fn ready_gate(epoch: &str) -> TestGate {
     let mut g = gate();
     g.epoch_started(epoch);
     assert!(g.catalog_fetched(
@@ -82,7 +83,7 @@ fn denial(d: CallDecision) -> Denial {
     }
 }
 
-fn reason(g: &mut Gate, tool: &str) -> &'static str {
+fn reason(g: &mut TestGate, tool: &str) -> &'static str {
     match g.decide_call(tool, 0) {
         CallDecision::Deny(d) => d.reason.as_str(),
         CallDecision::Forward { .. } => "forward",
@@ -443,7 +444,7 @@ fn revoke_and_end_run() {
 fn gating_off_and_only() {
     let mut p = policy();
     p.gating = Gating::Off;
-    let mut g = Gate::new(p, "r", "l".into());
+    let mut g = TestGate::new(Gate::new(p, "r", "l".into()));
     g.epoch_started(A);
     assert_eq!(
         reason(&mut g, "write_item"),
@@ -470,7 +471,7 @@ fn gating_off_and_only() {
 
     let mut p = policy();
     p.gating = Gating::Only(set(&["write_item"]));
-    let mut g = Gate::new(p, "r", "l".into());
+    let mut g = TestGate::new(Gate::new(p, "r", "l".into()));
     g.epoch_started(A);
     g.catalog_fetched(A, rev(1, "c1"), cat("c1", &["write_item", "delete_item"]));
     g.host_fetched_catalog("sha256:c1");
@@ -625,7 +626,7 @@ fn call_req(epoch: &str, tool: &str, digest: &str) -> CallApprovalRequest {
     }
 }
 
-fn verdict(g: &mut Gate, tool: &str, digest: &str) -> String {
+fn verdict(g: &mut TestGate, tool: &str, digest: &str) -> String {
     match g.decide_call_with(tool, Some(digest), 0) {
         CallDecision::Deny(d) => d.reason.as_str().to_string(),
         CallDecision::Forward {
@@ -1041,7 +1042,7 @@ mod model {
         #![proptest_config(ProptestConfig::with_cases(512))]
         #[test]
         fn gate_agrees_with_the_model(policy in random_policy(), steps in prop::collection::vec(step(), 1..60)) {
-            let mut gate = Gate::new(policy.clone(), "run", "label".into());
+            let mut gate = TestGate::new(Gate::new(policy.clone(), "run", "label".into()));
             let mut m = Model {
                 policy, epochs: vec![], running: None, catalog: None, host: None, grants: vec![], ended: false,
             };

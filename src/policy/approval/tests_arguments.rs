@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
+use super::test_gate::TestGate;
 use super::*;
 use crate::policy::catalog::CatalogRevision;
 
@@ -27,15 +28,15 @@ fn write_item() -> Value {
 
 /// A gate with nothing gated, at epoch `epoch` and a catalog of `tools` whose digests are
 /// `<tag>:<name>`, the host shown it.
-fn gate_with(epoch: &str, tag: &str, tools: &[&str]) -> Gate {
-    let mut g = Gate::new(
+fn gate_with(epoch: &str, tag: &str, tools: &[&str]) -> TestGate {
+    let mut g = TestGate::new(Gate::new(
         Policy {
             gating: Gating::Off,
             ..Policy::default()
         },
         "run-1",
         "inventory".into(),
-    );
+    ));
     g.epoch_started(epoch);
     let digests: BTreeMap<String, String> = tools
         .iter()
@@ -54,7 +55,7 @@ fn gate_with(epoch: &str, tag: &str, tools: &[&str]) -> Gate {
 }
 
 /// Judges a call of `def`'s tool (digest `<tag>:<name>`) with `args` (JSON text, `None`: absent).
-fn judge(g: &mut Gate, tag: &str, def: &Value, args: Option<&str>) -> CallDecision {
+fn judge(g: &mut TestGate, tag: &str, def: &Value, args: Option<&str>) -> CallDecision {
     let name = def["name"].as_str().unwrap();
     let digest = format!("{tag}:{name}");
     g.decide_call_checked(
@@ -204,14 +205,14 @@ fn additional_properties_are_refused_only_when_the_schema_says_so() {
 fn checks_come_after_staleness_and_before_grants() {
     // A gated tool, no grant: a malformed call is refused for its arguments, not sent to a
     // person; a per-call grant is not spent on it.
-    let mut g = Gate::new(
+    let mut g = TestGate::new(Gate::new(
         Policy {
             mode: ApprovalMode::PerCall,
             ..Policy::default()
         },
         "run-1",
         "inventory".into(),
-    );
+    ));
     g.epoch_started(A);
     g.catalog_fetched(
         A,
