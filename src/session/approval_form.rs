@@ -225,7 +225,7 @@ impl Session {
         m.push_str(&format!(
             "Server `{}`, agent run {}, build (epoch) …{}.\n",
             r(self.label()),
-            self.agent_run,
+            self.agent_run(),
             short(epoch),
         ));
         m.push_str(&self.change_summary(tool));

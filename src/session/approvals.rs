@@ -198,10 +198,10 @@ impl Session {
             self.approvals.prompts.insert(prompt_id, prompt);
             let mut bytes = line.to_string().into_bytes();
             bytes.push(b'\n');
-            self.out.to_host(bytes);
+            self.step.out.to_host(bytes);
         }
         self.arm_prompt_timer();
-        self.out.status(StatusEvent::ApprovalAsked {
+        self.step.out.status(StatusEvent::ApprovalAsked {
             tool: sanitize::review(&tool).into_owned(),
             epoch: epoch.to_string(),
             call_id: sanitize::review(call_id).into_owned(),
@@ -256,7 +256,7 @@ impl Session {
             return false;
         }
         let Some(prompt) = self.approvals.prompts.remove(&id) else {
-            self.out.status(StatusEvent::PromptNotOpen {
+            self.step.out.status(StatusEvent::PromptNotOpen {
                 id: sanitize::review(&id.chars().take(80).collect::<String>()).into_owned(),
             });
             return true;
@@ -264,7 +264,7 @@ impl Session {
         if prompt.modern {
             // A modern prompt is answered by the call's retry, never by a response.
             self.approvals.prompts.insert(id, prompt);
-            self.out.status(StatusEvent::PromptWasInputRequest);
+            self.step.out.status(StatusEvent::PromptWasInputRequest);
             return true;
         }
         self.answered(prompt, read_answer(msg));
@@ -300,7 +300,7 @@ impl Session {
             self.refuse_prompted(prompt, &outcome);
             return;
         }
-        let (now, id) = (self.now.wall_ms, self.mint_id());
+        let (now, id) = (self.step.now.wall_ms, self.mint_id());
         let epoch = prompt.epoch.clone();
         let result = match decision {
             Decision::Once => self.approvals.gate.approve_call(
@@ -386,13 +386,14 @@ impl Session {
             )
         };
         self.record_prompt_closed(&prompt, outcome);
-        self.out.status(StatusEvent::PromptRefused {
+        self.step.out.status(StatusEvent::PromptRefused {
             tool: sanitize::review(&prompt.tool).into_owned(),
             reason: denial.reason.as_str().to_string(),
             outcome: sanitize::line(outcome).into_owned(),
         });
         let result = self.tool_error(&payload, &hint);
-        self.out
+        self.step
+            .out
             .to_host(envelope::result_line(&prompt.host_id, &result));
         self.publish();
     }
@@ -455,7 +456,7 @@ impl Session {
     /// Tells the host a prompt is no longer wanted (`notifications/cancelled`), so its form
     /// closes; an answer that still comes finds no open prompt.
     pub(super) fn withdraw_prompt(&mut self, id: &str, reason: &str) {
-        self.out.notify_host(envelope::notification_line(
+        self.step.out.notify_host(envelope::notification_line(
             "notifications/cancelled",
             Some(&json!({"requestId": id, "reason": reason})),
         ));
@@ -467,16 +468,21 @@ impl Session {
         let Some(earliest) = self.approvals.prompts.values().map(|p| p.deadline_ms).min() else {
             return;
         };
-        if self.armed.prompts.is_some_and(|armed| armed <= earliest) {
+        if self
+            .step
+            .armed
+            .prompts
+            .is_some_and(|armed| armed <= earliest)
+        {
             return;
         }
-        self.armed.prompts = Some(earliest);
+        self.step.armed.prompts = Some(earliest);
         let wait = std::time::Duration::from_millis(earliest.saturating_sub(self.now()));
-        self.out.schedule(wait, Timer::ApprovalDeadline);
+        self.step.out.schedule(wait, Timer::ApprovalDeadline);
     }
 
     pub(super) fn expire_prompts(&mut self) {
-        self.armed.prompts = None;
+        self.step.armed.prompts = None;
         let now = self.now();
         let due: Vec<String> = self
             .approvals

@@ -97,7 +97,9 @@ impl Session {
             REQUEST_STATE: prompt_id,
         });
         self.approvals.prompts.insert(prompt_id, prompt);
-        self.out.to_host(envelope::result_line(&host_id, &result));
+        self.step
+            .out
+            .to_host(envelope::result_line(&host_id, &result));
     }
 
     /// A modern `tools/call` whose `requestState` is one of ours: the retry of a call that was
@@ -124,7 +126,7 @@ impl Session {
             .get(&prompt_id)
             .is_some_and(|p| p.modern && p.tool == tool && p.arguments_digest == digest);
         if !open {
-            self.out.status(StatusEvent::RetryPromptNotOpen {
+            self.step.out.status(StatusEvent::RetryPromptNotOpen {
                 tool: sanitize::review(&tool).into_owned(),
                 prompt: sanitize::review(&prompt_id.chars().take(80).collect::<String>())
                     .into_owned(),
@@ -237,7 +239,9 @@ impl Session {
             crate::policy::approval::late_answer_hint(tool)
         };
         let result = self.tool_error(&payload, &hint);
-        self.out.to_host(envelope::result_line(host_id, &result));
+        self.step
+            .out
+            .to_host(envelope::result_line(host_id, &result));
         self.publish();
     }
 }

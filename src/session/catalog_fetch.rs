@@ -54,7 +54,8 @@ impl Session {
         // Each page has a deadline: a server that never answers must not leave the session
         // fetching (holding calls) for the rest of its epoch.
         self.arm_server_timer(due);
-        self.out
+        self.step
+            .out
             .to_child(&epoch, envelope::request_line(id, "tools/list", &params));
     }
 
@@ -137,7 +138,7 @@ impl Session {
                     f.coverage = Coverage::Short;
                     let (pages, tools) = (f.pages_fetched, f.pages.len());
                     f.pages.truncate(MAX_CATALOG_TOOLS);
-                    self.out.status(StatusEvent::CatalogPagingLimit {
+                    self.step.out.status(StatusEvent::CatalogPagingLimit {
                         pages,
                         tools,
                         max_pages: MAX_CATALOG_PAGES,
@@ -165,9 +166,11 @@ impl Session {
         if f.refetches >= CATALOG_REFETCHES {
             // It may mix two states: it gates calls, but is not recorded as a whole list.
             f.coverage = Coverage::Short;
-            self.out.status(StatusEvent::CatalogChangedDuringFetches {
-                fetches: CATALOG_REFETCHES,
-            });
+            self.step
+                .out
+                .status(StatusEvent::CatalogChangedDuringFetches {
+                    fetches: CATALOG_REFETCHES,
+                });
             return false;
         }
         f.refetches += 1;
@@ -199,7 +202,7 @@ impl Session {
         if fetched == 0 {
             return self.catalog_unknown(of, why);
         }
-        self.out.status(StatusEvent::CatalogPageFailedPartial {
+        self.step.out.status(StatusEvent::CatalogPageFailedPartial {
             page: fetched + 1,
             why: why.to_string(),
             fetched,
@@ -216,7 +219,7 @@ impl Session {
     /// slow first list was announced as "every tool removed"). `of`: what the fetch began
     /// from (a retry keeps when a call last asked).
     fn catalog_unknown(&mut self, of: Listed, why: &str) {
-        self.out.status(StatusEvent::CatalogUnknown {
+        self.step.out.status(StatusEvent::CatalogUnknown {
             why: why.to_string(),
         });
         let asked_ms = match of {
@@ -234,7 +237,7 @@ impl Session {
     /// A refresh that brought no usable list: the catalog this server gave stays, and the
     /// fetch is over (`line` says why on the terminal).
     fn keep_catalog(&mut self, extent: Extent, event: StatusEvent) {
-        self.out.status(event);
+        self.step.out.status(event);
         self.end_fetch(Tools::Known(extent));
         self.flush_held();
     }
@@ -306,13 +309,14 @@ impl Session {
         };
         let changes = diff.as_ref().map(|d| bounded_diff_lines(d.render_human()));
         if let Some(d) = &diff {
-            self.out.status(StatusEvent::CatalogChanged {
+            self.step.out.status(StatusEvent::CatalogChanged {
                 revision: revision.number,
                 digest: short(&revision.digest).to_string(),
                 summary: d.summary(),
             });
             for line in changes.iter().flatten() {
-                self.out
+                self.step
+                    .out
                     .status(StatusEvent::CatalogChange { line: line.clone() });
             }
         }
@@ -330,7 +334,7 @@ impl Session {
             .child()
             .map(|c| c.record.identity_digest.clone())
             .unwrap_or_default();
-        let now = self.now.timestamp();
+        let now = self.step.now.timestamp();
         // Only a whole list is kept as what this package's server said (never a cut one).
         if whole {
             self.recorded.catalog = Some(RecordedCatalog {
@@ -341,7 +345,7 @@ impl Session {
                 recorded_at: now,
             });
             let facts = self.recorded.clone();
-            self.out.record_facts(&facts);
+            self.step.out.record_facts(&facts);
         }
         // Tell the host only when what it holds is no longer current (or it holds nothing yet
         // because its request was refused).
@@ -463,7 +467,7 @@ impl Session {
         if self.host.list_pages.len() > MAX_CATALOG_TOOLS {
             self.host.list_pages = Vec::new();
             self.host.list_next = None;
-            self.out.verbose(StatusEvent::HostListTooLong {
+            self.step.out.verbose(StatusEvent::HostListTooLong {
                 max_tools: MAX_CATALOG_TOOLS,
             });
             return;
@@ -504,7 +508,7 @@ impl Session {
         if !ready {
             return;
         }
-        self.out.verbose(StatusEvent::CatalogDrift);
+        self.step.out.verbose(StatusEvent::CatalogDrift);
         self.fetch_tools(Audience::Quiet);
     }
     /// The host was shown a whole one-page list whose catalog is known; it stays known.
@@ -550,7 +554,7 @@ impl Session {
         );
         let epoch = self.current_epoch().map(str::to_string);
         let data = crate::audit::records::CatalogPresented {
-            connection: self.agent_run.to_string(),
+            connection: self.agent_run().to_string(),
             source: source.to_string(),
             digest: Some(shown.digest().to_string()),
             revision,

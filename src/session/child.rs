@@ -36,8 +36,8 @@ impl Session {
                     self.refuse_server_request(epoch, &child_id);
                     return self.host.server_requests.ended(child_id);
                 }
-                let host_id = self.next_id;
-                self.next_id += 1;
+                let host_id = self.step.next_id;
+                self.step.next_id += 1;
                 self.host
                     .server_requests
                     .open
@@ -55,7 +55,7 @@ impl Session {
     /// host with requests cannot grow the session without bound).
     fn refuse_server_request(&mut self, epoch: &str, child_id: &RawIdText) {
         if !std::mem::replace(&mut self.host.server_requests.overflow_told, true) {
-            self.out.status(StatusEvent::TooManyServerRequests {
+            self.step.out.status(StatusEvent::TooManyServerRequests {
                 limit: OPEN_AT_HOST_LIMIT,
                 label: self.label().to_string(),
                 epoch: crate::identity::epoch::short(epoch).to_string(),
@@ -68,7 +68,7 @@ impl Session {
             &why,
             json!({"error": "too_many_open", "limit": OPEN_AT_HOST_LIMIT}),
         );
-        self.out.to_child(epoch, line);
+        self.step.out.to_child(epoch, line);
     }
 
     /// Not JSON-RPC (a stray `println!`, invalid UTF-8): never forwarded. If it names one of
@@ -76,7 +76,7 @@ impl Session {
     fn on_child_garbage(&mut self, epoch: &str, line: &[u8]) {
         let text = String::from_utf8_lossy(line);
         let cut: String = text.chars().take(200).collect();
-        self.out.status(StatusEvent::ServerNonJson {
+        self.step.out.status(StatusEvent::ServerNonJson {
             text: cut,
             cut: text.chars().count() > 200,
             label: self.label().to_string(),
@@ -108,7 +108,7 @@ impl Session {
             // Our handshake carrying the host's `initialize`: the server's answer is broken,
             // so the host gets that, as the server's (once: it is answered now).
             if let Some(init) = carried {
-                self.out.to_host(envelope::error_line(
+                self.step.out.to_host(envelope::error_line(
                     Some(&init.host_id),
                     codes::SERVER_UNAVAILABLE,
                     why,
@@ -129,9 +129,11 @@ impl Session {
                     duration_ms: Some(0),
                 }),
             );
-            self.out.to_host(envelope::result_line(&host_id, &result));
+            self.step
+                .out
+                .to_host(envelope::result_line(&host_id, &result));
         } else {
-            self.out.to_host(envelope::error_line(
+            self.step.out.to_host(envelope::error_line(
                 Some(&host_id),
                 codes::SERVER_UNAVAILABLE,
                 why,
@@ -263,7 +265,7 @@ impl Session {
 
     fn on_child_response(&mut self, epoch: &str, mut msg: Message) {
         let Some(id) = msg.id().and_then(envelope::parse_numeric_id) else {
-            self.out.status(StatusEvent::ServerUnknownId);
+            self.step.out.status(StatusEvent::ServerUnknownId);
             return;
         };
         let Some(p) = self.take_request(id) else {
@@ -296,8 +298,8 @@ impl Session {
                 {
                     // A list we cannot read (not an object, `tools` named twice…) would reach
                     // the host unrecorded, its parser picking one of the lists: not forwarded.
-                    self.out.status(StatusEvent::ServerListUnreadable);
-                    self.out.to_host(envelope::error_line(
+                    self.step.out.status(StatusEvent::ServerListUnreadable);
+                    self.step.out.to_host(envelope::error_line(
                         Some(&host_id),
                         codes::UNKNOWN_RESPONSE,
                         "the server's tools/list answer is not a readable tool list",
@@ -338,7 +340,7 @@ impl Session {
                     msg.set_result(&result);
                 }
                 // Sent with the host's id; `msg` keeps the server's (one copy of a large answer).
-                self.out.to_host(msg.to_line_with_id(&host_id));
+                self.step.out.to_host(msg.to_line_with_id(&host_id));
                 if let Some(record) = result_record {
                     self.audit_record(audit::TOOL_RESULT, Some(epoch), record);
                 }
@@ -370,7 +372,7 @@ impl Session {
         let answer = self.take_initialize_carried_by(id);
         if msg.is_error() && modern {
             // It may speak only `initialize`: the host hears its refusal and falls back.
-            self.out.verbose(StatusEvent::DiscoverRefused);
+            self.step.out.verbose(StatusEvent::DiscoverRefused);
             return self.discovery_failed(Some(&msg));
         }
         if msg.is_error() {
@@ -409,7 +411,9 @@ impl Session {
                     capabilities: result["capabilities"].clone(),
                     from_record: false,
                 });
-                self.out.to_host(envelope::result_line(&w.host_id, &result));
+                self.step
+                    .out
+                    .to_host(envelope::result_line(&w.host_id, &result));
             }
             (Some(n), None) if n.from_record && !modern => {
                 // The host holds a recorded answer of this package: the version is binding.
@@ -429,7 +433,7 @@ impl Session {
                 }
                 let norm = |c: &Value| protocol::capabilities_without_list_changed(c);
                 if norm(&n.capabilities) != norm(&caps) {
-                    self.out.status(StatusEvent::CapabilitiesDiffer {
+                    self.step.out.status(StatusEvent::CapabilitiesDiffer {
                         capabilities: norm(&caps).to_string(),
                     });
                 }
@@ -462,7 +466,7 @@ impl Session {
             self.reopen_listens(epoch);
             self.fetch_tools(Audience::Host);
         } else if self.host.initialized {
-            self.out.notify_child(
+            self.step.out.notify_child(
                 epoch,
                 envelope::notification_line("notifications/initialized", None),
             );
@@ -495,7 +499,7 @@ impl Session {
         // A stream reopened at a new server that refuses it: the host's acknowledgement named
         // what the old server sent; it is acknowledged again with the supervisor's part only.
         l.acknowledged = false;
-        self.out.verbose(StatusEvent::ListenNotServed);
+        self.step.out.verbose(StatusEvent::ListenNotServed);
         let text = host_id.get().to_string();
         self.acknowledge_supervisor_listen(&text);
         true
@@ -525,7 +529,7 @@ impl Session {
             {
                 l.child_id = Some(id);
             }
-            self.out.to_child(
+            self.step.out.to_child(
                 epoch,
                 envelope::request_line(id, "subscriptions/listen", &params),
             );
@@ -533,7 +537,7 @@ impl Session {
     }
 
     pub(super) fn on_child_oversize(&mut self, epoch: &str, prefix: &[u8], len: usize) {
-        self.out.status(StatusEvent::ServerOversize {
+        self.step.out.status(StatusEvent::ServerOversize {
             len,
             label: self.label().to_string(),
             epoch: crate::identity::epoch::short(epoch).to_string(),
@@ -589,18 +593,18 @@ impl Session {
     /// and responses never are).
     pub(super) fn send_host(&mut self, msg: &Message) {
         if msg.kind() == &Kind::Notification {
-            self.out.notify_host(msg.to_line());
+            self.step.out.notify_host(msg.to_line());
         } else {
-            self.out.to_host(msg.to_line());
+            self.step.out.to_host(msg.to_line());
         }
     }
 
     /// A host message on to the server of `epoch` (as [`Session::send_host`]).
     pub(super) fn send_child(&mut self, epoch: &str, msg: &Message) {
         if msg.kind() == &Kind::Notification {
-            self.out.notify_child(epoch, msg.to_line());
+            self.step.out.notify_child(epoch, msg.to_line());
         } else {
-            self.out.to_child(epoch, msg.to_line());
+            self.step.out.to_child(epoch, msg.to_line());
         }
     }
 }

@@ -213,7 +213,7 @@ impl Session {
             call_id: Some(denied.call_id.clone()),
             channel: Channel::Terminal,
         };
-        let (now, id) = (self.now.wall_ms, self.mint_id());
+        let (now, id) = (self.step.now.wall_ms, self.mint_id());
         let grant = self
             .approvals
             .gate
@@ -267,7 +267,7 @@ impl Session {
             )
             .into_owned(),
         };
-        self.out.status(StatusEvent::Approved {
+        self.step.out.status(StatusEvent::Approved {
             what,
             epoch: epoch.to_string(),
             grant: grant.id.to_string(),
@@ -279,7 +279,7 @@ impl Session {
 
     fn control_approve(&mut self, req: ApprovalRequest) -> Result<Value, String> {
         self.terminal_channel()?;
-        let (now, id) = (self.now.wall_ms, self.mint_id());
+        let (now, id) = (self.step.now.wall_ms, self.mint_id());
         let grant = self
             .approvals
             .gate

@@ -78,6 +78,23 @@ pub enum Effect {
     AnswerControl { ticket: Ticket, answer: Value },
 }
 
+/// What every room writes to and reads during a step: the effects, the step's time, where new
+/// ids come from, and the deadlines the timers are armed for (so an unchanged deadline arms
+/// nothing). Owned by mod.rs; the rooms only push effects and read the time.
+#[derive(Debug)]
+pub struct Step {
+    /// The effects of the step being handled.
+    pub out: Outbox,
+    /// The time of the step being handled.
+    pub now: Now,
+    /// Where new epoch, run, grant and prompt ids come from.
+    pub ids: IdMint,
+    /// Our next request id (to servers and, for the server's requests, to the host).
+    pub next_id: u64,
+    /// The deadlines the one held-request, prompt and server timers are armed for.
+    pub armed: super::state::ArmedTimers,
+}
+
 /// The effects of the step being handled, in order.
 #[derive(Debug, Default)]
 pub struct Outbox(Vec<Effect>);

@@ -20,13 +20,14 @@ impl Session {
     /// Holds a request until a server can answer it or its deadline passes.
     pub(super) fn hold(&mut self, msg: Message, wait: Duration) {
         if self.host.held.len() >= HELD_LIMIT {
-            self.out
+            self.step
+                .out
                 .status(StatusEvent::TooManyHeld { limit: HELD_LIMIT });
             if msg.method() == Some("tools/call") {
                 return self.on_host_call(msg); // judged now: refused without a server
             }
             let id = msg.id().expect("request").to_owned();
-            return self.out.to_host(envelope::error_line(
+            return self.step.out.to_host(envelope::error_line(
                 Some(&id),
                 codes::SERVER_UNAVAILABLE,
                 &format!(
@@ -53,12 +54,12 @@ impl Session {
         let Some(earliest) = self.host.held.iter().map(|h| h.deadline_ms).min() else {
             return;
         };
-        if self.armed.held.is_some_and(|armed| armed <= earliest) {
+        if self.step.armed.held.is_some_and(|armed| armed <= earliest) {
             return;
         }
-        self.armed.held = Some(earliest);
+        self.step.armed.held = Some(earliest);
         let wait = std::time::Duration::from_millis(earliest.saturating_sub(now));
-        self.out.schedule(wait, Timer::HeldDeadline);
+        self.step.out.schedule(wait, Timer::HeldDeadline);
     }
 
     /// Why no ready server answers now, as the end of "… while {why}".
@@ -136,7 +137,7 @@ impl Session {
     /// Held requests whose deadline passed get what the table says: forwarded, waiting for a
     /// server that owes an answer, the recorded list, or an answer now.
     pub(super) fn expire_held(&mut self) {
-        self.armed.held = None;
+        self.step.armed.held = None;
         let now = self.now();
         let record_lists = self.record_answers_lists();
         let mut kept = std::collections::VecDeque::new();
@@ -182,14 +183,14 @@ impl Session {
             }
             _ => {
                 let id = h.msg.id().expect("request").to_owned();
-                self.out.status(StatusEvent::HeldTooLong {
+                self.step.out.status(StatusEvent::HeldTooLong {
                     method: method.to_string(),
                     waited_s: waited as f64 / 1000.0,
                 });
                 if method == "tools/list" {
                     self.host.list_refused = true;
                 }
-                self.out.to_host(envelope::error_line(
+                self.step.out.to_host(envelope::error_line(
                     Some(&id),
                     codes::SERVER_UNAVAILABLE,
                     &format!(
@@ -210,7 +211,7 @@ impl Session {
         let id = msg.id().expect("request").to_owned();
         self.forget_probe_era();
         let building = self.hold_budget().is_some();
-        self.out.to_host(envelope::error_line(
+        self.step.out.to_host(envelope::error_line(
             Some(&id),
             -32601,
             &format!(
@@ -257,13 +258,13 @@ impl Session {
             result["ttlMs"] = json!(0);
             result["cacheScope"] = json!("private");
         }
-        self.out.status(StatusEvent::ListFromRecord {
+        self.step.out.status(StatusEvent::ListFromRecord {
             starting: self.starting_word(),
             epoch: crate::identity::epoch::short(&rec.epoch).to_string(),
             digest: crate::base::hashing::short(&rec.digest).to_string(),
             identity: crate::base::hashing::short(&rec.identity_digest).to_string(),
         });
-        self.out.to_host(envelope::result_line(&id, &result));
+        self.step.out.to_host(envelope::result_line(&id, &result));
         if let Ok(c) = crate::policy::catalog::Catalog::from_tools(rec.tools.clone()) {
             self.host_was_shown(
                 &c,
@@ -297,7 +298,7 @@ impl Session {
             self.host.list_refused = true;
         }
         let (message, data) = self.unavailable_reason();
-        self.out.to_host(envelope::error_line(
+        self.step.out.to_host(envelope::error_line(
             Some(&id),
             codes::SERVER_UNAVAILABLE,
             &message,

@@ -32,7 +32,8 @@ impl Session {
         } else {
             "initialize"
         };
-        self.out
+        self.step
+            .out
             .to_child(&epoch, envelope::request_line(id, method, params));
         id
     }
@@ -61,7 +62,7 @@ impl Session {
             result: result.clone(),
             epoch: epoch.to_string(),
             identity_digest: identity,
-            recorded_at: self.now.timestamp(),
+            recorded_at: self.step.now.timestamp(),
         };
         let kept = &mut self.recorded.handshakes;
         kept.insert(requested, recorded);
@@ -74,7 +75,7 @@ impl Session {
             kept.remove(&oldest);
         }
         let facts = self.recorded.clone();
-        self.out.record_facts(&facts);
+        self.step.out.record_facts(&facts);
     }
 
     /// How long a server has to answer our handshake or a catalog page: the first-start
@@ -87,17 +88,17 @@ impl Session {
     /// One timer for the current server's owed answer (handshake, catalog page), armed for the
     /// earliest such deadline (a later one is armed again when it fires).
     pub(super) fn arm_server_timer(&mut self, due: u64) {
-        if self.armed.server.is_some_and(|armed| armed <= due) {
+        if self.step.armed.server.is_some_and(|armed| armed <= due) {
             return;
         }
-        self.armed.server = Some(due);
+        self.step.armed.server = Some(due);
         let wait = Duration::from_millis(due.saturating_sub(self.now()));
-        self.out.schedule(wait, Timer::ServerDeadline);
+        self.step.out.schedule(wait, Timer::ServerDeadline);
     }
 
     /// The current server's request of its phase (handshake, catalog page) reached its deadline.
     pub(super) fn server_deadline_over(&mut self) {
-        self.armed.server = None;
+        self.step.armed.server = None;
         let now = self.now();
         let Some(c) = self.server.child() else { return };
         match c.phase.answer_due_ms() {
@@ -173,7 +174,7 @@ impl Session {
             };
         }
         if refusal.is_none() {
-            self.out.status(StatusEvent::DiscoverUnanswered);
+            self.step.out.status(StatusEvent::DiscoverUnanswered);
         }
         let Some(c) = self.server.child_mut() else {
             return;
@@ -192,7 +193,7 @@ impl Session {
                 Some(r) => {
                     let id = h.msg.id().expect("request").to_owned();
                     self.forget_probe_era();
-                    self.out.to_host(r.to_line_with_id(&id));
+                    self.step.out.to_host(r.to_line_with_id(&id));
                 }
                 None => self.refuse_discover(h.msg),
             }
@@ -207,7 +208,7 @@ impl Session {
         let Some(mut child) = self.server.take_running() else {
             return;
         };
-        self.out.status(StatusEvent::ServerStopped {
+        self.step.out.status(StatusEvent::ServerStopped {
             pid: child.pid,
             epoch: child.epoch.to_string(),
             why: why.to_string(),
@@ -216,7 +217,7 @@ impl Session {
         let requests = std::mem::take(&mut child.requests);
         self.answer_in_flight(requests, &child.epoch, None, "stopped", Some(&why));
         self.record_exit(&child, "handshake failed", None);
-        self.out.stop(&child.epoch, STOP_GRACE_UNANSWERED);
+        self.step.out.stop(&child.epoch, STOP_GRACE_UNANSWERED);
         if self.lifecycle != Lifecycle::Stopping {
             self.lifecycle = Lifecycle::StartFailed {
                 message: format!("the server {why}"),

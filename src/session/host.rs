@@ -16,10 +16,11 @@ impl Session {
         let msg = match Message::parse_owned(line) {
             Ok(m) => m,
             Err(envelope::Unreadable { error: e, line }) => {
-                self.out
+                self.step
+                    .out
                     .status(StatusEvent::HostInvalidMessage { why: e.to_string() });
                 let id = protocol::recover_id(&line);
-                self.out.to_host(envelope::error_line(
+                self.step.out.to_host(envelope::error_line(
                     id.as_deref(),
                     e.code(),
                     &e.to_string(),
@@ -36,9 +37,9 @@ impl Session {
     }
 
     pub(super) fn on_host_oversize(&mut self, prefix: &[u8], len: usize) {
-        self.out.status(StatusEvent::HostOversize { len });
+        self.step.out.status(StatusEvent::HostOversize { len });
         let id = protocol::recover_id(prefix);
-        self.out.to_host(envelope::error_line(
+        self.step.out.to_host(envelope::error_line(
             id.as_deref(),
             -32700,
             "message too large",
@@ -86,12 +87,15 @@ impl Session {
             Method::Initialize => self.on_host_initialize(msg),
             Method::Ping => {
                 let id = msg.id().expect("request").to_owned();
-                self.out.to_host(envelope::result_line(&id, &json!({})));
+                self.step
+                    .out
+                    .to_host(envelope::result_line(&id, &json!({})));
             }
             Method::Listen if self.host.listens.len() + self.held_listens() >= LISTEN_LIMIT => {
                 let id = msg.id().expect("request").to_owned();
                 let why = format!("more than {LISTEN_LIMIT} subscriptions/listen streams are open");
-                self.out
+                self.step
+                    .out
                     .to_host(envelope::error_line(Some(&id), -32600, &why, json!({})));
             }
             // One stream per id, whoever serves it: a reused id would orphan the server's
@@ -99,7 +103,8 @@ impl Session {
             Method::Listen if msg.id().is_some_and(|id| self.listen_id_taken(id.get())) => {
                 let id = msg.id().expect("request").to_owned();
                 let why = "a subscriptions/listen stream with this id is already open";
-                self.out
+                self.step
+                    .out
                     .to_host(envelope::error_line(Some(&id), -32600, why, json!({})));
             }
             Method::Listen
@@ -210,7 +215,8 @@ impl Session {
             // may act on: it would bypass the gate and the audit log. Dropped and reported.
             other => {
                 let shown: String = other.chars().take(64).collect();
-                self.out
+                self.step
+                    .out
                     .status(StatusEvent::HostRequestWithoutId { method: shown });
             }
         }
@@ -262,9 +268,9 @@ impl Session {
                     tool: call.tool.to_string(),
                     call_id: call.call_id.to_string(),
                 };
-                self.out.verbose(line);
+                self.step.out.verbose(line);
             }
-            self.out.notify_child(
+            self.step.out.notify_child(
                 &epoch,
                 envelope::notification_line("notifications/cancelled", Some(&params)),
             );
@@ -307,11 +313,13 @@ impl Session {
             return;
         }
         let Some(id) = msg.id().and_then(envelope::parse_numeric_id) else {
-            self.out.status(StatusEvent::HostAnsweredNobody);
+            self.step.out.status(StatusEvent::HostAnsweredNobody);
             return;
         };
         let Some((epoch, child_id)) = self.host.server_requests.open.remove(&id) else {
-            self.out.verbose(StatusEvent::HostAnsweredReplaced { id });
+            self.step
+                .out
+                .verbose(StatusEvent::HostAnsweredReplaced { id });
             return;
         };
         self.host.server_requests.overflow_told = false;
@@ -355,7 +363,8 @@ impl Session {
             .any(|l| l.host_id.get() == host_id.get())
         {
             let why = "a subscriptions/listen stream with this id is already open";
-            self.out
+            self.step
+                .out
                 .to_host(envelope::error_line(Some(&host_id), -32600, why, json!({})));
             return;
         }
@@ -387,7 +396,7 @@ impl Session {
         l.acknowledged = true;
         let sid: Value = serde_json::from_str(host_id_text).unwrap_or(Value::Null);
         let params = protocol::listen_ack_params(&sid, json!({"toolsListChanged": true}));
-        self.out.notify_host(envelope::notification_line(
+        self.step.out.notify_host(envelope::notification_line(
             "notifications/subscriptions/acknowledged",
             Some(&params),
         ));
@@ -399,7 +408,7 @@ impl Session {
     pub(super) fn after_listen_acknowledged(&mut self, sid: &Value, wants_tools: bool) {
         if wants_tools && self.host_list_outdated() {
             let params = json!({"_meta": {protocol::SUBSCRIPTION_ID: sid}});
-            self.out.notify_host(envelope::notification_line(
+            self.step.out.notify_host(envelope::notification_line(
                 "notifications/tools/list_changed",
                 Some(&params),
             ));
@@ -420,13 +429,13 @@ impl Session {
                     .collect();
                 for sid in targets {
                     let params = json!({"_meta": {protocol::SUBSCRIPTION_ID: sid}});
-                    self.out.notify_host(envelope::notification_line(
+                    self.step.out.notify_host(envelope::notification_line(
                         "notifications/tools/list_changed",
                         Some(&params),
                     ));
                 }
             }
-            _ => self.out.notify_host(envelope::notification_line(
+            _ => self.step.out.notify_host(envelope::notification_line(
                 "notifications/tools/list_changed",
                 None,
             )),

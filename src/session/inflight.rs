@@ -73,12 +73,12 @@ impl Session {
                         "The server running epoch {epoch} {what} while `{}` was in flight; it may or may not have run and was not retried.",
                         call.tool
                     );
-                    self.out.to_host(envelope::result_line(
+                    self.step.out.to_host(envelope::result_line(
                         &host_id,
                         &self.tool_error(&payload, &hint),
                     ));
                 } else {
-                    self.out.to_host(envelope::error_line(
+                    self.step.out.to_host(envelope::error_line(
                         Some(&host_id),
                         codes::EPOCH_TRANSITION,
                         &format!("server {cause} while the request was in flight (epoch {epoch})"),
@@ -105,7 +105,7 @@ impl Session {
             self.host.server_requests.open.remove(&id);
             let why = format!("the server that asked (epoch {epoch}) {what}");
             let params = json!({"requestId": id, "reason": why});
-            self.out.notify_host(envelope::notification_line(
+            self.step.out.notify_host(envelope::notification_line(
                 "notifications/cancelled",
                 Some(&params),
             ));
@@ -129,10 +129,10 @@ impl Session {
                 init.due_ms = now;
             }
             // After the transition (a timer due now): the next server may be on its way.
-            return self.out.schedule(Duration::ZERO, Timer::HandshakeWait);
+            return self.step.out.schedule(Duration::ZERO, Timer::HandshakeWait);
         }
         if let Some(init) = self.take_initialize_carried_by(id) {
-            self.out.to_host(envelope::error_line(
+            self.step.out.to_host(envelope::error_line(
                 Some(&init.host_id),
                 codes::EPOCH_TRANSITION,
                 &format!("server {cause} during the handshake"),

@@ -27,7 +27,7 @@ impl Session {
         if self.host.initialize.is_some() {
             // The first one still waits for a server's own answer: it keeps its place (and
             // its params); this one is refused rather than left unanswered or forwarded.
-            return self.out.to_host(envelope::error_line(
+            return self.step.out.to_host(envelope::error_line(
                 Some(&host_id),
                 -32600,
                 "initialize is already in progress on this connection",
@@ -55,7 +55,7 @@ impl Session {
         self.host.init_params = Some(params);
         self.host.initialized = false;
         self.audit_record(audit::RUN_STARTED, None, json!({
-            "agentRun": self.agent_run, "client": self.host.client_info, "gating": if self.cfg.gating_off { "off" } else { "on" },
+            "agentRun": self.agent_run(), "client": self.host.client_info, "gating": if self.cfg.gating_off { "off" } else { "on" },
             "label": self.label(), "event": "initialize",
         }));
         let now = self.now();
@@ -128,7 +128,8 @@ impl Session {
         if let Some(init) = &mut self.host.initialize {
             init.at_server = Some(id);
         }
-        self.out
+        self.step
+            .out
             .to_child(&epoch, envelope::request_line(id, "initialize", &params));
     }
 
@@ -163,7 +164,7 @@ impl Session {
             });
             msg.set_result(&result);
         }
-        self.out.to_host(msg.to_line_with_id(&init.host_id));
+        self.step.out.to_host(msg.to_line_with_id(&init.host_id));
     }
 
     /// Looks at the host's `initialize` (on arrival, at its deadline, and after a transition
@@ -200,13 +201,14 @@ impl Session {
                 init.due_ms = due;
             }
             if first && !at_live_server {
-                self.out.status(StatusEvent::InitializeWaits {
+                self.step.out.status(StatusEvent::InitializeWaits {
                     why: self.absent_why(),
                     at_most_s: (due - now) as f64 / 1000.0,
                     then_recorded: recorded,
                 });
             }
             return self
+                .step
                 .out
                 .schedule(Duration::from_millis(due - now), Timer::HandshakeWait);
         }
@@ -262,14 +264,16 @@ impl Session {
             from_record: true,
         });
         let list_waits = self.hold_budget().is_some();
-        self.out.status(StatusEvent::InitializeFromRecord {
+        self.step.out.status(StatusEvent::InitializeFromRecord {
             protocol: crate::screen::sanitize::first_chars(&version, 40).to_string(),
             epoch: crate::identity::epoch::short(&rec.epoch).to_string(),
             identity: crate::base::hashing::short(&rec.identity_digest).to_string(),
             why: self.absent_why(),
             list_waits,
         });
-        self.out.to_host(envelope::result_line(&host_id, &result));
+        self.step
+            .out
+            .to_host(envelope::result_line(&host_id, &result));
     }
 
     /// `initialize` with no real answer to give: why, and what to do.
@@ -289,11 +293,11 @@ impl Session {
             self.unavailable_reason()
         };
         data["method"] = json!("initialize");
-        self.out.status(StatusEvent::InitializeError {
+        self.step.out.status(StatusEvent::InitializeError {
             waited_s: waited as f64 / 1000.0,
             why: self.absent_why(),
         });
-        self.out.to_host(envelope::error_line(
+        self.step.out.to_host(envelope::error_line(
             Some(&init.host_id),
             codes::SERVER_UNAVAILABLE,
             &message,

@@ -28,7 +28,7 @@ impl Session {
             return;
         }
         self.build.burst = Burst::Settled;
-        self.out.verbose(StatusEvent::ChangeDetected {
+        self.step.out.verbose(StatusEvent::ChangeDetected {
             paths: paths.iter().take(3).cloned().collect(),
         });
         if self.lifecycle == Lifecycle::CrashLoop {
@@ -53,8 +53,8 @@ impl Session {
     fn set_aside_early_build(&mut self) {
         self.build.early = None;
         self.build.runs = Builds::Idle;
-        self.out.set_aside_build();
-        self.out.verbose(StatusEvent::EarlyBuildOutdated);
+        self.step.out.set_aside_build();
+        self.step.out.verbose(StatusEvent::EarlyBuildOutdated);
         self.request_build();
         self.publish();
     }
@@ -75,7 +75,7 @@ impl Session {
                     });
                 }
                 self.build.runs = Builds::Running;
-                self.out.start_build();
+                self.step.out.start_build();
             }
         }
     }
@@ -104,7 +104,7 @@ impl Session {
         match result {
             BuildResult::Error(message) => {
                 let line = format!("build failed: {message}");
-                self.out.status(StatusEvent::BuildError {
+                self.step.out.status(StatusEvent::BuildError {
                     message: message.clone(),
                 });
                 self.build.last_line = Some(line);
@@ -117,7 +117,8 @@ impl Session {
                 first_error,
                 last_good,
             } => {
-                self.out
+                self.step
+                    .out
                     .status(StatusEvent::BuildReport { line: line.clone() });
                 self.build.last_line = Some(line);
                 self.audit_record(
@@ -139,11 +140,14 @@ impl Session {
                 changed,
                 warnings,
             } => {
-                self.out
+                self.step
+                    .out
                     .status(StatusEvent::BuildReport { line: line.clone() });
                 self.build.last_line = Some(line);
                 for w in warnings {
-                    self.out.status(StatusEvent::BuildWarning { warning: w });
+                    self.step
+                        .out
+                        .status(StatusEvent::BuildWarning { warning: w });
                 }
                 self.audit_record(
                     audit::BUILD_COMPLETED,
@@ -179,7 +183,7 @@ impl Session {
             && self.build.latest.is_none()
             && let Some(record) = last_good
         {
-            self.out.status(StatusEvent::RunningLastGood {
+            self.step.out.status(StatusEvent::RunningLastGood {
                 identity: short(&record.identity_digest).to_string(),
             });
             self.build.latest = Some(record.clone());
@@ -190,7 +194,7 @@ impl Session {
             );
             return;
         }
-        self.out.status(StatusEvent::NoServerBuildFailed {
+        self.step.out.status(StatusEvent::NoServerBuildFailed {
             message: message.clone(),
         });
         self.lifecycle = Lifecycle::BuildBroken { message };
@@ -215,7 +219,7 @@ impl Session {
                     self.leave_crash_loop();
                 }
                 if self.lifecycle == Lifecycle::CrashLoop {
-                    self.out.status(StatusEvent::NotRestartedCrashLoop);
+                    self.step.out.status(StatusEvent::NotRestartedCrashLoop);
                 } else {
                     self.spawn_child(record, None, None);
                 }
@@ -232,7 +236,7 @@ impl Session {
                             epoch: c.epoch.to_string(),
                             identity: short(&record.identity_digest).to_string(),
                         };
-                        self.out.status(event);
+                        self.step.out.status(event);
                     }
                 }
                 Restart::Disconnect => {
@@ -254,7 +258,9 @@ impl Session {
 
     pub(super) fn report_running(&mut self) {
         let running = self.server.child().map(|c| (c.pid, c.epoch.to_string()));
-        self.out.status(StatusEvent::RunningUnchanged { running });
+        self.step
+            .out
+            .status(StatusEvent::RunningUnchanged { running });
     }
 
     pub(super) fn spawn_child(
@@ -274,13 +280,14 @@ impl Session {
         replaced: Option<EpochId>,
         fallback: Option<String>,
     ) {
-        self.out.spawn(&epoch, record.clone());
+        self.step.out.spawn(&epoch, record.clone());
         // The shell reports a start before anything else happens; a start never reported is
         // not waited for by a control client.
         if let Server::Spawning(s) = &mut self.server
             && let Some(ticket) = s.ticket.take()
         {
-            self.out
+            self.step
+                .out
                 .answer_control(ticket, json!({"ok": true, "result": {"restarting": true}}));
         }
         self.server.spawning(Spawning {
@@ -303,14 +310,15 @@ impl Session {
         self.start_failed(spawning.record, why, spawning.restart_due);
         if let Some(ticket) = ticket {
             let answer = self.restart_answer_after_failure();
-            self.out.answer_control(ticket, answer);
+            self.step.out.answer_control(ticket, answer);
         }
     }
 
     /// `restart_due`: a crash restart that was scheduled when this start was asked for (a
     /// build's server started in its gap); it stays scheduled, as it was announced.
     fn start_failed(&mut self, record: IdentityRecord, e: &str, restart_due: Option<u64>) {
-        self.out
+        self.step
+            .out
             .status(StatusEvent::SpawnFailed { why: e.to_string() });
         // Its stored copy may be gone (`cargo clean` takes the target directory, store
         // included) or changed: a build captures it again. Once per identity and at most once
@@ -324,7 +332,7 @@ impl Session {
         if self.build.runs != Builds::Idle && !stopping {
             // A build is under way and its result is started (a fresh copy): nothing has
             // failed for good, and held requests keep waiting for it.
-            self.out.status(StatusEvent::BuildUnderWayStartsIt);
+            self.step.out.status(StatusEvent::BuildUnderWayStartsIt);
             self.leave_start_failed();
             self.publish();
             return;
@@ -342,7 +350,7 @@ impl Session {
                 at_ms: now,
             });
             self.server.rebuild_to_start(restart_due);
-            self.out.status(StatusEvent::BuildingAgainForFreshCopy);
+            self.step.out.status(StatusEvent::BuildingAgainForFreshCopy);
             // A server is on its way again (a restart asked for from `StartFailed`).
             self.leave_start_failed();
             self.request_build();
@@ -378,7 +386,8 @@ impl Session {
         };
         self.started(epoch, pid, record, replaced, fallback);
         if let Some(ticket) = ticket {
-            self.out
+            self.step
+                .out
                 .answer_control(ticket, json!({"ok": true, "result": {"started": true}}));
         }
     }
@@ -402,10 +411,10 @@ impl Session {
             self.lifecycle = self.serving_or_first_start();
         }
         let started_ms = self.now();
-        let started_at = self.now.timestamp();
+        let started_at = self.step.now.timestamp();
         let mut launch = LaunchRecord::new(&epoch, pid, &record, started_at, replaced.clone());
         launch.fallback = fallback.clone();
-        self.out.record_launch(&launch);
+        self.step.out.record_launch(&launch);
         self.approvals.gate.epoch_changed();
         self.audit_record(audit::SERVER_STARTED, Some(&epoch), json!({
             "epoch": epoch, "pid": pid, "identityDigest": record.identity_digest,
@@ -414,7 +423,7 @@ impl Session {
         }));
         match &replaced {
             Some(old) => {
-                self.out.status(StatusEvent::ServerReplaced {
+                self.step.out.status(StatusEvent::ServerReplaced {
                     pid,
                     epoch: epoch.to_string(),
                     old: old.to_string(),
@@ -425,7 +434,7 @@ impl Session {
                     json!({"oldEpoch": old, "newEpoch": epoch, "pid": pid}),
                 );
             }
-            None => self.out.status(StatusEvent::ServerStarted {
+            None => self.step.out.status(StatusEvent::ServerStarted {
                 pid,
                 epoch: epoch.to_string(),
                 identity: short(&record.identity_digest).to_string(),
@@ -445,7 +454,7 @@ impl Session {
             return;
         };
         let new_epoch = EpochId::new(self.mint_id());
-        self.out.verbose(StatusEvent::ReplacingServer {
+        self.step.out.verbose(StatusEvent::ReplacingServer {
             why: why.to_string(),
         });
         self.approvals.gate.epoch_changed();
@@ -464,7 +473,7 @@ impl Session {
             record,
             old_epoch: child.epoch.clone(),
         });
-        self.out.stop(&child.epoch, self.cfg.grace);
+        self.step.out.stop(&child.epoch, self.cfg.grace);
         self.publish();
     }
 
@@ -505,7 +514,7 @@ impl Session {
             return; // a replaced child: its requests were already answered
         }
         let mut child = self.server.take_running().expect("checked");
-        self.out.status(StatusEvent::ServerExited {
+        self.step.out.status(StatusEvent::ServerExited {
             pid: child.pid,
             epoch: child.epoch.to_string(),
             exit: exit.to_string(),
@@ -518,7 +527,7 @@ impl Session {
             epoch,
             &format!("the server exited during the prompt (epoch {epoch}: {exit}); call again once it is back"),
         );
-        self.out.reap(epoch); // grandchildren left in its group go too
+        self.step.out.reap(epoch); // grandchildren left in its group go too
         if self.lifecycle == Lifecycle::Stopping {
             return;
         }
@@ -536,7 +545,7 @@ impl Session {
                 }
                 if self.restarts.crashes.len() >= CRASH_LIMIT {
                     self.lifecycle = Lifecycle::CrashLoop;
-                    self.out.status(StatusEvent::CrashLoop {
+                    self.step.out.status(StatusEvent::CrashLoop {
                         exits: self.restarts.crashes.len(),
                         window_s: CRASH_WINDOW_MS / 1000,
                     });
@@ -547,14 +556,14 @@ impl Session {
                     );
                     let due = self.now() + delay.as_millis() as u64;
                     self.server.schedule_restart(due);
-                    self.out.status(StatusEvent::RestartingIn {
+                    self.step.out.status(StatusEvent::RestartingIn {
                         ms: delay.as_millis(),
                     });
-                    self.out.schedule(delay, Timer::Restart);
+                    self.step.out.schedule(delay, Timer::Restart);
                 }
             }
             Restart::Manual => {
-                self.out.status(StatusEvent::ManualRestartNeeded);
+                self.step.out.status(StatusEvent::ManualRestartNeeded);
                 // Unless a build under way starts the next server: held requests wait for it.
                 if self.hold_budget().is_none() {
                     self.fail_held();
@@ -607,12 +616,12 @@ impl Session {
             let requests = std::mem::take(&mut c.requests);
             self.answer_in_flight(requests, &e, None, "replaced", None);
         }
-        self.out.status(StatusEvent::ConnectionClosed {
+        self.step.out.status(StatusEvent::ConnectionClosed {
             why: why.to_string(),
         });
         self.fail_held();
         self.fail_prompts("the supervisor is shutting down");
-        self.out.close_host();
+        self.step.out.close_host();
         self.shutdown_with(why, crate::base::exit_codes::CONNECTION_CLOSED);
     }
 
@@ -653,13 +662,13 @@ impl Session {
                 ChildPhase::Started | ChildPhase::Handshaking { .. } => STOP_GRACE_UNANSWERED,
                 _ => STOP_GRACE,
             };
-            self.out.stop(&e, grace);
+            self.step.out.stop(&e, grace);
         }
         self.approvals.gate.end_run();
         self.audit_record(
             audit::RUN_ENDED,
             None,
-            json!({"reason": why, "agentRun": self.agent_run}),
+            json!({"reason": why, "agentRun": self.agent_run()}),
         );
         self.exit_code = Some(code);
         self.publish();

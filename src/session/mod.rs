@@ -105,7 +105,7 @@ use server::Server;
 use state::*;
 
 pub use crate::screen::status_lines::StatusEvent;
-pub use effect::{Effect, IdMint, Now, Outbox, Ticket};
+pub use effect::{Effect, IdMint, Now, Outbox, Step, Ticket};
 
 pub mod codes;
 
@@ -306,18 +306,11 @@ pub use state::{
 };
 
 pub struct Session {
-    // ----- the step: what the rooms write to and read the time from (mod.rs, effect.rs) ----
-    /// The effects of the step being handled.
-    out: Outbox,
-    /// The time of the step being handled.
-    now: Now,
-    /// Where new epoch, run, grant and prompt ids come from.
-    ids: IdMint,
-    // ----- fixed for the session -----------------------------------------------------------
+    /// The step being handled: its effects, its time, where ids come from and the armed
+    /// timers (mod.rs, effect.rs).
+    step: Step,
+    /// Fixed for the session.
     cfg: SessionConfig,
-    agent_run: AgentRunId,
-    /// Our next request id (to servers and, for the server's requests, to the host).
-    next_id: u64,
     // ----- each owned by one room ----------------------------------------------------------
     /// Where the session is in its life (lifecycle.rs).
     lifecycle: Lifecycle,
@@ -339,8 +332,6 @@ pub struct Session {
     /// What real servers of this package said, kept between runs (handshake.rs,
     /// catalog_fetch.rs).
     recorded: RecordedFacts,
-    /// The deadlines the one held-request, prompt and server timers are armed for.
-    armed: ArmedTimers,
     /// Set once the session decided to end; the shell exits with it.
     exit_code: Option<i32>,
 }
@@ -379,24 +370,25 @@ impl Session {
     /// A session whose ids come from `ids`, created at `now`.
     pub fn new(cfg: SessionConfig, policy: approval::Policy, mut ids: IdMint, now: Now) -> Self {
         let agent_run = AgentRunId::new(ids.mint(now));
-        let gate = Gate::new(policy, agent_run.clone(), cfg.label.clone());
+        // The gate holds the run's id (grants are bound to it); the session reads it there.
+        let gate = Gate::new(policy, agent_run, cfg.label.clone());
         let recorded = cfg.recorded.clone();
         Session {
-            out: Outbox::default(),
-            now,
-            ids,
+            step: Step {
+                out: Outbox::default(),
+                now,
+                ids,
+                next_id: 1,
+                armed: ArmedTimers::default(),
+            },
             cfg,
-            agent_run,
             lifecycle: Lifecycle::FirstStart,
             build: BuildState::default(),
             restarts: Restarts::default(),
             catalogs: Catalogs::default(),
             approvals: Approvals::new(gate),
             server: Server::Idle,
-            next_id: 1,
-            armed: ArmedTimers::default(),
             host: HostConnection::default(),
-
             exit_code: None,
             recorded,
         }
@@ -407,7 +399,7 @@ impl Session {
     }
 
     pub fn agent_run(&self) -> &str {
-        &self.agent_run
+        self.approvals.gate.agent_run()
     }
 
     /// Set once the session decided to end; the shell exits with it.
@@ -422,12 +414,12 @@ impl Session {
 
     /// Starts the run: audit `run_started`, first build.
     pub fn start(&mut self, now: Now) -> Vec<Effect> {
-        self.now = now;
+        self.step.now = now;
         let gating = if self.cfg.gating_off { "off" } else { "on" };
         self.audit_record(
             audit::RUN_STARTED,
             None,
-            json!({"agentRun": self.agent_run, "client": Value::Null, "gating": gating, "label": self.label(),
+            json!({"agentRun": self.agent_run(), "client": Value::Null, "gating": gating, "label": self.label(),
                    "restart": self.cfg.restart.as_str(), "pid": self.cfg.supervisor_pid}),
         );
         if self.cfg.gating_off {
@@ -436,53 +428,55 @@ impl Session {
                 None,
                 json!({"reason": "--no-gating or gate = \"off\""}),
             );
-            self.out.status(StatusEvent::GatingOff);
+            self.step.out.status(StatusEvent::GatingOff);
         }
         self.request_build();
         self.publish();
-        self.out.take()
+        self.step.out.take()
     }
 
     /// Handles events that arrived together (host or server lines read at once) as one step:
     /// their audit records go out in one write (group commit, see [`effect`]). Stops at the
     /// first event that ends the session.
     pub fn handle_batch(&mut self, events: Vec<Event>, now: Now) -> Vec<Effect> {
-        self.now = now;
+        self.step.now = now;
         for event in events {
             self.on_event(event);
             if self.exit_code.is_some() {
                 break;
             }
         }
-        self.out.take()
+        self.step.out.take()
     }
 
     /// Handles one event at `now` (one step): the effects for the shell, in order.
     pub fn handle(&mut self, event: Event, now: Now) -> Vec<Effect> {
-        self.now = now;
+        self.step.now = now;
         self.on_event(event);
-        self.out.take()
+        self.step.out.take()
     }
 
     /// The effects a shell performed, emptied, for the next step to fill (optional: saves an
     /// allocation per step).
     pub fn give_back(&mut self, spent: Vec<Effect>) {
-        self.out.give_back(spent);
+        self.step.out.give_back(spent);
     }
 
     /// A step's records could not be written: its calls never reached a server (the shell
     /// dropped them); each is answered as a call that could not be audited.
     fn audit_failed(&mut self, why: &str, calls: Vec<u64>) {
         if calls.is_empty() {
-            self.out.status(StatusEvent::AuditWarning {
+            self.step.out.status(StatusEvent::AuditWarning {
                 why: why.to_string(),
             });
             return;
         }
-        self.out.status(StatusEvent::CallsRefusedAuditUnavailable {
-            calls: calls.len(),
-            why: why.to_string(),
-        });
+        self.step
+            .out
+            .status(StatusEvent::CallsRefusedAuditUnavailable {
+                calls: calls.len(),
+                why: why.to_string(),
+            });
         for id in calls {
             if let Some(OpenRequest::Host {
                 host_id,
@@ -495,7 +489,9 @@ impl Session {
                     &payload,
                     "The call was not forwarded because it could not be written to the audit log.",
                 );
-                self.out.to_host(envelope::result_line(&host_id, &result));
+                self.step
+                    .out
+                    .to_host(envelope::result_line(&host_id, &result));
             }
         }
     }
@@ -524,7 +520,7 @@ impl Session {
             Event::Timer(Timer::ApprovalDeadline) => self.expire_prompts(),
             Event::Control { request, ticket } => {
                 if let Some(answer) = self.on_control(request, ticket) {
-                    self.out.answer_control(ticket, answer);
+                    self.step.out.answer_control(ticket, answer);
                 }
             }
             Event::Shutdown(reason) => self.shutdown(&reason),
@@ -537,19 +533,19 @@ impl Session {
     // ----- small shared helpers -------------------------------------------------------------
 
     fn now(&self) -> u64 {
-        self.now.mono_ms
+        self.step.now.mono_ms
     }
 
     /// A new unique id (epochs, grants, prompts).
     fn mint_id(&mut self) -> String {
-        self.ids.mint(self.now)
+        self.step.ids.mint(self.step.now)
     }
 
     /// Our id for a request to the running server, kept in its open requests until answered
     /// (none runs: the id is spent, the entry dropped).
     fn alloc(&mut self, p: OpenRequest) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
+        let id = self.step.next_id;
+        self.step.next_id += 1;
         if let Some(c) = self.server.child_mut() {
             c.requests.insert(id, p);
         }
@@ -604,7 +600,7 @@ impl Session {
 
     fn publish(&mut self) {
         let snapshot = self.status_json();
-        self.out.publish_status(snapshot);
+        self.step.out.publish_status(snapshot);
     }
 
     /// One audit record of this step (written before the step's lines; see [`effect`]).
@@ -614,6 +610,6 @@ impl Session {
         epoch: Option<&str>,
         data: impl Into<RecordData>,
     ) {
-        self.out.audit(kind, epoch, data.into());
+        self.step.out.audit(kind, epoch, data.into());
     }
 }

@@ -69,7 +69,7 @@ impl Session {
         {
             return self.refuse_unavailable_call(&host_id, &tool);
         }
-        let wall = self.now.wall_ms;
+        let wall = self.step.now.wall_ms;
         // The tool's definition in the current catalog: the gate checks the arguments against
         // its input schema (compiled once per definition).
         let call = self.catalogs.history.catalog().and_then(|c| {
@@ -155,13 +155,13 @@ impl Session {
                 // The id is the agent's: suggested only as a word the shell cannot expand.
                 let approve_command =
                     needs_grant.then(|| crate::screen::sanitize::approve_call_command(&call_id));
-                self.out.status(StatusEvent::CallDenied {
+                self.step.out.status(StatusEvent::CallDenied {
                     tool: shown_tool,
                     reason: denial.reason.as_str().to_string(),
                     hint: denial.human_hint().to_string(),
                     approve_command,
                 });
-                self.out.to_host(envelope::result_line(
+                self.step.out.to_host(envelope::result_line(
                     &host_id,
                     &self.tool_error(&payload, &hint),
                 ));
@@ -196,13 +196,17 @@ impl Session {
                 let data = match record.canonical() {
                     Ok(data) => data,
                     Err(e) => {
-                        self.out.status(StatusEvent::CallsRefusedAuditUnavailable {
-                            calls: 1,
-                            why: e.to_string(),
-                        });
+                        self.step
+                            .out
+                            .status(StatusEvent::CallsRefusedAuditUnavailable {
+                                calls: 1,
+                                why: e.to_string(),
+                            });
                         let payload = json!({"error": "audit_failed", "reason": e.to_string(), "retry": "fix the audit log, then call again"});
                         let result = self.tool_error(&payload, "The call was not forwarded because it could not be written to the audit log.");
-                        self.out.to_host(envelope::result_line(&host_id, &result));
+                        self.step
+                            .out
+                            .to_host(envelope::result_line(&host_id, &result));
                         return;
                     }
                 };
@@ -218,7 +222,7 @@ impl Session {
                     }),
                 });
                 msg.set_id(envelope::numeric_id(id));
-                self.out.call_to_child(&epoch, msg.to_line(), id);
+                self.step.out.call_to_child(&epoch, msg.to_line(), id);
             }
         }
     }
@@ -249,8 +253,8 @@ impl Session {
                 ..Default::default()
             }),
         );
-        self.out.status(StatusEvent::CallWithoutTarget);
-        self.out.to_host(envelope::error_line(
+        self.step.out.status(StatusEvent::CallWithoutTarget);
+        self.step.out.to_host(envelope::error_line(
             Some(host_id),
             -32602,
             "tools/call params must be an object with one string \"name\"",
@@ -263,7 +267,7 @@ impl Session {
     pub(super) fn refuse_over_open_limit(&mut self, msg: Message) {
         let host_id = msg.id().expect("request").to_owned();
         if !std::mem::replace(&mut self.host.overflow_told, true) {
-            self.out.status(StatusEvent::TooManyOpenAtServer {
+            self.step.out.status(StatusEvent::TooManyOpenAtServer {
                 limit: OPEN_AT_SERVER_LIMIT,
             });
         }
@@ -271,7 +275,7 @@ impl Session {
         let payload = json!({"error": "too_many_open", "limit": OPEN_AT_SERVER_LIMIT});
         if msg.method() != Some("tools/call") {
             let line = envelope::error_line(Some(&host_id), codes::TOO_MANY_OPEN, &why, payload);
-            return self.out.to_host(line);
+            return self.step.out.to_host(line);
         }
         let tool = envelope::call_target(msg.params())
             .map(|(tool, _)| tool)
@@ -311,7 +315,9 @@ impl Session {
             }),
         );
         let result = self.tool_error(&payload, hint);
-        self.out.to_host(envelope::result_line(host_id, &result));
+        self.step
+            .out
+            .to_host(envelope::result_line(host_id, &result));
     }
 
     /// A stale call's result shows the tool's current definition and what changed since this
@@ -362,7 +368,7 @@ impl Session {
         self.audit_record(
             audit::CATALOG_PRESENTED,
             epoch.as_deref(),
-            json!({"connection": self.agent_run, "source": "stale-call result", "tool": tool,
+            json!({"connection": self.agent_run(), "source": "stale-call result", "tool": tool,
                    "digest": digest, "revision": revision}),
         );
         self.note_host_not_refetching();
@@ -435,7 +441,7 @@ impl Session {
             self.audit_record(
                 audit::CATALOG_PRESENTED,
                 epoch.as_deref(),
-                json!({"connection": self.agent_run, "source": "arguments-mismatch result",
+                json!({"connection": self.agent_run(), "source": "arguments-mismatch result",
                        "tool": tool, "digest": digest, "revision": revision}),
             );
         }
@@ -464,7 +470,8 @@ impl Session {
             let tool =
                 crate::screen::sanitize::review(crate::screen::sanitize::first_chars(&tool, 128))
                     .into_owned();
-            self.out
+            self.step
+                .out
                 .status(StatusEvent::ArgumentsNotChecked { tool, why });
         }
     }
@@ -480,7 +487,7 @@ impl Session {
         }
         self.host.stale_notice_revision = Some(revision);
         let after_list_changed = self.host.notified_revision == Some(revision);
-        self.out.status(StatusEvent::HostNotRefetching {
+        self.step.out.status(StatusEvent::HostNotRefetching {
             after_list_changed,
             revision,
         });

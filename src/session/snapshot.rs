@@ -116,7 +116,7 @@ impl Session {
     }
 
     pub fn snapshot(&mut self) -> StatusSnapshot {
-        let updated_at = self.now.timestamp();
+        let updated_at = self.step.now.timestamp();
         let (pending_tools, pending_scopes) = self
             .approvals
             .gate
@@ -124,7 +124,7 @@ impl Session {
         let policy = self.approvals.gate.policy();
         StatusSnapshot {
             label: self.label().to_string(),
-            agent_run: self.agent_run.clone(),
+            agent_run: self.agent_run().into(),
             supervisor_pid: self.cfg.supervisor_pid,
             state: match self
                 .approvals
