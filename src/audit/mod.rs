@@ -31,6 +31,7 @@
 
 mod anchor;
 pub mod chain;
+pub mod checkpoint;
 pub mod clock;
 pub mod error;
 pub mod follow;

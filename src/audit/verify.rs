@@ -113,27 +113,53 @@ pub(crate) fn verify_and_collect(
     Ok((report, records))
 }
 
+/// [`verify()`], showing each record it checked to `visitor` as it goes (one line in memory at
+/// a time). A check run again after a rotation starts the visitor over.
+pub(crate) fn verify_visiting(
+    path: &Path,
+    keys: &KeyStore,
+    visitor: &mut dyn Visitor,
+) -> Result<VerifyReport, VerifyFailure> {
+    verify_retrying(path, keys, Some(visitor))
+}
+
+/// What sees the records of a verification, in order.
+pub(crate) trait Visitor {
+    fn record(&mut self, record: &Record);
+    /// The check is run once more (the log rotated meanwhile): forget what was seen.
+    fn start_over(&mut self);
+}
+
+impl Visitor for Vec<Record> {
+    fn record(&mut self, record: &Record) {
+        self.push(record.clone());
+    }
+    fn start_over(&mut self) {
+        self.clear();
+    }
+}
+
 /// Runs the check once more if it failed while the log's files changed (a rotation).
 fn verify_retrying(
     path: &Path,
     keys: &KeyStore,
-    mut collect: Option<&mut Vec<Record>>,
+    mut visitor: Option<&mut dyn Visitor>,
 ) -> Result<VerifyReport, VerifyFailure> {
     let files_before = scan::list_segments(path).ok();
-    let attempt = |collect: &mut Option<&mut Vec<Record>>| {
+    let attempt = |visitor: &mut Option<&mut dyn Visitor>| {
         let mut each = |r: &Record| {
-            if let Some(c) = collect.as_deref_mut() {
-                c.push(r.clone());
+            if let Some(v) = visitor.as_deref_mut() {
+                v.record(r);
             }
         };
         verify_once(path, keys, None, &mut each, MAX_BREAKS)
     };
-    let first = attempt(&mut collect);
+    let first = attempt(&mut visitor);
     if first.is_err() && scan::list_segments(path).ok() != files_before {
-        if let Some(c) = collect.as_deref_mut() {
-            c.clear();
+        if let Some(v) = visitor.as_deref_mut() {
+            v.start_over();
         }
-        return attempt(&mut collect);
+        return attempt(&mut visitor);
     }
     first
 }

@@ -516,8 +516,13 @@ pub struct StatusArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum AuditCommand {
-    /// Verify chain, MACs and anchor; names the first bad record.
-    Verify(AuditPathArgs),
+    /// Verify chain, MACs and anchor; names the first bad record. With `--checkpoint`, also
+    /// prove the log still extends a checkpoint kept elsewhere.
+    Verify(AuditVerifyArgs),
+    /// Print a signed checkpoint of the log's head (seq, hash, epoch, time) on stdout, to keep
+    /// where nothing on this machine can change it (a CI artifact, a ticket, another machine);
+    /// `audit verify --checkpoint FILE` later proves the log still extends it.
+    Checkpoint(AuditPathArgs),
     /// Print the session journal (runs, epochs, grants) and the activity journal (calls and epochs).
     Show(AuditShowArgs),
     /// Print the last records, one line each; with `--follow`, keep printing records as they
@@ -548,6 +553,17 @@ pub struct AuditPathArgs {
     /// Print the result as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct AuditVerifyArgs {
+    #[command(flatten)]
+    pub log: AuditPathArgs,
+    /// Also prove the log still extends this checkpoint (written by `audit checkpoint`; `-`
+    /// reads standard input): a record rewritten at or before it, a cut or a rollback fails,
+    /// even when done by someone who holds the key.
+    #[arg(long, value_name = "FILE")]
+    pub checkpoint: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -1,9 +1,10 @@
-//! `cargo mcp-dev audit verify|show|tail`.
+//! `cargo mcp-dev audit verify|checkpoint|show|tail`.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::audit::checkpoint::{self, Checkpoint, MAX_CHECKPOINT_BYTES};
 use crate::audit::follow::{Followed, Follower};
 use crate::audit::{JournalView, Journals, KeyStore, Record, verify};
 use crate::base::error::{CmdResult, Failure};
@@ -14,7 +15,11 @@ use crate::{base::exit_codes, screen::output, screen::stderr};
 
 pub fn execute(cmd: AuditCommand) -> CmdResult {
     match cmd {
-        AuditCommand::Verify(a) => run_verify(&a),
+        AuditCommand::Verify(a) => match &a.checkpoint {
+            Some(file) => run_verify_checkpoint(&a.log, file),
+            None => run_verify(&a.log),
+        },
+        AuditCommand::Checkpoint(a) => run_checkpoint(&a),
         AuditCommand::Tail(a) => run_tail(&a),
         AuditCommand::Show(a) => {
             let path = log_path(&a.log)?;
@@ -139,6 +144,118 @@ fn run_verify(a: &AuditPathArgs) -> CmdResult {
             Err(Failure::new(
                 exit_codes::AUDIT_INVALID,
                 format!("audit log {} failed verification: {f}", path.display()),
+            ))
+        }
+    }
+}
+
+fn run_checkpoint(a: &AuditPathArgs) -> CmdResult {
+    let path = log_path(a)?;
+    let keys = KeyStore::from_env().map_err(|e| Failure::error(e.to_string()))?;
+    let cp = checkpoint::make(&path, &keys).map_err(|e| {
+        let code = match e {
+            checkpoint::CheckpointError::LogInvalid(_) => exit_codes::AUDIT_INVALID,
+            _ => exit_codes::ERROR,
+        };
+        Failure::new(code, format!("audit log {}: {e}", path.display()))
+    })?;
+    // The log's path may hold any text: escaped, the same JSON.
+    output::stdout_line(&crate::screen::sanitize::json_text(&cp.to_line()))?;
+    stderr::line(&format!(
+        "checkpoint of {} at record {} ({}, hash {}): keep it where nothing on this machine can change it; `cargo mcp-dev audit verify --checkpoint FILE` proves the log still extends it",
+        path.display(),
+        cp.seq,
+        crate::screen::sanitize::first_chars(&cp.time, 40),
+        crate::screen::sanitize::first_chars(&cp.hash, 16),
+    ));
+    Ok(exit_codes::OK)
+}
+
+/// Reads a checkpoint from `file` (`-`: standard input), bounded.
+fn read_checkpoint(file: &std::path::Path) -> Result<Checkpoint, Failure> {
+    let text = if file == std::path::Path::new("-") {
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        std::io::stdin()
+            .take(MAX_CHECKPOINT_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| Failure::error(format!("cannot read the checkpoint from stdin: {e}")))?;
+        if bytes.len() as u64 > MAX_CHECKPOINT_BYTES {
+            return Err(Failure::error(format!(
+                "the checkpoint on stdin is longer than {MAX_CHECKPOINT_BYTES} bytes: not a checkpoint"
+            )));
+        }
+        String::from_utf8(bytes)
+            .map_err(|_| Failure::error("the checkpoint on stdin is not UTF-8 text"))?
+    } else {
+        // The user named this file: reading it where it points is the point.
+        crate::base::beneath::followed::read_to_string(file, MAX_CHECKPOINT_BYTES).map_err(|e| {
+            Failure::error(format!(
+                "cannot read the checkpoint {}: {e}",
+                file.display()
+            ))
+        })?
+    };
+    Checkpoint::parse(&text).map_err(|e| Failure::error(format!("{}: {e}", file.display())))
+}
+
+fn run_verify_checkpoint(a: &AuditPathArgs, file: &std::path::Path) -> CmdResult {
+    let cp = read_checkpoint(file)?;
+    let path = log_path(a)?;
+    let keys = KeyStore::from_env().map_err(|e| Failure::error(e.to_string()))?;
+    let outcome = checkpoint::check(&cp, &path, &keys)
+        .map_err(|e| Failure::error(format!("audit log {}: {e}", path.display())))?;
+    let here = crate::base::beneath::followed::canonicalize(&path)
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    if here != cp.log {
+        stderr::warn(&format!(
+            "the checkpoint was made of {}; checking {}",
+            crate::screen::sanitize::first_chars(&cp.log, 200),
+            path.display()
+        ));
+    }
+    let json = |ok: bool, extra: serde_json::Value| {
+        let mut v = serde_json::json!({"ok": ok, "path": path, "checkpoint": {"seq": cp.seq,
+            "hash": cp.hash, "time": cp.time}});
+        if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+            o.extend(e.clone());
+        }
+        crate::screen::sanitize::json_text(&v.to_string()).into_owned()
+    };
+    match outcome {
+        Ok(extends) => {
+            if a.json {
+                output::stdout_line(&json(
+                    true,
+                    serde_json::json!({"headSeq": extends.report.head_seq, "since": extends.since}),
+                ))?;
+            }
+            stderr::line(&format!(
+                "audit log verified: {} extends the checkpoint of record {} ({}); {} records since, head {} {}",
+                path.display(),
+                cp.seq,
+                crate::screen::sanitize::first_chars(&cp.time, 40),
+                extends.since,
+                extends.report.head_seq,
+                crate::screen::sanitize::first_chars(&extends.report.head_hash, 16)
+            ));
+            Ok(exit_codes::OK)
+        }
+        Err(mismatch) => {
+            let reason = mismatch.to_string();
+            if a.json {
+                output::stdout_line(&json(false, serde_json::json!({"reason": reason})))?;
+            }
+            Err(Failure::new(
+                exit_codes::AUDIT_INVALID,
+                format!(
+                    "audit log {} does not extend the checkpoint of record {} ({}): {}",
+                    path.display(),
+                    cp.seq,
+                    crate::screen::sanitize::first_chars(&cp.time, 40),
+                    crate::screen::sanitize::line(&reason)
+                ),
             ))
         }
     }
