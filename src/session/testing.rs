@@ -39,6 +39,8 @@ pub struct FakeIo {
     pub host_closed: bool,
     /// Status lines as the terminal shows them (rendered by `crate::screen::status_lines`).
     pub status: Vec<String>,
+    /// The lines only `-v` shows, rendered the same way.
+    pub verbose: Vec<String>,
     pub audit: Vec<(String, Option<String>, Value)>,
     /// Every step's audit write fails ("disk full"): its calls are dropped and answered.
     pub audit_fails: bool,
@@ -117,7 +119,7 @@ impl FakeIo {
                     .push((self.now_ms + delay.as_millis() as u64, timer)),
                 Effect::CloseHost => self.host_closed = true,
                 Effect::Status(event) => self.status.push(event.to_string()),
-                Effect::Verbose(_) => {}
+                Effect::Verbose(event) => self.verbose.push(event.to_string()),
                 Effect::Publish(_) => self.published += 1,
                 Effect::KeepLaunch(launch) => self.launches.push(*launch),
                 Effect::KeepFacts(facts) => self.facts = Some(*facts),
