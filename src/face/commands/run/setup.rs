@@ -1,6 +1,7 @@
 //! What `run` prepares before its session starts: the first build's result as the session
 //! reads it, opening the audit log (key, options, planted links swept from `target/mcp-dev`),
-//! the approval policy from the configuration, the command line shown for `--follow`.
+//! the approval policy from the configuration and flags met with what a human accepted
+//! (`run_policy`), the command line shown for `--follow`.
 //!
 //! Must not touch: the session's state, the threads.
 
@@ -177,7 +178,7 @@ pub(super) fn follow_command(prep: &Prepared, cargo: &crate::face::cli::CargoArg
 /// The policy from configuration and flags.
 /// A per-call tool is gated whatever `--exempt` or a `gate` list says (the configuration refuses
 /// the conflict; flags can still make it): returns the tools this changed.
-pub(super) fn per_call_wins(policy: &mut Policy) -> Vec<String> {
+pub fn per_call_wins(policy: &mut Policy) -> Vec<String> {
     let mut changed = Vec::new();
     for tool in &policy.per_call_tools {
         let moved = match &mut policy.gating {
@@ -227,6 +228,132 @@ pub fn policy_from(config: &LoadedConfig, gating_off: bool) -> Policy {
             })
             .collect(),
     }
+}
+
+/// The policy the project asks for: the configuration, then `run`'s flags (`--no-gating`,
+/// `--exempt`, `--per-call`: the host's configuration, which the agent can edit too), a
+/// per-call tool gated whatever they say. Also the warnings for the tools that rule kept gated.
+pub fn requested_policy(
+    config: &LoadedConfig,
+    no_gating: bool,
+    exempt: &[String],
+    per_call: &[String],
+) -> (Policy, Vec<String>) {
+    let mut policy = policy_from(config, no_gating);
+    // Flags add to the configuration; they never narrow what it gates per call.
+    if let Gating::All { exempt: e } = &mut policy.gating {
+        e.extend(exempt.iter().cloned());
+    }
+    policy.per_call_tools.extend(per_call.iter().cloned());
+    let warnings = per_call_wins(&mut policy)
+        .into_iter()
+        .map(|tool| {
+            format!(
+                "`{}` needs a decision for every call (per-call): it stays gated despite --exempt or `gate`",
+                crate::screen::sanitize::line(&tool)
+            )
+        })
+        .collect();
+    (policy, warnings)
+}
+
+/// The policy `run` applies: what the project asks for met with what a human accepted (see
+/// `policy::accepted`): strengthenings at once, weakenings only once accepted. Returns it, the
+/// status lines to show (a weakening that waits, a refused record) and the audit records to
+/// write before the session starts (`policy_pending`, and `policy_accepted` for an acceptance
+/// the log does not hold yet: the record is then marked logged).
+pub(super) fn run_policy(
+    args: &RunArgs,
+    t: &crate::identity::workspace::ServerTarget,
+    keys: &KeyStore,
+) -> (Policy, Vec<String>, Vec<(&'static str, serde_json::Value)>) {
+    let (mut policy, mut lines) =
+        requested_policy(&t.config, args.no_gating, &args.exempt, &args.per_call);
+    let (config_only, _) = requested_policy(&t.config, false, &[], &[]);
+    let manifest = &t.resolved.manifest_path;
+    let standing = policy_record::load(keys, manifest);
+    let mut records = Vec::new();
+    if let Some(why) = &standing.refused {
+        lines.push(format!(
+            "the accepted policy {} is refused ({}): nothing counts as accepted, every weakening of the default waits for `cargo mcp-dev approve --policy`",
+            standing.path.display(),
+            crate::screen::sanitize::line(why)
+        ));
+    }
+    let accepted = standing.terms();
+    let verdict = policy_record::Verdict::of(&policy, &config_only, &accepted);
+    let requested = crate::policy::accepted::Terms::of(&policy);
+    verdict.effective.apply_to(&mut policy);
+    per_call_wins(&mut policy);
+    if verdict.waits() {
+        lines.push(verdict.status_line(&approve_policy_command(args, t)));
+        records.push((
+            crate::audit::POLICY_PENDING,
+            serde_json::json!({
+                "manifest": manifest.display().to_string(),
+                "requested": requested,
+                "accepted": standing.record.as_ref().map(|r| &r.terms),
+                "effective": verdict.effective,
+                "weakenings": verdict.codes(),
+            }),
+        ));
+    }
+    if let Some(r) = standing.record.as_ref().filter(|r| !r.logged) {
+        records.push((
+            crate::audit::POLICY_ACCEPTED,
+            policy_accepted_data(r, "run"),
+        ));
+        if let Ok(key) = keys.load_key() {
+            let logged = crate::policy::accepted::AcceptedRecord::sealed(
+                &r.manifest,
+                r.terms.clone(),
+                r.accepted_at_ms,
+                true,
+                &key,
+            );
+            let _ = policy_record::store(keys, manifest, &logged);
+        }
+    }
+    (policy, lines, records)
+}
+
+/// The data of a `policy_accepted` record (`recordedBy`: `approve` at the moment of the
+/// acceptance, or `run` when the log was held then).
+pub fn policy_accepted_data(
+    r: &crate::policy::accepted::AcceptedRecord,
+    recorded_by: &str,
+) -> serde_json::Value {
+    serde_json::json!({
+        "manifest": r.manifest,
+        "terms": r.terms,
+        "acceptedAtMs": r.accepted_at_ms,
+        "recordedBy": recorded_by,
+    })
+}
+
+/// The `approve --policy` command that accepts what this `run` asks for (its policy flags too).
+fn approve_policy_command(args: &RunArgs, t: &crate::identity::workspace::ServerTarget) -> String {
+    let mut cmd = String::from("cargo mcp-dev approve --policy");
+    let word = |w: &str| crate::screen::sanitize::shell_word(w).unwrap_or_else(|| w.to_string());
+    let here = std::env::current_dir()
+        .ok()
+        .and_then(|d| crate::base::beneath::followed::canonicalize(&d).ok());
+    if here.as_deref() != Some(t.resolved.package_root.as_path()) {
+        cmd.push_str(&format!(
+            " --manifest-path {}",
+            word(&t.resolved.manifest_path.display().to_string())
+        ));
+    }
+    if args.no_gating {
+        cmd.push_str(" --no-gating");
+    }
+    for e in &args.exempt {
+        cmd.push_str(&format!(" --exempt {}", word(e)));
+    }
+    for p in &args.per_call {
+        cmd.push_str(&format!(" --per-call {}", word(p)));
+    }
+    cmd
 }
 
 /// The session's settings: each flag over `[package.metadata.mcp-dev]` over the default, the

@@ -1,0 +1,197 @@
+//! The accepted-policy record on disk, and what it means for a package now: where the record of
+//! a package lives in the user's state directory (outside the project, beside the audit key),
+//! reading it (a corrupt, planted or foreign record is refused with the reason and counts as
+//! nothing accepted), writing it (atomic, mode 0600, through the file door), and the verdict of
+//! the project's policy against it ([`Verdict`]). The rules are `policy::accepted`'s.
+//!
+//! ```text
+//! <state dir>/policy/<H>.json   H = hex SHA-256 of the manifest's canonical path
+//! ```
+//!
+//! Must not touch: the policy's rules, the terminal (callers say what the verdict means).
+
+use std::path::{Path, PathBuf};
+
+use crate::audit::KeyStore;
+use crate::base::error::Failure;
+use crate::policy::accepted::{self, AcceptedRecord, Terms, Weakening};
+use crate::policy::approval::Policy;
+
+/// The largest record read (a record lists tool names: a few KB).
+const LARGEST_RECORD: u64 = 1 << 20;
+
+/// Where the record of the package with this manifest lives.
+pub fn record_path(keys: &KeyStore, manifest: &Path) -> PathBuf {
+    let key = crate::base::hashing::sha256_hex(manifest.as_os_str().as_encoded_bytes());
+    keys.dir().join("policy").join(format!("{key}.json"))
+}
+
+/// What is accepted for a package.
+#[derive(Debug, Clone, Default)]
+pub struct Standing {
+    /// The record, when there is a valid one.
+    pub record: Option<AcceptedRecord>,
+    /// Why a file at the record's place was refused (it then counts as nothing accepted).
+    pub refused: Option<String>,
+    pub path: PathBuf,
+}
+
+impl Standing {
+    /// The accepted terms: the record's, else the default (every tool gated, per epoch).
+    pub fn terms(&self) -> Terms {
+        self.record
+            .as_ref()
+            .map(|r| r.terms.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// Reads the record of the package with this manifest. Never fails: whatever cannot be read or
+/// trusted is `refused` (with the reason) and nothing is accepted.
+pub fn load(keys: &KeyStore, manifest: &Path) -> Standing {
+    let path = record_path(keys, manifest);
+    let refuse = |why: String| Standing {
+        record: None,
+        refused: Some(why),
+        path: path.clone(),
+    };
+    let bytes = match crate::base::beneath::Beneath::parent_of(&path)
+        .and_then(|(dir, name)| dir.read(&name, LARGEST_RECORD))
+    {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Standing {
+                path,
+                ..Standing::default()
+            };
+        }
+        Err(e) => return refuse(format!("cannot read it ({e})")),
+    };
+    let key = match keys.load_key() {
+        Ok(k) => k,
+        Err(e) => return refuse(format!("no audit key to check its seal ({e})")),
+    };
+    match AcceptedRecord::open(&bytes, &manifest.display().to_string(), &key) {
+        Ok(r) => Standing {
+            record: Some(r),
+            refused: None,
+            path,
+        },
+        Err(e) => refuse(e.to_string()),
+    }
+}
+
+/// Writes `record` in place of the package's (atomic, 0600, never through a link).
+pub fn store(keys: &KeyStore, manifest: &Path, record: &AcceptedRecord) -> Result<(), Failure> {
+    let path = record_path(keys, manifest);
+    let dir = path.parent().unwrap_or(keys.dir());
+    crate::audit::keys::ensure_private_dir(dir).map_err(|e| Failure::error(e.to_string()))?;
+    crate::base::fsutil::write_atomic_with_mode(
+        &path,
+        &record.to_bytes(),
+        crate::base::beneath::FileMode::New(0o600),
+    )
+    .map_err(|e| {
+        Failure::error(format!(
+            "cannot write the accepted policy {}: {e}",
+            path.display()
+        ))
+    })
+}
+
+/// The project's policy against what was accepted.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    /// What applies: the stricter of the two, per tool.
+    pub effective: Terms,
+    /// Weakenings `[package.metadata.mcp-dev]` asks for that wait for a human.
+    pub from_config: Vec<Weakening>,
+    /// Weakenings the flags (`--no-gating`, `--exempt`) add, waiting too.
+    pub from_flags: Vec<Weakening>,
+}
+
+impl Verdict {
+    /// `requested`: the configuration and flags; `config_only`: the configuration alone.
+    pub fn of(requested: &Policy, config_only: &Policy, accepted: &Terms) -> Verdict {
+        let req = Terms::of(requested);
+        let from_config = accepted::weakenings(&Terms::of(config_only), accepted);
+        let from_flags = accepted::weakenings(&req, accepted)
+            .into_iter()
+            .filter(|w| !from_config.contains(w))
+            .collect();
+        Verdict {
+            effective: accepted::meet(&req, accepted),
+            from_config,
+            from_flags,
+        }
+    }
+
+    pub fn waits(&self) -> bool {
+        !self.from_config.is_empty() || !self.from_flags.is_empty()
+    }
+
+    /// One sentence: what waits and the command that confirms it (`command`), sanitized.
+    /// Empty when nothing waits.
+    pub fn status_line(&self, command: &str) -> String {
+        if !self.waits() {
+            return String::new();
+        }
+        let words = |ws: &[Weakening]| {
+            ws.iter()
+                .map(Weakening::words)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut parts = Vec::new();
+        if !self.from_config.is_empty() {
+            parts.push(format!("Cargo.toml asks to {}", words(&self.from_config)));
+        }
+        if !self.from_flags.is_empty() {
+            parts.push(format!(
+                "the host's `run` flags ask to {}",
+                words(&self.from_flags)
+            ));
+        }
+        let line = format!(
+            "{}; no human has accepted that, so it stays gated until you run `{command}`",
+            parts.join("; ")
+        );
+        crate::screen::sanitize::line(&line).into_owned()
+    }
+
+    /// Every waiting weakening's code (for records and `status --json`).
+    pub fn codes(&self) -> Vec<String> {
+        self.from_config
+            .iter()
+            .chain(&self.from_flags)
+            .map(Weakening::code)
+            .collect()
+    }
+}
+
+/// For `status`: the sentence saying which weakening of `[package.metadata.mcp-dev]` waits for
+/// `approve --policy` in this package (the configuration alone: `run`'s flags are the host's
+/// and only `run` knows them), or `None`. A refused record is named too.
+pub fn pending_for_status(
+    config: &crate::identity::config::LoadedConfig,
+    manifest: &Path,
+) -> Option<String> {
+    let keys = KeyStore::from_env().ok()?;
+    let standing = load(&keys, manifest);
+    let (config_only, _) = super::run::requested_policy(config, false, &[], &[]);
+    let verdict = Verdict::of(&config_only, &config_only, &standing.terms());
+    let mut line = verdict.status_line("cargo mcp-dev approve --policy");
+    if let Some(why) = &standing.refused {
+        line = format!(
+            "{}the accepted policy {} is refused ({}): nothing is accepted",
+            if line.is_empty() {
+                String::new()
+            } else {
+                format!("{line}; ")
+            },
+            standing.path.display(),
+            crate::screen::sanitize::line(why)
+        );
+    }
+    (!line.is_empty()).then_some(line)
+}
