@@ -54,6 +54,10 @@ pub struct Project {
     pub home: PathBuf,
     /// Extra env for every command (set or removed).
     env: Vec<(String, Option<String>)>,
+    /// Before the first `run`, accept whatever policy the project asks for, as a human would
+    /// with `approve --policy` (issue 36: a weakening of gating waits for that), so tests of
+    /// other things see the policy they configure. Off for the tests of that rule.
+    pub accept_policy: bool,
 }
 
 /// Result of one command run.
@@ -174,7 +178,31 @@ impl Project {
             root,
             home,
             env: Vec::new(),
+            accept_policy: true,
         }
+    }
+
+    /// Seals an accepted policy that gates nothing for this package in this project's state
+    /// directory (unless one is there): the meet with it is whatever the project asks for.
+    pub fn accept_any_policy(&self) {
+        use cargo_mcp_dev::face::commands::policy_record;
+        use cargo_mcp_dev::policy::accepted::{AcceptedRecord, GateTerms, Terms};
+        let manifest = self.root.join("Cargo.toml");
+        let keys = cargo_mcp_dev::audit::KeyStore::at(&self.home);
+        let Ok(key) = keys.load_or_create_key() else {
+            return; // the test's state directory is meant to be refused: `run` says so
+        };
+        if policy_record::load(&keys, &manifest).record.is_some() {
+            return;
+        }
+        let terms = Terms {
+            gate: GateTerms::Off,
+            per_call_all: false,
+            per_call: Default::default(),
+        };
+        let key_name = policy_record::package_key(&manifest);
+        let record = AcceptedRecord::sealed(&key_name, terms, 0, true, &key);
+        let _ = policy_record::store(&keys, &manifest, &record);
     }
 
     /// The temp dir holding the project (for files that must live outside it).
@@ -200,6 +228,13 @@ impl Project {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
+        let args: Vec<std::ffi::OsString> = args
+            .into_iter()
+            .map(|a| a.as_ref().to_os_string())
+            .collect();
+        if self.accept_policy && args.first().is_some_and(|a| a == "run") {
+            self.accept_any_policy();
+        }
         let mut cmd = Command::new(bin());
         cmd.args(args).current_dir(&self.root);
         for k in SCRUBBED_ENV {

@@ -266,7 +266,7 @@ fn approve_policy(args: &ApproveArgs) -> CmdResult {
     let mut text = format!(
         "Accept the policy of `{}` ({}):\n",
         r(&t.label),
-        r(&manifest.display().to_string())
+        r(&policy_record::package_key(manifest))
     );
     match (&standing.record, &standing.refused) {
         (Some(rec), _) => text.push_str(&format!(
@@ -314,7 +314,7 @@ fn approve_policy(args: &ApproveArgs) -> CmdResult {
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0);
     let mut record = AcceptedRecord::sealed(
-        &manifest.display().to_string(),
+        &policy_record::package_key(manifest),
         requested.clone(),
         now_ms,
         false,

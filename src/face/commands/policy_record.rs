@@ -20,9 +20,18 @@ use crate::policy::approval::Policy;
 /// The largest record read (a record lists tool names: a few KB).
 const LARGEST_RECORD: u64 = 1 << 20;
 
+/// The manifest's canonical path, as records name it (as it is when it cannot be resolved: a
+/// path spelled another way then finds no record, and nothing counts as accepted).
+pub fn package_key(manifest: &Path) -> String {
+    crate::base::beneath::followed::canonicalize(manifest)
+        .unwrap_or_else(|_| manifest.to_path_buf())
+        .display()
+        .to_string()
+}
+
 /// Where the record of the package with this manifest lives.
 pub fn record_path(keys: &KeyStore, manifest: &Path) -> PathBuf {
-    let key = crate::base::hashing::sha256_hex(manifest.as_os_str().as_encoded_bytes());
+    let key = crate::base::hashing::sha256_hex(package_key(manifest).as_bytes());
     keys.dir().join("policy").join(format!("{key}.json"))
 }
 
@@ -71,7 +80,7 @@ pub fn load(keys: &KeyStore, manifest: &Path) -> Standing {
         Ok(k) => k,
         Err(e) => return refuse(format!("no audit key to check its seal ({e})")),
     };
-    match AcceptedRecord::open(&bytes, &manifest.display().to_string(), &key) {
+    match AcceptedRecord::open(&bytes, &package_key(manifest), &key) {
         Ok(r) => Standing {
             record: Some(r),
             refused: None,

@@ -290,7 +290,7 @@ pub(super) fn run_policy(
         records.push((
             crate::audit::POLICY_PENDING,
             serde_json::json!({
-                "manifest": manifest.display().to_string(),
+                "manifest": policy_record::package_key(manifest),
                 "requested": requested,
                 "accepted": standing.record.as_ref().map(|r| &r.terms),
                 "effective": verdict.effective,
