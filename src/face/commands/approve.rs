@@ -313,13 +313,6 @@ fn approve_policy(args: &ApproveArgs) -> CmdResult {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0);
-    let mut record = AcceptedRecord::sealed(
-        &policy_record::package_key(manifest),
-        requested.clone(),
-        now_ms,
-        false,
-        &key,
-    );
     // Recorded now when no `run` holds the log; else the next `run` records it.
     let audit_path = t
         .config
@@ -328,11 +321,15 @@ fn approve_policy(args: &ApproveArgs) -> CmdResult {
         .as_ref()
         .map(|p| t.resolved.package_root.join(p))
         .unwrap_or_else(|| t.layout().audit_log(&t.label));
-    let logged = log_acceptance(&audit_path, &keys, &record);
-    if logged.is_ok() {
-        record = AcceptedRecord::sealed(&record.manifest, requested, now_ms, true, &key);
-    }
-    policy_record::store(&keys, manifest, &record)?;
+    let unlogged = AcceptedRecord::sealed(
+        &policy_record::package_key(manifest),
+        requested.clone(),
+        now_ms,
+        false,
+        &key,
+    );
+    let logged = log_acceptance(&audit_path, &keys, &unlogged);
+    let record = policy_record::accept(&keys, manifest, requested, now_ms, logged.is_ok())?;
     if args.json {
         output::stdout_line(&crate::screen::sanitize::json_text(
             &json!({"accepted": record.terms, "logged": record.logged}).to_string(),

@@ -108,6 +108,25 @@ pub fn store(keys: &KeyStore, manifest: &Path, record: &AcceptedRecord) -> Resul
     })
 }
 
+/// Seals `terms` as what a human accepted for the package with this manifest (the audit key
+/// created if there is none) and writes the record. `logged`: the acceptance is in the audit
+/// log already.
+pub fn accept(
+    keys: &KeyStore,
+    manifest: &Path,
+    terms: Terms,
+    accepted_at_ms: u64,
+    logged: bool,
+) -> Result<AcceptedRecord, Failure> {
+    let key = keys
+        .load_or_create_key()
+        .map_err(|e| Failure::error(e.to_string()))?;
+    let record =
+        AcceptedRecord::sealed(&package_key(manifest), terms, accepted_at_ms, logged, &key);
+    store(keys, manifest, &record)?;
+    Ok(record)
+}
+
 /// The project's policy against what was accepted.
 #[derive(Debug, Clone)]
 pub struct Verdict {
@@ -176,31 +195,4 @@ impl Verdict {
             .map(Weakening::code)
             .collect()
     }
-}
-
-/// For `status`: the sentence saying which weakening of `[package.metadata.mcp-dev]` waits for
-/// `approve --policy` in this package (the configuration alone: `run`'s flags are the host's
-/// and only `run` knows them), or `None`. A refused record is named too.
-pub fn pending_for_status(
-    config: &crate::identity::config::LoadedConfig,
-    manifest: &Path,
-) -> Option<String> {
-    let keys = KeyStore::from_env().ok()?;
-    let standing = load(&keys, manifest);
-    let (config_only, _) = super::run::requested_policy(config, false, &[], &[]);
-    let verdict = Verdict::of(&config_only, &config_only, &standing.terms());
-    let mut line = verdict.status_line("cargo mcp-dev approve --policy");
-    if let Some(why) = &standing.refused {
-        line = format!(
-            "{}the accepted policy {} is refused ({}): nothing is accepted",
-            if line.is_empty() {
-                String::new()
-            } else {
-                format!("{line}; ")
-            },
-            standing.path.display(),
-            crate::screen::sanitize::line(why)
-        );
-    }
-    (!line.is_empty()).then_some(line)
 }

@@ -44,7 +44,9 @@ mod shell;
 mod threads;
 
 use setup::*;
-pub use setup::{per_call_wins, policy_accepted_data, policy_from, requested_policy};
+pub use setup::{
+    pending_policy_for_status, per_call_wins, policy_accepted_data, policy_from, requested_policy,
+};
 use shell::*;
 use threads::*;
 

@@ -303,16 +303,7 @@ pub(super) fn run_policy(
             crate::audit::POLICY_ACCEPTED,
             policy_accepted_data(r, "run"),
         ));
-        if let Ok(key) = keys.load_key() {
-            let logged = crate::policy::accepted::AcceptedRecord::sealed(
-                &r.manifest,
-                r.terms.clone(),
-                r.accepted_at_ms,
-                true,
-                &key,
-            );
-            let _ = policy_record::store(keys, manifest, &logged);
-        }
+        let _ = policy_record::accept(keys, manifest, r.terms.clone(), r.accepted_at_ms, true);
     }
     (policy, lines, records)
 }
@@ -354,6 +345,33 @@ fn approve_policy_command(args: &RunArgs, t: &crate::identity::workspace::Server
         cmd.push_str(&format!(" --per-call {}", word(p)));
     }
     cmd
+}
+
+/// For `status`: the sentence saying which weakening of `[package.metadata.mcp-dev]` waits for
+/// `approve --policy` in this package (the configuration alone: `run`'s flags are the host's
+/// and only `run` knows them), or `None`. A refused record is named too.
+pub fn pending_policy_for_status(
+    config: &crate::identity::config::LoadedConfig,
+    manifest: &std::path::Path,
+) -> Option<String> {
+    let keys = KeyStore::from_env().ok()?;
+    let standing = policy_record::load(&keys, manifest);
+    let (config_only, _) = requested_policy(config, false, &[], &[]);
+    let verdict = policy_record::Verdict::of(&config_only, &config_only, &standing.terms());
+    let mut line = verdict.status_line("cargo mcp-dev approve --policy");
+    if let Some(why) = &standing.refused {
+        line = format!(
+            "{}the accepted policy {} is refused ({}): nothing is accepted",
+            if line.is_empty() {
+                String::new()
+            } else {
+                format!("{line}; ")
+            },
+            standing.path.display(),
+            crate::screen::sanitize::line(why)
+        );
+    }
+    (!line.is_empty()).then_some(line)
 }
 
 /// The session's settings: each flag over `[package.metadata.mcp-dev]` over the default, the
