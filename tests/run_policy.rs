@@ -229,3 +229,46 @@ fn a_corrupt_or_planted_record_is_refused_and_nothing_counts_as_accepted() {
     refused(&s.call("1", "write", json!({"marker": "link"})));
     s.finish();
 }
+
+/// `new` and `init` (a human ran them) accept the table they wrote: the template's exemption
+/// applies at the first `run`, and a record already there is left as it is.
+#[test]
+fn the_table_new_or_init_wrote_is_accepted_once() {
+    use cargo_mcp_dev::face::commands::run::accept_written_policy_in;
+    let project = fresh();
+    project.configure("exempt = [\"echo\"]");
+    let written = cargo_mcp_dev::identity::config::LoadedConfig::from_package_metadata(
+        &json!({"mcp-dev": {"exempt": ["echo"]}}),
+    )
+    .unwrap();
+    let keys = cargo_mcp_dev::audit::KeyStore::at(&project.home);
+    let manifest = project.root.join("Cargo.toml");
+    assert!(accept_written_policy_in(&keys, &written, &manifest).unwrap());
+    let everything = cargo_mcp_dev::identity::config::LoadedConfig::from_package_metadata(
+        &json!({"mcp-dev": {"gate": "off"}}),
+    )
+    .unwrap();
+    assert!(
+        !accept_written_policy_in(&keys, &everything, &manifest).unwrap(),
+        "an existing record stands"
+    );
+    let mut s = unaccepted(project).start();
+    s.wait_stderr("session started: fake-server (restart mode supervise, gating on");
+    s.ready_legacy();
+    forwarded(&s.call("1", "echo", json!({})));
+    refused(&s.call("2", "write", json!({"marker": "a"})));
+    assert!(
+        !s.stderr_lines()
+            .iter()
+            .any(|l| l.contains("stays gated until")),
+        "{:?}",
+        s.stderr_lines()
+    );
+    let project = s.finish_keeping_project();
+    // The first run recorded the acceptance `new`/`init` made.
+    let accepted = audit_records(&project)
+        .into_iter()
+        .find(|r| r["type"] == "policy_accepted")
+        .expect("policy_accepted recorded by run");
+    assert_eq!(accepted["data"]["recordedBy"], json!("run"), "{accepted}");
+}

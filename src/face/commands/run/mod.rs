@@ -45,7 +45,8 @@ mod threads;
 
 use setup::*;
 pub use setup::{
-    pending_policy_for_status, per_call_wins, policy_accepted_data, policy_from, requested_policy,
+    accept_written_policy, accept_written_policy_in, pending_policy_for_status, per_call_wins,
+    policy_accepted_data, policy_from, requested_policy,
 };
 use shell::*;
 use threads::*;

@@ -347,6 +347,44 @@ fn approve_policy_command(args: &RunArgs, t: &crate::identity::workspace::Server
     cmd
 }
 
+/// For `new` and `init` (run by a human): accepts the policy of the `[package.metadata.mcp-dev]`
+/// table they just wrote (`written`, e.g. the template's `exempt = ["list_notes"]`) for the
+/// package with this manifest, unless a record is there already (a human's earlier acceptance
+/// stands). Inside a host's sandbox the state directory is out of reach and this fails: the
+/// first `run` then says what waits. Returns whether a record was written.
+pub fn accept_written_policy(
+    written: &LoadedConfig,
+    manifest: &std::path::Path,
+) -> Result<bool, Failure> {
+    let keys = KeyStore::from_env().map_err(|e| Failure::error(e.to_string()))?;
+    accept_written_policy_in(&keys, written, manifest)
+}
+
+/// [`accept_written_policy`] with the state directory given.
+pub fn accept_written_policy_in(
+    keys: &KeyStore,
+    written: &LoadedConfig,
+    manifest: &std::path::Path,
+) -> Result<bool, Failure> {
+    if policy_record::load(keys, manifest).record.is_some() {
+        return Ok(false);
+    }
+    let (policy, _) = requested_policy(written, false, &[], &[]);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    // Not in the audit log yet: the first `run` records it (`policy_accepted`, by `run`).
+    policy_record::accept(
+        keys,
+        manifest,
+        crate::policy::accepted::Terms::of(&policy),
+        now_ms,
+        false,
+    )?;
+    Ok(true)
+}
+
 /// For `status`: the sentence saying which weakening of `[package.metadata.mcp-dev]` waits for
 /// `approve --policy` in this package (the configuration alone: `run`'s flags are the host's
 /// and only `run` knows them), or `None`. A refused record is named too.
