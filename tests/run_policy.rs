@@ -28,6 +28,13 @@ fn fresh() -> Project {
     p
 }
 
+/// `approve --policy --yes`, as a human at a script would: its stderr.
+fn accept_as_is(p: &Project) -> String {
+    let out = p.run(["approve", "--policy", "--yes"]);
+    out.expect_code(0);
+    out.stderr
+}
+
 fn audit_records(p: &Project) -> Vec<Value> {
     let path = p.target_dir().join("mcp-dev/audit/fake-server.jsonl");
     std::fs::read_to_string(&path)
@@ -100,19 +107,13 @@ fn gate_off_in_cargo_toml_changes_nothing_until_a_human_accepts_it() {
     assert!(records.iter().all(|r| r["type"] != "gating_disabled"));
 
     // The human accepts it.
-    let out = project.run(["approve", "--policy", "--yes"]);
-    out.expect_code(0);
-    assert!(
-        out.stderr.contains("it would turn the gate off"),
-        "{}",
-        out.stderr
-    );
-    assert!(
-        out.stderr
-            .contains("accepted the policy of `fake-server`: gate off"),
-        "{}",
-        out.stderr
-    );
+    let said = accept_as_is(&project);
+    for words in [
+        "it would turn the gate off",
+        "accepted the policy of `fake-server`: gate off",
+    ] {
+        assert!(said.contains(words), "{said}");
+    }
     let accepted = audit_records(&project)
         .into_iter()
         .find(|r| r["type"] == "policy_accepted")
@@ -179,23 +180,36 @@ fn a_new_exempt_entry_and_the_hosts_flags_wait_too() {
     s.ready_legacy();
     refused(&s.call("1", "write", json!({"marker": "a"})));
     refused(&s.call("2", "echo", json!({})));
+    // Accepting Cargo.toml alone (while this run holds the log) leaves the flag's exemption
+    // waiting; the running session keeps its policy, and the next run records the acceptance.
+    let said = accept_as_is(&s.project);
+    assert!(said.contains("not in the audit log yet"), "{said}");
+    refused(&s.call("3", "write", json!({"marker": "a"})));
     let project = s.finish_keeping_project();
-    // Accepting Cargo.toml alone leaves the flag's exemption waiting.
-    project.run(["approve", "--policy", "--yes"]).expect_code(0);
     let mut s = unaccepted(project).args(&["--exempt", "echo"]).start();
     let line = s.wait_stderr_matching("the waiting weakening", |l| l.contains("stays gated until"));
     assert!(!line.contains("Cargo.toml"), "{line}");
     s.ready_legacy();
-    forwarded(&s.call("3", "write", json!({"marker": "b"})));
-    refused(&s.call("4", "echo", json!({})));
-    s.finish();
+    forwarded(&s.call("4", "write", json!({"marker": "b"})));
+    refused(&s.call("5", "echo", json!({})));
+    let project = s.finish_keeping_project();
+    let accepted: Vec<Value> = audit_records(&project)
+        .into_iter()
+        .filter(|r| r["type"] == "policy_accepted")
+        .collect();
+    assert_eq!(accepted.len(), 1, "{accepted:?}");
+    assert_eq!(accepted[0]["data"]["recordedBy"], json!("run"));
+    assert_eq!(
+        accepted[0]["data"]["terms"]["gate"],
+        json!({"all": {"exempt": ["write"]}})
+    );
 }
 
 #[test]
 fn a_corrupt_or_planted_record_is_refused_and_nothing_counts_as_accepted() {
     let mut project = fresh();
     project.configure("gate = \"off\"");
-    project.run(["approve", "--policy", "--yes"]).expect_code(0);
+    accept_as_is(&project);
     let path = record_file(&project);
     let good = std::fs::read_to_string(&path).unwrap();
     assert!(good.contains("\"off\""), "{good}");

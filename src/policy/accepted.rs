@@ -49,6 +49,14 @@ impl Default for Terms {
 }
 
 impl Terms {
+    /// Terms that gate nothing: the meet with them is the other side as it is.
+    pub fn nothing_gated() -> Terms {
+        Terms {
+            gate: GateTerms::Off,
+            ..Terms::default()
+        }
+    }
+
     pub fn of(policy: &Policy) -> Terms {
         Terms {
             gate: match &policy.gating {

@@ -413,17 +413,10 @@ impl Scenario {
     /// Seals an accepted policy that gates nothing for this package in the scenario's state
     /// directory (unless one is there): the meet with it is whatever the project asks for.
     pub fn accept_any_policy(&self) {
-        use cargo_mcp_dev::face::commands::policy_record;
-        use cargo_mcp_dev::policy::accepted::{GateTerms, Terms};
-        let manifest = self.manifest();
+        use cargo_mcp_dev::face::commands::policy_record::accept_unless_recorded;
+        let nothing = cargo_mcp_dev::policy::accepted::Terms::nothing_gated();
         let keys = cargo_mcp_dev::audit::KeyStore::at(&self.home);
-        if policy_record::load(&keys, &manifest).record.is_none() {
-            let nothing = Terms {
-                gate: GateTerms::Off,
-                ..Terms::default()
-            };
-            let _ = policy_record::accept(&keys, &manifest, nothing, 0, true);
-        }
+        let _ = accept_unless_recorded(&keys, &self.manifest(), nothing, 0, true);
     }
 
     /// Starts `client`'s driver with `cargo-mcp-dev run EXTRA…` as the server command.

@@ -127,6 +127,21 @@ pub fn accept(
     Ok(record)
 }
 
+/// [`accept`] unless the package has a valid record already (a human's acceptance stands):
+/// whether it wrote one.
+pub fn accept_unless_recorded(
+    keys: &KeyStore,
+    manifest: &Path,
+    terms: Terms,
+    accepted_at_ms: u64,
+    logged: bool,
+) -> Result<bool, Failure> {
+    if load(keys, manifest).record.is_some() {
+        return Ok(false);
+    }
+    accept(keys, manifest, terms, accepted_at_ms, logged).map(|_| true)
+}
+
 /// The project's policy against what was accepted.
 #[derive(Debug, Clone)]
 pub struct Verdict {

@@ -366,23 +366,19 @@ pub fn accept_written_policy_in(
     written: &LoadedConfig,
     manifest: &std::path::Path,
 ) -> Result<bool, Failure> {
-    if policy_record::load(keys, manifest).record.is_some() {
-        return Ok(false);
-    }
     let (policy, _) = requested_policy(written, false, &[], &[]);
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0);
     // Not in the audit log yet: the first `run` records it (`policy_accepted`, by `run`).
-    policy_record::accept(
+    policy_record::accept_unless_recorded(
         keys,
         manifest,
         crate::policy::accepted::Terms::of(&policy),
         now_ms,
         false,
-    )?;
-    Ok(true)
+    )
 }
 
 /// For `status`: the sentence saying which weakening of `[package.metadata.mcp-dev]` waits for
