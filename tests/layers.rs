@@ -37,6 +37,7 @@ const MODULES: &[(&str, &str, &str)] = &[
     ("tests_workspace_attacks", "face", "planted-file attacks on `run`, `watch` and `config`"),
     ("session", "session", ""),
     ("approval", "policy", ""),
+    ("accepted", "policy", "the policy a human accepted and its meet with the project's"),
     ("catalog", "policy", "catalog revisions and diffs: what the approvals are about"),
     ("fingerprint", "identity", ""),
     ("capture", "identity", ""),

@@ -1329,6 +1329,9 @@ fn generated_inspector_script_calls_a_tool_through_the_real_inspector_cli() {
         root.join("Cargo.lock"),
     )
     .unwrap();
+    // The new exemption weakens gating: a human accepts it (issue 36, `approve --policy`).
+    let mp = manifest.to_str().unwrap();
+    assert_ok(&sb.run(&["approve", "--policy", "--yes", "--manifest-path", mp]));
     let target_dir = Path::new(REPO).join("target/e2e-fixture-target");
     // One host session first, until the real tool list arrives: a one-shot process measures
     // the script, not a cold build or how a first contact is answered (issue of its own).

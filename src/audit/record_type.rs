@@ -35,6 +35,14 @@ pub const RUN_ENDED: &str = "run_ended";
 pub const SERVER_EXITED: &str = "server_exited";
 /// Gating was turned off for this run (free data, e.g. `{source}`).
 pub const GATING_DISABLED: &str = "gating_disabled";
+/// A human accepted the package's policy with `cargo mcp-dev approve --policy` (weakenings of
+/// gating apply only after this). `{manifest, terms:{gate, perCallAll, perCall}, acceptedAtMs,
+/// recordedBy: "approve"|"run"}` (`run`: the log was held at the acceptance; the next run
+/// recorded it).
+pub const POLICY_ACCEPTED: &str = "policy_accepted";
+/// `run` started with weakenings of gating that no human accepted: they do not apply.
+/// `{manifest, requested, accepted|null, effective, weakenings:[..]}`
+pub const POLICY_PENDING: &str = "policy_pending";
 /// A host connection was shown a catalog or one tool's definition
 /// ([`super::records::CatalogPresented`]).
 pub const CATALOG_PRESENTED: &str = "catalog_presented";
@@ -75,6 +83,8 @@ pub const ALL: &[&str] = &[
     RUN_ENDED,
     SERVER_EXITED,
     GATING_DISABLED,
+    POLICY_ACCEPTED,
+    POLICY_PENDING,
     CATALOG_PRESENTED,
     CHAIN_RESTARTED,
     SEGMENT_STARTED,

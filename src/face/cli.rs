@@ -486,6 +486,21 @@ pub struct ApproveArgs {
     /// Revoke a grant by id (or `all`).
     #[arg(long, value_name = "GRANT")]
     pub revoke: Option<String>,
+    /// Accept the package's policy (`[package.metadata.mcp-dev]`, with the `run` flags given
+    /// here): a change that weakens gating (gate off, a new exempt entry, per-call to
+    /// per-epoch) applies only once a human accepted it. Shows what changes and asks; applies
+    /// at the next `run`.
+    #[arg(long, conflicts_with_all = ["tools", "all_requested", "call", "list", "revoke", "follow", "credential_scopes"])]
+    pub policy: bool,
+    /// With --policy: accept `run --no-gating` too.
+    #[arg(long, requires = "policy")]
+    pub no_gating: bool,
+    /// With --policy: accept `run --exempt TOOL` too (repeatable).
+    #[arg(long = "exempt", value_name = "TOOL", requires = "policy")]
+    pub exempt: Vec<String>,
+    /// With --policy: the `run --per-call TOOL` flags (repeatable).
+    #[arg(long = "per-call", value_name = "TOOL", requires = "policy")]
+    pub per_call: Vec<String>,
     /// Print the result as JSON on stdout.
     #[arg(long)]
     pub json: bool,

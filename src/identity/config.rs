@@ -20,6 +20,8 @@
 //! audit-max-segment-bytes = 67108864  # rotate the log into chained segments (0: never)
 //! gate = "all"                        # "all" (default), "off", or a list of tool names
 //! exempt = ["list_items"]             # with gate = "all": tools that need no approval
+//!                                     # (a change that weakens gate/exempt/per-call
+//!                                     # waits for `cargo mcp-dev approve --policy`)
 //! approval = "per-epoch"              # per-epoch (default) | per-call
 //! per-call = ["delete_item"]          # tools that need a decision per call
 //! approval-channels = ["terminal"]    # who may grant: terminal, host (default: both when the

@@ -54,6 +54,10 @@ pub struct Project {
     pub home: PathBuf,
     /// Extra env for every command (set or removed).
     env: Vec<(String, Option<String>)>,
+    /// Before the first `run`, accept whatever policy the project asks for, as a human would
+    /// with `approve --policy` (issue 36: a weakening of gating waits for that), so tests of
+    /// other things see the policy they configure. Off for the tests of that rule.
+    pub accept_policy: bool,
 }
 
 /// Result of one command run.
@@ -174,7 +178,17 @@ impl Project {
             root,
             home,
             env: Vec::new(),
+            accept_policy: true,
         }
+    }
+
+    /// Seals an accepted policy that gates nothing for this package in this project's state
+    /// directory (unless one is there): the meet with it is whatever the project asks for.
+    pub fn accept_any_policy(&self) {
+        use cargo_mcp_dev::face::commands::policy_record::accept_unless_recorded;
+        let nothing = cargo_mcp_dev::policy::accepted::Terms::nothing_gated();
+        let keys = cargo_mcp_dev::audit::KeyStore::at(&self.home);
+        let _ = accept_unless_recorded(&keys, &self.root.join("Cargo.toml"), nothing, 0, true);
     }
 
     /// The temp dir holding the project (for files that must live outside it).
@@ -200,6 +214,13 @@ impl Project {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
+        let args: Vec<std::ffi::OsString> = args
+            .into_iter()
+            .map(|a| a.as_ref().to_os_string())
+            .collect();
+        if self.accept_policy && args.first().is_some_and(|a| a == "run") {
+            self.accept_any_policy();
+        }
         let mut cmd = Command::new(bin());
         cmd.args(args).current_dir(&self.root);
         for k in SCRUBBED_ENV {

@@ -284,6 +284,10 @@ pub struct Scenario {
     deadline: Instant,
     logs: Vec<Arc<Log>>,
     _serial: MutexGuard<'static, ()>,
+    /// Before `run`, accept whatever policy the project asks for, as a human would with
+    /// `approve --policy` (issue 36: a weakening of gating waits for that), so scenarios see
+    /// the policy they configure. Off for a scenario of that rule.
+    pub accept_policy: bool,
 }
 
 impl Scenario {
@@ -334,6 +338,7 @@ impl Scenario {
             deadline: now + timeout,
             logs: Vec::new(),
             _serial: serial,
+            accept_policy: true,
         }
     }
 
@@ -390,6 +395,9 @@ impl Scenario {
 
     /// `cargo-mcp-dev run --manifest-path … --target-dir … EXTRA…` as an argv.
     pub fn run_argv(&self, extra: &[&str]) -> Vec<String> {
+        if self.accept_policy {
+            self.accept_any_policy();
+        }
         let mut v = vec![
             bin().display().to_string(),
             "run".into(),
@@ -400,6 +408,15 @@ impl Scenario {
         ];
         v.extend(extra.iter().map(|s| s.to_string()));
         v
+    }
+
+    /// Seals an accepted policy that gates nothing for this package in the scenario's state
+    /// directory (unless one is there): the meet with it is whatever the project asks for.
+    pub fn accept_any_policy(&self) {
+        use cargo_mcp_dev::face::commands::policy_record::accept_unless_recorded;
+        let nothing = cargo_mcp_dev::policy::accepted::Terms::nothing_gated();
+        let keys = cargo_mcp_dev::audit::KeyStore::at(&self.home);
+        let _ = accept_unless_recorded(&keys, &self.manifest(), nothing, 0, true);
     }
 
     /// Starts `client`'s driver with `cargo-mcp-dev run EXTRA…` as the server command.

@@ -51,6 +51,9 @@ pub fn execute(args: ApproveArgs) -> CmdResult {
         return Ok(exit_codes::OK);
     }
 
+    if args.policy {
+        return approve_policy(&args);
+    }
     if let Some(call_id) = &args.call {
         return approve_call(&args, call_id);
     }
@@ -224,6 +227,173 @@ fn approve_call(args: &ApproveArgs, call_id: &str) -> CmdResult {
         g["id"].as_str().unwrap_or("?"),
     ));
     Ok(exit_codes::OK)
+}
+
+/// `approve --policy`: shows how the package's policy (its configuration and the `run` flags
+/// given) differs from what was accepted, in plain words, asks, then writes the accepted record
+/// (the project's policy as it is now, stricter parts included) and records the acceptance in
+/// the audit log; when a live `run` holds the log, the next `run` records it. It needs no
+/// running session and applies at the next `run` (a running session keeps the policy it
+/// started with). `--yes` skips the question, as for `--tool`: the agent has a shell too, and
+/// what keeps it off this command is the host's sandbox (README, "Gating").
+fn approve_policy(args: &ApproveArgs) -> CmdResult {
+    use super::policy_record;
+    use crate::policy::accepted::{self, AcceptedRecord, Terms};
+    use crate::screen::sanitize::review as r;
+    let selection = crate::identity::build::CargoSelection {
+        manifest_path: args.control.manifest_path.clone(),
+        package: args.control.package.clone(),
+        target_dir: args.control.target_dir.clone(),
+        ..Default::default()
+    };
+    let prep = crate::identity::cycle::Prepared::new(&selection)?;
+    let t = &prep.target;
+    let manifest = &t.resolved.manifest_path;
+    let keys = crate::audit::KeyStore::from_env().map_err(|e| Failure::error(e.to_string()))?;
+    let key = keys
+        .load_or_create_key()
+        .map_err(|e| Failure::error(e.to_string()))?;
+    let (requested, warnings) =
+        super::run::requested_policy(&t.config, args.no_gating, &args.exempt, &args.per_call);
+    for w in warnings {
+        stderr::warn(&w);
+    }
+    let requested = Terms::of(&requested);
+    let standing = policy_record::load(&keys, manifest);
+    let accepted = standing.terms();
+    let weaker = accepted::weakenings(&requested, &accepted);
+    let stricter = accepted::weakenings(&accepted, &requested);
+    let mut text = format!(
+        "Accept the policy of `{}` ({}):\n",
+        r(&t.label),
+        r(&policy_record::package_key(manifest))
+    );
+    match (&standing.record, &standing.refused) {
+        (Some(rec), _) => text.push_str(&format!(
+            "  accepted now:  {} (accepted at {} ms since the Unix epoch)\n",
+            r(&terms_words(&rec.terms)),
+            rec.accepted_at_ms
+        )),
+        (None, Some(why)) => text.push_str(&format!(
+            "  accepted now:  nothing: the record {} is refused ({}); the default stands, {}\n",
+            r(&standing.path.display().to_string()),
+            r(why),
+            terms_words(&accepted)
+        )),
+        (None, None) => text.push_str(&format!(
+            "  accepted now:  nothing yet; the default stands, {}\n",
+            terms_words(&accepted)
+        )),
+    }
+    text.push_str(&format!(
+        "  the project:   {}\n",
+        r(&terms_words(&requested))
+    ));
+    for w in &weaker {
+        text.push_str(&format!("  weaker:        it would {}\n", r(&w.words())));
+    }
+    for w in &stricter {
+        text.push_str(&format!(
+            "  stricter:      it no longer asks to {} (in force already)\n",
+            r(&w.words())
+        ));
+    }
+    if standing.record.as_ref().map(|rec| &rec.terms) == Some(&requested)
+        || (standing.record.is_none() && standing.refused.is_none() && weaker.is_empty())
+    {
+        stderr::raw(&text);
+        stderr::line("nothing to accept: the project's policy is in force as it is");
+        return Ok(exit_codes::OK);
+    }
+    stderr::raw(&text);
+    if !args.yes && !confirmed("Accept this policy? [y/N] ")? {
+        return Ok(exit_codes::ERROR);
+    }
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    // Recorded now when no `run` holds the log; else the next `run` records it.
+    let audit_path = t
+        .config
+        .config
+        .audit_log
+        .as_ref()
+        .map(|p| t.resolved.package_root.join(p))
+        .unwrap_or_else(|| t.layout().audit_log(&t.label));
+    let unlogged = AcceptedRecord::sealed(
+        &policy_record::package_key(manifest),
+        requested.clone(),
+        now_ms,
+        false,
+        &key,
+    );
+    let logged = log_acceptance(&audit_path, &keys, &unlogged);
+    let record = policy_record::accept(&keys, manifest, requested, now_ms, logged.is_ok())?;
+    if args.json {
+        output::stdout_line(&crate::screen::sanitize::json_text(
+            &json!({"accepted": record.terms, "logged": record.logged}).to_string(),
+        ))?;
+    }
+    stderr::line(&format!(
+        "accepted the policy of `{}`: {}; it applies at the next `cargo mcp-dev run` (a running session keeps its policy until it restarts)",
+        r(&t.label),
+        r(&terms_words(&record.terms))
+    ));
+    if let Err(why) = logged {
+        stderr::line(&format!(
+            "the acceptance is not in the audit log yet ({}): the next `run` records it",
+            crate::screen::sanitize::line(&why)
+        ));
+    }
+    Ok(exit_codes::OK)
+}
+
+/// Appends `policy_accepted` to the log at `path` if no `run` holds it (waits briefly).
+fn log_acceptance(
+    path: &std::path::Path,
+    keys: &crate::audit::KeyStore,
+    record: &crate::policy::accepted::AcceptedRecord,
+) -> Result<(), String> {
+    let opts = crate::audit::AuditOptions {
+        lock_wait: std::time::Duration::from_millis(300),
+        write_through_map: false,
+        ..Default::default()
+    };
+    let (mut log, _) =
+        crate::audit::open_for_run_with(path, keys, &opts).map_err(|e| e.to_string())?;
+    log.append(
+        crate::audit::POLICY_ACCEPTED,
+        crate::audit::TOOL_RUN,
+        None,
+        super::run::policy_accepted_data(record, "approve"),
+    )
+    .map_err(|e| e.to_string())?;
+    log.commit().map_err(|e| e.to_string())
+}
+
+/// A policy's terms in plain words.
+fn terms_words(t: &crate::policy::accepted::Terms) -> String {
+    use crate::policy::accepted::GateTerms;
+    let list = |s: &BTreeSet<String>| {
+        s.iter()
+            .map(|n| format!("`{n}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut out = match &t.gate {
+        GateTerms::Off => "gate off".to_string(),
+        GateTerms::All { exempt } if exempt.is_empty() => "every tool gated".into(),
+        GateTerms::All { exempt } => format!("every tool gated but {}", list(exempt)),
+        GateTerms::Only { tools } if tools.is_empty() => "no tool gated".into(),
+        GateTerms::Only { tools } => format!("only {} gated", list(tools)),
+    };
+    if t.per_call_all {
+        out.push_str(", a decision for every call");
+    } else if !t.per_call.is_empty() {
+        out.push_str(&format!(", a decision per call for {}", list(&t.per_call)));
+    }
+    out
 }
 
 /// The call part of the `approve --call` screen. Every field came from the agent (arguments,

@@ -13,6 +13,7 @@ mod first_build;
 pub mod identity;
 pub mod init;
 pub mod new;
+pub mod policy_record;
 pub mod restart;
 pub mod run;
 pub mod status;

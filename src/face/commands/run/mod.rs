@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 
+use super::policy_record;
 use crate::audit::{AnchorUpdate, AuditLog, KeyStore, Moment};
 use crate::base::error::{CmdResult, Failure};
 use crate::base::sys::unix;
@@ -42,8 +43,11 @@ mod setup;
 mod shell;
 mod threads;
 
-pub use setup::policy_from;
 use setup::*;
+pub use setup::{
+    accept_written_policy, accept_written_policy_in, pending_policy_for_status, per_call_wins,
+    policy_accepted_data, policy_from, requested_policy,
+};
 use shell::*;
 use threads::*;
 
@@ -65,20 +69,13 @@ pub fn execute(args: RunArgs) -> CmdResult {
         .or(t.config.config.debounce_ms)
         .map(Duration::from_millis)
         .unwrap_or(watch::DEFAULT_DEBOUNCE);
-    let gating_off = args.no_gating
-        || matches!(&t.config.config.gate, Some(GateSetting::Keyword(k)) if k == "off");
-    let mut policy = policy_from(&t.config, args.no_gating);
-    // Flags add to the configuration; they never narrow what it gates per call.
-    if let Gating::All { exempt } = &mut policy.gating {
-        exempt.extend(args.exempt.iter().cloned());
+    let keys = KeyStore::from_env().map_err(|e| Failure::error(e.to_string()))?;
+    // What the project asks for, met with what a human accepted (issue 36): a weakening waits.
+    let (policy, policy_lines, policy_records) = run_policy(&args, t, &keys);
+    for line in &policy_lines {
+        stderr::warn(line);
     }
-    policy.per_call_tools.extend(args.per_call.iter().cloned());
-    for tool in per_call_wins(&mut policy) {
-        stderr::warn(&format!(
-            "`{}` needs a decision for every call (per-call): it stays gated despite --exempt or `gate`",
-            crate::screen::sanitize::line(&tool)
-        ));
-    }
+    let gating_off = policy.gating == Gating::Off;
     let audit_path = args
         .audit_log
         .clone()
@@ -90,13 +87,17 @@ pub fn execute(args: RunArgs) -> CmdResult {
                 .map(|p| t.resolved.package_root.join(p))
         })
         .unwrap_or_else(|| layout.audit_log(&label));
-    let keys = KeyStore::from_env().map_err(|e| Failure::error(e.to_string()))?;
     let sink = StatusSink {
         json: args.message_format == MessageFormat::Json,
         label: label.clone(),
     };
     let audit_options = audit_options(args.audit_fsync.as_deref(), &t.config.config)?;
     let mut audit = open_audit(&audit_path, &keys, &audit_options, &sink)?;
+    for (kind, data) in policy_records {
+        audit
+            .append(kind, crate::audit::TOOL_RUN, None, data)
+            .map_err(|e| Failure::error(e.to_string()))?;
+    }
     // `boundaries`: the fsyncs at each new epoch and at exit run off the session's thread.
     let syncer = (audit_options.fsync == crate::audit::FsyncPolicy::Boundaries).then(|| {
         audit.set_fsync(crate::audit::FsyncPolicy::Never);

@@ -1,6 +1,7 @@
 //! What `run` prepares before its session starts: the first build's result as the session
 //! reads it, opening the audit log (key, options, planted links swept from `target/mcp-dev`),
-//! the approval policy from the configuration, the command line shown for `--follow`.
+//! the approval policy from the configuration and flags met with what a human accepted
+//! (`run_policy`), the command line shown for `--follow`.
 //!
 //! Must not touch: the session's state, the threads.
 
@@ -177,7 +178,7 @@ pub(super) fn follow_command(prep: &Prepared, cargo: &crate::face::cli::CargoArg
 /// The policy from configuration and flags.
 /// A per-call tool is gated whatever `--exempt` or a `gate` list says (the configuration refuses
 /// the conflict; flags can still make it): returns the tools this changed.
-pub(super) fn per_call_wins(policy: &mut Policy) -> Vec<String> {
+pub fn per_call_wins(policy: &mut Policy) -> Vec<String> {
     let mut changed = Vec::new();
     for tool in &policy.per_call_tools {
         let moved = match &mut policy.gating {
@@ -227,6 +228,184 @@ pub fn policy_from(config: &LoadedConfig, gating_off: bool) -> Policy {
             })
             .collect(),
     }
+}
+
+/// The policy the project asks for: the configuration, then `run`'s flags (`--no-gating`,
+/// `--exempt`, `--per-call`: the host's configuration, which the agent can edit too), a
+/// per-call tool gated whatever they say. Also the warnings for the tools that rule kept gated.
+pub fn requested_policy(
+    config: &LoadedConfig,
+    no_gating: bool,
+    exempt: &[String],
+    per_call: &[String],
+) -> (Policy, Vec<String>) {
+    let mut policy = policy_from(config, no_gating);
+    // Flags add to the configuration; they never narrow what it gates per call.
+    if let Gating::All { exempt: e } = &mut policy.gating {
+        e.extend(exempt.iter().cloned());
+    }
+    policy.per_call_tools.extend(per_call.iter().cloned());
+    let warnings = per_call_wins(&mut policy)
+        .into_iter()
+        .map(|tool| {
+            format!(
+                "`{}` needs a decision for every call (per-call): it stays gated despite --exempt or `gate`",
+                crate::screen::sanitize::line(&tool)
+            )
+        })
+        .collect();
+    (policy, warnings)
+}
+
+/// The policy `run` applies: what the project asks for met with what a human accepted (see
+/// `policy::accepted`): strengthenings at once, weakenings only once accepted. Returns it, the
+/// status lines to show (a weakening that waits, a refused record) and the audit records to
+/// write before the session starts (`policy_pending`, and `policy_accepted` for an acceptance
+/// the log does not hold yet: the record is then marked logged).
+pub(super) fn run_policy(
+    args: &RunArgs,
+    t: &crate::identity::workspace::ServerTarget,
+    keys: &KeyStore,
+) -> (Policy, Vec<String>, Vec<(&'static str, serde_json::Value)>) {
+    let (mut policy, mut lines) =
+        requested_policy(&t.config, args.no_gating, &args.exempt, &args.per_call);
+    let (config_only, _) = requested_policy(&t.config, false, &[], &[]);
+    let manifest = &t.resolved.manifest_path;
+    let standing = policy_record::load(keys, manifest);
+    let mut records = Vec::new();
+    if let Some(why) = &standing.refused {
+        lines.push(format!(
+            "the accepted policy {} is refused ({}): nothing counts as accepted, every weakening of the default waits for `cargo mcp-dev approve --policy`",
+            standing.path.display(),
+            crate::screen::sanitize::line(why)
+        ));
+    }
+    let accepted = standing.terms();
+    let verdict = policy_record::Verdict::of(&policy, &config_only, &accepted);
+    let requested = crate::policy::accepted::Terms::of(&policy);
+    verdict.effective.apply_to(&mut policy);
+    per_call_wins(&mut policy);
+    if verdict.waits() {
+        lines.push(verdict.status_line(&approve_policy_command(args, t)));
+        records.push((
+            crate::audit::POLICY_PENDING,
+            serde_json::json!({
+                "manifest": policy_record::package_key(manifest),
+                "requested": requested,
+                "accepted": standing.record.as_ref().map(|r| &r.terms),
+                "effective": verdict.effective,
+                "weakenings": verdict.codes(),
+            }),
+        ));
+    }
+    if let Some(r) = standing.record.as_ref().filter(|r| !r.logged) {
+        records.push((
+            crate::audit::POLICY_ACCEPTED,
+            policy_accepted_data(r, "run"),
+        ));
+        let _ = policy_record::accept(keys, manifest, r.terms.clone(), r.accepted_at_ms, true);
+    }
+    (policy, lines, records)
+}
+
+/// The data of a `policy_accepted` record (`recordedBy`: `approve` at the moment of the
+/// acceptance, or `run` when the log was held then).
+pub fn policy_accepted_data(
+    r: &crate::policy::accepted::AcceptedRecord,
+    recorded_by: &str,
+) -> serde_json::Value {
+    serde_json::json!({
+        "manifest": r.manifest,
+        "terms": r.terms,
+        "acceptedAtMs": r.accepted_at_ms,
+        "recordedBy": recorded_by,
+    })
+}
+
+/// The `approve --policy` command that accepts what this `run` asks for (its policy flags too).
+fn approve_policy_command(args: &RunArgs, t: &crate::identity::workspace::ServerTarget) -> String {
+    let mut cmd = String::from("cargo mcp-dev approve --policy");
+    let word = |w: &str| crate::screen::sanitize::shell_word(w).unwrap_or_else(|| w.to_string());
+    let here = std::env::current_dir()
+        .ok()
+        .and_then(|d| crate::base::beneath::followed::canonicalize(&d).ok());
+    if here.as_deref() != Some(t.resolved.package_root.as_path()) {
+        cmd.push_str(&format!(
+            " --manifest-path {}",
+            word(&t.resolved.manifest_path.display().to_string())
+        ));
+    }
+    if args.no_gating {
+        cmd.push_str(" --no-gating");
+    }
+    for e in &args.exempt {
+        cmd.push_str(&format!(" --exempt {}", word(e)));
+    }
+    for p in &args.per_call {
+        cmd.push_str(&format!(" --per-call {}", word(p)));
+    }
+    cmd
+}
+
+/// For `new` and `init` (run by a human): accepts the policy of the `[package.metadata.mcp-dev]`
+/// table they just wrote (`written`, e.g. the template's `exempt = ["list_notes"]`) for the
+/// package with this manifest, unless a record is there already (a human's earlier acceptance
+/// stands). Inside a host's sandbox the state directory is out of reach and this fails: the
+/// first `run` then says what waits. Returns whether a record was written.
+pub fn accept_written_policy(
+    written: &LoadedConfig,
+    manifest: &std::path::Path,
+) -> Result<bool, Failure> {
+    let keys = KeyStore::from_env().map_err(|e| Failure::error(e.to_string()))?;
+    accept_written_policy_in(&keys, written, manifest)
+}
+
+/// [`accept_written_policy`] with the state directory given.
+pub fn accept_written_policy_in(
+    keys: &KeyStore,
+    written: &LoadedConfig,
+    manifest: &std::path::Path,
+) -> Result<bool, Failure> {
+    let (policy, _) = requested_policy(written, false, &[], &[]);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    // Not in the audit log yet: the first `run` records it (`policy_accepted`, by `run`).
+    policy_record::accept_unless_recorded(
+        keys,
+        manifest,
+        crate::policy::accepted::Terms::of(&policy),
+        now_ms,
+        false,
+    )
+}
+
+/// For `status`: the sentence saying which weakening of `[package.metadata.mcp-dev]` waits for
+/// `approve --policy` in this package (the configuration alone: `run`'s flags are the host's
+/// and only `run` knows them), or `None`. A refused record is named too.
+pub fn pending_policy_for_status(
+    config: &crate::identity::config::LoadedConfig,
+    manifest: &std::path::Path,
+) -> Option<String> {
+    let keys = KeyStore::from_env().ok()?;
+    let standing = policy_record::load(&keys, manifest);
+    let (config_only, _) = requested_policy(config, false, &[], &[]);
+    let verdict = policy_record::Verdict::of(&config_only, &config_only, &standing.terms());
+    let mut line = verdict.status_line("cargo mcp-dev approve --policy");
+    if let Some(why) = &standing.refused {
+        line = format!(
+            "{}the accepted policy {} is refused ({}): nothing is accepted",
+            if line.is_empty() {
+                String::new()
+            } else {
+                format!("{line}; ")
+            },
+            standing.path.display(),
+            crate::screen::sanitize::line(why)
+        );
+    }
+    (!line.is_empty()).then_some(line)
 }
 
 /// The session's settings: each flag over `[package.metadata.mcp-dev]` over the default, the
