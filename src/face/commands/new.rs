@@ -119,7 +119,20 @@ fn write_package(args: &NewArgs, dir: &Path, quiet: bool) -> Result<usize, Failu
         out.plan(&dir, &dir.join(rel), &text, FileKind::Text)?;
     }
     init::write_companions(&project, &HostEnv::detect(), &mut out)?;
-    out.commit()
+    let written = out.commit()?;
+    // A human ran `new`: the gating table it wrote (the read tool exempt) is accepted as theirs,
+    // so the first `run` does not hold it back as a weakening nobody confirmed.
+    let table = crate::identity::config::LoadedConfig {
+        config: project.config.clone(),
+        raw: serde_json::Value::Null,
+    };
+    if let Err(e) = super::run::accept_written_policy(&table, &project.manifest_path) {
+        stderr::warn(&format!(
+            "the template's policy was not recorded as accepted ({}); the first `run` says what waits for `cargo mcp-dev approve --policy`",
+            e.message
+        ));
+    }
+    Ok(written)
 }
 
 /// Creates `dir` (recording in `created` each directory made, parents included), or accepts
