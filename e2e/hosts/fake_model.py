@@ -249,6 +249,15 @@ class Handler(BaseHTTPRequestHandler):
         waited = sum(1 for n in called.values() if n in waiters)
         results = [r for r in results if called.get(r.get("tool_use_id")) not in waiters]
         if SCRIPT.get("steps") is not None and tools:
+            # Every tool result since the model's last turn (a host may add a message after it).
+            since = []
+            for m in reversed(msgs):
+                if not isinstance(m, dict) or m.get("role") == "assistant":
+                    break
+                if isinstance(m.get("content"), list):
+                    since = [b for b in m["content"] if isinstance(b, dict)
+                             and b.get("type") == "tool_result"] + since
+            results = [r for r in since if called.get(r.get("tool_use_id")) not in waiters]
             return self.anthropic_steps(body, model, called, waiters, waited, results,
                                         [d["name"] or "" for d in defs])
         if results:

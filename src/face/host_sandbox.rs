@@ -120,20 +120,8 @@ pub struct SettingsMerge {
 /// and its text; a value stricter than ours is kept. An error (why, for the user) when the file
 /// or one of the members we set is not what Claude Code reads.
 pub fn merge_settings(existing: &str, rules: &[String]) -> Result<Option<SettingsMerge>, String> {
-    let existing = if existing.trim().is_empty() {
-        "{}"
-    } else {
-        existing
-    };
-    serde_json::from_str::<serde::de::IgnoredAny>(existing)
-        .map_err(|e| format!("it is not valid JSON ({e})"))?;
-    let doc: OrderedMembers<'_> = serde_json::from_str(existing)
-        .map_err(|_| "its top level is not a JSON object".to_string())?;
-    let mut top: Vec<(String, String)> = doc
-        .0
-        .iter()
-        .map(|(k, v)| (k.clone(), v.get().to_string()))
-        .collect();
+    let doc = object_members(existing)?;
+    let mut top = doc.owned();
     let mut added = Vec::new();
 
     // permissions.deny: the rules missing, appended.
@@ -193,11 +181,11 @@ pub fn merge_settings(existing: &str, rules: &[String]) -> Result<Option<Setting
     }))
 }
 
+/// An object's members in order, each value as JSON text.
+pub type Members = Vec<(String, String)>;
+
 /// The members of `key`'s object in `top` (empty when absent) and where it is.
-fn member_object(
-    top: &[(String, String)],
-    key: &str,
-) -> Result<(Vec<(String, String)>, Option<usize>), String> {
+fn member_object(top: &[(String, String)], key: &str) -> Result<(Members, Option<usize>), String> {
     let at: Vec<usize> = (0..top.len()).filter(|&i| top[i].0 == key).collect();
     if at.len() > 1 {
         return Err(format!("`{key}` appears more than once"));
@@ -207,14 +195,16 @@ fn member_object(
     };
     let inner: OrderedMembers<'_> =
         serde_json::from_str(&top[i].1).map_err(|_| format!("its `{key}` is not a JSON object"))?;
-    Ok((
-        inner
-            .0
-            .iter()
-            .map(|(k, v)| (k.clone(), v.get().to_string()))
-            .collect(),
-        Some(i),
-    ))
+    Ok((inner.owned(), Some(i)))
+}
+
+/// A host file's text as the members of its top-level object (an empty file holds none); an
+/// error (why, for the user) when it is not valid JSON or not an object.
+pub fn object_members(text: &str) -> Result<OrderedMembers<'_>, String> {
+    let text = if text.trim().is_empty() { "{}" } else { text };
+    serde_json::from_str::<serde::de::IgnoredAny>(text)
+        .map_err(|e| format!("it is not valid JSON ({e})"))?;
+    serde_json::from_str(text).map_err(|_| "its top level is not a JSON object".to_string())
 }
 
 fn set_member(top: &mut Vec<(String, String)>, at: Option<usize>, key: &str, text: String) {
@@ -244,6 +234,16 @@ fn array_text(values: &[Value], indent: usize) -> String {
 
 /// A JSON object's members in the order written, each value as its original text.
 pub struct OrderedMembers<'a>(pub Vec<(String, &'a serde_json::value::RawValue)>);
+
+impl OrderedMembers<'_> {
+    /// The members with their values' text copied.
+    pub fn owned(&self) -> Members {
+        self.0
+            .iter()
+            .map(|(k, v)| (k.clone(), v.get().to_string()))
+            .collect()
+    }
+}
 
 impl<'de: 'a, 'a> serde::Deserialize<'de> for OrderedMembers<'a> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -328,6 +328,11 @@ fn read_settings(path: &Path) -> Result<Option<Value>, String> {
     let text = match crate::base::beneath::followed::read_to_string(path, SETTINGS_LIMIT) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Err(format!(
+                "could not be read here ({e}; a sandbox hides it?): run `cargo mcp-dev status` in your own terminal"
+            ));
+        }
         Err(e) => return Err(format!("could not be read ({e})")),
     };
     if text.trim().is_empty() {

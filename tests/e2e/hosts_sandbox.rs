@@ -18,11 +18,12 @@ use super::hosts::*;
 use super::*;
 use std::time::Instant;
 
-/// What the agent's Bash runs, with `cargo-mcp-dev` (this build) first on PATH.
-fn approve_command(s: &Scenario) -> String {
+/// What the agent's Bash runs: `cargo mcp-dev ARGS` for the scenario's project (this build of
+/// `cargo-mcp-dev` first on PATH), then its exit status as `WHAT exit: N`.
+fn mcp_dev_command(s: &Scenario, args: &str, what: &str) -> String {
     let bin_dir = bin().parent().unwrap().display().to_string();
     format!(
-        "PATH={bin_dir}:$PATH cargo mcp-dev approve --yes --tool write_item --manifest-path {} --target-dir {} 2>&1; echo \"approve exit: $?\"",
+        "PATH={bin_dir}:$PATH cargo mcp-dev {args} --manifest-path {} --target-dir {} 2>&1; echo \"{what} exit: $?\"",
         s.manifest().display(),
         s.target.display()
     )
@@ -49,21 +50,6 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-struct Outcome {
-    /// What the model was told for each step (approve, read the key twice, write_item).
-    told: Vec<String>,
-    /// Whether each step's result was an error.
-    errors: Vec<bool>,
-    /// `approve --list` from outside (the human's terminal), after the turn.
-    grants: String,
-    /// Times the person was asked (the approval form), all declined.
-    asked: usize,
-    side_effects: usize,
-    /// Everything the fake model received, as logged.
-    model_log: String,
-    key_hex: String,
-}
-
 fn agent_turn(name: &str, with_settings: bool) -> Outcome {
     let mut s = Scenario::new(name, secs(420));
     prebuild(&mut s, &[], &[]);
@@ -82,7 +68,8 @@ fn agent_turn(name: &str, with_settings: bool) -> Outcome {
     }
     let script = json!({
         "steps": [
-            {"tool": "Bash", "input": {"command": approve_command(&s), "description": "approve write_item"}},
+            {"tool": "Bash", "input": {"command": mcp_dev_command(&s, "approve --yes --tool write_item", "approve"), "description": "approve write_item"}},
+            {"tool": "Bash", "input": {"command": mcp_dev_command(&s, "status", "status"), "description": "status"}},
             {"tool": "Bash", "input": {"command": read_key_command(&s), "description": "read the key"}},
             {"tool": "Bash", "input": {"command": read_key_hidden_command(&s), "description": "read the key"}},
             {"tool_suffix": "write_item", "input": {"sku": "from-the-agent", "qty": 1}},
@@ -108,7 +95,7 @@ fn agent_turn(name: &str, with_settings: bool) -> Outcome {
             .cloned()
             .collect();
         let missing = recs.iter().any(|r| r["event"] == json!("tool_missing"));
-        if results.len() >= 4 || missing || Instant::now() >= deadline {
+        if results.len() >= 5 || missing || Instant::now() >= deadline {
             break results;
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -124,10 +111,10 @@ fn agent_turn(name: &str, with_settings: bool) -> Outcome {
         &format!("{} step results", results.len()),
         started.elapsed(),
     );
-    if results.len() < 4 {
+    if results.len() < 5 {
         rig.dump(&session.out);
         panic!(
-            "{name}: the turn did not reach its four tool results: {:?}",
+            "{name}: the turn did not reach its five tool results: {:?}",
             fm.records()
                 .iter()
                 .filter(|r| r["event"] != json!("request"))
@@ -143,6 +130,14 @@ fn agent_turn(name: &str, with_settings: bool) -> Outcome {
         String::from_utf8_lossy(&out.stderr)
     );
     let grants = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let mut st: Vec<String> = vec!["status".into()];
+    st.extend(s.control_args());
+    let out = s.mcp_dev(&st.iter().map(String::as_str).collect::<Vec<_>>());
+    let status_outside = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "status from outside: {status_outside}"
+    );
     let outcome = Outcome {
         told: results
             .iter()
@@ -154,6 +149,7 @@ fn agent_turn(name: &str, with_settings: bool) -> Outcome {
             .collect(),
         grants,
         asked: session.elicitations.len(),
+        status_outside,
         side_effects: s.side_effect_lines().len(),
         model_log: std::fs::read_to_string(s.root.path().join("fake-model/log.jsonl"))
             .unwrap_or_default(),
@@ -183,6 +179,24 @@ fn agent_turn(name: &str, with_settings: bool) -> Outcome {
     outcome
 }
 
+/// What one agent turn came to.
+struct Outcome {
+    /// What the model was told for each step (approve, status, read the key twice, write_item).
+    told: Vec<String>,
+    /// Whether each step's result was an error.
+    errors: Vec<bool>,
+    /// `approve --list` from outside (the human's terminal), after the turn.
+    grants: String,
+    /// Times the person was asked (the approval form), all declined.
+    asked: usize,
+    side_effects: usize,
+    /// `status`'s stderr from outside (the human's terminal), while the server runs.
+    status_outside: String,
+    /// Everything the fake model received, as logged.
+    model_log: String,
+    key_hex: String,
+}
+
 /// With the settings `init` writes: no grant, no key, the call is asked for and never runs.
 #[test]
 fn hosts_sandbox_keeps_the_agent_from_approving_claude_2_1_337() {
@@ -191,21 +205,29 @@ fn hosts_sandbox_keeps_the_agent_from_approving_claude_2_1_337() {
         o.grants, "no live grants",
         "the agent's approve created a grant"
     );
-    assert!(
-        o.told[0].contains("a sandbox blocks it") && !o.told[0].contains("start the server"),
-        "approve in the sandbox must say a sandbox blocks the control socket: {}",
-        o.told[0]
-    );
+    // approve and status in the sandbox: the control socket is blocked, and nothing invites
+    // the agent to start a second supervisor.
+    for told in &o.told[..2] {
+        assert!(
+            told.contains("a sandbox blocks it") && !told.contains("start the server"),
+            "{told}"
+        );
+    }
     assert!(
         !o.model_log.contains(&o.key_hex),
         "the audit key reached the model"
     );
     assert!(
-        o.told[2].contains("read exit") && !o.told[2].contains(&o.key_hex),
+        o.told[3].contains("read exit") && !o.told[3].contains(&o.key_hex),
         "the sandbox must refuse the read the permission check cannot see: {}",
-        o.told[2]
+        o.told[3]
     );
-    assert!(o.errors[3], "the gated call was not refused: {}", o.told[3]);
+    assert!(o.errors[4], "the gated call was not refused: {}", o.told[4]);
+    assert!(
+        !o.status_outside.contains("warning: "),
+        "status from outside, settings in place: {}",
+        o.status_outside
+    );
     assert_eq!(o.asked, 1, "the person must be asked for the gated call");
     assert_eq!(o.side_effects, 0, "the gated call ran");
 }
@@ -221,8 +243,14 @@ fn hosts_sandbox_without_settings_shows_the_hole_claude_2_1_337() {
         "without the sandbox the key should have been readable: {}",
         o.told[1]
     );
-    assert!(o.told[2].contains(&o.key_hex), "{}", o.told[2]);
-    assert!(!o.errors[3], "{}", o.told[3]);
+    assert!(o.told[3].contains(&o.key_hex), "{}", o.told[3]);
+    assert!(!o.errors[4], "{}", o.told[4]);
+    assert!(
+        o.status_outside
+            .contains("warning: Claude Code's sandbox is not set up for this project"),
+        "status from outside must say the settings are missing: {}",
+        o.status_outside
+    );
     assert_eq!(o.asked, 0, "the agent's own grant covered the call");
     assert_eq!(o.side_effects, 1, "the gated call ran");
 }

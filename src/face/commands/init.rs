@@ -942,7 +942,7 @@ impl Writer {
             Err(e) => return Err(Failure::error(format!("could not inspect `{shown}`: {e}"))),
             Ok(m) if !m.is_file() => {
                 warn(format!(
-                    "`{shown}` is not a regular file (a symbolic link?); it was left as it is: add Claude Code's sandbox settings to it by hand (see mcp-dev/README.md)"
+                    "`{shown}` is not a regular file (a symbolic link?); it was left as it is: add Claude Code's sandbox settings to it by hand (`cargo mcp-dev status` says what is missing)"
                 ));
                 return Ok(());
             }
@@ -1112,20 +1112,8 @@ pub fn merge_host_entry(
         .expect("a host template holds its label's entry");
 
     // An empty file holds nothing to keep.
-    let existing = if existing.trim().is_empty() {
-        "{}"
-    } else {
-        existing
-    };
-    serde_json::from_str::<serde::de::IgnoredAny>(existing)
-        .map_err(|e| format!("it is not valid JSON ({e})"))?;
-    let doc: OrderedMembers<'_> = serde_json::from_str(existing)
-        .map_err(|_| "its top level is not a JSON object".to_string())?;
-    let mut top: Vec<(String, String)> = doc
-        .0
-        .iter()
-        .map(|(k, v)| (k.clone(), v.get().to_string()))
-        .collect();
+    let doc = host_sandbox::object_members(existing)?;
+    let mut top = doc.owned();
     let mut servers: Vec<(String, &str)> = Vec::new();
     let at = match servers_of(&doc)?.first() {
         Some(&i) => {
