@@ -708,6 +708,17 @@ mod tests {
         }
         std::fs::write(&p, vec![b' '; (SETTINGS_LIMIT + 1) as usize]).unwrap();
         assert!(read_settings(&p).is_err());
+        // A named pipe or a device planted there: refused at once, never waited on or read.
+        let fifo = d.path().join("fifo.json");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        assert!(read_settings(&fifo).is_err());
+        let dev = d.path().join("zero.json");
+        std::os::unix::fs::symlink("/dev/zero", &dev).unwrap();
+        assert!(read_settings(&dev).is_err());
         assert_eq!(read_settings(&d.path().join("none")).unwrap(), None);
     }
 
