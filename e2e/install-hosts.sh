@@ -7,7 +7,8 @@
 #   <peers>/hosts/codex-0.171.0    @openai/codex 0.171.0 (native binary)
 #   <peers>/hosts/gemini-0.61.0    @google/gemini-cli 0.61.0 (Node 20+)
 # each an `npm ci` of e2e/hosts/packages/<name>/{package.json,package-lock.json}.
-# <peers> is $MCP_DEV_PEERS_DIR, default <repo>/target/e2e-peers.
+# <peers> is $MCP_DEV_PEERS_DIR, default <repo>/target/e2e-peers. On Linux, bubblewrap and socat
+# (Claude Code's sandbox) come from the distribution's packages, installed when missing.
 #
 # Idempotent: each host has a stamp keyed on a hash of its package.json, its lock and the Node
 # version, checked together with the host's own `--version`; a current host is not touched, so
@@ -31,6 +32,26 @@ command -v node >/dev/null || fail "node is not on PATH (Node 20+ with npm is ne
 command -v npm >/dev/null || fail "npm is not on PATH"
 major="$(node -p 'process.versions.node.split(".")[0]')"
 ((major >= 20)) || fail "Node $(node --version) is too old: Gemini CLI needs Node 20+"
+
+# Claude Code's sandbox on Linux (tests/e2e/hosts_sandbox.rs) needs bubblewrap and socat, from
+# the distribution's packages: installed here when missing (as root with apt-get), else a failure
+# that says what to install. bwrap must also be able to make its namespaces on this machine.
+if [[ "$(uname -s)" == Linux ]]; then
+  step="sandbox tools (bubblewrap, socat)"
+  if ! command -v bwrap >/dev/null || ! command -v socat >/dev/null; then
+    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
+      echo "install-hosts: installing bubblewrap and socat (apt-get) ..."
+      DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends bubblewrap socat >/dev/null 2>&1 \
+        || { apt-get update >/dev/null 2>&1 \
+          && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends bubblewrap socat >/dev/null; } \
+        || fail "$step: apt-get install bubblewrap socat failed"
+    else
+      fail "$step: bwrap and socat must be on PATH (Debian/Ubuntu: sudo apt-get install bubblewrap socat)"
+    fi
+  fi
+  bwrap --unshare-all --ro-bind / / true 2>/dev/null \
+    || fail "$step: 'bwrap --unshare-all --ro-bind / / true' fails here (user namespaces disabled?): Claude Code's sandbox cannot run"
+fi
 
 mkdir -p "$peers/hosts"
 peers="$(cd "$peers" && pwd)"

@@ -33,6 +33,7 @@ const MODULES: &[(&str, &str, &str)] = &[
     ("commands", "face", "one orchestrator per subcommand"),
     ("control_socket", "face", "the control socket server: an input that drives the session"),
     ("watch", "face", "the source watcher: a save drives the session (a new build)"),
+    ("host_sandbox", "face", "Claude Code's sandbox settings: written by `init`, checked by `status`"),
     ("templates", "face", "the files `init` and `new` write"),
     ("tests_workspace_attacks", "face", "planted-file attacks on `run`, `watch` and `config`"),
     ("session", "session", ""),

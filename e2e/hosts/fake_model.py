@@ -248,6 +248,18 @@ class Handler(BaseHTTPRequestHandler):
         waiters = SCRIPT.get("wait_tools", ["WaitForMcpServers"])
         waited = sum(1 for n in called.values() if n in waiters)
         results = [r for r in results if called.get(r.get("tool_use_id")) not in waiters]
+        if SCRIPT.get("steps") is not None and tools:
+            # Every tool result since the model's last turn (a host may add a message after it).
+            since = []
+            for m in reversed(msgs):
+                if not isinstance(m, dict) or m.get("role") == "assistant":
+                    break
+                if isinstance(m.get("content"), list):
+                    since = [b for b in m["content"] if isinstance(b, dict)
+                             and b.get("type") == "tool_result"] + since
+            results = [r for r in since if called.get(r.get("tool_use_id")) not in waiters]
+            return self.anthropic_steps(body, model, called, waiters, waited, results,
+                                        [d["name"] or "" for d in defs])
         if results:
             for r in results:
                 record_result("anthropic", called.get(r.get("tool_use_id")), r.get("content"),
@@ -267,6 +279,38 @@ class Handler(BaseHTTPRequestHandler):
             return self.anthropic_reply(body, model, text=SCRIPT.get("no_tool_text", "no tool"))
         log({"event": "tool_call", "api": "anthropic", "tool": tool})
         return self.anthropic_reply(body, model, tool=tool)
+
+    def anthropic_steps(self, body, model, called, waiters, waited, results, names):
+        """A scripted turn: `steps` is a list of tool uses made one after the other, each
+        `{"tool": NAME, "input": {...}}` (a host tool such as Bash) or `{"tool_suffix": S,
+        "input": {...}}` (an MCP tool found by suffix); each result is recorded with the step's
+        index; after the last, `final_text`."""
+        for r in results:
+            log({"event": "step_result", "step": sum(1 for n in called.values() if n not in waiters) - 1,
+                 "tool": called.get(r.get("tool_use_id")), "isError": bool(r.get("is_error")),
+                 "text": text_of(r.get("content"))[:20000]})
+            record_result("anthropic", called.get(r.get("tool_use_id")), r.get("content"),
+                          r.get("is_error"))
+        steps = SCRIPT["steps"]
+        done = sum(1 for n in called.values() if n not in waiters)
+        if done >= len(steps):
+            return self.anthropic_reply(body, model, text=SCRIPT.get("final_text", "done"))
+        step = steps[done]
+        if "tool" in step:
+            tool = step["tool"] if step["tool"] in names else None
+        else:
+            suffix = step["tool_suffix"]
+            hits = [n for n in names if n.endswith("_" + suffix) or n.endswith("." + suffix)]
+            tool = hits[0] if hits else None
+        if tool is None:
+            waiter = next((w for w in waiters if w in names), None)
+            if waiter and "tool_suffix" in step and waited < SCRIPT.get("max_waits", 8):
+                log({"event": "wait_call", "api": "anthropic", "tool": waiter})
+                return self.anthropic_reply(body, model, tool=waiter, arguments={})
+            log({"event": "tool_missing", "api": "anthropic", "step": done, "toolNames": names})
+            return self.anthropic_reply(body, model, text=SCRIPT.get("no_tool_text", "no tool"))
+        log({"event": "tool_call", "api": "anthropic", "tool": tool, "step": done})
+        return self.anthropic_reply(body, model, tool=tool, arguments=step.get("input", {}))
 
     def anthropic_reply(self, body, model, text=None, tool=None, arguments=None):
         mid = next_id("msg_fake_")

@@ -6,6 +6,7 @@
 pub mod cli;
 pub mod commands;
 pub mod control_socket;
+pub mod host_sandbox;
 pub mod templates;
 #[cfg(test)]
 mod tests_workspace_attacks;

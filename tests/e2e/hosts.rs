@@ -222,6 +222,8 @@ pub struct HostRig {
     server_argv: Vec<String>,
     server_env: Vec<(String, String)>,
     runs: usize,
+    /// Claude Code's `--allowedTools` (the tools it runs without asking).
+    pub allowed_tools: String,
 }
 
 impl HostRig {
@@ -252,6 +254,7 @@ impl HostRig {
             server_argv: s.run_argv(run_extra),
             server_env,
             runs: 0,
+            allowed_tools: "mcp__inventory__list_items".into(),
         }
     }
 
@@ -317,7 +320,7 @@ impl HostRig {
                         &cfg.display().to_string(),
                         "--strict-mcp-config",
                         "--allowedTools",
-                        "mcp__inventory__list_items",
+                        &self.allowed_tools,
                         "--debug-file",
                         &self
                             .home
@@ -459,7 +462,7 @@ impl HostRig {
         records
     }
 
-    fn dump(&self, out: &Path) {
+    pub fn dump(&self, out: &Path) {
         // Claude Code's debug file: its MCP lines say what it did with the server.
         let n = out
             .file_stem()
@@ -688,7 +691,7 @@ fn hosts_cold_gemini() {
 pub struct ClaudeSession {
     child: Child,
     stdin: Option<ChildStdin>,
-    out: PathBuf,
+    pub out: PathBuf,
     started: Instant,
     /// How the next elicitation (the approval form) is answered: `(action, content)`.
     pub elicitation: Option<(&'static str, Value)>,
@@ -713,7 +716,7 @@ impl ClaudeSession {
         }
     }
 
-    fn send_line(&mut self, line: &Value) {
+    pub fn send_line(&mut self, line: &Value) {
         let stdin = self.stdin.as_mut().expect("session stdin open");
         stdin
             .write_all(format!("{line}\n").as_bytes())
@@ -723,7 +726,7 @@ impl ClaudeSession {
 
     /// Answers the host's `control_request`s for an elicitation (the form Claude Code shows a
     /// person; in stream-json mode it asks the SDK user on stdout) per `self.elicitation`.
-    fn answer_elicitations(&mut self) {
+    pub fn answer_elicitations(&mut self) {
         let text = std::fs::read_to_string(&self.out).unwrap_or_default();
         let mut todo = Vec::new();
         for l in text.lines() {

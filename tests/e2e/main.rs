@@ -19,6 +19,7 @@ mod first_contact;
 mod harness;
 mod hosts;
 mod hosts_interactive;
+mod hosts_sandbox;
 
 use std::path::Path;
 use std::process::Command;

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 use crate::base::error::{CmdResult, Failure};
 use crate::face::cli::InitArgs;
+use crate::face::host_sandbox::{self, OrderedMembers, object_text};
 use crate::face::templates::{
     self, Template, Vars, json_string, shell_word, toml_key, toml_string,
 };
@@ -366,7 +367,8 @@ pub fn write_companions(project: &Project, env: &HostEnv, out: &mut Writer) -> R
         let text = render(template, &v)?;
         out.plan(within, &path, &text, kind)?;
     }
-    Ok(())
+    let protected = host_sandbox::protected_dirs();
+    out.plan_host_settings(root, &root.join(host_sandbox::SETTINGS_FILE), &protected)
 }
 
 /// `bacon.toml` gets the job when there is none (or it is ours); a user's own bacon.toml is
@@ -907,6 +909,95 @@ impl Writer {
         Ok(())
     }
 
+    /// Plans Claude Code's project settings ([`host_sandbox`]): its sandbox strict and the
+    /// `protected` directories denied to its file tools and sandboxed commands. Merged into
+    /// with or without `--force` (it only adds, and never weakens what the user set); nothing
+    /// planned when everything is there. A file that cannot be merged is left as it is, with a
+    /// warning (`status` says what is missing), and the rest of the run goes on.
+    pub fn plan_host_settings(
+        &mut self,
+        within: &Path,
+        path: &Path,
+        protected: &host_sandbox::Protected,
+    ) -> Result<(), Failure> {
+        let shown = self.display(path);
+        let warn = |text: String| {
+            if !self.quiet {
+                stderr::warn(&text);
+            }
+        };
+        for problem in &protected.problems {
+            warn(format!("{shown}: {problem}"));
+        }
+        let dir = path.parent().unwrap_or(within);
+        fsutil::check_dirs_below(within, dir).map_err(|e| {
+            Failure::error(format!("refusing to write `{shown}`: {e}")).with_note(
+                "generated files are only written inside the package; nothing was written",
+            )
+        })?;
+        let rules = host_sandbox::deny_rules(&protected.dirs);
+        let existing = fsutil::metadata_nofollow(path);
+        let (mine, is_new) = match &existing {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (String::new(), true),
+            Err(e) => return Err(Failure::error(format!("could not inspect `{shown}`: {e}"))),
+            Ok(m) if !m.is_file() => {
+                warn(format!(
+                    "`{shown}` is not a regular file (a symbolic link?); it was left as it is: add Claude Code's sandbox settings to it by hand (`cargo mcp-dev status` says what is missing)"
+                ));
+                return Ok(());
+            }
+            Ok(_) => (
+                fsutil::read_text(path, TEXT_LIMIT)
+                    .map_err(|e| Failure::error(format!("could not read `{shown}`: {e}")))?,
+                false,
+            ),
+        };
+        let merged = match host_sandbox::merge_settings(&mine, &rules) {
+            Ok(Some(m)) => m,
+            Ok(None) => return Ok(()),
+            Err(why) => {
+                warn(format!(
+                    "could not add Claude Code's sandbox settings to `{shown}`: {why}; it was left as it is (`cargo mcp-dev status` says what is missing)"
+                ));
+                return Ok(());
+            }
+        };
+        for line in host_sandbox::check_written(&shown, &merged.text, &rules) {
+            warn(line);
+        }
+        let what = if is_new {
+            format!(
+                "created {shown} (Claude Code: sandbox on, strict; {} denied to its tools and commands)",
+                protected
+                    .dirs
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        } else {
+            format!(
+                "updated {shown} (added {}; every other setting kept)",
+                merged.added.join(", ")
+            )
+        };
+        let mode = if is_new {
+            fsutil::FileMode::New(0o644)
+        } else {
+            fsutil::regular_file_mode(path)
+                .map_or(fsutil::FileMode::New(0o644), fsutil::FileMode::Exactly)
+        };
+        self.planned.push(PlannedWrite {
+            path: path.to_path_buf(),
+            within: within.to_path_buf(),
+            contents: merged.text,
+            mode,
+            is_new,
+            done_line: what,
+        });
+        Ok(())
+    }
+
     /// Plans the user's Cargo.toml with the metadata block appended (`new_text`): replaced
     /// atomically, keeping its permissions; a link there is refused rather than replaced.
     fn plan_manifest_update(&mut self, project: &Project, new_text: &str) -> Result<(), Failure> {
@@ -989,45 +1080,6 @@ impl Writer {
     }
 }
 
-/// A JSON object's members in the order written, each value as its original text.
-struct OrderedMembers<'a>(Vec<(String, &'a serde_json::value::RawValue)>);
-
-impl<'de: 'a, 'a> serde::Deserialize<'de> for OrderedMembers<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Members<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Members<'a> {
-            type Value = OrderedMembers<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<Self::Value, A::Error> {
-                let mut members = Vec::new();
-                while let Some(member) = map.next_entry()? {
-                    members.push(member);
-                }
-                Ok(OrderedMembers(members))
-            }
-        }
-        d.deserialize_map(Members(std::marker::PhantomData))
-    }
-}
-
-/// `members` as a JSON object whose closing brace is indented by `indent` spaces.
-fn object_text(members: &[(String, &str)], indent: usize) -> String {
-    if members.is_empty() {
-        return "{}".to_string();
-    }
-    let inner = " ".repeat(indent + 2);
-    let body: Vec<String> = members
-        .iter()
-        .map(|(k, v)| format!("{inner}{}: {v}", json_string(k)))
-        .collect();
-    format!("{{\n{}\n{}}}", body.join(",\n"), " ".repeat(indent))
-}
-
 /// `existing` (a host configuration) with `label`'s entry in its `servers_key` object set to
 /// the one in `generated` (our rendered snippet). Every other member, at either level, keeps
 /// its place and its text as written; only the whitespace between them is redone. An error
@@ -1060,20 +1112,8 @@ pub fn merge_host_entry(
         .expect("a host template holds its label's entry");
 
     // An empty file holds nothing to keep.
-    let existing = if existing.trim().is_empty() {
-        "{}"
-    } else {
-        existing
-    };
-    serde_json::from_str::<serde::de::IgnoredAny>(existing)
-        .map_err(|e| format!("it is not valid JSON ({e})"))?;
-    let doc: OrderedMembers<'_> = serde_json::from_str(existing)
-        .map_err(|_| "its top level is not a JSON object".to_string())?;
-    let mut top: Vec<(String, String)> = doc
-        .0
-        .iter()
-        .map(|(k, v)| (k.clone(), v.get().to_string()))
-        .collect();
+    let doc = host_sandbox::object_members(existing)?;
+    let mut top = doc.owned();
     let mut servers: Vec<(String, &str)> = Vec::new();
     let at = match servers_of(&doc)?.first() {
         Some(&i) => {

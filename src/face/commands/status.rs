@@ -12,6 +12,11 @@ pub fn execute(args: StatusArgs) -> CmdResult {
     if args.follow {
         return super::status_follow::execute(&args);
     }
+    // Whether Claude Code's sandbox keeps the agent from the control socket and the audit key
+    // (issue 36): said first, so it shows even when no supervisor answers.
+    for line in crate::face::host_sandbox::check(&project_dir(&args.control)) {
+        crate::screen::stderr::warn(&crate::screen::sanitize::line(&line));
+    }
     let status = control_client::call(&args.control, &json!({"op": "status"}))?;
     if args.json {
         // Tool names and call ids are the server's and the agent's: the same JSON, with what a
@@ -27,4 +32,22 @@ pub fn execute(args: StatusArgs) -> CmdResult {
         output::stdout_text(&crate::screen::wording::status_page(&status))?;
     }
     Ok(exit_codes::OK)
+}
+
+/// Where Claude Code reads the project's settings: the package's directory (`--manifest-path`'s,
+/// else the nearest one above the current directory holding a Cargo.toml), else here.
+fn project_dir(control: &crate::face::cli::ControlArgs) -> std::path::PathBuf {
+    let here = std::env::current_dir().unwrap_or_else(|_| ".".into());
+    if let Some(m) = &control.manifest_path {
+        let m = if m.is_absolute() {
+            m.clone()
+        } else {
+            here.join(m)
+        };
+        return m.parent().map(|p| p.to_path_buf()).unwrap_or(here);
+    }
+    here.ancestors()
+        .find(|d| crate::base::beneath::followed::is_file(&d.join("Cargo.toml")))
+        .map(|d| d.to_path_buf())
+        .unwrap_or(here)
 }
