@@ -332,7 +332,10 @@ fn idle_control_connections_are_capped() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("run/x.sock");
     let (tx, _rx) = crossbeam_channel::unbounded();
-    let served = cargo_mcp_dev::face::control_socket::serve(&path, tx).unwrap();
+    let proof = cargo_mcp_dev::face::control_socket::ControlProof::from_key(
+        &cargo_mcp_dev::audit::AuditKey::from_bytes([1; 32]),
+    );
+    let served = cargo_mcp_dev::face::control_socket::serve(&path, tx, proof).unwrap();
     assert!(served.owned());
     let mut idle = Vec::new();
     for _ in 0..120 {

@@ -134,8 +134,18 @@ fn a_changed_tool_is_stale_per_tool_and_its_refusal_carries_the_new_definition()
     s.finish();
 }
 
-/// One raw request on the supervisor's control socket.
-fn control(socket: &str, request: &Value) -> Value {
+/// One raw request on the supervisor's control socket, with the proof made from the key in
+/// `home` (what `approve` sends).
+fn control(socket: &str, home: &std::path::Path, request: &Value) -> Value {
+    let keys = cargo_mcp_dev::audit::KeyStore::at(home);
+    let proof = cargo_mcp_dev::face::control_socket::ControlProof::load(&keys).unwrap();
+    let mut request = request.clone();
+    proof.attach(&mut request);
+    raw_control(socket, &request)
+}
+
+/// One raw request as a hand-written client sends it: no proof unless it carries one.
+fn raw_control(socket: &str, request: &Value) -> Value {
     let mut stream = UnixStream::connect(socket).expect("connect control socket");
     stream
         .set_read_timeout(Some(Duration::from_secs(15)))
@@ -225,8 +235,23 @@ fn approvals_are_bound_to_the_epoch_and_status_shows_them() {
         v["server"]["epoch"] == json!(e2) && v["server"]["phase"] == "Ready"
     });
     let socket = st["socket"].as_str().expect("socket in status").to_string();
+    // A hand-written client of the same user (an agent's shell whose sandbox lets unix sockets
+    // through) cannot approve: it cannot prove it reads the state directory (issue 36).
+    for forged in [
+        json!({"op": "approve", "epoch": e2, "tools": ["write"], "credentialScopes": []}),
+        json!({"op": "approve", "epoch": e2, "tools": ["write"], "credentialScopes": [], "proof": "0".repeat(64)}),
+    ] {
+        let answer = raw_control(&socket, &forged);
+        assert_eq!(answer["ok"], json!(false), "{answer}");
+        assert!(
+            answer["error"].as_str().unwrap().contains("does not prove"),
+            "{answer}"
+        );
+    }
+    assert_eq!(s.status_file().unwrap()["grants"], json!([]));
     let answer = control(
         &socket,
+        &s.project.home,
         &json!({"op": "approve", "epoch": e1, "tools": ["write"], "credentialScopes": []}),
     );
     assert_eq!(

@@ -88,6 +88,13 @@ fn gate_off_in_cargo_toml_changes_nothing_until_a_human_accepts_it() {
     s.ready_legacy();
     refused(&s.call("1", "write", json!({"marker": "a"})));
     assert!(s.side_effects().is_empty());
+    // `status` names what waits, and the command that accepts it.
+    let status = s.cli(&["status"]);
+    assert!(
+        status.stderr.contains("turn the gate off") && status.stderr.contains("approve --policy"),
+        "{}",
+        status.stderr
+    );
     // `approve --policy` without a terminal and without --yes: a usage error, nothing accepted.
     let out = s.cli(&["approve", "--policy"]);
     out.expect_code(2);

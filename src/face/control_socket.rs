@@ -3,6 +3,13 @@
 //!
 //! A Unix socket in an owner-only directory (0700, owned by us, checked), itself 0600, and every
 //! connection's peer uid is checked against ours. One JSON request line, one JSON answer line.
+//!
+//! The same uid is not enough (issue 36): an agent's shell runs as the user, and a sandbox that
+//! lets unix sockets through (Claude Code's `allowAllUnixSockets`) would let a hand-written
+//! client approve. So every request also carries a proof that its sender can read the user's
+//! state directory ([`ControlProof`], derived from the audit key there), which the host's sandbox
+//! denies the agent (`init` writes those rules). Nothing here depends on pids, which a pid
+//! namespace renumbers.
 //! Nothing reachable over MCP leads here. This module owns the socket and its framing; what an
 //! operation does is the session's business, except reading the kept status lines
 //! ([`crate::screen::stderr_feed`]), which the connection's thread answers itself.
@@ -117,7 +124,66 @@ pub enum ControlError {
     ForeignPeer { path: PathBuf },
     #[error("bad answer from supervisor: {0}")]
     BadAnswer(String),
+    #[error(
+        "cannot prove this request comes from your own terminal: the audit key in the state directory cannot be read here ({0}); approvals and control are the human's, from a terminal outside the agent's sandbox"
+    )]
+    NoProof(String),
 }
+
+/// What proves a control request comes from a process that can read the user's state
+/// directory: an HMAC of a fixed text under the audit key (no new secret to keep, and one an
+/// agent in the host's sandbox cannot read; whoever can read the key can also forge the log,
+/// so the two are one boundary).
+#[derive(Clone)]
+pub struct ControlProof(String);
+
+/// The text the proof is the keyed digest of (no record, anchor or env digest starts with it).
+const PROOF_DOMAIN: &[u8] = b"cargo-mcp-dev control socket\n";
+
+/// The request member that carries the proof.
+pub const PROOF_MEMBER: &str = "proof";
+
+impl ControlProof {
+    pub fn from_key(key: &crate::audit::AuditKey) -> ControlProof {
+        ControlProof(crate::audit::chain::keyed_digest(key, PROOF_DOMAIN))
+    }
+
+    /// The proof from the key in `keys` (never creates a key: the supervisor made it).
+    pub fn load(keys: &crate::audit::KeyStore) -> Result<ControlProof, ControlError> {
+        keys.load_key()
+            .map(|k| ControlProof::from_key(&k))
+            .map_err(|e| ControlError::NoProof(e.to_string()))
+    }
+
+    /// Puts the proof into `request` (a JSON object).
+    pub fn attach(&self, request: &mut Value) {
+        if let Some(o) = request.as_object_mut() {
+            o.insert(PROOF_MEMBER.into(), Value::String(self.0.clone()));
+        }
+    }
+
+    /// Whether `request` carries this proof (compared without an early exit). The member is
+    /// taken out either way: what follows parses the request without it.
+    fn admits(&self, request: &mut Value) -> bool {
+        let given = request.as_object_mut().and_then(|o| o.remove(PROOF_MEMBER));
+        let given = given.as_ref().and_then(Value::as_str).unwrap_or("");
+        given.len() == self.0.len()
+            && given
+                .bytes()
+                .zip(self.0.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    }
+}
+
+impl std::fmt::Debug for ControlProof {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ControlProof(..)")
+    }
+}
+
+/// The answer to a request without the proof.
+const UNPROVEN: &str = "refused: this request does not prove it comes from a process that can read your state directory (cargo mcp-dev's own `approve`, `status` and `restart` do); a sandboxed agent cannot, and approvals are the human's. If you ran cargo mcp-dev yourself, the supervisor and this command use different state directories (CARGO_MCP_DEV_HOME / XDG_STATE_HOME)";
 
 fn io_err<'a>(
     action: &'static str,
@@ -274,7 +340,11 @@ impl Served {
 /// session), this one never removes it: it keeps trying in the background and takes over once
 /// the other exits, so the session that stays always ends up reachable. [`Served::other_owner`]
 /// then names the other one's pid (from the socket's peer credentials).
-pub fn serve(path: &Path, events: Sender<ControlCall>) -> Result<Served, ControlError> {
+pub fn serve(
+    path: &Path,
+    events: Sender<ControlCall>,
+    proof: ControlProof,
+) -> Result<Served, ControlError> {
     let dir = path.parent().ok_or_else(|| ControlError::NotADirectory {
         path: path.to_path_buf(),
     })?;
@@ -283,7 +353,7 @@ pub fn serve(path: &Path, events: Sender<ControlCall>) -> Result<Served, Control
     match try_bind(path)? {
         Bind::Bound(listener, id) => {
             *bound.lock().unwrap_or_else(|e| e.into_inner()) = Some(id);
-            spawn_acceptor(listener, events)?;
+            spawn_acceptor(listener, events, proof.clone())?;
             Ok(Served {
                 other_owner: None,
                 bound,
@@ -301,7 +371,7 @@ pub fn serve(path: &Path, events: Sender<ControlCall>) -> Result<Served, Control
                         match try_bind(&path) {
                             Ok(Bind::Bound(listener, id)) => {
                                 *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(id);
-                                let _ = spawn_acceptor(listener, events);
+                                let _ = spawn_acceptor(listener, events, proof);
                                 return;
                             }
                             Ok(Bind::Busy(_)) => continue,
@@ -378,7 +448,11 @@ const MAX_ANSWER: u64 = 64 << 20;
 /// How long a client waits for the whole answer.
 const CLIENT_WAIT: Duration = Duration::from_secs(20);
 
-fn spawn_acceptor(listener: UnixListener, events: Sender<ControlCall>) -> Result<(), ControlError> {
+fn spawn_acceptor(
+    listener: UnixListener,
+    events: Sender<ControlCall>,
+    proof: ControlProof,
+) -> Result<(), ControlError> {
     let own = current_uid();
     let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     std::thread::Builder::new()
@@ -398,11 +472,12 @@ fn spawn_acceptor(listener: UnixListener, events: Sender<ControlCall>) -> Result
                     continue;
                 }
                 let events = events.clone();
+                let proof = proof.clone();
                 let done = open.clone();
                 let spawned = std::thread::Builder::new()
                     .name("control-conn".into())
                     .spawn(move || {
-                        handle(stream, own, events);
+                        handle(stream, own, events, &proof);
                         done.fetch_sub(1, Ordering::SeqCst);
                     });
                 if spawned.is_err() {
@@ -418,7 +493,7 @@ fn spawn_acceptor(listener: UnixListener, events: Sender<ControlCall>) -> Result
     Ok(())
 }
 
-fn handle(stream: UnixStream, own: u32, events: Sender<ControlCall>) {
+fn handle(stream: UnixStream, own: u32, events: Sender<ControlCall>, proof: &ControlProof) {
     let mut writer = match stream.try_clone() {
         Ok(w) => w,
         Err(_) => return,
@@ -435,10 +510,15 @@ fn handle(stream: UnixStream, own: u32, events: Sender<ControlCall>) {
         Ok(line) if !line.is_empty() => line,
         _ => return,
     };
-    let answer = match serde_json::from_str::<Value>(&line) {
+    let parsed = serde_json::from_str::<Value>(&line).map(|mut request| {
+        let proven = proof.admits(&mut request);
+        (request, proven)
+    });
+    let answer = match parsed {
+        Ok((_, false)) => json!({"ok": false, "error": UNPROVEN}),
         // The status lines kept for `status --follow`: read here, never queued behind the
         // session's events (a follower polls; the session may be busy).
-        Ok(request)
+        Ok((request, true))
             if request.get("op").and_then(Value::as_str)
                 == Some(crate::screen::stderr_feed::OP) =>
         {
@@ -447,7 +527,7 @@ fn handle(stream: UnixStream, own: u32, events: Sender<ControlCall>) {
                 None => json!({"ok": false, "error": "this process keeps no status lines"}),
             }
         }
-        Ok(request) => match ControlRequest::parse(&request) {
+        Ok((request, true)) => match ControlRequest::parse(&request) {
             Err(e) => json!({"ok": false, "error": e}),
             Ok(request) => {
                 let (tx, rx) = bounded(1);
@@ -531,10 +611,24 @@ pub fn request(path: &Path, request: &Value) -> Result<Value, ControlError> {
     {
         return Err(ControlError::DirectoryAtSocket { path: path.into() });
     }
-    let mut stream = UnixStream::connect(path).map_err(io_err("connect to", path))?;
+    let stream = UnixStream::connect(path).map_err(io_err("connect to", path))?;
     if !peer_allowed(peer_uid(&stream), current_uid()) {
         return Err(ControlError::ForeignPeer { path: path.into() });
     }
+    let keys =
+        crate::audit::KeyStore::from_env().map_err(|e| ControlError::NoProof(e.to_string()))?;
+    request_proven(stream, path, request, &ControlProof::load(&keys)?)
+}
+
+/// [`request`] on a connected, checked stream, with `proof`.
+fn request_proven(
+    mut stream: UnixStream,
+    path: &Path,
+    request: &Value,
+    proof: &ControlProof,
+) -> Result<Value, ControlError> {
+    let mut request = request.clone();
+    proof.attach(&mut request);
     stream.set_write_timeout(Some(WRITE_WITHIN)).ok();
     writeln!(stream, "{request}").map_err(io_err("write to", path))?;
     let line = read_line_within(stream, MAX_ANSWER, CLIENT_WAIT)
@@ -546,6 +640,61 @@ pub fn request(path: &Path, request: &Value) -> Result<Value, ControlError> {
 mod tests {
     use super::*;
     use std::os::unix::fs::DirBuilderExt;
+
+    fn test_proof() -> ControlProof {
+        ControlProof::from_key(&crate::audit::AuditKey::from_bytes([7; 32]))
+    }
+
+    /// Issue 36: the same uid is not enough. A request without the proof, with a wrong one or
+    /// with one made under another key is refused before the session sees it; with the proof
+    /// it reaches the session, without the proof member.
+    #[test]
+    fn a_request_without_the_proof_never_reaches_the_session() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("s/p.sock");
+        let (tx, rx) = crossbeam_channel::unbounded::<ControlCall>();
+        let served = serve(&path, tx, test_proof()).unwrap();
+        let raw = move |line: String| {
+            let mut stream = UnixStream::connect(&path).unwrap();
+            writeln!(stream, "{line}").unwrap();
+            read_line_within(stream, MAX_ANSWER, CLIENT_WAIT).unwrap()
+        };
+        let other = ControlProof::from_key(&crate::audit::AuditKey::from_bytes([8; 32]));
+        let approve = json!({"op": "approve", "epoch": "E", "tools": ["w"]});
+        let mut wrong = approve.clone();
+        other.attach(&mut wrong);
+        let mut short = approve.clone();
+        short[PROOF_MEMBER] = json!(&test_proof().0[..10]);
+        let mut not_text = approve.clone();
+        not_text[PROOF_MEMBER] = json!(12);
+        let feed = json!({"op": crate::screen::stderr_feed::OP});
+        for request in [approve.clone(), wrong, short, not_text, feed] {
+            let answer: Value = serde_json::from_str(&raw(request.to_string())).unwrap();
+            assert_eq!(answer["ok"], json!(false), "{request}: {answer}");
+            assert!(
+                answer["error"].as_str().unwrap().contains("does not prove"),
+                "{answer}"
+            );
+        }
+        assert!(
+            rx.try_recv().is_err(),
+            "an unproven request reached the session"
+        );
+        // With the proof: taken up by the session (answered here by the test).
+        let mut proven = json!({"op": "status"});
+        test_proof().attach(&mut proven);
+        let client = std::thread::spawn({
+            let raw = raw.clone();
+            move || raw(proven.to_string())
+        });
+        let call = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the proven request reaches the session");
+        assert!(matches!(call.request, ControlRequest::Status));
+        call.reply.send(json!({"ok": true, "result": "seen"}));
+        assert!(client.join().unwrap().contains("seen"));
+        served.release(&d.path().join("s/p.sock"));
+    }
 
     #[test]
     fn only_the_same_uid_is_allowed() {
@@ -592,10 +741,10 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let path = d.path().join("s/x.sock");
         let (tx1, _rx1) = crossbeam_channel::unbounded();
-        let first = serve(&path, tx1).unwrap();
+        let first = serve(&path, tx1, test_proof()).unwrap();
         assert!(first.owned() && first.other_owner.is_none());
         let (tx2, _rx2) = crossbeam_channel::unbounded();
-        let second = serve(&path, tx2).unwrap();
+        let second = serve(&path, tx2, test_proof()).unwrap();
         assert_eq!(second.other_owner, Some(Some(std::process::id())));
         assert!(!second.owned());
         second.release(&path);
@@ -609,7 +758,7 @@ mod tests {
         let dir_path = d.path().join("s/dir.sock");
         std::fs::create_dir(&dir_path).unwrap();
         let (tx3, _rx3) = crossbeam_channel::unbounded();
-        let e = serve(&dir_path, tx3).unwrap_err();
+        let e = serve(&dir_path, tx3, test_proof()).unwrap_err();
         assert!(
             e.to_string().contains("is a directory, not a socket"),
             "{e}"
@@ -623,13 +772,15 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let path = d.path().join("s/x.sock");
         let (tx, rx) = crossbeam_channel::unbounded();
-        assert!(serve(&path, tx).unwrap().owned());
+        assert!(serve(&path, tx, test_proof()).unwrap().owned());
         std::thread::spawn(move || {
             if let Ok(ControlCall { request, reply }) = rx.recv() {
                 reply.send(json!({"ok": true, "echo": request}));
             }
         });
-        let answer = request(&path, &json!({"op": "status"})).unwrap();
+        let stream = UnixStream::connect(&path).unwrap();
+        let answer =
+            request_proven(stream, &path, &json!({"op": "status"}), &test_proof()).unwrap();
         assert_eq!(answer["echo"]["op"], "status");
         assert_eq!(
             std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,

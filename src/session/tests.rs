@@ -415,11 +415,19 @@ fn list_and_call_during_a_restart_wait_for_the_new_server() {
     assert!(h.current_epoch().is_none(), "old server stopping");
     // Only `-v` says why the server is replaced; the default lines stay quiet about it.
     assert!(
-        h.io().verbose.iter().any(|l| l.starts_with("replacing server (")),
+        h.io()
+            .verbose
+            .iter()
+            .any(|l| l.starts_with("replacing server (")),
         "{:?}",
         h.io().verbose
     );
-    assert!(!h.io().status.iter().any(|l| l.starts_with("replacing server")));
+    assert!(
+        !h.io()
+            .status
+            .iter()
+            .any(|l| l.starts_with("replacing server"))
+    );
     let list = h.request("tools/list", json!({}));
     let call = h.call("list_items");
     assert!(h.answer(&call).is_none(), "held for the new epoch");

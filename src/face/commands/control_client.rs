@@ -61,6 +61,13 @@ fn target_and_label(args: &ControlArgs) -> Result<(PathBuf, String), Failure> {
 pub fn call(args: &ControlArgs, request: &Value) -> Result<Value, Failure> {
     let (path, label) = locate(args)?;
     let answer = control_socket::request(&path, request).map_err(|e| {
+        // The supervisor is there, but this process cannot read the key its requests must
+        // prove: a sandbox (or another state directory), never a reason to start a server.
+        if let control_socket::ControlError::NoProof(_) = e {
+            return Failure::error(e.to_string()).with_note(
+                "approvals are for the human: in their own terminal (`cargo mcp-dev approve`) or in the MCP host's approval form",
+            );
+        }
         if let Some(why) = sandbox_blocks(&path, &e, &SandboxSigns::from_env()) {
             return Failure::error(format!(
                 "the control socket of `{label}` cannot be reached from here: a sandbox blocks it ({why})"

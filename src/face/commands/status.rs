@@ -17,6 +17,10 @@ pub fn execute(args: StatusArgs) -> CmdResult {
     for line in crate::face::host_sandbox::check(&project_dir(&args.control)) {
         crate::screen::stderr::warn(&crate::screen::sanitize::line(&line));
     }
+    // A weakening of gating that no human accepted yet (issue 36): it waits, and says so here.
+    if let Some(line) = pending_policy(&args.control) {
+        crate::screen::stderr::warn(&crate::screen::sanitize::line(&line));
+    }
     let status = control_client::call(&args.control, &json!({"op": "status"}))?;
     if args.json {
         // Tool names and call ids are the server's and the agent's: the same JSON, with what a
@@ -50,4 +54,17 @@ fn project_dir(control: &crate::face::cli::ControlArgs) -> std::path::PathBuf {
         .find(|d| crate::base::beneath::followed::is_file(&d.join("Cargo.toml")))
         .map(|d| d.to_path_buf())
         .unwrap_or(here)
+}
+
+/// The sentence saying which weakening of the package's `[package.metadata.mcp-dev]` waits for
+/// `approve --policy`, if any (`None` outside a package: `status` still asks the socket).
+fn pending_policy(control: &crate::face::cli::ControlArgs) -> Option<String> {
+    let prep = crate::identity::cycle::Prepared::new(&crate::identity::build::CargoSelection {
+        manifest_path: control.manifest_path.clone(),
+        package: control.package.clone(),
+        target_dir: control.target_dir.clone(),
+        ..Default::default()
+    })
+    .ok()?;
+    super::run::pending_policy_for_status(&prep.target.config, &prep.target.resolved.manifest_path)
 }

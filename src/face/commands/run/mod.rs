@@ -121,7 +121,10 @@ pub fn execute(args: RunArgs) -> CmdResult {
     spawn_parent_watch(events_tx.clone());
     // Kept open here (never disconnected): the event loop waits on it with the events.
     let (controls_tx, controls_rx) = unbounded::<control_socket::ControlCall>();
-    let served = match control_socket::serve(&socket_path, controls_tx.clone()) {
+    // The audit log is open, so its key exists: requests must prove they can read it.
+    let proof =
+        control_socket::ControlProof::load(&keys).map_err(|e| Failure::error(e.to_string()))?;
+    let served = match control_socket::serve(&socket_path, controls_tx.clone(), proof) {
         Ok(s) => {
             if let Some(pid) = s.other_owner {
                 sink.emit(&format!(
