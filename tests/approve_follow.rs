@@ -113,6 +113,10 @@ fn approve_list_shows_server_tool_names_without_terminal_controls() {
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("c.sock");
         let listener = UnixListener::bind(&sock).unwrap();
+        // The key `run` would have made: the client proves with it (issue 36).
+        cargo_mcp_dev::audit::KeyStore::at(dir.path())
+            .load_or_create_key()
+            .unwrap();
         let answer = json!({"ok": true, "result": {"grants": [{
             "id": "G1", "toolScope": [evil], "credentialScope": [],
             "executionEpoch": "E1", "expiresWhen": "runEnd"}]}});

@@ -31,6 +31,11 @@ fn fake_socket(
     handler: impl Fn(UnixStream) + Send + Sync + 'static,
 ) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
+    // The key `run` would have made in the state directory (the commands below point
+    // CARGO_MCP_DEV_HOME here): the clients prove their requests with it (issue 36).
+    cargo_mcp_dev::audit::KeyStore::at(dir.path())
+        .load_or_create_key()
+        .unwrap();
     let sock = dir.path().join("c.sock");
     let listener = UnixListener::bind(&sock).unwrap();
     let handler = Arc::new(handler);
@@ -394,6 +399,9 @@ fn status_finds_a_socket_bound_by_a_run_with_another_environment() {
     // A `run` without XDG_RUNTIME_DIR binds in the state directory (HOME-based).
     let run_dir = home.path().join(".local/state/cargo-mcp-dev/run");
     std::fs::create_dir_all(&run_dir).unwrap();
+    cargo_mcp_dev::audit::KeyStore::at(home.path().join(".local/state/cargo-mcp-dev"))
+        .load_or_create_key()
+        .unwrap();
     let listener = UnixListener::bind(run_dir.join(&name)).unwrap();
     std::thread::spawn(move || {
         for stream in listener.incoming() {

@@ -326,6 +326,9 @@ fn follow_escapes_what_the_socket_says_and_waits_past_a_session_without_lines() 
     let dir = tempfile::tempdir().unwrap();
     let home = dir.path().join("home");
     std::fs::create_dir_all(&home).unwrap();
+    cargo_mcp_dev::audit::KeyStore::at(&home)
+        .load_or_create_key()
+        .unwrap();
     let socket = dir.path().join("s.sock");
     let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
     let served = std::thread::spawn(move || {
