@@ -696,6 +696,51 @@ mod tests {
         served.release(&d.path().join("s/p.sock"));
     }
 
+    /// Red team (issue 36, item 1): the proof is a fixed string (the HMAC of a constant under
+    /// the audit key), sent by the human's own `status`/`approve` to whatever same-uid socket
+    /// answers at the path `locate` picks. An agent that binds a socket there (a socket
+    /// directory the sandbox rules do not cover, such as the `/tmp` fallbacks, while no
+    /// supervisor is up) reads it once, and from then on it admits any request at the real
+    /// supervisor, an `approve` among them: the proof must be bound to a fresh challenge of the
+    /// server (and to the request), never a bearer token.
+    #[test]
+    fn a_proof_captured_by_a_planted_socket_does_not_admit_a_replayed_approve() {
+        let d = tempfile::tempdir().unwrap();
+        let real = d.path().join("s/real.sock");
+        let (tx, rx) = crossbeam_channel::unbounded::<ControlCall>();
+        let served = serve(&real, tx, test_proof()).unwrap();
+        // The agent's socket: same uid, so the client's peer check passes.
+        let planted_dir = d.path().join("agent");
+        std::fs::create_dir(&planted_dir).unwrap();
+        let planted = planted_dir.join("planted.sock");
+        let listener = UnixListener::bind(&planted).unwrap();
+        let agent = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut writer = stream.try_clone().unwrap();
+            let line = read_line_within(stream, MAX_REQUEST, REQUEST_WITHIN).unwrap();
+            writeln!(writer, "{}", json!({"ok": true, "result": "all is well"})).unwrap();
+            line
+        });
+        // The human's `cargo mcp-dev status`, connected to the planted socket.
+        let stream = UnixStream::connect(&planted).unwrap();
+        let answer =
+            request_proven(stream, &planted, &json!({"op": "status"}), &test_proof()).unwrap();
+        assert_eq!(answer["result"], "all is well");
+        let captured: Value = serde_json::from_str(&agent.join().unwrap()).unwrap();
+        // The agent replays what it captured as an approval of its own calls.
+        let mut approve = json!({"op": "approve", "epoch": "E", "tools": ["write_file"]});
+        approve[PROOF_MEMBER] = captured[PROOF_MEMBER].clone();
+        let mut stream = UnixStream::connect(&real).unwrap();
+        writeln!(stream, "{approve}").unwrap();
+        let reached = rx.recv_timeout(Duration::from_secs(3));
+        served.release(&real);
+        assert!(
+            reached.is_err(),
+            "a proof captured from the human's status request let the agent's approve reach the session: {:?}",
+            reached.map(|c| c.request)
+        );
+    }
+
     #[test]
     fn only_the_same_uid_is_allowed() {
         assert!(peer_allowed(Some(1000), 1000));

@@ -722,6 +722,35 @@ mod tests {
         assert_eq!(read_settings(&d.path().join("none")).unwrap(), None);
     }
 
+    /// Red team (issue 36, item 4): an `excludedCommands` entry runs that command outside the
+    /// sandbox, and a command that runs other commands runs `cargo mcp-dev approve` (or reads
+    /// the audit key) with it: `bash -c`, `env cargo ..`, `make` or `npm run` with a target the
+    /// agent wrote, `git` with an alias or `-c core.pager=..`, `docker run -v <state dir>:/k`.
+    /// `status` flags only entries that name cargo itself, so with any of these it says the
+    /// settings hold while the agent can approve its own calls.
+    #[test]
+    fn an_excluded_command_that_runs_other_commands_is_flagged() {
+        for entry in [
+            "bash",
+            "sh:*",
+            "env",
+            "xargs",
+            "make",
+            "npm run *",
+            "git",
+            "docker",
+            "python3",
+        ] {
+            let mut settings = written();
+            settings["sandbox"]["excludedCommands"] = json!([entry]);
+            let lines = check_sources(&[src("p", settings)], &rules(), true);
+            assert!(
+                lines.iter().any(|l| l.contains("excludedCommands")),
+                "`excludedCommands: [{entry:?}]` lets the agent run `{entry}` outside the sandbox (and cargo mcp-dev approve through it), yet status says all holds: {lines:?}"
+            );
+        }
+    }
+
     #[test]
     fn cargo_in_excluded_commands() {
         for yes in [
