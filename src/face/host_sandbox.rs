@@ -751,6 +751,28 @@ mod tests {
         }
     }
 
+    /// Red team (issue 36, items 1 and 4): `approve`/`status` send the proof to the first
+    /// socket they find among every place a socket can be ([`crate::face::control_socket::socket_paths`]:
+    /// the other socket directories, `/tmp/cargo-mcp-dev-<uid>`, `/tmp/cmd-<uid>`), but the
+    /// rules `init` writes and `status` checks deny the agent only the state directory and the
+    /// first socket directory. The agent may create the others (the sandbox lets it write
+    /// `/tmp`-like places), bind a socket there while no supervisor answers earlier, and be
+    /// handed the proof by the human's next `status`.
+    #[test]
+    fn every_place_a_client_sends_the_proof_is_denied_to_the_agent() {
+        let protected = protected_dirs();
+        let paths = crate::face::control_socket::socket_paths(Path::new("/p/target"), "demo");
+        for p in &paths {
+            let dir = p.parent().unwrap();
+            assert!(
+                protected.dirs.iter().any(|d| dir.starts_with(d)),
+                "the client may send the proof to a socket in {}, which no deny rule covers (protected: {:?})",
+                dir.display(),
+                protected.dirs
+            );
+        }
+    }
+
     #[test]
     fn cargo_in_excluded_commands() {
         for yes in [
