@@ -293,3 +293,44 @@ fn the_table_new_or_init_wrote_is_accepted_once() {
         .expect("policy_accepted recorded by run");
     assert_eq!(accepted["data"]["recordedBy"], json!("run"), "{accepted}");
 }
+
+/// Red team (issue 36, item 2): the accepted-policy record is looked up by the manifest's
+/// canonical path (through links), but cargo builds the package whose root is the directory
+/// the manifest path names (a linked `Cargo.toml` does not move the sources). So an agent that
+/// replaces its project's `Cargo.toml` with a link to the manifest of another package (one
+/// whose `gate = "off"` a human accepted, somewhere the agent cannot write) runs its own code
+/// under that acceptance: gating off, no human asked. The record must be for the package cargo
+/// builds (the manifest's own directory, the file not followed), else nothing is accepted.
+#[test]
+fn a_manifest_linked_to_another_package_does_not_borrow_its_accepted_policy() {
+    let project = fresh();
+    project.configure("gate = \"off\"");
+    // Another package elsewhere, whose `gate = "off"` a human accepted (`approve --policy`).
+    let other = project.scratch().join("trusted-elsewhere");
+    std::fs::create_dir_all(&other).unwrap();
+    let other_manifest = other.join("Cargo.toml");
+    std::fs::rename(project.root.join("Cargo.toml"), &other_manifest).unwrap();
+    let keys = cargo_mcp_dev::audit::KeyStore::at(&project.home);
+    cargo_mcp_dev::face::commands::policy_record::accept(
+        &keys,
+        &other_manifest,
+        cargo_mcp_dev::policy::accepted::Terms::nothing_gated(),
+        1,
+        true,
+    )
+    .unwrap();
+    // The agent's project: its Cargo.toml now a link to that manifest; its own sources stay.
+    std::os::unix::fs::symlink(&other_manifest, project.root.join("Cargo.toml")).unwrap();
+    let mut s = unaccepted(project).start();
+    let started = s.wait_stderr_matching("session started", |l| l.contains("session started"));
+    s.ready_legacy();
+    let answer = s.call("1", "write", json!({"marker": "borrowed"}));
+    let effects = s.side_effects();
+    s.finish();
+    assert!(
+        started.contains("gating on"),
+        "the agent's project runs under another package's accepted policy: {started}"
+    );
+    refused(&answer);
+    assert!(effects.is_empty(), "{effects:?}");
+}
