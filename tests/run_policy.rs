@@ -334,3 +334,34 @@ fn a_manifest_linked_to_another_package_does_not_borrow_its_accepted_policy() {
     refused(&answer);
     assert!(effects.is_empty(), "{effects:?}");
 }
+
+/// Red team (issue 36, items 1 and 2): the state directory (audit key, accepted-policy
+/// records, control proof) comes from the environment `run` is started with, which is the
+/// host's configuration (`.mcp.json`'s `env`), a file the agent can edit, as it can `run`'s
+/// flags. An agent that points `CARGO_MCP_DEV_HOME` into the project owns a key it can read:
+/// from its own sandboxed shell it runs `approve --policy --yes` with the same variable (the
+/// directory is writable there) and the next `run` applies `gate = "off"`, no human asked. A
+/// state directory inside the project (where the agent writes) must not count: nothing is
+/// accepted from it.
+#[test]
+fn a_state_directory_the_agent_points_into_the_project_accepts_nothing() {
+    let mut project = fresh();
+    project.configure("gate = \"off\"");
+    let planted = project.root.join(".mcp-state");
+    project.set_env("CARGO_MCP_DEV_HOME", planted.to_str().unwrap());
+    // The agent's shell: the same variable, a directory it can write.
+    project.run(["approve", "--policy", "--yes"]).expect_code(0);
+    assert!(planted.join("audit.key").exists());
+    let mut s = unaccepted(project).start();
+    let started = s.wait_stderr_matching("session started", |l| l.contains("session started"));
+    s.ready_legacy();
+    let answer = s.call("1", "write", json!({"marker": "own-state"}));
+    let effects = s.side_effects();
+    s.finish();
+    assert!(
+        started.contains("gating on"),
+        "a state directory in the project let the agent accept its own `gate = \"off\"`: {started}"
+    );
+    refused(&answer);
+    assert!(effects.is_empty(), "{effects:?}");
+}
