@@ -774,19 +774,18 @@ mod tests {
     }
 
     /// Red team (issue 36, item 4): Claude Code's sandbox also reads
-    /// `sandbox.filesystem.allowRead` (a path at or beneath a read deny is readable again) and
-    /// `sandbox.filesystem.allowWrite` (more places sandboxed commands write). A settings file
-    /// that re-allows the state directory lets the agent's shell read the audit key (and so
-    /// make the control proof), or write the socket directory; `status` never looks at either
-    /// and says the settings hold.
+    /// `sandbox.filesystem.allowRead`, whose paths at or beneath a read deny are readable again
+    /// (a deny loses to an `allowRead` beneath it; `allowWrite` does not beat a write deny, so
+    /// it is not tested here). A settings file that re-allows the state directory or the key
+    /// lets the agent's shell read the audit key (forge the log, make the control proof);
+    /// `status` never looks at it and says the settings hold.
     #[test]
     fn a_filesystem_allowance_over_the_state_directory_is_flagged() {
         let state = "/home/u/.local/state/cargo-mcp-dev";
         for (key, entry) in [
             ("allowRead", state.to_string()),
             ("allowRead", format!("{state}/audit.key")),
-            ("allowWrite", state.to_string()),
-            ("allowWrite", "/home/u".to_string()),
+            ("allowRead", format!("{state}/**")),
         ] {
             let mut settings = written();
             settings["sandbox"]["filesystem"] = json!({ key: [entry.clone()] });
