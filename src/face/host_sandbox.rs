@@ -797,6 +797,34 @@ mod tests {
         }
     }
 
+    /// Red team (issue 36, item 4): a member given twice inside `permissions` or `sandbox`.
+    /// Claude Code (JSON.parse) takes the last one; the merge reads the first, finds our values
+    /// there and says nothing needs adding, so `init` writes nothing and says nothing while the
+    /// sandbox is off and no rule denies the state directory. (`status`, reading the last, is
+    /// right.) The merge must read what Claude Code reads, or refuse a repeated member.
+    #[test]
+    fn a_repeated_member_is_not_read_as_the_first_one() {
+        let mut ours = written();
+        let text = ours.to_string();
+        let deny = ours["permissions"]["deny"].to_string();
+        let shadowed = text
+            .replacen(
+                &format!("\"deny\":{deny}"),
+                &format!("\"deny\":{deny},\"deny\":[]"),
+                1,
+            )
+            .replacen("\"enabled\":true", "\"enabled\":true,\"enabled\":false", 1);
+        assert_ne!(shadowed, text, "the test shadows both members");
+        ours = serde_json::from_str(&shadowed).unwrap();
+        // What Claude Code reads: the last members.
+        assert_eq!(ours["sandbox"]["enabled"], json!(false));
+        assert_eq!(ours["permissions"]["deny"], json!([]));
+        assert!(
+            !matches!(merge_settings(&shadowed, &rules()), Ok(None)),
+            "the merge finds nothing to add to a file whose sandbox is off and whose deny list is empty: {shadowed}"
+        );
+    }
+
     #[test]
     fn cargo_in_excluded_commands() {
         for yes in [
