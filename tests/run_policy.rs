@@ -321,16 +321,24 @@ fn a_manifest_linked_to_another_package_does_not_borrow_its_accepted_policy() {
     .unwrap();
     // The agent's project: its Cargo.toml now a link to that manifest; its own sources stay.
     std::os::unix::fs::symlink(&other_manifest, project.root.join("Cargo.toml")).unwrap();
+    still_gated(
+        project,
+        "borrowed",
+        "the agent's project runs under another package's accepted policy",
+    );
+}
+
+/// A run of `project` starts with gating on and refuses the gated `write` (`why`: what it
+/// means when it does not).
+#[track_caller]
+fn still_gated(project: Project, marker: &str, why: &str) {
     let mut s = unaccepted(project).start();
     let started = s.wait_stderr_matching("session started", |l| l.contains("session started"));
     s.ready_legacy();
-    let answer = s.call("1", "write", json!({"marker": "borrowed"}));
+    let answer = s.call("1", "write", json!({ "marker": marker }));
     let effects = s.side_effects();
     s.finish();
-    assert!(
-        started.contains("gating on"),
-        "the agent's project runs under another package's accepted policy: {started}"
-    );
+    assert!(started.contains("gating on"), "{why}: {started}");
     refused(&answer);
     assert!(effects.is_empty(), "{effects:?}");
 }
@@ -352,16 +360,9 @@ fn a_state_directory_the_agent_points_into_the_project_accepts_nothing() {
     // The agent's shell: the same variable, a directory it can write.
     project.run(["approve", "--policy", "--yes"]).expect_code(0);
     assert!(planted.join("audit.key").exists());
-    let mut s = unaccepted(project).start();
-    let started = s.wait_stderr_matching("session started", |l| l.contains("session started"));
-    s.ready_legacy();
-    let answer = s.call("1", "write", json!({"marker": "own-state"}));
-    let effects = s.side_effects();
-    s.finish();
-    assert!(
-        started.contains("gating on"),
-        "a state directory in the project let the agent accept its own `gate = \"off\"`: {started}"
+    still_gated(
+        project,
+        "own-state",
+        "a state directory in the project let the agent accept its own `gate = \"off\"`",
     );
-    refused(&answer);
-    assert!(effects.is_empty(), "{effects:?}");
 }

@@ -706,14 +706,14 @@ mod tests {
     #[test]
     fn a_proof_captured_by_a_planted_socket_does_not_admit_a_replayed_approve() {
         let d = tempfile::tempdir().unwrap();
-        let real = d.path().join("s/real.sock");
-        let (tx, rx) = crossbeam_channel::unbounded::<ControlCall>();
-        let served = serve(&real, tx, test_proof()).unwrap();
         // The agent's socket: same uid, so the client's peer check passes.
-        let planted_dir = d.path().join("agent");
-        std::fs::create_dir(&planted_dir).unwrap();
-        let planted = planted_dir.join("planted.sock");
+        std::fs::create_dir(d.path().join("agent")).unwrap();
+        let planted = d.path().join("agent/planted.sock");
         let listener = UnixListener::bind(&planted).unwrap();
+        // The real supervisor.
+        let (tx, rx) = crossbeam_channel::unbounded::<ControlCall>();
+        let real = d.path().join("s/real.sock");
+        let served = serve(&real, tx, test_proof()).unwrap();
         let agent = std::thread::spawn(move || {
             let (stream, _) = listener.accept().unwrap();
             let mut writer = stream.try_clone().unwrap();
