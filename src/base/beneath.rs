@@ -167,6 +167,32 @@ pub struct Beneath {
     follow: bool,
     /// Resolve with the component walk even where `openat2` exists (tests run both ways).
     walk: bool,
+    /// A handle made by [`Beneath::sub`]: the held root it was opened below and the way there.
+    /// Once removed it is opened again from there (each directory on the way checked, no link
+    /// followed), never by its path from `/`.
+    below: Option<Box<Below>>,
+}
+
+/// Where a sub-handle is opened again from (see [`Beneath::sub`]).
+struct Below {
+    parent: Beneath,
+    rel: PathBuf,
+}
+
+/// The directory holding a name: the held root itself (no descriptor opened for a name right
+/// below the root), or one opened below it.
+enum DirFd<'a> {
+    Root(MutexGuard<'a, OwnedFd>),
+    Below(OwnedFd),
+}
+
+impl AsFd for DirFd<'_> {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            DirFd::Root(g) => g.as_fd(),
+            DirFd::Below(fd) => fd.as_fd(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Beneath {
@@ -210,6 +236,7 @@ impl Beneath {
             create: false,
             follow,
             walk: false,
+            below: None,
         })
     }
 
@@ -224,7 +251,10 @@ impl Beneath {
 
     /// The directory holding `path` (its parent; `.` for a bare name), for one access to the
     /// final name: links in the directories above are followed (they are the caller's path, as
-    /// for a `--output` below a linked `/tmp`); the final name never is.
+    /// for a `--output` below a linked `/tmp`); the final name never is. For one-shot accesses
+    /// only (a command's single write, a path the human gave): an owner that lives longer holds
+    /// its root ([`Beneath::open`], [`Beneath::sub`]) and names files relative to it, so the
+    /// directories between are guarded too and each access costs one `openat`.
     pub fn parent_of(path: &Path) -> io::Result<(Beneath, PathBuf)> {
         let name = path
             .file_name()
@@ -251,10 +281,16 @@ impl Beneath {
     fn root_fd(&self) -> io::Result<MutexGuard<'_, OwnedFd>> {
         let mut held = self.fd.lock().unwrap_or_else(|e| e.into_inner());
         if rustix::fs::fstat(&*held)?.st_nlink == 0 {
-            if self.create {
-                ensure_dir(&self.root)?;
-            }
-            *held = open_root(&self.root, self.follow)?;
+            *held = match &self.below {
+                Some(b) if self.create => b.parent.make_dirs(&b.rel)?,
+                Some(b) => b.parent.dir_at(&b.rel)?,
+                None => {
+                    if self.create {
+                        ensure_dir(&self.root)?;
+                    }
+                    open_root(&self.root, self.follow)?
+                }
+            };
         }
         Ok(held)
     }
@@ -311,8 +347,9 @@ impl Beneath {
     }
 
     /// The directory holding `path` and its final name; with `make`, the directories between
-    /// are created (each one checked as it is entered).
-    fn split<'p>(&self, path: &'p Path, make: bool) -> io::Result<(OwnedFd, &'p Path, PathBuf)> {
+    /// are created (each one checked as it is entered). A name right below the root is reached
+    /// from the held descriptor itself: one `openat` for the file, nothing else opened.
+    fn split<'p>(&self, path: &'p Path, make: bool) -> io::Result<(DirFd<'_>, &'p Path, PathBuf)> {
         let rel = self.rel(path)?;
         let name = match rel.components().next_back() {
             Some(Component::Normal(n)) => n,
@@ -325,10 +362,12 @@ impl Beneath {
             }
         };
         let parent = rel.parent().unwrap_or(Path::new(""));
-        let dir = if make {
-            self.make_dirs(parent)?
+        let dir = if parent.components().all(|c| c == Component::CurDir) {
+            DirFd::Root(self.root_fd()?)
+        } else if make {
+            DirFd::Below(self.make_dirs(parent)?)
         } else {
-            self.dir_at(parent)?
+            DirFd::Below(self.dir_at(parent)?)
         };
         Ok((dir, Path::new(name), self.shown(rel)))
     }
@@ -408,6 +447,7 @@ impl Beneath {
     /// followed; `to` must not exist).
     pub fn hard_link_into(&self, from: &Path, other: &Beneath, to: &Path) -> io::Result<()> {
         let (from_dir, from_name, shown) = self.split(from, false)?;
+        let from_dir = detach(from_dir)?;
         let (to_dir, to_name, _) = other.split(to, false)?;
         rustix::fs::linkat(&from_dir, from_name, &to_dir, to_name, AtFlags::empty())
             .map_err(|e| with_path(e.into(), &shown))
@@ -570,7 +610,10 @@ impl Beneath {
         }
     }
 
-    /// A handle for the directory `path` below this root (created when `create`).
+    /// A handle for the directory `path` below this root (created when `create`), each
+    /// directory on the way checked (no link followed). It keeps the directory it opened even if
+    /// that is renamed away; once removed (`cargo clean`) it is opened again below this root (and
+    /// created again when `create`), never by its path.
     pub fn sub(&self, path: &Path, create: bool) -> io::Result<Beneath> {
         let rel = self.rel(path)?;
         let fd = if create {
@@ -581,9 +624,32 @@ impl Beneath {
         Ok(Beneath {
             root: self.shown(rel),
             fd: Mutex::new(fd),
-            create: false,
+            create,
             follow: false,
             walk: self.walk,
+            below: Some(Box::new(Below {
+                parent: self.try_clone()?,
+                rel: rel.to_path_buf(),
+            })),
+        })
+    }
+
+    /// A second handle on the same root (the descriptor duplicated, opened again the same way).
+    pub fn try_clone(&self) -> io::Result<Beneath> {
+        let fd = self.root_fd()?.try_clone()?;
+        Ok(Beneath {
+            root: self.root.clone(),
+            fd: Mutex::new(fd),
+            create: self.create,
+            follow: self.follow,
+            walk: self.walk,
+            below: match &self.below {
+                Some(b) => Some(Box::new(Below {
+                    parent: b.parent.try_clone()?,
+                    rel: b.rel.clone(),
+                })),
+                None => None,
+            },
         })
     }
 
@@ -638,6 +704,7 @@ impl Beneath {
     /// Renames `from` to `to`, both below this root (`renameat` between the two directories).
     pub fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         let (from_dir, from_name, shown) = self.split(from, false)?;
+        let from_dir = detach(from_dir)?;
         let (to_dir, to_name, _) = self.split(to, false)?;
         rustix::fs::renameat(&from_dir, from_name, &to_dir, to_name)
             .map_err(|e| with_path(e.into(), &shown))
@@ -722,6 +789,15 @@ fn regular(fd: OwnedFd, shown: &Path) -> io::Result<File> {
         ));
     }
     Ok(File::from(fd))
+}
+
+/// A directory descriptor of its own, so a second [`Beneath::split`] on the same root can run
+/// while it is held (the root's lock is not kept).
+fn detach(dir: DirFd<'_>) -> io::Result<OwnedFd> {
+    match dir {
+        DirFd::Root(g) => Ok(g.try_clone()?),
+        DirFd::Below(fd) => Ok(fd),
+    }
 }
 
 fn with_path(e: io::Error, path: &Path) -> io::Error {
