@@ -177,6 +177,8 @@ pub struct Beneath {
 struct Below {
     parent: Beneath,
     rel: PathBuf,
+    /// Permission bits of the directories created again (less the umask).
+    mode: u32,
 }
 
 /// The directory holding a name: the held root itself (no descriptor opened for a name right
@@ -282,7 +284,7 @@ impl Beneath {
         let mut held = self.fd.lock().unwrap_or_else(|e| e.into_inner());
         if rustix::fs::fstat(&*held)?.st_nlink == 0 {
             *held = match &self.below {
-                Some(b) if self.create => b.parent.make_dirs(&b.rel)?,
+                Some(b) if self.create => b.parent.make_dirs(&b.rel, b.mode)?,
                 Some(b) => b.parent.dir_at(&b.rel)?,
                 None => {
                     if self.create {
@@ -365,15 +367,16 @@ impl Beneath {
         let dir = if parent.components().all(|c| c == Component::CurDir) {
             DirFd::Root(self.root_fd()?)
         } else if make {
-            DirFd::Below(self.make_dirs(parent)?)
+            DirFd::Below(self.make_dirs(parent, 0o755)?)
         } else {
             DirFd::Below(self.dir_at(parent)?)
         };
         Ok((dir, Path::new(name), self.shown(rel)))
     }
 
-    /// Creates the directories of `rel` one at a time, none followed when it exists.
-    fn make_dirs(&self, rel: &Path) -> io::Result<OwnedFd> {
+    /// Creates the directories of `rel` one at a time (with `mode`, less the umask), none
+    /// followed when it exists.
+    fn make_dirs(&self, rel: &Path, mode: u32) -> io::Result<OwnedFd> {
         let dir_flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY;
         let mut dir = self.dir_at(Path::new(""))?;
         let mut at = PathBuf::new();
@@ -385,7 +388,7 @@ impl Beneath {
             dir = match rustix::fs::openat(&dir, part, dir_flags, Mode::empty()) {
                 Ok(d) => d,
                 Err(Errno::NOENT) => {
-                    match rustix::fs::mkdirat(&dir, part, Mode::from_raw_mode(0o755)) {
+                    match rustix::fs::mkdirat(&dir, part, Mode::from_raw_mode(mode as _)) {
                         Ok(()) | Err(Errno::EXIST) => {}
                         Err(e) => return Err(e.into()),
                     }
@@ -583,7 +586,7 @@ impl Beneath {
 
     /// Creates the directory `path` and those between, none followed when it exists.
     pub fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        self.make_dirs(self.rel(path)?).map(drop)
+        self.make_dirs(self.rel(path)?, 0o755).map(drop)
     }
 
     /// Creates the one directory `path` (its parent must exist): `Ok(false)` when it existed as
@@ -615,21 +618,31 @@ impl Beneath {
     /// that is renamed away; once removed (`cargo clean`) it is opened again below this root (and
     /// created again when `create`), never by its path.
     pub fn sub(&self, path: &Path, create: bool) -> io::Result<Beneath> {
+        self.sub_made(path, create.then_some(0o755))
+    }
+
+    /// [`Beneath::sub`], created (now and again once removed) with `mode`, less the umask (the
+    /// audit log's private directory).
+    pub fn sub_with_mode(&self, path: &Path, mode: u32) -> io::Result<Beneath> {
+        self.sub_made(path, Some(mode))
+    }
+
+    fn sub_made(&self, path: &Path, make: Option<u32>) -> io::Result<Beneath> {
         let rel = self.rel(path)?;
-        let fd = if create {
-            self.make_dirs(rel)?
-        } else {
-            self.dir_at(rel)?
+        let fd = match make {
+            Some(mode) => self.make_dirs(rel, mode)?,
+            None => self.dir_at(rel)?,
         };
         Ok(Beneath {
             root: self.shown(rel),
             fd: Mutex::new(fd),
-            create,
+            create: make.is_some(),
             follow: false,
             walk: self.walk,
             below: Some(Box::new(Below {
                 parent: self.try_clone()?,
                 rel: rel.to_path_buf(),
+                mode: make.unwrap_or(0o755),
             })),
         })
     }
@@ -647,6 +660,7 @@ impl Beneath {
                 Some(b) => Some(Box::new(Below {
                     parent: b.parent.try_clone()?,
                     rel: b.rel.clone(),
+                    mode: b.mode,
                 })),
                 None => None,
             },
