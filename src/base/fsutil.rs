@@ -52,6 +52,29 @@ impl DirWriter {
     pub fn write(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
         self.root.write_atomic(path, bytes, FileMode::New(0o644))
     }
+
+    /// The held root, for the session's other files below it (its audit directory).
+    pub fn root(&self) -> &Beneath {
+        &self.root
+    }
+
+    /// The whole regular file `path` (below the root), at most `limit` bytes; `None` when it is
+    /// missing, larger, not a regular file, or reached only through a link.
+    pub fn read_small(&self, path: &Path, limit: u64) -> Option<Vec<u8>> {
+        self.root.read(path, limit).ok()
+    }
+
+    /// Removes the file (or a link itself) `path` below the root.
+    pub fn remove(&self, path: &Path) -> io::Result<()> {
+        self.root.remove_file(path)
+    }
+
+    /// Removes a symbolic link found at `path` (below the root) where one of the session's
+    /// files or directories belongs; whether one was removed.
+    pub fn remove_planted_link(&self, path: &Path) -> bool {
+        self.root.metadata(path).is_ok_and(|m| m.is_symlink())
+            && self.root.remove_file(path).is_ok()
+    }
 }
 
 /// Writes `bytes` to `path` atomically, never following a symlink (see the module doc).
