@@ -34,7 +34,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Environment variable naming the state directory explicitly.
 pub use super::error::HOME_ENV;
@@ -63,7 +63,7 @@ pub struct KeyStore {
     dir: PathBuf,
     /// The directory, held once it exists (shared by clones): the key, the anchors and the
     /// writer guards are opened below it, `anchors/` included, no link followed.
-    held: Arc<Mutex<Option<Arc<Beneath>>>>,
+    held: HeldRoot,
 }
 
 impl PartialEq for KeyStore {
@@ -78,22 +78,17 @@ impl KeyStore {
     /// The store an explicit directory (tests, `--state-dir`-like options). Nothing is created
     /// until a key is needed.
     pub fn at(dir: impl Into<PathBuf>) -> KeyStore {
+        let dir = dir.into();
         KeyStore {
-            dir: dir.into(),
-            held: Arc::default(),
+            held: HeldRoot::new(&dir, false),
+            dir,
         }
     }
 
     /// The directory held open: opened on first use (the state directory is the user's path, a
-    /// link at it followed once, here), then every file below it is reached from it.
+    /// link at it followed once, then), then every file below it is reached from it.
     pub(crate) fn root(&self) -> std::io::Result<Arc<Beneath>> {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(root) = &*held {
-            return Ok(root.clone());
-        }
-        let root = Arc::new(Beneath::open_following(&self.dir)?);
-        *held = Some(root.clone());
-        Ok(root)
+        self.held.get()
     }
 
     /// Opens `path` (below the store's directory) from the held directory: no link followed on
@@ -104,14 +99,8 @@ impl KeyStore {
         access: Access,
         create: Create,
     ) -> std::io::Result<File> {
-        let rel = path.strip_prefix(&self.dir).map_err(|_| {
-            std::io::Error::other(format!(
-                "{} is not below {}",
-                path.display(),
-                self.dir.display()
-            ))
-        })?;
-        self.root()?.open_with(rel, access, create)
+        self.root()?
+            .open_with(self.held.below(path)?, access, create)
     }
 
     /// The store named by the environment (see the module doc).
@@ -468,7 +457,7 @@ fn fill_random(buf: &mut [u8]) -> std::io::Result<()> {
 }
 
 pub(crate) use crate::base::beneath::is_link_refusal as is_eloop;
-use crate::base::beneath::{Access, Beneath, Create};
+use crate::base::beneath::{Access, Beneath, Create, HeldRoot};
 
 /// Opens an existing file for reading without following a final symlink.
 pub(crate) fn open_nofollow(path: &Path) -> std::io::Result<File> {

@@ -767,6 +767,63 @@ impl Beneath {
     }
 }
 
+/// A root opened on first use and held from then on, shared by clones of its owner (a key
+/// store, an executable store, a cache): an owner made before its directory exists opens it
+/// when it is first needed; a failed open is tried again next time.
+#[derive(Debug, Clone)]
+pub struct HeldRoot {
+    path: PathBuf,
+    /// Created when missing ([`Beneath::create`]); otherwise it must exist.
+    create: bool,
+    held: std::sync::Arc<Mutex<Option<std::sync::Arc<Beneath>>>>,
+}
+
+impl HeldRoot {
+    /// The directory `path` (the caller's path: a link at it is followed once, when opened, as
+    /// for [`Beneath::open_following`]), created when `create`.
+    pub fn new(path: impl Into<PathBuf>, create: bool) -> HeldRoot {
+        HeldRoot {
+            path: path.into(),
+            create,
+            held: Default::default(),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The root, opened now if it is not held yet.
+    pub fn get(&self) -> io::Result<std::sync::Arc<Beneath>> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(root) = &*held {
+            return Ok(root.clone());
+        }
+        let root = if self.create {
+            ensure_dir(&self.path)?;
+            let mut b = Beneath::open_following(&self.path)?;
+            b.create = true;
+            b
+        } else {
+            Beneath::open_following(&self.path)?
+        };
+        let root = std::sync::Arc::new(root);
+        *held = Some(root.clone());
+        Ok(root)
+    }
+
+    /// `path` relative to this root: it must be below it (the form owners hold their paths in).
+    pub fn below<'p>(&self, path: &'p Path) -> io::Result<&'p Path> {
+        path.strip_prefix(&self.path).map_err(|_| {
+            io::Error::other(format!(
+                "{} is not below {}",
+                path.display(),
+                self.path.display()
+            ))
+        })
+    }
+}
+
 /// Why a name was refused; [`is_link_refusal`] and [`is_not_regular`] tell them apart.
 #[derive(Debug, thiserror::Error)]
 enum Refused {
