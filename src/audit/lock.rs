@@ -64,8 +64,9 @@ pub(super) fn take(
 pub(crate) struct WriterLock {
     file: File,
     _guard: File,
-    /// The log's directory, held (see [`take`]).
-    dir: Beneath,
+    /// The log's directory, held (see [`take`]); boxed, so a failed open hands back a small
+    /// lock.
+    dir: Box<Beneath>,
     /// The log's canonical path the guard is keyed by, as it resolved when the lock was taken:
     /// the open must find the log at the same place, or the anchor it loads would be keyed by
     /// another path than the guard (a parent swapped for a link in between).
@@ -97,7 +98,7 @@ impl WriterLock {
         Ok(WriterLock {
             file,
             _guard: guard,
-            dir,
+            dir: Box::new(dir),
             canonical,
         })
     }

@@ -255,7 +255,7 @@ fn keep_torn_tail(
         file_id,
     } = torn;
     let log = dir
-        .open_with(&below(dir, path), Access::ReadWrite, Create::No)
+        .open_with(below(dir, path), Access::ReadWrite, Create::No)
         .map_err(AuditError::io("open audit log", path))?;
     let meta = log
         .metadata()

@@ -678,10 +678,10 @@ impl AuditLog {
         self.set_head(seq, hash.as_str());
         self.rotatable = false;
         self.commit()?;
-        if self.opts.fsync != FsyncPolicy::Never {
-            if let Ok(dir) = self.dir() {
-                rotate::sync_dir(dir);
-            }
+        if self.opts.fsync != FsyncPolicy::Never
+            && let Ok(dir) = self.dir()
+        {
+            rotate::sync_dir(dir);
         }
         Ok(())
     }
