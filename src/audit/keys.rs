@@ -64,6 +64,8 @@ pub struct KeyStore {
     /// The directory, held once it exists (shared by clones): the key, the anchors and the
     /// writer guards are opened below it, `anchors/` included, no link followed.
     held: HeldRoot,
+    /// `anchors/`, held below it (the anchors and the writer guards are opened from it).
+    anchors: HeldRoot,
 }
 
 impl PartialEq for KeyStore {
@@ -79,8 +81,10 @@ impl KeyStore {
     /// until a key is needed.
     pub fn at(dir: impl Into<PathBuf>) -> KeyStore {
         let dir = dir.into();
+        let held = HeldRoot::new(&dir, false);
         KeyStore {
-            held: HeldRoot::new(&dir, false),
+            anchors: HeldRoot::below_root(&held, Path::new(ANCHORS_DIR)),
+            held,
             dir,
         }
     }
@@ -99,8 +103,12 @@ impl KeyStore {
         access: Access,
         create: Create,
     ) -> std::io::Result<File> {
-        self.root()?
-            .open_with(self.held.below(path)?, access, create)
+        match self.anchors.below(path) {
+            Ok(rel) => self.anchors.get()?.open_with(rel, access, create),
+            Err(_) => self
+                .root()?
+                .open_with(self.held.below(path)?, access, create),
+        }
     }
 
     /// The store named by the environment (see the module doc).

@@ -775,6 +775,8 @@ pub struct HeldRoot {
     path: PathBuf,
     /// Created when missing ([`Beneath::create`]); otherwise it must exist.
     create: bool,
+    /// Opened below this held root ([`Beneath::sub`]) instead of by its path.
+    parent: Option<Box<HeldRoot>>,
     held: std::sync::Arc<Mutex<Option<std::sync::Arc<Beneath>>>>,
 }
 
@@ -785,6 +787,18 @@ impl HeldRoot {
         HeldRoot {
             path: path.into(),
             create,
+            parent: None,
+            held: Default::default(),
+        }
+    }
+
+    /// The directory `rel` below `parent`, opened on first use from `parent`'s handle, every
+    /// directory on the way checked (no link followed).
+    pub fn below_root(parent: &HeldRoot, rel: &Path) -> HeldRoot {
+        HeldRoot {
+            path: parent.path.join(rel),
+            create: false,
+            parent: Some(Box::new(parent.clone())),
             held: Default::default(),
         }
     }
@@ -799,7 +813,9 @@ impl HeldRoot {
         if let Some(root) = &*held {
             return Ok(root.clone());
         }
-        let root = if self.create {
+        let root = if let Some(parent) = &self.parent {
+            parent.get()?.sub(parent.below(&self.path)?, false)?
+        } else if self.create {
             ensure_dir(&self.path)?;
             let mut b = Beneath::open_following(&self.path)?;
             b.create = true;
