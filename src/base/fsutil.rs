@@ -2,6 +2,14 @@
 //! path-level conveniences over [`crate::base::beneath`] (the one door for files), each holding the
 //! directory of the path for one access.
 //!
+//! These are for one-shot accesses (a command's single write, a path the human gave, the undo of
+//! a failed `init`): the directories above the final name are the caller's path. An owner that
+//! lives longer holds its root instead and names its files relative to it, so the directories
+//! between are guarded as well and an access costs one `openat`: the session's `target/mcp-dev`
+//! ([`DirWriter`]), the audit log's directory (held by its writer lock), the key store and its
+//! anchors, the executable store and its stamps ([`crate::base::beneath::HeldRoot`]), the
+//! package directory during identity capture.
+//!
 //! Anyone who can write the target directory (the agent has a shell in the project, often)
 //! could plant `latest.json -> ~/.bashrc`; a plain `fs::write` follows the link and overwrites a
 //! file outside the project (issue 12). Every file written there goes through this module:
