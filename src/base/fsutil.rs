@@ -44,15 +44,17 @@ pub use crate::base::beneath::{FileMode, ensure_dir};
 /// swapped for a link while the session runs (`mv status status.old && ln -s ~/x status`) is
 /// refused, never written through (red-team round 19); the held directory itself stays the one
 /// opened at start even if it is renamed away, and is created again after `cargo clean`.
+#[derive(Clone)]
 pub struct DirWriter {
-    root: Beneath,
+    /// Shared by clones (the session's build thread opens the build lock from it).
+    root: std::sync::Arc<Beneath>,
 }
 
 impl DirWriter {
     /// Opens `root` (created if missing), which must be a real directory.
     pub fn open(root: &Path) -> io::Result<DirWriter> {
         Ok(DirWriter {
-            root: Beneath::create(root)?,
+            root: std::sync::Arc::new(Beneath::create(root)?),
         })
     }
 
@@ -70,6 +72,11 @@ impl DirWriter {
     /// missing, larger, not a regular file, or reached only through a link.
     pub fn read_small(&self, path: &Path, limit: u64) -> Option<Vec<u8>> {
         self.root.read(path, limit).ok()
+    }
+
+    /// Opens (creating, mode 0600) the lock file `path` below the root, never through a link.
+    pub fn open_lock(&self, path: &Path) -> io::Result<File> {
+        self.root.open_rw(path, true, 0o600)
     }
 
     /// Removes the file (or a link itself) `path` below the root.

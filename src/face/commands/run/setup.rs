@@ -50,9 +50,16 @@ pub(super) fn build_once(
     prep: &Arc<Mutex<Prepared>>,
     server_args: &[String],
     lock_path: &std::path::Path,
+    files: Option<&crate::base::fsutil::DirWriter>,
     sink: &StatusSink,
 ) -> BuildResult {
-    let lock = match crate::base::fsutil::open_lock_file(lock_path) {
+    // From the session's held `target/mcp-dev` when there is one (no link followed below it);
+    // otherwise by its path, its directory required to be a real one.
+    let opened = match files {
+        Some(files) => files.open_lock(lock_path),
+        None => crate::base::fsutil::open_lock_file(lock_path),
+    };
+    let lock = match opened {
         Ok(l) => l,
         Err(e) => {
             return BuildResult::Error(format!(

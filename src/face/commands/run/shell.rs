@@ -466,12 +466,13 @@ impl Shell {
         let prep = self.prep.clone();
         let args = self.server_args.clone();
         let lock = self.build_lock.clone();
+        let files = self.own_files.clone();
         let sink = self.sink.clone();
         let watcher = self.watcher.clone();
         let _ = std::thread::Builder::new()
             .name("build".into())
             .spawn(move || {
-                let result = build_once(&prep, &args, &lock, &sink);
+                let result = build_once(&prep, &args, &lock, files.as_ref(), &sink);
                 // A manifest edit can add a path dependency or a source directory: follow it.
                 if let Some(w) = &watcher {
                     if matches!(result, BuildResult::Failed { .. } | BuildResult::Error(_)) {
