@@ -382,14 +382,8 @@ pub(super) fn open_active(
                 AuditError::io("open audit log", path)(e)
             }
         })?;
-    let meta = file
-        .metadata()
-        .map_err(AuditError::io("inspect audit log", path))?;
-    if !meta.file_type().is_file() {
-        return Err(AuditError::NotRegularFile {
-            path: path.to_owned(),
-        });
-    }
+    // A regular file: the handle checked it on the descriptor (a fifo, a device or a directory
+    // is `NotRegularFile` above).
     Ok(file)
 }
 

@@ -560,7 +560,12 @@ impl Beneath {
     /// links: a link is listed as [`Kind::Symlink`]. `.` and `..` are left out.
     pub fn list(&self, path: &Path) -> io::Result<Vec<Entry>> {
         let rel = self.rel(path)?;
-        let dir = self.dir_at(rel)?;
+        // The root itself is read from its held descriptor (nothing resolved again).
+        let dir = if rel.components().all(|c| c == Component::CurDir) {
+            DirFd::Root(self.root_fd()?)
+        } else {
+            DirFd::Below(self.dir_at(rel)?)
+        };
         let mut out = Vec::new();
         for entry in rustix::fs::Dir::read_from(&dir)? {
             let entry = entry?;
