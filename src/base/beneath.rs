@@ -352,6 +352,18 @@ impl Beneath {
     /// are created (each one checked as it is entered). A name right below the root is reached
     /// from the held descriptor itself: one `openat` for the file, nothing else opened.
     fn split<'p>(&self, path: &'p Path, make: bool) -> io::Result<(DirFd<'_>, &'p Path, PathBuf)> {
+        self.split_checked(path, make, true)
+    }
+
+    /// [`Beneath::split`]; without `check`, a name right below the root is reached from the held
+    /// descriptor as it is, not checked for removal first (the caller retries with the check
+    /// when the access fails with `ENOENT`, see [`Beneath::open_file`]).
+    fn split_checked<'p>(
+        &self,
+        path: &'p Path,
+        make: bool,
+        check: bool,
+    ) -> io::Result<(DirFd<'_>, &'p Path, PathBuf)> {
         let rel = self.rel(path)?;
         let name = match rel.components().next_back() {
             Some(Component::Normal(n)) => n,
@@ -365,7 +377,11 @@ impl Beneath {
         };
         let parent = rel.parent().unwrap_or(Path::new(""));
         let dir = if parent.components().all(|c| c == Component::CurDir) {
-            DirFd::Root(self.root_fd()?)
+            DirFd::Root(if check {
+                self.root_fd()?
+            } else {
+                self.fd.lock().unwrap_or_else(|e| e.into_inner())
+            })
         } else if make {
             DirFd::Below(self.make_dirs(parent, 0o755)?)
         } else {
@@ -403,8 +419,30 @@ impl Beneath {
 
     /// Opens the final name with `flags` (plus no-follow, non-blocking) and keeps it only if it
     /// is a regular file.
+    ///
+    /// The one hot path (every file a writer opens at start): a name right below the root is
+    /// opened from the held descriptor without first checking the root is still there; an
+    /// `ENOENT` (what any open below a removed directory gets, `O_CREAT` included, with nothing
+    /// created) is answered by checking, opening the root again when it was removed, and one
+    /// more attempt.
     fn open_file(&self, path: &Path, flags: OFlags, mode: u32, make: bool) -> io::Result<File> {
-        let (dir, name, shown) = self.split(path, make)?;
+        match self.open_file_in(path, flags, mode, make, false) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound && self.root_removed() => {
+                self.open_file_in(path, flags, mode, make, true)
+            }
+            opened => opened,
+        }
+    }
+
+    fn open_file_in(
+        &self,
+        path: &Path,
+        flags: OFlags,
+        mode: u32,
+        make: bool,
+        check: bool,
+    ) -> io::Result<File> {
+        let (dir, name, shown) = self.split_checked(path, make, check)?;
         let fd = rustix::fs::openat(
             &dir,
             name,
@@ -416,6 +454,12 @@ impl Beneath {
             e => with_path(io::Error::from(e), &shown),
         })?;
         regular(fd, &shown)
+    }
+
+    /// Whether the held root was removed since it was opened (its link count is 0).
+    fn root_removed(&self) -> bool {
+        let held = self.fd.lock().unwrap_or_else(|e| e.into_inner());
+        rustix::fs::fstat(&*held).is_ok_and(|st| st.st_nlink == 0)
     }
 
     /// Opens the regular file `path` as `access` asks, created as `create` asks (directories

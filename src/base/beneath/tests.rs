@@ -294,5 +294,10 @@ fn a_removed_sub_handle_is_opened_again_below_its_root_never_through_a_link() {
             .and_then(|()| audit.rename(Path::new("y.log"), Path::new("z.log")))
             .unwrap();
         assert!(audit.metadata(Path::new("z.log")).unwrap().is_file());
+        // The hot path (a name right below the root, opened with no check first) finds the
+        // directory removed, and opens it again below the root.
+        std::fs::remove_dir_all(b.root().join("mcp-dev")).unwrap();
+        audit.open_append(Path::new("again.log"), 0o600).unwrap();
+        assert!(b.root().join("mcp-dev/audit/again.log").is_file());
     });
 }
