@@ -467,7 +467,9 @@ fn fill_random(buf: &mut [u8]) -> std::io::Result<()> {
 pub(crate) use crate::base::beneath::is_link_refusal as is_eloop;
 use crate::base::beneath::{Access, Beneath, Create, HeldRoot};
 
-/// Opens an existing file for reading without following a final symlink.
+/// Opens an existing file for reading without following a final symlink. One-shot by path, for
+/// readers (`audit verify`, the follower) that hold no directory of the log; a writer opens
+/// from the directory its lock holds.
 pub(crate) fn open_nofollow(path: &Path) -> std::io::Result<File> {
     // Not blocking: a named pipe planted as a segment would hang `run`'s start in `open`.
     crate::base::fsutil::open_regular_nofollow(path)

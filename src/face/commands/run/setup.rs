@@ -316,7 +316,8 @@ pub(super) fn session_config(
             ));
         }
     };
-    // Agent-writable: no link followed, no wait on a planted named pipe.
+    // Agent-writable: no link followed, no wait on a planted named pipe. One-shot by path: read
+    // once, while the session config is built, before `run` holds `target/mcp-dev`.
     let recorded: RecordedFacts =
         crate::base::fsutil::read_small_regular(&layout.facts_file(&label), 64 << 20)
             .and_then(|b| serde_json::from_slice(&b).ok())

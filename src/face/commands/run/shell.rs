@@ -416,6 +416,8 @@ impl Syncer {
             .spawn(move || {
                 for done in rx {
                     for f in &files {
+                        // By path at each sync (the active file changes at rotation); an fsync
+                        // is all that is done with it.
                         if let Ok(file) = crate::base::fsutil::open_regular(f) {
                             let _ = file.sync_all();
                         }
