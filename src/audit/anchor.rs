@@ -55,6 +55,12 @@ impl Anchoring {
         &self.path
     }
 
+    /// The anchor as the file holds it now, read from the writer's open handle (not opened
+    /// again by its path).
+    pub(super) fn read_back(&self) -> Result<Option<super::keys::Anchor>, AuditError> {
+        self.lock_file().read_back()
+    }
+
     /// The anchor on disk names `seq` (found so at open).
     pub(super) fn found(&mut self, seq: Option<u64>) {
         self.anchored = seq;

@@ -34,6 +34,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Environment variable naming the state directory explicitly.
 pub use super::error::HOME_ENV;
@@ -57,16 +58,57 @@ pub struct Anchor {
 }
 
 /// Where the audit key and anchors live.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct KeyStore {
     dir: PathBuf,
+    /// The directory, held once it exists (shared by clones): the key, the anchors and the
+    /// writer guards are opened below it, `anchors/` included, no link followed.
+    held: HeldRoot,
+    /// `anchors/`, held below it (the anchors and the writer guards are opened from it).
+    anchors: HeldRoot,
 }
+
+impl PartialEq for KeyStore {
+    fn eq(&self, other: &KeyStore) -> bool {
+        self.dir == other.dir
+    }
+}
+
+impl Eq for KeyStore {}
 
 impl KeyStore {
     /// The store an explicit directory (tests, `--state-dir`-like options). Nothing is created
     /// until a key is needed.
     pub fn at(dir: impl Into<PathBuf>) -> KeyStore {
-        KeyStore { dir: dir.into() }
+        let dir = dir.into();
+        let held = HeldRoot::new(&dir, false);
+        KeyStore {
+            anchors: HeldRoot::below_root(&held, Path::new(ANCHORS_DIR)),
+            held,
+            dir,
+        }
+    }
+
+    /// The directory held open: opened on first use (the state directory is the user's path, a
+    /// link at it followed once, then), then every file below it is reached from it.
+    pub(crate) fn root(&self) -> std::io::Result<Arc<Beneath>> {
+        self.held.get()
+    }
+
+    /// Opens `path` (below the store's directory) from the held directory: no link followed on
+    /// the way or at the name, regular files only.
+    pub(crate) fn open_below(
+        &self,
+        path: &Path,
+        access: Access,
+        create: Create,
+    ) -> std::io::Result<File> {
+        match self.anchors.below(path) {
+            Ok(rel) => self.anchors.get()?.open_with(rel, access, create),
+            Err(_) => self
+                .root()?
+                .open_with(self.held.below(path)?, access, create),
+        }
     }
 
     /// The store named by the environment (see the module doc).
@@ -100,7 +142,7 @@ impl KeyStore {
     /// create a key: a fresh key verifies nothing).
     pub fn load_key(&self) -> Result<AuditKey, AuditError> {
         let path = self.key_path();
-        let mut file = match crate::base::fsutil::open_nofollow(&path, Access::Read, Create::No) {
+        let mut file = match self.open_below(&path, Access::Read, Create::No) {
             Ok(f) => f,
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 return Err(AuditError::KeyMissing { path });
@@ -167,25 +209,24 @@ impl KeyStore {
         let mut nonce = [0u8; 8];
         fill_random(&mut nonce)
             .map_err(AuditError::io("read random bytes for", self.key_path()))?;
-        let tmp = self.dir.join(format!(
+        let tmp = PathBuf::from(format!(
             ".{KEY_FILE}.{}.{}.tmp",
             std::process::id(),
             hex::encode(nonce)
         ));
+        let root = self
+            .root()
+            .map_err(AuditError::io("open directory", &self.dir))?;
         let write = || -> std::io::Result<()> {
-            let mut f =
-                crate::base::fsutil::open_nofollow(&tmp, Access::ReadWrite, Create::New(0o600))?;
+            let mut f = root.open_with(&tmp, Access::ReadWrite, Create::New(0o600))?;
             f.write_all(&bytes)?;
             f.sync_all()
         };
-        let result =
-            write().and_then(
-                |()| match crate::base::fsutil::hard_link(&tmp, &self.key_path()) {
-                    Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
-                    other => other,
-                },
-            );
-        let _ = crate::base::fsutil::remove_file(&tmp);
+        let result = write().and_then(|()| match root.hard_link(&tmp, Path::new(KEY_FILE)) {
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
+            other => other,
+        });
+        let _ = root.remove_file(&tmp);
         result.map_err(AuditError::io("create audit key", self.key_path()))
     }
 
@@ -216,12 +257,38 @@ impl KeyStore {
     pub fn read_anchor(&self, log: &Path) -> Result<Option<Anchor>, AuditError> {
         read_anchor_at(&self.anchor_path(log)?)
     }
+
+    /// [`read_anchor_at`] for an anchor of this store, from its held directory.
+    pub(crate) fn read_anchor_below(&self, path: &Path) -> Result<Option<Anchor>, AuditError> {
+        read_anchor_from(self.open_below(path, Access::Read, Create::No), path)
+    }
+
+    /// [`AnchorFile::open`] for an anchor of this store, from its held directory.
+    pub(crate) fn open_anchor(
+        &self,
+        path: &Path,
+        canonical_log: &str,
+    ) -> Result<AnchorFile, AuditError> {
+        let file = self.open_below(path, Access::ReadWrite, Create::IfMissing(0o600));
+        AnchorFile::of(file, path, canonical_log)
+    }
 }
 
 /// Reads an anchor file; `Ok(None)` if it does not exist or is empty (created, never written).
 /// A reader racing the writer may see a torn anchor (see [`AnchorFile`]); readers re-read once.
+/// A one-shot open by path: `audit verify` and the follower, which hold no store directory.
 pub(crate) fn read_anchor_at(path: &Path) -> Result<Option<Anchor>, AuditError> {
-    let mut file = match crate::base::fsutil::open_nofollow(path, Access::Read, Create::No) {
+    read_anchor_from(
+        crate::base::fsutil::open_nofollow(path, Access::Read, Create::No),
+        path,
+    )
+}
+
+fn read_anchor_from(
+    opened: std::io::Result<impl Read>,
+    path: &Path,
+) -> Result<Option<Anchor>, AuditError> {
+    let mut file = match opened {
         Ok(f) => f,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(AuditError::io("open anchor", path)(e)),
@@ -264,10 +331,20 @@ pub(crate) struct AnchorFile {
 
 impl AnchorFile {
     /// Opens (creating, mode 0600, empty = "no anchor yet") the anchor for `canonical_log`.
+    /// A one-shot open by path (tests); a writer opens it through [`KeyStore::open_anchor`].
+    #[cfg(test)]
     pub(crate) fn open(path: &Path, canonical_log: &str) -> Result<AnchorFile, AuditError> {
         let file =
-            crate::base::fsutil::open_nofollow(path, Access::ReadWrite, Create::IfMissing(0o600))
-                .map_err(AuditError::io("open anchor", path))?;
+            crate::base::fsutil::open_nofollow(path, Access::ReadWrite, Create::IfMissing(0o600));
+        AnchorFile::of(file, path, canonical_log)
+    }
+
+    fn of(
+        opened: std::io::Result<File>,
+        path: &Path,
+        canonical_log: &str,
+    ) -> Result<AnchorFile, AuditError> {
+        let file = opened.map_err(AuditError::io("open anchor", path))?;
         let widest = Anchor {
             log: canonical_log.to_owned(),
             seq: u64::MAX,
@@ -294,6 +371,15 @@ impl AnchorFile {
 
     pub(crate) fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The anchor as the file holds it now ([`read_anchor_at`], from this handle).
+    pub(crate) fn read_back(&self) -> Result<Option<Anchor>, AuditError> {
+        use std::io::{Seek, SeekFrom};
+        let mut file = &self.file;
+        file.seek(SeekFrom::Start(0))
+            .map_err(AuditError::io("read anchor", &self.path))?;
+        read_anchor_from(Ok(file), &self.path)
     }
 
     /// Overwrites the anchor: compact JSON, padded with spaces, ending in `\n`. Not fsynced.
@@ -379,9 +465,11 @@ fn fill_random(buf: &mut [u8]) -> std::io::Result<()> {
 }
 
 pub(crate) use crate::base::beneath::is_link_refusal as is_eloop;
-use crate::base::beneath::{Access, Create};
+use crate::base::beneath::{Access, Beneath, Create, HeldRoot};
 
-/// Opens an existing file for reading without following a final symlink.
+/// Opens an existing file for reading without following a final symlink. One-shot by path, for
+/// readers (`audit verify`, the follower) that hold no directory of the log; a writer opens
+/// from the directory its lock holds.
 pub(crate) fn open_nofollow(path: &Path) -> std::io::Result<File> {
     // Not blocking: a named pipe planted as a segment would hang `run`'s start in `open`.
     crate::base::fsutil::open_regular_nofollow(path)

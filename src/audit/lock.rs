@@ -6,6 +6,7 @@
 
 use super::AuditError;
 use super::keys::{self, KeyStore};
+use crate::base::beneath::{Access, Beneath, Create};
 use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::FileExt;
@@ -13,14 +14,29 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Takes the writer lock of `path` (creating its directory) within `wait`: the first half of
-/// opening a writer (see `AuditLog::lock`).
-pub(super) fn take(path: &Path, keys: &KeyStore, wait: Duration) -> Result<WriterLock, AuditError> {
+/// opening a writer (see `AuditLog::lock`). The log's directory is opened here and held by the
+/// lock for the writer's life: every file beside the log (the log, `<log>.lock`, segments,
+/// set-aside and torn-tail copies) is reached from it. With `within` (a root the caller holds,
+/// `run`'s `target/mcp-dev`) and the log below it, the directory is opened below that root,
+/// each directory on the way checked: a link planted there is refused, never followed.
+pub(super) fn take(
+    path: &Path,
+    keys: &KeyStore,
+    wait: Duration,
+    within: Option<&Beneath>,
+) -> Result<WriterLock, AuditError> {
     let parent = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    crate::base::beneath::followed::create_dir_all_with_mode(parent, 0o700)
-        .map_err(AuditError::io("create directory", parent))?;
+    let dir = match within.and_then(|w| Some((w, parent.strip_prefix(w.root()).ok()?))) {
+        Some((w, rel)) => w.sub_with_mode(rel, 0o700),
+        // The log's directory is the caller's path (`--audit-log` below a linked `/tmp`): a
+        // link at it is followed once, here; its descriptor is then held.
+        None => crate::base::beneath::followed::create_dir_all_with_mode(parent, 0o700)
+            .and_then(|()| Beneath::open_following(parent)),
+    }
+    .map_err(AuditError::io("create directory", parent))?;
     // The log's canonical path as it will resolve once the file exists (its last
     // component is never followed: `open_active` refuses a link there).
     let canonical = crate::base::beneath::followed::canonicalize(parent)
@@ -30,7 +46,7 @@ pub(super) fn take(path: &Path, keys: &KeyStore, wait: Duration) -> Result<Write
     let guard = keys
         .anchor_path_for_canonical(&canonical)
         .with_extension("writer.lock");
-    WriterLock::acquire(path, &guard, canonical, wait)
+    WriterLock::acquire(path, dir, keys, &guard, canonical, wait)
 }
 
 /// The writer lock of a log, held until drop (closing the files releases it): an exclusive
@@ -48,6 +64,9 @@ pub(super) fn take(path: &Path, keys: &KeyStore, wait: Duration) -> Result<Write
 pub(crate) struct WriterLock {
     file: File,
     _guard: File,
+    /// The log's directory, held (see [`take`]); boxed, so a failed open hands back a small
+    /// lock.
+    dir: Box<Beneath>,
     /// The log's canonical path the guard is keyed by, as it resolved when the lock was taken:
     /// the open must find the log at the same place, or the anchor it loads would be keyed by
     /// another path than the guard (a parent swapped for a link in between).
@@ -65,23 +84,28 @@ impl WriterLock {
     /// Both locks, each with non-blocking attempts and a short back-off, within `wait` in all.
     fn acquire(
         log: &Path,
+        dir: Beneath,
+        keys: &KeyStore,
         guard: &Path,
         canonical: PathBuf,
         wait: Duration,
     ) -> Result<WriterLock, AuditError> {
         let start = Instant::now();
-        let guard = lock_at(log, guard, wait, start)?;
-        let file = lock_at(
-            log,
-            &lock_path(log),
-            wait.saturating_sub(start.elapsed()),
-            start,
-        )?;
+        let guard = lock_at(log, guard, wait, start, |p| {
+            keys.open_below(p, Access::ReadWrite, Create::IfMissing(0o600))
+        })?;
+        let file = lock_file_in(&dir, log, wait.saturating_sub(start.elapsed()), start)?;
         Ok(WriterLock {
             file,
             _guard: guard,
+            dir: Box::new(dir),
             canonical,
         })
+    }
+
+    /// The log's directory, held since the lock was taken.
+    pub(super) fn dir(&self) -> &Beneath {
+        &self.dir
     }
 
     /// Whether `<log>.lock` is still the file this lock holds.
@@ -89,7 +113,7 @@ impl WriterLock {
         use std::os::unix::fs::MetadataExt;
         match (
             self.file.metadata(),
-            crate::base::fsutil::metadata_nofollow(&lock_path(log)),
+            self.dir.metadata(&beside(&lock_path(log))),
         ) {
             (Ok(h), Ok(p)) => h.nlink() > 0 && (h.dev(), h.ino()) == p.id,
             _ => false,
@@ -106,22 +130,49 @@ impl WriterLock {
         self.file = file;
     }
 
-    /// `<log>.lock` alone (taken again after `cargo clean` took it).
+    /// `<log>.lock` alone, by its path (another writer's, in a test).
+    #[cfg(test)]
     pub(super) fn lock_file(log: &Path, wait: Duration) -> Result<File, AuditError> {
-        lock_at(log, &lock_path(log), wait, Instant::now())
+        let (dir, _) =
+            Beneath::parent_of(log).map_err(AuditError::io("open the writer lock", log))?;
+        lock_file_in(&dir, log, wait, Instant::now())
     }
 }
 
-/// Opens `path` (never through a link) and takes an exclusive `flock` on it within `wait`,
-/// then writes this process's pid into it. Busy: [`AuditError::WriterBusy`] with the holder's
-/// pid as it wrote it there, and the time waited since `since`.
-fn lock_at(log: &Path, path: &Path, wait: Duration, since: Instant) -> Result<File, AuditError> {
-    let file = crate::base::fsutil::open_nofollow(
-        path,
-        crate::base::beneath::Access::ReadWrite,
-        crate::base::beneath::Create::IfMissing(0o600),
-    )
-    .map_err(|e| {
+/// `path` relative to `dir`, the held directory it was named below (as given when it is not).
+pub(super) fn below<'p>(dir: &Beneath, path: &'p Path) -> &'p Path {
+    path.strip_prefix(dir.root()).unwrap_or(path)
+}
+
+/// The name of a file beside the log, relative to the log's held directory.
+pub(super) fn beside(path: &Path) -> PathBuf {
+    PathBuf::from(path.file_name().unwrap_or_default())
+}
+
+/// `<log>.lock` in the log's held directory `dir` (taken again after `cargo clean` took it).
+pub(super) fn lock_file_in(
+    dir: &Beneath,
+    log: &Path,
+    wait: Duration,
+    since: Instant,
+) -> Result<File, AuditError> {
+    let path = lock_path(log);
+    lock_at(log, &path, wait, since, |p| {
+        dir.open_with(&beside(p), Access::ReadWrite, Create::IfMissing(0o600))
+    })
+}
+
+/// Opens `path` with `open` (never through a link) and takes an exclusive `flock` on it within
+/// `wait`, then writes this process's pid into it. Busy: [`AuditError::WriterBusy`] with the
+/// holder's pid as it wrote it there, and the time waited since `since`.
+fn lock_at(
+    log: &Path,
+    path: &Path,
+    wait: Duration,
+    since: Instant,
+    open: impl FnOnce(&Path) -> std::io::Result<File>,
+) -> Result<File, AuditError> {
+    let file = open(path).map_err(|e| {
         if keys::is_eloop(&e) {
             AuditError::Symlink {
                 path: path.to_owned(),

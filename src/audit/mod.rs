@@ -69,7 +69,7 @@ pub use journal::{
 };
 pub use keys::{Anchor, HOME_ENV, KeyStore};
 pub use record_type::*;
-pub use recover::{Recovery, open_for_run, open_for_run_with};
+pub use recover::{Recovery, open_for_run, open_for_run_with, open_for_run_within};
 pub use verify::{ChainBreak, SegmentReport, TornTailReport, VerifyReport, read_records, verify};
 pub use writer::{
     ANCHOR_LAG, AppendedRecord, AuditLog, AuditOptions, DEFAULT_MAX_SEGMENT_BYTES, FsyncPolicy,

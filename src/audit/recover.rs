@@ -34,9 +34,11 @@
 //! Must not touch: record content beyond the restart and torn-tail records, policy, stdout.
 
 use super::chain::Record;
-use super::keys::{self, KeyStore};
+use super::keys::KeyStore;
+use super::lock::below;
 use super::writer::{AuditLog, AuditOptions};
 use super::{AuditError, scan};
+use crate::base::beneath::{Access, Beneath, Create};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 
@@ -147,9 +149,21 @@ pub fn open_for_run_with(
     keys: &KeyStore,
     opts: &AuditOptions,
 ) -> Result<(AuditLog, Option<Recovery>), AuditError> {
+    open_for_run_within(None, path, keys, opts)
+}
+
+/// [`open_for_run_with`] for a log that may be below `within`, a root the caller holds for its
+/// session (`run`'s `target/mcp-dev`): the log's directory is then opened below it, no link
+/// followed on the way (see [`super::lock`]).
+pub fn open_for_run_within(
+    within: Option<&Beneath>,
+    path: &Path,
+    keys: &KeyStore,
+    opts: &AuditOptions,
+) -> Result<(AuditLog, Option<Recovery>), AuditError> {
     // The writer lock is held from the check through the set-aside to the new chain: no other
     // writer can append to, or set aside, the same log in between.
-    let lock = AuditLog::lock(path, keys, opts)?;
+    let lock = AuditLog::lock_within(within, path, keys, opts)?;
     let (problem, lock) = match AuditLog::open_locked(path, keys, opts, lock) {
         Ok(log) => return Ok((log, None)),
         Err((
@@ -168,7 +182,7 @@ pub fn open_for_run_with(
                 len,
                 file_id,
             };
-            let kept = keep_torn_tail(path, &torn, &stamp())?;
+            let kept = keep_torn_tail(lock.dir(), path, &torn, &stamp())?;
             let mut log = AuditLog::open_locked(path, keys, opts, lock).map_err(|(e, _)| e)?;
             log.append(
                 TORN_TAIL_SET_ASIDE,
@@ -188,7 +202,7 @@ pub fn open_for_run_with(
         Err((e, Some(lock))) if recoverable(&e) => (e.to_string(), lock),
         Err((e, _)) => return Err(e),
     };
-    let recovery = set_aside(path, keys, &problem)?;
+    let recovery = set_aside(lock.dir(), path, keys, &problem)?;
     let mut log = AuditLog::open_locked(path, keys, opts, lock).map_err(|(e, _)| e)?;
     let head = |h: &Option<(u64, String)>| match h {
         Some((seq, hash)) => json!({"seq": seq, "hash": hash}),
@@ -197,7 +211,7 @@ pub fn open_for_run_with(
     let last = recovery
         .set_aside_log
         .as_deref()
-        .and_then(last_record)
+        .and_then(|aside| last_record(log.dir().ok()?, aside))
         .map(|r| (r.seq, r.hash));
     log.append(
         CHAIN_RESTARTED,
@@ -227,7 +241,12 @@ struct Torn {
 /// syncs that copy, then cuts them off the log. The caller holds the writer lock, so the log
 /// is as `open` judged it; another file at the path, or a length that changed anyway, is
 /// refused.
-fn keep_torn_tail(path: &Path, torn: &Torn, stamp: &str) -> Result<TornTailKept, AuditError> {
+fn keep_torn_tail(
+    dir: &Beneath,
+    path: &Path,
+    torn: &Torn,
+    stamp: &str,
+) -> Result<TornTailKept, AuditError> {
     use std::io::{Read, Seek, SeekFrom};
     let &Torn {
         after_seq,
@@ -235,12 +254,9 @@ fn keep_torn_tail(path: &Path, torn: &Torn, stamp: &str) -> Result<TornTailKept,
         len,
         file_id,
     } = torn;
-    let log = crate::base::fsutil::open_nofollow(
-        path,
-        crate::base::beneath::Access::ReadWrite,
-        crate::base::beneath::Create::No,
-    )
-    .map_err(AuditError::io("open audit log", path))?;
+    let log = dir
+        .open_with(below(dir, path), Access::ReadWrite, Create::No)
+        .map_err(AuditError::io("open audit log", path))?;
     let meta = log
         .metadata()
         .map_err(AuditError::io("inspect audit log", path))?;
@@ -270,11 +286,7 @@ fn keep_torn_tail(path: &Path, torn: &Torn, stamp: &str) -> Result<TornTailKept,
         .unwrap_or_else(|| "audit".into());
     let (kept_as, mut copy) =
         beside_unique(path, &format!("{stem}.torn-{stamp}"), "partial", |to| {
-            crate::base::fsutil::open_nofollow(
-                to,
-                crate::base::beneath::Access::ReadWrite,
-                crate::base::beneath::Create::New(0o600),
-            )
+            dir.open_with(below(dir, to), Access::ReadWrite, Create::New(0o600))
         })
         .map_err(AuditError::io("keep the torn tail of", path))?;
     let mut tail = &log;
@@ -290,10 +302,8 @@ fn keep_torn_tail(path: &Path, torn: &Torn, stamp: &str) -> Result<TornTailKept,
     }
     // The copy, and its name, are on disk before the bytes leave the log.
     copy.sync_all().map_err(AuditError::io("sync", &kept_as))?;
-    if let Some(dir) = kept_as.parent().filter(|d| !d.as_os_str().is_empty()) {
-        crate::base::fsutil::sync_dir(dir)
-            .map_err(AuditError::io("sync the directory of", &kept_as))?;
-    }
+    dir.sync()
+        .map_err(AuditError::io("sync the directory of", &kept_as))?;
     log.set_len(offset)
         .and_then(|()| log.sync_data())
         .map_err(AuditError::io("cut the torn tail off", path))?;
@@ -325,54 +335,59 @@ fn stamp() -> String {
 }
 
 /// Moves the log and its anchor aside (never deletes either).
-fn set_aside(path: &Path, keys: &KeyStore, problem: &str) -> Result<SetAside, AuditError> {
+/// The log's files are reached from `dir` (its directory, held by the writer lock), the anchor
+/// from the key store's held directory.
+fn set_aside(
+    dir: &Beneath,
+    path: &Path,
+    keys: &KeyStore,
+    problem: &str,
+) -> Result<SetAside, AuditError> {
     let stamp = stamp();
     let anchor_path = keys.anchor_path(path).ok();
     let previous_head = anchor_path
         .as_deref()
-        .and_then(|a| keys::read_anchor_at(a).ok().flatten())
+        .and_then(|a| keys.read_anchor_below(a).ok().flatten())
         .map(|a| (a.seq, a.hash));
     let file_name = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "audit".into());
-    let non_empty = crate::base::fsutil::metadata_nofollow(path)
+    let non_empty = dir
+        .metadata(below(dir, path))
         .map(|m| m.len > 0)
         .unwrap_or(false);
     let segments =
-        scan::list_segments(path).map_err(AuditError::io("list the segments of", path))?;
+        scan::list_segments_in(dir, path).map_err(AuditError::io("list the segments of", path))?;
     let set_aside_log = if non_empty || !segments.is_empty() {
         // Always under a new name, even if only segments are left (the chain is then named
         // by an empty active file).
         if !non_empty {
-            let _ = crate::base::fsutil::open_nofollow(
-                path,
-                crate::base::beneath::Access::Append,
-                crate::base::beneath::Create::IfMissing(0o666),
-            );
+            let _ = dir.open_with(below(dir, path), Access::Append, Create::IfMissing(0o666));
         }
         let ext = path
             .extension()
             .map(|e| e.to_string_lossy().into_owned())
             .unwrap_or_else(|| "jsonl".into());
-        let aside = move_aside(path, &format!("{file_name}.set-aside-{stamp}"), &ext)
+        let aside = move_aside(dir, path, &format!("{file_name}.set-aside-{stamp}"), &ext)
             .map_err(AuditError::io("set aside audit log", path))?;
         for (n, segment) in segments {
             let to = scan::segment_path(&aside, n);
-            rename_new(&segment, &to)
+            rename_new(dir, &segment, &to)
                 .map_err(AuditError::io("set aside audit segment", &segment))?;
         }
         Some(aside)
     } else {
         None
     };
-    let set_aside_anchor = match &anchor_path {
-        Some(a) if crate::base::fsutil::exists(a) => {
+    let anchors = keys.root().ok();
+    let set_aside_anchor = match (&anchor_path, &anchors) {
+        (Some(a), Some(anchors)) if anchors.exists(below(anchors, a)) => {
             let stem = a
                 .file_stem()
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            let aside = move_aside(a, &format!("{stem}.set-aside-{stamp}"), "json")
+            let aside = move_aside(anchors, a, &format!("{stem}.set-aside-{stamp}"), "json")
                 .map_err(AuditError::io("set aside anchor", a))?;
             Some(aside)
         }
@@ -391,9 +406,9 @@ fn set_aside(path: &Path, keys: &KeyStore, problem: &str) -> Result<SetAside, Au
 }
 
 /// Moves `from` to `<base>.<ext>` beside it, or `<base>-2.<ext>`… when that name is taken (two
-/// recoveries in the same second): evidence is never overwritten.
-fn move_aside(from: &Path, base: &str, ext: &str) -> std::io::Result<PathBuf> {
-    beside_unique(from, base, ext, |to| rename_new(from, to)).map(|(to, ())| to)
+/// recoveries in the same second): evidence is never overwritten. Both are below `dir`.
+fn move_aside(dir: &Beneath, from: &Path, base: &str, ext: &str) -> std::io::Result<PathBuf> {
+    beside_unique(from, base, ext, |to| rename_new(dir, from, to)).map(|(to, ())| to)
 }
 
 /// Runs `place` on `<base>.<ext>` beside `from`, or `<base>-2.<ext>`… while it reports the name
@@ -422,16 +437,16 @@ fn beside_unique<T>(
 
 /// `rename`, refusing to replace an existing destination (hard link + unlink: both names exist
 /// for an instant, the destination is never overwritten).
-fn rename_new(from: &Path, to: &Path) -> std::io::Result<()> {
-    crate::base::fsutil::hard_link(from, to)?;
-    crate::base::fsutil::remove_file(from)
+fn rename_new(dir: &Beneath, from: &Path, to: &Path) -> std::io::Result<()> {
+    dir.hard_link(below(dir, from), below(dir, to))?;
+    dir.remove_file(below(dir, from))
 }
 
 /// The last record of a log that parses (best effort, for the restart record).
-fn last_record(path: &Path) -> Option<Record> {
+fn last_record(dir: &Beneath, path: &Path) -> Option<Record> {
     use std::io::{Read, Seek, SeekFrom};
     // The last 1 MiB at most: recovery must not read a whole large log either.
-    let mut file = keys::open_nofollow(path).ok()?;
+    let mut file = dir.open_read(below(dir, path)).ok()?;
     let len = file.metadata().ok()?.len();
     file.seek(SeekFrom::Start(len.saturating_sub(1 << 20)))
         .ok()?;
@@ -797,7 +812,8 @@ mod tests {
             len: bytes,
             file_id: id,
         };
-        let first = keep_torn_tail(&path, &torn(5), "T").unwrap();
+        let dir = Beneath::open(path.parent().unwrap()).unwrap();
+        let first = keep_torn_tail(&dir, &path, &torn(5), "T").unwrap();
         // The same stamp (two recoveries in one second): the first copy stays.
         std::fs::OpenOptions::new()
             .append(true)
@@ -805,7 +821,7 @@ mod tests {
             .unwrap()
             .write_all(b"{\"v\":1")
             .unwrap();
-        let second = keep_torn_tail(&path, &torn(6), "T").unwrap();
+        let second = keep_torn_tail(&dir, &path, &torn(6), "T").unwrap();
         assert!(first.kept_as.ends_with("srv.torn-T.partial"), "{first:?}");
         assert!(
             second.kept_as.ends_with("srv.torn-T-2.partial"),
@@ -821,14 +837,14 @@ mod tests {
             .unwrap()
             .write_all(b"{")
             .unwrap();
-        let e = keep_torn_tail(&path, &torn(5), "T").unwrap_err();
+        let e = keep_torn_tail(&dir, &path, &torn(5), "T").unwrap_err();
         assert!(e.to_string().contains("length changed"), "{e}");
         assert_eq!(std::fs::metadata(&path).unwrap().len(), len + 1);
         // Another file put in its place is not cut.
         let other = path.with_extension("other");
         std::fs::copy(&path, &other).unwrap();
         std::fs::rename(&other, &path).unwrap();
-        let e = keep_torn_tail(&path, &torn(1), "T").unwrap_err();
+        let e = keep_torn_tail(&dir, &path, &torn(1), "T").unwrap_err();
         assert!(e.to_string().contains("replaced"), "{e}");
         assert_eq!(std::fs::metadata(&path).unwrap().len(), len + 1);
     }

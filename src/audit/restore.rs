@@ -6,13 +6,13 @@
 //! the anchor's content.
 
 use super::AuditError;
-use super::lock::WriterLock;
+use super::lock::{WriterLock, beside, lock_file_in};
 use super::sink::open_active;
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 /// The status line after a put-back (the writer hands it out once, see `AuditLog::take_notice`).
 pub(super) const RESTORED_REASON: &str = "the active file was removed while this run was writing it (cargo clean?); put back from the writer's open file";
@@ -47,7 +47,9 @@ impl Removed<'_> {
     /// with the directory; `audit verify` reports the first one missing.
     /// What cannot be done is an error (the writer fails closed): a file or another writer
     /// already at the path (never overwritten), a directory that cannot be made, a link.
-    pub(super) fn put_back(&self, lock: Option<&WriterLock>) -> Result<PutBack, AuditError> {
+    /// The files are reached from the log's directory the lock holds: once made again, that
+    /// directory is opened again below the root it came from (or by its path, the caller's).
+    pub(super) fn put_back(&self, lock: &WriterLock) -> Result<PutBack, AuditError> {
         if let Some(parent) = self.path.parent().filter(|p| !p.as_os_str().is_empty()) {
             crate::base::beneath::followed::create_dir_all_with_mode(parent, 0o700)
                 .map_err(AuditError::io("create directory", parent))?;
@@ -70,22 +72,25 @@ impl Removed<'_> {
         // guard never takes it (the guard comes first), so whoever holds it reached the
         // log another way (another state directory, a bind mount): a second writer, and
         // the file is not put back under it.
-        let lock_file = if lock.is_some_and(|l| l.still_linked(self.path)) {
+        let dir = lock.dir();
+        let lock_file = if lock.still_linked(self.path) {
             None
         } else {
-            Some(WriterLock::lock_file(self.path, Duration::ZERO)?)
+            Some(lock_file_in(
+                dir,
+                self.path,
+                Duration::ZERO,
+                Instant::now(),
+            )?)
         };
-        let file = open_active(self.path, true)?;
+        let file = open_active(dir, self.path, true)?;
         let copy = |file: &File| -> std::io::Result<()> {
             self.copy_records_to(file)?;
-            if let Some(dir) = self.path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                crate::base::fsutil::sync_dir(dir)?;
-            }
-            Ok(())
+            dir.sync()
         };
         if let Err(e) = copy(&file) {
             // Not left half-copied at the path: the next start would take it for a log.
-            let _ = crate::base::fsutil::remove_file(self.path);
+            let _ = dir.remove_file(&beside(self.path));
             return Err(AuditError::io("put back the removed audit log", self.path)(
                 e,
             ));
@@ -95,7 +100,7 @@ impl Removed<'_> {
 
     /// Copies the records of a removed log that cannot be put back to a new file beside its
     /// anchor (`anchor_path`): `<anchor name>.removed-<pid>-<ms>.jsonl` (never an existing
-    /// file).
+    /// file). One-shot by path: the last thing a failing writer does, once.
     pub(super) fn keep_beside(&self, anchor_path: &Path) -> std::io::Result<PathBuf> {
         let ms = SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

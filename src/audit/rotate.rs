@@ -10,23 +10,26 @@
 //! does I/O).
 
 use super::AuditError;
+use super::lock::beside;
 use super::scan;
+use crate::base::beneath::Beneath;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 
 /// The path of the next segment of the log at `path`; `None`: no number is left (see
 /// `next_segment_number`), the active file grows instead.
-pub(super) fn next_segment(path: &Path) -> Result<Option<PathBuf>, AuditError> {
+pub(super) fn next_segment(dir: &Beneath, path: &Path) -> Result<Option<PathBuf>, AuditError> {
     let segments =
-        scan::list_segments(path).map_err(AuditError::io("list the segments of", path))?;
+        scan::list_segments_in(dir, path).map_err(AuditError::io("list the segments of", path))?;
     Ok(next_segment_number(segments.iter().map(|(n, _)| *n)).map(|n| scan::segment_path(path, n)))
 }
 
 /// Renames the active file at `path` to `segment` (committed and released by the writer):
 /// link + unlink, so an existing segment is never overwritten.
-pub(super) fn close_into(path: &Path, segment: &Path) -> Result<(), AuditError> {
-    crate::base::fsutil::hard_link(path, segment)
-        .and_then(|()| crate::base::fsutil::remove_file(path))
+/// Both names are beside the log, in its held directory `dir`.
+pub(super) fn close_into(dir: &Beneath, path: &Path, segment: &Path) -> Result<(), AuditError> {
+    dir.hard_link(&beside(path), &beside(segment))
+        .and_then(|()| dir.remove_file(&beside(path)))
         .map_err(AuditError::io("rotate audit log", path))
 }
 
@@ -49,12 +52,9 @@ pub(super) fn segment_started(
     Ok(data)
 }
 
-/// Syncs the directory of `path` (best effort): the rename and the new file survive a power
-/// loss.
-pub(super) fn sync_dir_of(path: &Path) {
-    if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        let _ = crate::base::fsutil::sync_dir(dir);
-    }
+/// Syncs the log's directory (best effort): the rename and the new file survive a power loss.
+pub(super) fn sync_dir(dir: &Beneath) {
+    let _ = dir.sync();
 }
 
 /// The number of the next segment: one past the highest present, so that segments read in
@@ -89,17 +89,18 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("srv.jsonl");
         std::fs::write(&path, b"active\n").unwrap();
-        let segment = next_segment(&path).unwrap().unwrap();
+        let dir = Beneath::open(tmp.path()).unwrap();
+        let segment = next_segment(&dir, &path).unwrap().unwrap();
         assert_eq!(segment, scan::segment_path(&path, 1));
         std::fs::write(&segment, b"planted\n").unwrap();
-        assert!(close_into(&path, &segment).is_err());
+        assert!(close_into(&dir, &path, &segment).is_err());
         assert_eq!(std::fs::read(&segment).unwrap(), b"planted\n");
         assert_eq!(std::fs::read(&path).unwrap(), b"active\n");
         assert_eq!(
-            next_segment(&path).unwrap(),
+            next_segment(&dir, &path).unwrap(),
             Some(scan::segment_path(&path, 2))
         );
-        close_into(&path, &scan::segment_path(&path, 2)).unwrap();
+        close_into(&dir, &path, &scan::segment_path(&path, 2)).unwrap();
         assert!(!path.exists());
     }
 }

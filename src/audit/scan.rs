@@ -69,17 +69,29 @@ fn stem_and_ext(path: &Path) -> (String, Option<String>) {
 
 /// The segments of the log at `path`, oldest first (`(number, path)`). A missing directory
 /// means no segments.
+/// A one-shot listing by path (a reader: `audit verify`, the follower, tests); a writer lists
+/// its held directory ([`list_segments_in`]).
 pub fn list_segments(path: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
         _ => PathBuf::from("."),
     };
+    match crate::base::beneath::Beneath::open_following(&dir) {
+        Ok(held) => list_segments_in(&held, path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
+/// [`list_segments`] in `dir`, the log's directory held open.
+pub(crate) fn list_segments_in(
+    dir: &crate::base::beneath::Beneath,
+    path: &Path,
+) -> std::io::Result<Vec<(u64, PathBuf)>> {
     let (stem, ext) = stem_and_ext(path);
     let prefix = format!("{stem}.");
     let suffix = ext.map(|e| format!(".{e}")).unwrap_or_default();
-    let entries = match crate::base::beneath::Beneath::open_following(&dir)
-        .and_then(|held| held.list(Path::new("")))
-    {
+    let entries = match dir.list(Path::new("")) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e),
@@ -99,7 +111,7 @@ pub fn list_segments(path: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
             && middle.bytes().all(|b| b.is_ascii_digit())
             && let Ok(n) = middle.parse::<u64>()
         {
-            out.push((n, dir.join(name)));
+            out.push((n, path.with_file_name(name)));
         }
     }
     out.sort();

@@ -351,36 +351,39 @@ pub(super) enum FileState {
     Removed,
 }
 
-/// Opens the active file for appending (`create_new`: a fresh file after a rotation).
-pub(super) fn open_active(path: &Path, create_new: bool) -> Result<File, AuditError> {
+/// Opens the active file for appending (`create_new`: a fresh file after a rotation), in the
+/// log's held directory `dir`.
+pub(super) fn open_active(
+    dir: &crate::base::beneath::Beneath,
+    path: &Path,
+    create_new: bool,
+) -> Result<File, AuditError> {
     let create = if create_new {
         crate::base::beneath::Create::New(0o600)
     } else {
         crate::base::beneath::Create::IfMissing(0o600)
     };
-    let file =
-        crate::base::fsutil::open_nofollow(path, crate::base::beneath::Access::ReadAppend, create)
-            .map_err(|e| {
-                if keys::is_eloop(&e) {
-                    AuditError::Symlink {
-                        path: path.to_owned(),
-                    }
-                } else if crate::base::beneath::is_not_regular(&e) {
-                    AuditError::NotRegularFile {
-                        path: path.to_owned(),
-                    }
-                } else {
-                    AuditError::io("open audit log", path)(e)
+    let file = dir
+        .open_with(
+            &super::lock::beside(path),
+            crate::base::beneath::Access::ReadAppend,
+            create,
+        )
+        .map_err(|e| {
+            if keys::is_eloop(&e) {
+                AuditError::Symlink {
+                    path: path.to_owned(),
                 }
-            })?;
-    let meta = file
-        .metadata()
-        .map_err(AuditError::io("inspect audit log", path))?;
-    if !meta.file_type().is_file() {
-        return Err(AuditError::NotRegularFile {
-            path: path.to_owned(),
-        });
-    }
+            } else if crate::base::beneath::is_not_regular(&e) {
+                AuditError::NotRegularFile {
+                    path: path.to_owned(),
+                }
+            } else {
+                AuditError::io("open audit log", path)(e)
+            }
+        })?;
+    // A regular file: the handle checked it on the descriptor (a fifo, a device or a directory
+    // is `NotRegularFile` above).
     Ok(file)
 }
 

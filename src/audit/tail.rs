@@ -28,9 +28,11 @@
 //!
 
 use super::AuditError;
+use super::anchor::Anchoring;
 use super::chain::{AuditKey, MacChecker, Record, verify_anchor_mac};
-use super::keys::{self, Anchor};
+use super::keys::Anchor;
 use super::scan::{self, Expect, Last};
+use crate::base::beneath::Beneath;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -63,6 +65,10 @@ pub(super) struct TailCheck<'a> {
     pub file: &'a File,
     pub path: &'a Path,
     pub anchor_path: &'a Path,
+    /// The writer's open anchor (read through its handle).
+    pub anchoring: &'a Anchoring,
+    /// The log's directory, held by the writer lock.
+    pub dir: &'a Beneath,
     pub key: &'a AuditKey,
 }
 
@@ -70,7 +76,7 @@ impl TailCheck<'_> {
     /// Checks the tail against the anchor (see the module doc): where the chain continues. The
     /// space a killed writer reserved past the records is cut off once they pass.
     pub(super) fn run(&self) -> Result<Tail, AuditError> {
-        let anchor = keys::read_anchor_at(self.anchor_path)?;
+        let anchor = self.anchoring.read_back()?;
         if let Some(a) = &anchor
             && !verify_anchor_mac(self.key, a.seq, &a.hash, &a.mac).unwrap_or(false)
         {
@@ -90,7 +96,7 @@ impl TailCheck<'_> {
         let len = scan::data_end(self.file, file_len)
             .map_err(AuditError::io("read audit log", &self.path))?;
         let leftover = (len < file_len).then_some(file_len);
-        let segments = scan::list_segments(self.path)
+        let segments = scan::list_segments_in(self.dir, self.path)
             .map_err(AuditError::io("list the segments of", &self.path))?;
         let mac = MacChecker::new(self.key);
         if len == 0 {
@@ -107,7 +113,7 @@ impl TailCheck<'_> {
             // A crash between renaming the active file to a segment and writing the new
             // file's first record: continue from that segment if it ends at the anchor.
             if let Some((_, last)) = segments.last()
-                && segment_ends_at(last, &a, &mac)
+                && segment_ends_at(self.dir, last, &a, &mac)
             {
                 self.cut_leftover(len, leftover)?;
                 return Ok(Tail::AfterRotation {
@@ -210,7 +216,7 @@ impl TailCheck<'_> {
             // Nothing but an incomplete line: the first write after a rotation, cut short (the
             // anchor still names the last record of the previous segment), or damage.
             if let Some((_, last)) = segments.last()
-                && segment_ends_at(last, &a, &mac)
+                && segment_ends_at(self.dir, last, &a, &mac)
             {
                 return Err(self.torn_error(t, a.seq));
             }
@@ -323,8 +329,8 @@ fn record_ending_at(file: &File, off: u64, a: &Anchor, mac: &MacChecker) -> bool
 }
 
 /// Whether the segment at `path` ends with the record `a` names.
-fn segment_ends_at(path: &Path, a: &Anchor, mac: &MacChecker) -> bool {
-    let Ok(file) = keys::open_nofollow(path) else {
+fn segment_ends_at(dir: &Beneath, path: &Path, a: &Anchor, mac: &MacChecker) -> bool {
+    let Ok(file) = dir.open_read(super::lock::below(dir, path)) else {
         return false;
     };
     let Ok(meta) = file.metadata() else {

@@ -232,3 +232,69 @@ fn after_cargo_clean_the_sessions_files_are_written_again() {
         "after `cargo clean` the status file is not written again: {r:?}"
     );
 }
+
+// ----- long-lived roots (issue 34, point 5) ----------------------------------------------------
+
+/// `run` holds `target/mcp-dev` open and opens its audit directory below it: a link planted at
+/// `audit` (a directory between the held root and the log, not the log's own name) is refused,
+/// not followed; the log is not created through it and nothing is written outside. Before, the
+/// log's directory was created and opened by its path, following the link, and the log went on
+/// in the link's target.
+#[test]
+fn a_link_planted_between_the_held_root_and_the_log_is_refused() {
+    use crate::base::beneath::Beneath;
+    let (tmp, keys, path) = setup();
+    let root = Beneath::create(&tmp.path().join("target/mcp-dev")).unwrap();
+    let outside = tmp.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, root.root().join("audit")).unwrap();
+    let opts = crate::audit::AuditOptions::default();
+    let e = crate::audit::open_for_run_within(Some(&root), &path, &keys, &opts).unwrap_err();
+    assert!(e.to_string().contains("not a directory of ours"), "{e}");
+    assert_eq!(
+        std::fs::read_dir(&outside).unwrap().count(),
+        0,
+        "written through the link"
+    );
+    // The same root, the link gone: the log opens below it and works.
+    std::fs::remove_file(root.root().join("audit")).unwrap();
+    let (mut log, rec) =
+        crate::audit::open_for_run_within(Some(&root), &path, &keys, &opts).unwrap();
+    assert_eq!(rec, None);
+    log.append("x", "R", None, json!({"n": 1})).unwrap();
+    log.commit().unwrap();
+    assert_eq!(log.head().map(|(seq, _)| seq), Some(1));
+    drop(log);
+    assert!(crate::audit::verify(&path, &keys).is_ok());
+}
+
+/// The whole directory removed while the writer runs (`cargo clean`), and a link planted at
+/// `audit` in the new `target/mcp-dev`: the log is not put back through it (its directory is
+/// opened again below the held root, no link followed); the writer fails closed and keeps its
+/// records beside the anchor.
+#[test]
+fn after_cargo_clean_a_link_planted_at_the_audit_directory_is_not_written_through() {
+    use crate::base::beneath::Beneath;
+    let (tmp, keys, path) = setup();
+    let root = Beneath::create(&tmp.path().join("target/mcp-dev")).unwrap();
+    let opts = crate::audit::AuditOptions::default();
+    let (mut log, _) = crate::audit::open_for_run_within(Some(&root), &path, &keys, &opts).unwrap();
+    log.append("x", "R", None, json!({"n": 1})).unwrap();
+    log.commit().unwrap();
+    std::fs::remove_dir_all(tmp.path().join("target")).unwrap();
+    let outside = tmp.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::create_dir_all(root.root()).unwrap();
+    std::os::unix::fs::symlink(&outside, root.root().join("audit")).unwrap();
+    std::thread::sleep(crate::audit::writer::testing::LENGTH_CHECK_EVERY);
+    log.append("x", "R", None, json!({"n": 2})).unwrap();
+    match log.flush().map_err(|e| e.to_string()) {
+        Err(e) => assert!(
+            e.contains("could not be put back") && e.contains("are kept in"),
+            "{e}"
+        ),
+        Ok(()) => panic!("the log was put back through the link"),
+    }
+    let written: Vec<_> = std::fs::read_dir(&outside).unwrap().collect();
+    assert!(written.is_empty(), "written through the link: {written:?}");
+}

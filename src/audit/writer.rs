@@ -83,7 +83,7 @@ use super::AuditError;
 use super::anchor::{AnchorUpdate, Anchoring};
 use super::chain::{Hex64, RecordData};
 use super::clock::Moment;
-use super::keys::{AnchorFile, KeyStore};
+use super::keys::KeyStore;
 use super::lock::{self, WriterLock};
 use super::record_type::{LOG_RESTORED, SEGMENT_STARTED, TOOL_RUN};
 use super::restore::{RESTORED_REASON, Removed};
@@ -91,6 +91,7 @@ use super::rotate;
 use super::seal::{Head, Sealer};
 use super::sink::{Broken, CopyOutcome, FileState, Sink, open_active};
 use super::tail::{Tail, TailCheck};
+use crate::base::beneath::Beneath;
 use crate::base::sys::mapped::PreparePages;
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -248,7 +249,26 @@ impl AuditLog {
         keys: &KeyStore,
         opts: &AuditOptions,
     ) -> Result<WriterLock, AuditError> {
-        lock::take(path, keys, opts.lock_wait)
+        lock::take(path, keys, opts.lock_wait, None)
+    }
+
+    /// [`AuditLog::lock`] for a log below `within`, a root the caller holds (see
+    /// [`super::lock::take`]).
+    pub(crate) fn lock_within(
+        within: Option<&Beneath>,
+        path: &Path,
+        keys: &KeyStore,
+        opts: &AuditOptions,
+    ) -> Result<WriterLock, AuditError> {
+        lock::take(path, keys, opts.lock_wait, within)
+    }
+
+    /// The log's directory, held by the writer lock.
+    pub(super) fn dir(&self) -> Result<&Beneath, AuditError> {
+        match &self.lock {
+            Some(lock) => Ok(lock.dir()),
+            None => Err(self.corrupt("its writer lock is not held".into())),
+        }
     }
 
     /// The second half of [`AuditLog::open_with`]; a failure hands the lock back.
@@ -259,7 +279,7 @@ impl AuditLog {
         lock: WriterLock,
     ) -> Result<AuditLog, (AuditError, Option<WriterLock>)> {
         let prepared = (|| {
-            let file = open_active(path, false)?;
+            let file = open_active(lock.dir(), path, false)?;
             let key = keys.load_or_create_key()?;
             keys.ensure_anchor_dir()?;
             let canonical = crate::base::beneath::followed::canonicalize(path)
@@ -275,7 +295,7 @@ impl AuditLog {
             }
             let canonical_path = canonical.to_string_lossy().into_owned();
             let anchor =
-                AnchorFile::open(&keys.anchor_path_for_canonical(&canonical), &canonical_path)?;
+                keys.open_anchor(&keys.anchor_path_for_canonical(&canonical), &canonical_path)?;
             Ok((file, key, canonical_path, anchor))
         })();
         let (file, key, canonical_path, anchor) = match prepared {
@@ -314,6 +334,8 @@ impl AuditLog {
             file: self.sink.file(),
             path: &self.path,
             anchor_path: self.anchoring.path(),
+            anchoring: &self.anchoring,
+            dir: self.dir()?,
             key: self.sealer.key(),
         }
         .run()?;
@@ -573,7 +595,12 @@ impl AuditLog {
             records: self.sink.file(),
             len: self.sink.len(),
         };
-        let put_back = match removed.put_back(self.lock.as_ref()) {
+        let put_back = match self
+            .lock
+            .as_ref()
+            .ok_or_else(|| self.corrupt("its writer lock is not held".into()))
+            .and_then(|lock| removed.put_back(lock))
+        {
             Ok(p) => p,
             Err(e) => {
                 // Its records are still only in the removed file: kept beside the anchor (the
@@ -621,15 +648,15 @@ impl AuditLog {
     /// a new active file with a `segment_started` record (written, anchored and, policy
     /// permitting, synced).
     fn rotate(&mut self) -> Result<(), AuditError> {
-        let Some(segment) = rotate::next_segment(&self.path)? else {
+        let Some(segment) = rotate::next_segment(self.dir()?, &self.path)? else {
             self.numbers_exhausted = true;
             return Ok(());
         };
         self.commit()?;
         self.release_reservation()
             .map_err(AuditError::io("release the reserved tail of", &self.path))?;
-        rotate::close_into(&self.path, &segment)?;
-        let file = match open_active(&self.path, true) {
+        rotate::close_into(self.dir()?, &self.path, &segment)?;
+        let file = match open_active(self.dir()?, &self.path, true) {
             Ok(f) => f,
             Err(e) => {
                 self.poisoned = Some(format!("rotation failed: {e}"));
@@ -651,8 +678,10 @@ impl AuditLog {
         self.set_head(seq, hash.as_str());
         self.rotatable = false;
         self.commit()?;
-        if self.opts.fsync != FsyncPolicy::Never {
-            rotate::sync_dir_of(&self.path);
+        if self.opts.fsync != FsyncPolicy::Never
+            && let Ok(dir) = self.dir()
+        {
+            rotate::sync_dir(dir);
         }
         Ok(())
     }
@@ -733,9 +762,11 @@ impl AuditLog {
     /// the next start sets the log aside (shorter than its anchor).
     fn cut_short(&mut self) -> std::io::Error {
         self.sink.stop_mapping();
-        let now = crate::base::fsutil::metadata_nofollow(&self.path)
-            .map(|m| m.len)
-            .ok();
+        let now = self
+            .dir()
+            .ok()
+            .and_then(|d| d.metadata(&super::lock::beside(&self.path)).ok())
+            .map(|m| m.len);
         let reason = format!(
             "cut short by another process while this run was writing it (the file has {} bytes; \
              the records this run wrote or was writing end at byte {}); \

@@ -167,6 +167,34 @@ pub struct Beneath {
     follow: bool,
     /// Resolve with the component walk even where `openat2` exists (tests run both ways).
     walk: bool,
+    /// A handle made by [`Beneath::sub`]: the held root it was opened below and the way there.
+    /// Once removed it is opened again from there (each directory on the way checked, no link
+    /// followed), never by its path from `/`.
+    below: Option<Box<Below>>,
+}
+
+/// Where a sub-handle is opened again from (see [`Beneath::sub`]).
+struct Below {
+    parent: Beneath,
+    rel: PathBuf,
+    /// Permission bits of the directories created again (less the umask).
+    mode: u32,
+}
+
+/// The directory holding a name: the held root itself (no descriptor opened for a name right
+/// below the root), or one opened below it.
+enum DirFd<'a> {
+    Root(MutexGuard<'a, OwnedFd>),
+    Below(OwnedFd),
+}
+
+impl AsFd for DirFd<'_> {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            DirFd::Root(g) => g.as_fd(),
+            DirFd::Below(fd) => fd.as_fd(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Beneath {
@@ -210,6 +238,7 @@ impl Beneath {
             create: false,
             follow,
             walk: false,
+            below: None,
         })
     }
 
@@ -224,7 +253,10 @@ impl Beneath {
 
     /// The directory holding `path` (its parent; `.` for a bare name), for one access to the
     /// final name: links in the directories above are followed (they are the caller's path, as
-    /// for a `--output` below a linked `/tmp`); the final name never is.
+    /// for a `--output` below a linked `/tmp`); the final name never is. For one-shot accesses
+    /// only (a command's single write, a path the human gave): an owner that lives longer holds
+    /// its root ([`Beneath::open`], [`Beneath::sub`]) and names files relative to it, so the
+    /// directories between are guarded too and each access costs one `openat`.
     pub fn parent_of(path: &Path) -> io::Result<(Beneath, PathBuf)> {
         let name = path
             .file_name()
@@ -251,10 +283,16 @@ impl Beneath {
     fn root_fd(&self) -> io::Result<MutexGuard<'_, OwnedFd>> {
         let mut held = self.fd.lock().unwrap_or_else(|e| e.into_inner());
         if rustix::fs::fstat(&*held)?.st_nlink == 0 {
-            if self.create {
-                ensure_dir(&self.root)?;
-            }
-            *held = open_root(&self.root, self.follow)?;
+            *held = match &self.below {
+                Some(b) if self.create => b.parent.make_dirs(&b.rel, b.mode)?,
+                Some(b) => b.parent.dir_at(&b.rel)?,
+                None => {
+                    if self.create {
+                        ensure_dir(&self.root)?;
+                    }
+                    open_root(&self.root, self.follow)?
+                }
+            };
         }
         Ok(held)
     }
@@ -311,8 +349,21 @@ impl Beneath {
     }
 
     /// The directory holding `path` and its final name; with `make`, the directories between
-    /// are created (each one checked as it is entered).
-    fn split<'p>(&self, path: &'p Path, make: bool) -> io::Result<(OwnedFd, &'p Path, PathBuf)> {
+    /// are created (each one checked as it is entered). A name right below the root is reached
+    /// from the held descriptor itself: one `openat` for the file, nothing else opened.
+    fn split<'p>(&self, path: &'p Path, make: bool) -> io::Result<(DirFd<'_>, &'p Path, PathBuf)> {
+        self.split_checked(path, make, true)
+    }
+
+    /// [`Beneath::split`]; without `check`, a name right below the root is reached from the held
+    /// descriptor as it is, not checked for removal first (the caller retries with the check
+    /// when the access fails with `ENOENT`, see [`Beneath::open_file`]).
+    fn split_checked<'p>(
+        &self,
+        path: &'p Path,
+        make: bool,
+        check: bool,
+    ) -> io::Result<(DirFd<'_>, &'p Path, PathBuf)> {
         let rel = self.rel(path)?;
         let name = match rel.components().next_back() {
             Some(Component::Normal(n)) => n,
@@ -325,16 +376,23 @@ impl Beneath {
             }
         };
         let parent = rel.parent().unwrap_or(Path::new(""));
-        let dir = if make {
-            self.make_dirs(parent)?
+        let dir = if parent.components().all(|c| c == Component::CurDir) {
+            DirFd::Root(if check {
+                self.root_fd()?
+            } else {
+                self.fd.lock().unwrap_or_else(|e| e.into_inner())
+            })
+        } else if make {
+            DirFd::Below(self.make_dirs(parent, 0o755)?)
         } else {
-            self.dir_at(parent)?
+            DirFd::Below(self.dir_at(parent)?)
         };
         Ok((dir, Path::new(name), self.shown(rel)))
     }
 
-    /// Creates the directories of `rel` one at a time, none followed when it exists.
-    fn make_dirs(&self, rel: &Path) -> io::Result<OwnedFd> {
+    /// Creates the directories of `rel` one at a time (with `mode`, less the umask), none
+    /// followed when it exists.
+    fn make_dirs(&self, rel: &Path, mode: u32) -> io::Result<OwnedFd> {
         let dir_flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY;
         let mut dir = self.dir_at(Path::new(""))?;
         let mut at = PathBuf::new();
@@ -346,7 +404,7 @@ impl Beneath {
             dir = match rustix::fs::openat(&dir, part, dir_flags, Mode::empty()) {
                 Ok(d) => d,
                 Err(Errno::NOENT) => {
-                    match rustix::fs::mkdirat(&dir, part, Mode::from_raw_mode(0o755)) {
+                    match rustix::fs::mkdirat(&dir, part, Mode::from_raw_mode(mode as _)) {
                         Ok(()) | Err(Errno::EXIST) => {}
                         Err(e) => return Err(e.into()),
                     }
@@ -361,8 +419,30 @@ impl Beneath {
 
     /// Opens the final name with `flags` (plus no-follow, non-blocking) and keeps it only if it
     /// is a regular file.
+    ///
+    /// The one hot path (every file a writer opens at start): a name right below the root is
+    /// opened from the held descriptor without first checking the root is still there; an
+    /// `ENOENT` (what any open below a removed directory gets, `O_CREAT` included, with nothing
+    /// created) is answered by checking, opening the root again when it was removed, and one
+    /// more attempt.
     fn open_file(&self, path: &Path, flags: OFlags, mode: u32, make: bool) -> io::Result<File> {
-        let (dir, name, shown) = self.split(path, make)?;
+        match self.open_file_in(path, flags, mode, make, false) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound && self.root_removed() => {
+                self.open_file_in(path, flags, mode, make, true)
+            }
+            opened => opened,
+        }
+    }
+
+    fn open_file_in(
+        &self,
+        path: &Path,
+        flags: OFlags,
+        mode: u32,
+        make: bool,
+        check: bool,
+    ) -> io::Result<File> {
+        let (dir, name, shown) = self.split_checked(path, make, check)?;
         let fd = rustix::fs::openat(
             &dir,
             name,
@@ -374,6 +454,12 @@ impl Beneath {
             e => with_path(io::Error::from(e), &shown),
         })?;
         regular(fd, &shown)
+    }
+
+    /// Whether the held root was removed since it was opened (its link count is 0).
+    fn root_removed(&self) -> bool {
+        let held = self.fd.lock().unwrap_or_else(|e| e.into_inner());
+        rustix::fs::fstat(&*held).is_ok_and(|st| st.st_nlink == 0)
     }
 
     /// Opens the regular file `path` as `access` asks, created as `create` asks (directories
@@ -408,6 +494,7 @@ impl Beneath {
     /// followed; `to` must not exist).
     pub fn hard_link_into(&self, from: &Path, other: &Beneath, to: &Path) -> io::Result<()> {
         let (from_dir, from_name, shown) = self.split(from, false)?;
+        let from_dir = detach(from_dir)?;
         let (to_dir, to_name, _) = other.split(to, false)?;
         rustix::fs::linkat(&from_dir, from_name, &to_dir, to_name, AtFlags::empty())
             .map_err(|e| with_path(e.into(), &shown))
@@ -517,7 +604,12 @@ impl Beneath {
     /// links: a link is listed as [`Kind::Symlink`]. `.` and `..` are left out.
     pub fn list(&self, path: &Path) -> io::Result<Vec<Entry>> {
         let rel = self.rel(path)?;
-        let dir = self.dir_at(rel)?;
+        // The root itself is read from its held descriptor (nothing resolved again).
+        let dir = if rel.components().all(|c| c == Component::CurDir) {
+            DirFd::Root(self.root_fd()?)
+        } else {
+            DirFd::Below(self.dir_at(rel)?)
+        };
         let mut out = Vec::new();
         for entry in rustix::fs::Dir::read_from(&dir)? {
             let entry = entry?;
@@ -543,7 +635,7 @@ impl Beneath {
 
     /// Creates the directory `path` and those between, none followed when it exists.
     pub fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        self.make_dirs(self.rel(path)?).map(drop)
+        self.make_dirs(self.rel(path)?, 0o755).map(drop)
     }
 
     /// Creates the one directory `path` (its parent must exist): `Ok(false)` when it existed as
@@ -570,20 +662,57 @@ impl Beneath {
         }
     }
 
-    /// A handle for the directory `path` below this root (created when `create`).
+    /// A handle for the directory `path` below this root (created when `create`), each
+    /// directory on the way checked (no link followed). It keeps the directory it opened even if
+    /// that is renamed away; once removed (`cargo clean`) it is opened again below this root (and
+    /// created again when `create`), never by its path.
     pub fn sub(&self, path: &Path, create: bool) -> io::Result<Beneath> {
+        self.sub_made(path, create.then_some(0o755))
+    }
+
+    /// [`Beneath::sub`], created (now and again once removed) with `mode`, less the umask (the
+    /// audit log's private directory).
+    pub fn sub_with_mode(&self, path: &Path, mode: u32) -> io::Result<Beneath> {
+        self.sub_made(path, Some(mode))
+    }
+
+    fn sub_made(&self, path: &Path, make: Option<u32>) -> io::Result<Beneath> {
         let rel = self.rel(path)?;
-        let fd = if create {
-            self.make_dirs(rel)?
-        } else {
-            self.dir_at(rel)?
+        let fd = match make {
+            Some(mode) => self.make_dirs(rel, mode)?,
+            None => self.dir_at(rel)?,
         };
         Ok(Beneath {
             root: self.shown(rel),
             fd: Mutex::new(fd),
-            create: false,
+            create: make.is_some(),
             follow: false,
             walk: self.walk,
+            below: Some(Box::new(Below {
+                parent: self.try_clone()?,
+                rel: rel.to_path_buf(),
+                mode: make.unwrap_or(0o755),
+            })),
+        })
+    }
+
+    /// A second handle on the same root (the descriptor duplicated, opened again the same way).
+    pub fn try_clone(&self) -> io::Result<Beneath> {
+        let fd = self.root_fd()?.try_clone()?;
+        Ok(Beneath {
+            root: self.root.clone(),
+            fd: Mutex::new(fd),
+            create: self.create,
+            follow: self.follow,
+            walk: self.walk,
+            below: match &self.below {
+                Some(b) => Some(Box::new(Below {
+                    parent: b.parent.try_clone()?,
+                    rel: b.rel.clone(),
+                    mode: b.mode,
+                })),
+                None => None,
+            },
         })
     }
 
@@ -638,6 +767,7 @@ impl Beneath {
     /// Renames `from` to `to`, both below this root (`renameat` between the two directories).
     pub fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         let (from_dir, from_name, shown) = self.split(from, false)?;
+        let from_dir = detach(from_dir)?;
         let (to_dir, to_name, _) = self.split(to, false)?;
         rustix::fs::renameat(&from_dir, from_name, &to_dir, to_name)
             .map_err(|e| with_path(e.into(), &shown))
@@ -686,6 +816,79 @@ impl Beneath {
     }
 }
 
+/// A root opened on first use and held from then on, shared by clones of its owner (a key
+/// store, an executable store, a cache): an owner made before its directory exists opens it
+/// when it is first needed; a failed open is tried again next time.
+#[derive(Debug, Clone)]
+pub struct HeldRoot {
+    path: PathBuf,
+    /// Created when missing ([`Beneath::create`]); otherwise it must exist.
+    create: bool,
+    /// Opened below this held root ([`Beneath::sub`]) instead of by its path.
+    parent: Option<Box<HeldRoot>>,
+    held: std::sync::Arc<Mutex<Option<std::sync::Arc<Beneath>>>>,
+}
+
+impl HeldRoot {
+    /// The directory `path` (the caller's path: a link at it is followed once, when opened, as
+    /// for [`Beneath::open_following`]), created when `create`.
+    pub fn new(path: impl Into<PathBuf>, create: bool) -> HeldRoot {
+        HeldRoot {
+            path: path.into(),
+            create,
+            parent: None,
+            held: Default::default(),
+        }
+    }
+
+    /// The directory `rel` below `parent`, opened on first use from `parent`'s handle, every
+    /// directory on the way checked (no link followed).
+    pub fn below_root(parent: &HeldRoot, rel: &Path) -> HeldRoot {
+        HeldRoot {
+            path: parent.path.join(rel),
+            create: false,
+            parent: Some(Box::new(parent.clone())),
+            held: Default::default(),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The root, opened now if it is not held yet.
+    pub fn get(&self) -> io::Result<std::sync::Arc<Beneath>> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(root) = &*held {
+            return Ok(root.clone());
+        }
+        let root = if let Some(parent) = &self.parent {
+            parent.get()?.sub(parent.below(&self.path)?, false)?
+        } else if self.create {
+            ensure_dir(&self.path)?;
+            let mut b = Beneath::open_following(&self.path)?;
+            b.create = true;
+            b
+        } else {
+            Beneath::open_following(&self.path)?
+        };
+        let root = std::sync::Arc::new(root);
+        *held = Some(root.clone());
+        Ok(root)
+    }
+
+    /// `path` relative to this root: it must be below it (the form owners hold their paths in).
+    pub fn below<'p>(&self, path: &'p Path) -> io::Result<&'p Path> {
+        path.strip_prefix(&self.path).map_err(|_| {
+            io::Error::other(format!(
+                "{} is not below {}",
+                path.display(),
+                self.path.display()
+            ))
+        })
+    }
+}
+
 /// Why a name was refused; [`is_link_refusal`] and [`is_not_regular`] tell them apart.
 #[derive(Debug, thiserror::Error)]
 enum Refused {
@@ -722,6 +925,15 @@ fn regular(fd: OwnedFd, shown: &Path) -> io::Result<File> {
         ));
     }
     Ok(File::from(fd))
+}
+
+/// A directory descriptor of its own, so a second [`Beneath::split`] on the same root can run
+/// while it is held (the root's lock is not kept).
+fn detach(dir: DirFd<'_>) -> io::Result<OwnedFd> {
+    match dir {
+        DirFd::Root(g) => Ok(g.try_clone()?),
+        DirFd::Below(fd) => Ok(fd),
+    }
 }
 
 fn with_path(e: io::Error, path: &Path) -> io::Error {

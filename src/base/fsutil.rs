@@ -2,6 +2,14 @@
 //! path-level conveniences over [`crate::base::beneath`] (the one door for files), each holding the
 //! directory of the path for one access.
 //!
+//! These are for one-shot accesses (a command's single write, a path the human gave, the undo of
+//! a failed `init`): the directories above the final name are the caller's path. An owner that
+//! lives longer holds its root instead and names its files relative to it, so the directories
+//! between are guarded as well and an access costs one `openat`: the session's `target/mcp-dev`
+//! ([`DirWriter`]), the audit log's directory (held by its writer lock), the key store and its
+//! anchors, the executable store and its stamps ([`crate::base::beneath::HeldRoot`]), the
+//! package directory during identity capture.
+//!
 //! Anyone who can write the target directory (the agent has a shell in the project, often)
 //! could plant `latest.json -> ~/.bashrc`; a plain `fs::write` follows the link and overwrites a
 //! file outside the project (issue 12). Every file written there goes through this module:
@@ -36,21 +44,51 @@ pub use crate::base::beneath::{FileMode, ensure_dir};
 /// swapped for a link while the session runs (`mv status status.old && ln -s ~/x status`) is
 /// refused, never written through (red-team round 19); the held directory itself stays the one
 /// opened at start even if it is renamed away, and is created again after `cargo clean`.
+#[derive(Clone)]
 pub struct DirWriter {
-    root: Beneath,
+    /// Shared by clones (the session's build thread opens the build lock from it).
+    root: std::sync::Arc<Beneath>,
 }
 
 impl DirWriter {
     /// Opens `root` (created if missing), which must be a real directory.
     pub fn open(root: &Path) -> io::Result<DirWriter> {
         Ok(DirWriter {
-            root: Beneath::create(root)?,
+            root: std::sync::Arc::new(Beneath::create(root)?),
         })
     }
 
     /// Replaces `path` (below the root) with `bytes`, creating the directories between.
     pub fn write(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
         self.root.write_atomic(path, bytes, FileMode::New(0o644))
+    }
+
+    /// The held root, for the session's other files below it (its audit directory).
+    pub fn root(&self) -> &Beneath {
+        &self.root
+    }
+
+    /// The whole regular file `path` (below the root), at most `limit` bytes; `None` when it is
+    /// missing, larger, not a regular file, or reached only through a link.
+    pub fn read_small(&self, path: &Path, limit: u64) -> Option<Vec<u8>> {
+        self.root.read(path, limit).ok()
+    }
+
+    /// Opens (creating, mode 0600) the lock file `path` below the root, never through a link.
+    pub fn open_lock(&self, path: &Path) -> io::Result<File> {
+        self.root.open_rw(path, true, 0o600)
+    }
+
+    /// Removes the file (or a link itself) `path` below the root.
+    pub fn remove(&self, path: &Path) -> io::Result<()> {
+        self.root.remove_file(path)
+    }
+
+    /// Removes a symbolic link found at `path` (below the root) where one of the session's
+    /// files or directories belongs; whether one was removed.
+    pub fn remove_planted_link(&self, path: &Path) -> bool {
+        self.root.metadata(path).is_ok_and(|m| m.is_symlink())
+            && self.root.remove_file(path).is_ok()
     }
 }
 

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use sha2::{Digest, Sha256};
-use walkdir::WalkDir;
 
+use crate::base::beneath::Beneath;
 use crate::base::hashing;
 use crate::identity::build::{CargoSelection, profile_name};
 use crate::identity::fingerprint::{
@@ -147,34 +147,16 @@ pub fn capture(
         })
         .collect();
 
+    // The package directory, held for the whole capture: the extra inputs below it are reached
+    // from it (see `extra_input`).
+    let package = Beneath::open_following(&r.package_root).map_err(io_err(&r.package_root))?;
     let mut extra_inputs = Vec::new();
     for rel in &cfg.extra_inputs {
-        let p = r.package_root.join(rel);
-        if crate::base::beneath::followed::is_dir(&p) {
-            let (sha256, files) = tree_digest(&p, false).map_err(io_err(&p))?;
-            extra_inputs.push(ExtraInput {
-                path: rel.clone(),
-                kind: "dir".into(),
-                sha256,
-                files,
-            });
-        } else if crate::base::beneath::followed::is_file(&p) {
-            let (sha256, _) = hashing::sha256_file(&p).map_err(io_err(&p))?;
-            extra_inputs.push(ExtraInput {
-                path: rel.clone(),
-                kind: "file".into(),
-                sha256,
-                files: 1,
-            });
-        } else {
+        let input = extra_input(&package, rel)?;
+        if input.kind == "missing" {
             problems.push(CaptureProblem::ExtraInputMissing(rel.clone()));
-            extra_inputs.push(ExtraInput {
-                path: rel.clone(),
-                kind: "missing".into(),
-                sha256: "missing".into(),
-                files: 0,
-            });
         }
+        extra_inputs.push(input);
     }
 
     let store_path = stored.store_path.display().to_string();
@@ -267,6 +249,54 @@ pub fn capture(
     })
 }
 
+/// The digest of one declared extra input, `rel` below the held package directory `package`:
+/// the directories between the package and the input are opened from it, no link followed (a
+/// link planted at one, `data -> ~/.ssh` for `data/fixtures`, is refused: capture fails and
+/// says so); a directory is walked and its files read beneath its own held handle. What the
+/// human declared is followed as cargo would: a link at the input's own name, and a path that
+/// leaves the package (`../shared/data`).
+fn extra_input(package: &Beneath, rel: &str) -> Result<ExtraInput, CaptureError> {
+    let p = package.root().join(rel);
+    let entry = |kind: &str, (sha256, files): (String, usize)| ExtraInput {
+        path: rel.to_string(),
+        kind: kind.into(),
+        sha256,
+        files,
+    };
+    let below = Path::new(rel)
+        .components()
+        .all(|c| matches!(c, std::path::Component::Normal(_)));
+    let meta = if below {
+        match package.metadata(Path::new(rel)) {
+            Ok(m) => Some(m),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io_err(&p)(e)),
+        }
+    } else {
+        None
+    };
+    let held = |m: &crate::base::beneath::Meta| below && !m.is_symlink();
+    Ok(match meta {
+        Some(m) if held(&m) && m.is_dir() => {
+            let dir = package.sub(Path::new(rel), false).map_err(io_err(&p))?;
+            entry("dir", tree_digest_in(&dir, false).map_err(io_err(&p))?)
+        }
+        Some(m) if held(&m) && m.is_file() => {
+            let file = package.open_read(Path::new(rel)).map_err(io_err(&p))?;
+            let (sha256, _) = hashing::sha256_reader(file).map_err(io_err(&p))?;
+            entry("file", (sha256, 1))
+        }
+        _ if crate::base::beneath::followed::is_dir(&p) => {
+            entry("dir", tree_digest(&p, false).map_err(io_err(&p))?)
+        }
+        _ if crate::base::beneath::followed::is_file(&p) => {
+            let (sha256, _) = hashing::sha256_file(&p).map_err(io_err(&p))?;
+            entry("file", (sha256, 1))
+        }
+        _ => entry("missing", ("missing".into(), 0)),
+    })
+}
+
 fn io_err(p: &Path) -> impl FnOnce(io::Error) -> CaptureError + '_ {
     move |source| CaptureError::Io {
         path: p.to_path_buf(),
@@ -301,61 +331,88 @@ pub fn launcher() -> Launcher {
 
 /// Digest of a directory tree: sorted relative paths with their contents. With `package_sources`
 /// it skips what cargo never compiles from (target dirs, hidden dirs, nested packages).
-/// Returns (digest, file count).
+/// Returns (digest, file count). `root` is the caller's path (a path dependency's directory, a
+/// link at it followed); everything below it is reached from it held open ([`tree_digest_in`]).
 pub fn tree_digest(root: &Path, package_sources: bool) -> io::Result<(String, usize)> {
+    tree_digest_in(&Beneath::open_following(root)?, package_sources)
+}
+
+/// [`tree_digest`] of the directory held by `root`: each directory is listed, and each file
+/// read, from the held handle, no link followed on the way (a directory swapped for a link
+/// while it is walked is refused: an error, not a digest of what the link points to). A link in
+/// the tree is hashed by its text and, when it leads to a file, by that file's content (read
+/// following it: what the server reads through it). Names are visited in byte order, depth
+/// first, as `walkdir` sorted by file name did: the digests are the same as before.
+pub fn tree_digest_in(root: &Beneath, package_sources: bool) -> io::Result<(String, usize)> {
     let mut hasher = Sha256::new();
     let mut files = 0usize;
-    let walker = WalkDir::new(root)
-        .follow_links(false)
-        .sort_by_file_name()
-        .into_iter()
-        .filter_entry(|e| {
-            if e.depth() == 0 || !e.file_type().is_dir() {
-                return true;
+    digest_dir(
+        root,
+        Path::new(""),
+        package_sources,
+        &mut hasher,
+        &mut files,
+    )?;
+    Ok((hashing::prefixed(&hasher.finalize()), files))
+}
+
+fn digest_dir(
+    root: &Beneath,
+    dir: &Path,
+    package_sources: bool,
+    hasher: &mut Sha256,
+    files: &mut usize,
+) -> io::Result<()> {
+    use crate::base::beneath::Kind;
+    let mut entries = root.list(dir)?;
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    for entry in entries {
+        let rel = dir.join(&entry.name);
+        if entry.kind == Kind::Dir {
+            let name = entry.name.to_string_lossy();
+            let skipped = package_sources
+                && (name == "target"
+                    || name.starts_with('.')
+                    || crate::base::beneath::followed::is_file(
+                        &root.root().join(&rel).join("Cargo.toml"),
+                    ));
+            if !skipped {
+                digest_dir(root, &rel, package_sources, hasher, files)?;
             }
-            let name = e.file_name().to_string_lossy();
-            if !package_sources {
-                return true;
-            }
-            !(name == "target"
-                || name.starts_with('.')
-                || crate::base::beneath::followed::is_file(&e.path().join("Cargo.toml")))
-        });
-    for entry in walker {
-        let entry = entry.map_err(|e| io::Error::other(e.to_string()))?;
-        let ft = entry.file_type();
-        if ft.is_dir() {
             continue;
         }
-        let rel = entry.path().strip_prefix(root).unwrap_or(entry.path());
         hasher.update(rel.as_os_str().as_encoded_bytes());
         hasher.update([0u8]);
-        if ft.is_symlink() {
-            let target = crate::base::beneath::followed::read_link(entry.path())?;
-            hasher.update(b"symlink\0");
-            hasher.update(target.as_os_str().as_encoded_bytes());
-            // What the server reads through a link to a file is its content: hashed too (red-team
-            // round 14: the file behind a link could change with the digest unchanged). A
-            // link to a directory is not walked (no loops); a dangling one is its text alone.
-            if crate::base::beneath::followed::is_file(entry.path()) {
-                let (d, len) = hashing::sha256_file(entry.path())?;
-                hasher.update(b"\0->");
+        match entry.kind {
+            Kind::Symlink => {
+                let target = root.read_link(&rel)?;
+                hasher.update(b"symlink\0");
+                hasher.update(target.as_os_str().as_encoded_bytes());
+                // What the server reads through a link to a file is its content: hashed too
+                // (red-team round 14: the file behind a link could change with the digest
+                // unchanged). A link to a directory is not walked (no loops); a dangling one is
+                // its text alone.
+                let through = root.root().join(&rel);
+                if crate::base::beneath::followed::is_file(&through) {
+                    let (d, len) = hashing::sha256_file(&through)?;
+                    hasher.update(b"\0->");
+                    hasher.update(len.to_le_bytes());
+                    hasher.update(d.as_bytes());
+                }
+            }
+            Kind::File => {
+                let (d, len) = hashing::sha256_reader(root.open_read(&rel)?)?;
                 hasher.update(len.to_le_bytes());
                 hasher.update(d.as_bytes());
             }
-        } else if ft.is_file() {
-            let (d, len) = hashing::sha256_file(entry.path())?;
-            hasher.update(len.to_le_bytes());
-            hasher.update(d.as_bytes());
-        } else {
             // A named pipe, a socket or a device: never opened (reading a FIFO blocks forever,
             // a device may never end); counted by its name and kind.
-            hasher.update(b"special\0");
+            _ => hasher.update(b"special\0"),
         }
         hasher.update([0u8]);
-        files += 1;
+        *files += 1;
     }
-    Ok((hashing::prefixed(&hasher.finalize()), files))
+    Ok(())
 }
 
 #[cfg(test)]
@@ -385,6 +442,39 @@ mod tests {
             before, after,
             "the data behind the link changed; the digest did not"
         );
+    }
+
+    /// Issue 34, point 5: capture holds the package directory and reaches each extra input
+    /// from it. A link planted at a directory between the package and a declared input (not
+    /// the input's own name) after the package was opened is refused, not followed: before, the
+    /// input was hashed through the link (whatever it pointed to, e.g. outside the project).
+    /// A link at the input's own name (the human declared it) is still followed.
+    #[test]
+    fn a_link_planted_between_the_package_and_an_extra_input_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let pkg = d.path().join("pkg");
+        std::fs::create_dir_all(pkg.join("data/fixtures")).unwrap();
+        std::fs::write(pkg.join("data/fixtures/a.json"), "{}").unwrap();
+        let package = Beneath::open(&pkg).unwrap();
+        let held = extra_input(&package, "data/fixtures").unwrap();
+        assert_eq!((held.kind.as_str(), held.files), ("dir", 1));
+        assert_eq!(
+            held.sha256,
+            tree_digest(&pkg.join("data/fixtures"), false).unwrap().0
+        );
+        let outside = d.path().join("outside");
+        std::fs::create_dir_all(outside.join("fixtures")).unwrap();
+        std::fs::write(outside.join("fixtures/a.json"), "{\"other\": 1}").unwrap();
+        std::fs::rename(pkg.join("data"), pkg.join("data.old")).unwrap();
+        std::os::unix::fs::symlink(&outside, pkg.join("data")).unwrap();
+        let e = extra_input(&package, "data/fixtures").unwrap_err();
+        assert!(e.to_string().contains("not a directory of ours"), "{e}");
+        assert!(extra_input(&package, "data/fixtures/a.json").is_err());
+        // The input's own name as a link: followed, as declared.
+        std::os::unix::fs::symlink(outside.join("fixtures"), pkg.join("linked")).unwrap();
+        let linked = extra_input(&package, "linked").unwrap();
+        assert_eq!((linked.kind.as_str(), linked.files), ("dir", 1));
+        assert_eq!(extra_input(&package, "gone").unwrap().kind, "missing");
     }
 
     #[test]

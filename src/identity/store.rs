@@ -5,6 +5,7 @@
 //! between hashing and exec cannot change what runs. Entries are immutable; old ones are garbage-
 //! collected with a bound. Owns the store directory only.
 
+use crate::base::beneath::{Beneath, HeldRoot};
 use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -105,7 +106,10 @@ pub struct Store {
     /// user's state directory, beside the audit key), since a stamp is trusted instead of the
     /// bytes and the agent can write `target/` (red-team round 14: a forged stamp made capture
     /// report an approved digest for other bytes). `None`: no fast path, every capture hashes.
-    stamps: Option<PathBuf>,
+    stamps: Option<HeldRoot>,
+    /// The store directory, opened once (created when missing) and held for this store's life
+    /// (a build cycle): entries are judged, replaced, touched and removed from it.
+    root: HeldRoot,
 }
 
 /// Fingerprint of a file's metadata, used to detect a rewrite during the copy and to recognise
@@ -151,8 +155,10 @@ impl StatStamp {
 impl Store {
     /// A store without the stamp fast path (every capture reads the executable).
     pub fn new(dir: impl Into<PathBuf>) -> Store {
+        let dir = dir.into();
         Store {
-            dir: dir.into(),
+            root: HeldRoot::new(&dir, true),
+            dir,
             stamps: None,
         }
     }
@@ -161,8 +167,8 @@ impl Store {
     /// cannot write (not under the target directory).
     pub fn with_stamps(dir: impl Into<PathBuf>, stamps: impl Into<PathBuf>) -> Store {
         Store {
-            dir: dir.into(),
-            stamps: Some(stamps.into()),
+            stamps: Some(HeldRoot::new(stamps, true)),
+            ..Store::new(dir)
         }
     }
 
@@ -208,7 +214,7 @@ impl Store {
         let before = StatStamp::of(&src.metadata().map_err(Self::io(executable))?);
         if let Some(sha256) = self.unchanged_since_stored(executable, &before) {
             let dest = self.entry_path(&sha256);
-            touch(&dest);
+            self.touch(&dest);
             self.remember_stamp(executable, &before, &sha256, &dest);
             return Ok(StoredExecutable {
                 sha256,
@@ -217,7 +223,7 @@ impl Store {
                 newly_stored: false,
             });
         }
-        let held = crate::base::beneath::Beneath::create(&self.dir).map_err(Self::io(&self.dir))?;
+        let held = self.root.get().map_err(Self::io(&self.dir))?;
         let tmp = tempfile::Builder::new()
             .prefix(".incoming-")
             .tempfile_in(&self.dir)
@@ -260,44 +266,54 @@ impl Store {
         })
     }
 
-    /// Keyed by the store and the executable's path (one state directory serves every project).
-    fn stamp_path(&self, executable: &Path) -> Option<PathBuf> {
+    /// Keyed by the store and the executable's path (one state directory serves every project):
+    /// the stamps' held directory and the stamp's name in it.
+    fn stamp_at(&self, executable: &Path) -> Option<(std::sync::Arc<Beneath>, PathBuf)> {
         let mut key = self.dir.as_os_str().as_encoded_bytes().to_vec();
         key.push(0);
         key.extend_from_slice(executable.as_os_str().as_encoded_bytes());
         let key = hashing::sha256_hex(&key);
-        Some(self.stamps.as_ref()?.join(&key[..32]))
+        Some((self.stamps.as_ref()?.get().ok()?, PathBuf::from(&key[..32])))
     }
 
     /// The digest stored for `executable` if its metadata is exactly as it was then, and the
     /// entry's too (an entry rewritten since, by anyone, is not vouched for: the next capture
     /// reads the executable and replaces the entry).
     fn unchanged_since_stored(&self, executable: &Path, now: &StatStamp) -> Option<String> {
-        let text = crate::base::fsutil::read_small_regular(&self.stamp_path(executable)?, 1 << 20)?;
+        let (stamps, name) = self.stamp_at(executable)?;
+        let text = stamps.read(&name, 1 << 20).ok()?;
         let (stamp, sha256, entry): (StatStamp, String, StatStamp) =
             serde_json::from_slice(&text).ok()?;
-        let held = crate::base::beneath::Beneath::open(&self.dir).ok()?;
-        let on_disk = held.metadata(&self.entry_path(&sha256)).ok()?;
+        let entry_path = self.entry_path(&sha256);
+        let on_disk = self
+            .root
+            .get()
+            .ok()?
+            .metadata(self.root.below(&entry_path).ok()?)
+            .ok()?;
         (stamp == *now && on_disk.is_file() && StatStamp::of_meta(&on_disk) == entry)
             .then_some(sha256)
     }
 
     fn remember_stamp(&self, executable: &Path, stamp: &StatStamp, sha256: &str, entry: &Path) {
-        let Some(path) = self.stamp_path(executable) else {
+        let Some((stamps, name)) = self.stamp_at(executable) else {
             return;
         };
-        let Ok((dir, name)) = crate::base::beneath::Beneath::parent_of(entry) else {
-            return;
-        };
-        let Ok(entry) = dir.metadata(&name) else {
+        let Some(entry) = self
+            .root
+            .get()
+            .ok()
+            .and_then(|held| held.metadata(self.root.below(entry).ok()?).ok())
+        else {
             return;
         };
         let entry = StatStamp::of_meta(&entry);
-        let _ = crate::base::fsutil::write_atomic(
-            &path,
+        let _ = stamps.write_atomic(
+            &name,
             serde_json::to_string(&(stamp, sha256, entry))
                 .unwrap_or_default()
                 .as_bytes(),
+            crate::base::beneath::FileMode::New(0o644),
         );
     }
 
@@ -315,7 +331,7 @@ impl Store {
     /// Removes all but the `keep` most recently used entries, never touching `in_use`.
     /// Returns the removed paths.
     pub fn gc(&self, keep: usize, in_use: &[&str]) -> Vec<PathBuf> {
-        let Ok(held) = crate::base::beneath::Beneath::open(&self.dir) else {
+        let Ok(held) = self.root.get() else {
             return Vec::new();
         };
         let Ok(rd) = held.list(Path::new("")) else {
@@ -344,11 +360,17 @@ impl Store {
     }
 }
 
-/// Marks an entry as recently used (gc keeps the most recent ones).
-fn touch(path: &Path) {
-    // Entries are read-only; updating times needs no write permission for the owner.
-    if let Ok(f) = crate::base::fsutil::open_regular(path) {
-        let _ = f.set_modified(std::time::SystemTime::now());
+impl Store {
+    /// Marks an entry as recently used (gc keeps the most recent ones).
+    fn touch(&self, path: &Path) {
+        // Entries are read-only; updating times needs no write permission for the owner.
+        if let Ok(f) = self
+            .root
+            .get()
+            .and_then(|held| held.open_read(self.root.below(path)?))
+        {
+            let _ = f.set_modified(std::time::SystemTime::now());
+        }
     }
 }
 

@@ -117,8 +117,34 @@ pub fn remembered_rustc_facts(rustc: &Path) -> Option<RustcFacts> {
     remembered_in(&remembered_facts_file(), rustc)
 }
 
+/// The directory of one of this process's cache files (the rustc facts, the resolve cache),
+/// held once per process and directory (created when missing): `run` resolves again at every
+/// rebuild, and each read or write is then one `openat` beneath it, the file never followed.
+fn cache_dir_of(file: &Path) -> Option<(std::sync::Arc<crate::base::beneath::Beneath>, &Path)> {
+    use crate::base::beneath::HeldRoot;
+    static HELD: std::sync::Mutex<Vec<HeldRoot>> = std::sync::Mutex::new(Vec::new());
+    let dir = file.parent().filter(|d| !d.as_os_str().is_empty())?;
+    let name = Path::new(file.file_name()?);
+    let root = {
+        let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+        match held.iter().find(|h| h.path() == dir) {
+            Some(h) => h.clone(),
+            None => {
+                // Bounded: a process uses two (tests use more, one per temporary directory).
+                if held.len() >= 8 {
+                    held.remove(0);
+                }
+                held.push(HeldRoot::new(dir, true));
+                held.last()?.clone()
+            }
+        }
+    };
+    Some((root.get().ok()?, name))
+}
+
 fn remembered_in(file: &Path, rustc: &Path) -> Option<RustcFacts> {
-    let text = crate::base::beneath::followed::read_regular(file, MANIFEST_LIMIT).ok()?;
+    let (dir, name) = cache_dir_of(file)?;
+    let text = dir.read(name, MANIFEST_LIMIT).ok()?;
     let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
     if v["rustc"] != serde_json::json!(rustc.to_string_lossy())
         || v["toolchain"] != serde_json::json!(std::env::var("RUSTUP_TOOLCHAIN").ok())
@@ -137,7 +163,13 @@ fn remember_rustc_facts(file: &Path, rustc: &Path, facts: &RustcFacts) {
         "toolchain": std::env::var("RUSTUP_TOOLCHAIN").ok(),
         "facts": facts,
     });
-    let _ = crate::base::fsutil::write_atomic(file, v.to_string().as_bytes());
+    if let Some((dir, name)) = cache_dir_of(file) {
+        let _ = dir.write_atomic(
+            name,
+            v.to_string().as_bytes(),
+            crate::base::beneath::FileMode::New(0o644),
+        );
+    }
 }
 
 /// Runs `rustc -vV` once per process.
@@ -474,7 +506,8 @@ fn key_digest(files: &[PathBuf]) -> String {
 }
 
 fn read_cache(path: &Path) -> Option<Resolved> {
-    let text = crate::base::beneath::followed::read_to_string(path, MANIFEST_LIMIT).ok()?;
+    let (dir, name) = cache_dir_of(path)?;
+    let text = dir.read_to_string(name, MANIFEST_LIMIT).ok()?;
     let r: Resolved = serde_json::from_str(&text).ok()?;
     if r.cache_version != CACHE_VERSION {
         return None;
@@ -494,8 +527,12 @@ fn read_cache(path: &Path) -> Option<Resolved> {
 }
 
 fn write_cache(path: &Path, r: &Resolved) {
-    if let Ok(text) = serde_json::to_string(r) {
-        let _ = crate::base::fsutil::write_atomic(path, text.as_bytes());
+    if let (Ok(text), Some((dir, name))) = (serde_json::to_string(r), cache_dir_of(path)) {
+        let _ = dir.write_atomic(
+            name,
+            text.as_bytes(),
+            crate::base::beneath::FileMode::New(0o644),
+        );
     }
 }
 

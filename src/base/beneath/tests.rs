@@ -252,3 +252,52 @@ fn files_are_created_exclusively_appended_listed_renamed_linked_and_removed() {
         assert!(b.list(Path::new("")).unwrap().is_empty());
     });
 }
+
+/// A sub-handle whose directory was removed (`cargo clean`) is opened again below the root it
+/// came from, every directory on the way checked: a link planted at a directory between the
+/// root and it (not only at its last component) is refused, never followed.
+#[test]
+fn a_removed_sub_handle_is_opened_again_below_its_root_never_through_a_link() {
+    both_ways(|tmp, b| {
+        let outside = outside_with(tmp, "srv.jsonl");
+        let audit = b.sub(Path::new("mcp-dev/audit"), true).unwrap();
+        audit
+            .write_atomic(Path::new("srv.jsonl"), b"one", FileMode::New(0o600))
+            .unwrap();
+        // Removed and made again: the handle finds the new directory (created again).
+        std::fs::remove_dir_all(b.root().join("mcp-dev")).unwrap();
+        audit
+            .write_atomic(Path::new("srv.jsonl"), b"two", FileMode::New(0o600))
+            .unwrap();
+        assert_eq!(
+            std::fs::read(b.root().join("mcp-dev/audit/srv.jsonl")).unwrap(),
+            b"two"
+        );
+        // Removed, and a link planted at the intermediate `mcp-dev`: refused.
+        std::fs::remove_dir_all(b.root().join("mcp-dev")).unwrap();
+        std::fs::create_dir_all(outside.join("audit")).unwrap();
+        symlink(&outside, b.root().join("mcp-dev")).unwrap();
+        for refused in [
+            audit.open_append(Path::new("srv.jsonl"), 0o600).map(drop),
+            audit.write_atomic(Path::new("srv.jsonl"), b"three", FileMode::New(0o600)),
+        ] {
+            let e = refused.expect_err("written through a link");
+            assert!(e.to_string().contains("not a directory of ours"), "{e}");
+        }
+        assert!(!outside.join("audit/srv.jsonl").exists());
+        // A name right below the root and one further down, through the same handle.
+        std::fs::remove_file(b.root().join("mcp-dev")).unwrap();
+        audit.create_dir_all(Path::new("x")).unwrap();
+        audit
+            .open_append(Path::new("x/y.log"), 0o600)
+            .and_then(|_| audit.hard_link(Path::new("x/y.log"), Path::new("y.log")))
+            .and_then(|()| audit.rename(Path::new("y.log"), Path::new("z.log")))
+            .unwrap();
+        assert!(audit.metadata(Path::new("z.log")).unwrap().is_file());
+        // The hot path (a name right below the root, opened with no check first) finds the
+        // directory removed, and opens it again below the root.
+        std::fs::remove_dir_all(b.root().join("mcp-dev")).unwrap();
+        audit.open_append(Path::new("again.log"), 0o600).unwrap();
+        assert!(b.root().join("mcp-dev/audit/again.log").is_file());
+    });
+}

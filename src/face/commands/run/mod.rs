@@ -92,7 +92,25 @@ pub fn execute(args: RunArgs) -> CmdResult {
         label: label.clone(),
     };
     let audit_options = audit_options(args.audit_fsync.as_deref(), &t.config.config)?;
-    let mut audit = open_audit(&audit_path, &keys, &audit_options, &sink)?;
+    // `target/mcp-dev`, held for the session: its own files and (by default) the audit log's
+    // directory are reached from it, no link followed below it.
+    let own_files = match crate::base::fsutil::DirWriter::open(layout.root()) {
+        Ok(files) => Some(files),
+        Err(e) => {
+            stderr::warn(&format!(
+                "{}: {e}; the status file, launch records and recorded facts are not written this session",
+                layout.root().display()
+            ));
+            None
+        }
+    };
+    let mut audit = open_audit(
+        own_files.as_ref().map(|f| f.root()),
+        &audit_path,
+        &keys,
+        &audit_options,
+        &sink,
+    )?;
     for (kind, data) in policy_records {
         audit
             .append(kind, crate::audit::TOOL_RUN, None, data)
@@ -179,7 +197,7 @@ pub fn execute(args: RunArgs) -> CmdResult {
         &audit_path,
         socket.as_ref(),
     )?;
-    sweep_planted_links(&layout, &label);
+    sweep_planted_links(own_files.as_ref(), &layout, &label);
     let stops = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let timer_events = events_tx.clone();
     let timers = super::timer_thread::TimerThread::start(move |timer| {
@@ -205,16 +223,7 @@ pub fn execute(args: RunArgs) -> CmdResult {
         status_file: layout.status_file(&label),
         launch_dir: layout.launch_dir(&label),
         facts_file: layout.facts_file(&label),
-        own_files: match crate::base::fsutil::DirWriter::open(layout.root()) {
-            Ok(files) => Some(files),
-            Err(e) => {
-                stderr::warn(&format!(
-                    "{}: {e}; the status file, launch records and recorded facts are not written this session",
-                    layout.root().display()
-                ));
-                None
-            }
-        },
+        own_files,
         started: Instant::now(),
         stops: stops.clone(),
         agent_run: String::new(),

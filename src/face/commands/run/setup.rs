@@ -51,9 +51,16 @@ pub(super) fn build_once(
     prep: &Arc<Mutex<Prepared>>,
     server_args: &[String],
     lock_path: &std::path::Path,
+    files: Option<&crate::base::fsutil::DirWriter>,
     sink: &StatusSink,
 ) -> BuildResult {
-    let lock = match crate::base::fsutil::open_lock_file(lock_path) {
+    // From the session's held `target/mcp-dev` when there is one (no link followed below it);
+    // otherwise by its path, its directory required to be a real one.
+    let opened = match files {
+        Some(files) => files.open_lock(lock_path),
+        None => crate::base::fsutil::open_lock_file(lock_path),
+    };
+    let lock = match opened {
         Ok(l) => l,
         Err(e) => {
             return BuildResult::Error(format!(
@@ -84,13 +91,16 @@ pub(super) fn build_once(
 /// (torn, tampered, truncated, removed by `cargo clean` while its anchor survived, or written
 /// under another key) is never appended to: it and its anchor are set aside, kept as evidence
 /// for `audit verify`, and a new chain starts that names the old head; one status line says so.
+/// A log below the session's held `target/mcp-dev` (`within`, the default place) has its
+/// directory opened below that root: a link planted on the way is refused, not followed.
 pub(super) fn open_audit(
+    within: Option<&crate::base::beneath::Beneath>,
     path: &std::path::Path,
     keys: &KeyStore,
     options: &crate::audit::AuditOptions,
     sink: &StatusSink,
 ) -> Result<AuditLog, Failure> {
-    match crate::audit::open_for_run_with(path, keys, options) {
+    match crate::audit::open_for_run_within(within, path, keys, options) {
         Ok((log, recovery)) => {
             if let Some(r) = recovery {
                 sink.emit(&r.status_line(path));
@@ -122,8 +132,16 @@ pub(super) fn audit_options(
 /// Removes symbolic links planted where the session writes its files (status, launch records,
 /// facts) before it starts, so its writes cannot be redirected outside the project (issue 12).
 /// Links planted while the session runs are the session writer's to refuse (see
-/// [`crate::base::fsutil::write_atomic`]).
-pub(super) fn sweep_planted_links(layout: &crate::base::paths::Layout, label: &str) {
+/// [`crate::base::fsutil::DirWriter`]). Everything is reached from the held `target/mcp-dev`
+/// (`files`); without it (that directory is a link, said at start) nothing is written there.
+pub(super) fn sweep_planted_links(
+    files: Option<&crate::base::fsutil::DirWriter>,
+    layout: &crate::base::paths::Layout,
+    label: &str,
+) {
+    let Some(files) = files else {
+        return;
+    };
     let status = layout.status_file(label);
     let facts = layout.facts_file(label);
     let launch = layout.launch_dir(label);
@@ -133,11 +151,11 @@ pub(super) fn sweep_planted_links(layout: &crate::base::paths::Layout, label: &s
     dirs.extend(launch.parent().map(PathBuf::from));
     dirs.push(launch.clone());
     for dir in dirs {
-        crate::base::fsutil::remove_planted_link(&dir);
-        let _ = crate::base::fsutil::ensure_dir(&dir);
+        files.remove_planted_link(&dir);
+        let _ = files.root().create_dir_all(&dir);
     }
     for file in [status, facts, launch.join("latest.json")] {
-        if crate::base::fsutil::remove_planted_link(&file) {
+        if files.remove_planted_link(&file) {
             stderr::warn(&format!(
                 "removed a symbolic link planted at {} (cargo mcp-dev writes its own file there)",
                 file.display()
@@ -477,7 +495,8 @@ pub(super) fn session_config(
             ));
         }
     };
-    // Agent-writable: no link followed, no wait on a planted named pipe.
+    // Agent-writable: no link followed, no wait on a planted named pipe. One-shot by path: read
+    // once, while the session config is built, before `run` holds `target/mcp-dev`.
     let recorded: RecordedFacts =
         crate::base::fsutil::read_small_regular(&layout.facts_file(&label), 64 << 20)
             .and_then(|b| serde_json::from_slice(&b).ok())

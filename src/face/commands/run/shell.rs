@@ -416,6 +416,8 @@ impl Syncer {
             .spawn(move || {
                 for done in rx {
                     for f in &files {
+                        // By path at each sync (the active file changes at rotation); an fsync
+                        // is all that is done with it.
                         if let Ok(file) = crate::base::fsutil::open_regular(f) {
                             let _ = file.sync_all();
                         }
@@ -444,9 +446,11 @@ impl Shell {
     pub(super) fn set_aside_build(&mut self) {
         let identity_file = self.prep.lock().expect("prep").identity_file();
         match self.identity_before.take() {
-            Some(Some(bytes)) => write_atomic(&identity_file, &bytes),
+            Some(Some(bytes)) => self.write_own(&identity_file, &bytes),
             Some(None) => {
-                let _ = crate::base::fsutil::remove_file(&identity_file);
+                if let Some(files) = &self.own_files {
+                    let _ = files.remove(&identity_file);
+                }
             }
             None => {}
         }
@@ -455,21 +459,22 @@ impl Shell {
     pub(super) fn start_build(&mut self) {
         // What the build will overwrite, should it be set aside (`set_aside_build`).
         let identity_file = self.prep.lock().expect("prep").identity_file();
-        // Ours, in the agent-writable target: no link followed (its bytes may be written back).
-        self.identity_before = Some(crate::base::fsutil::read_small_regular(
-            &identity_file,
-            crate::identity::cycle::LARGEST_RECORD,
-        ));
+        // Ours, in the agent-writable target: read from the held `target/mcp-dev`, no link
+        // followed (its bytes may be written back).
+        self.identity_before = Some(self.own_files.as_ref().and_then(|files| {
+            files.read_small(&identity_file, crate::identity::cycle::LARGEST_RECORD)
+        }));
         let events = self.events.clone();
         let prep = self.prep.clone();
         let args = self.server_args.clone();
         let lock = self.build_lock.clone();
+        let files = self.own_files.clone();
         let sink = self.sink.clone();
         let watcher = self.watcher.clone();
         let _ = std::thread::Builder::new()
             .name("build".into())
             .spawn(move || {
-                let result = build_once(&prep, &args, &lock, &sink);
+                let result = build_once(&prep, &args, &lock, files.as_ref(), &sink);
                 // A manifest edit can add a path dependency or a source directory: follow it.
                 if let Some(w) = &watcher {
                     if matches!(result, BuildResult::Failed { .. } | BuildResult::Error(_)) {
@@ -652,10 +657,12 @@ impl Shell {
         // same label (a host's probe copy, killed while the real session runs, used to leave
         // its "stopping" document on top of the session's).
         if snapshot["lifecycle"] == "stopping"
-            && let Some(owner) =
-                crate::base::fsutil::read_small_regular(&self.status_file, 16 << 20)
-                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                    .and_then(|v| v["supervisorPid"].as_u64())
+            && let Some(owner) = self
+                .own_files
+                .as_ref()
+                .and_then(|files| files.read_small(&self.status_file, 16 << 20))
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .and_then(|v| v["supervisorPid"].as_u64())
             && owner as u32 != std::process::id()
             && unix::process_exists(owner as u32)
         {
@@ -692,14 +699,6 @@ impl Shell {
         if let Err(e) = files.write(path, bytes) {
             stderr::verbose_line(&format!("could not write {}: {e}", path.display()));
         }
-    }
-}
-
-/// Writes one of the session's files: no-follow, exclusive temporary file, atomic rename
-/// ([`crate::base::fsutil::write_atomic`]); a failure is reported once per file kind, not fatal.
-pub(super) fn write_atomic(path: &std::path::Path, bytes: &[u8]) {
-    if let Err(e) = crate::base::fsutil::write_atomic(path, bytes) {
-        stderr::verbose_line(&format!("could not write {}: {e}", path.display()));
     }
 }
 
