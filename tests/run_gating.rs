@@ -140,7 +140,7 @@ fn control(socket: &str, home: &std::path::Path, request: &Value) -> Value {
     let keys = cargo_mcp_dev::audit::KeyStore::at(home);
     let proof = cargo_mcp_dev::face::control_socket::ControlProof::load(&keys).unwrap();
     let mut request = request.clone();
-    proof.attach(&mut request);
+    proof.attach(std::path::Path::new(socket), &mut request);
     raw_control(socket, &request)
 }
 

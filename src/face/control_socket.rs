@@ -131,13 +131,16 @@ pub enum ControlError {
 }
 
 /// What proves a control request comes from a process that can read the user's state
-/// directory: an HMAC of a fixed text under the audit key (no new secret to keep, and one an
-/// agent in the host's sandbox cannot read; whoever can read the key can also forge the log,
-/// so the two are one boundary).
+/// directory: an HMAC under the audit key of a fixed text and the socket the request is sent to
+/// (no new secret to keep, and one an agent in the host's sandbox cannot read; whoever can read
+/// the key can also forge the log, so the two are one boundary). Bound to the socket, so a proof
+/// a planted socket captures from the human's client admits nothing at the real one (red team,
+/// issue 36): to replay it there the agent would have to be bound at the real socket's path.
 #[derive(Clone)]
-pub struct ControlProof(String);
+pub struct ControlProof(crate::audit::AuditKey);
 
-/// The text the proof is the keyed digest of (no record, anchor or env digest starts with it).
+/// The text the proof is the keyed digest of, before the socket's path (no record, anchor or
+/// env digest starts with it).
 const PROOF_DOMAIN: &[u8] = b"cargo-mcp-dev control socket\n";
 
 /// The request member that carries the proof.
@@ -145,7 +148,7 @@ pub const PROOF_MEMBER: &str = "proof";
 
 impl ControlProof {
     pub fn from_key(key: &crate::audit::AuditKey) -> ControlProof {
-        ControlProof(crate::audit::chain::keyed_digest(key, PROOF_DOMAIN))
+        ControlProof(key.clone())
     }
 
     /// The proof from the key in `keys` (never creates a key: the supervisor made it).
@@ -155,25 +158,40 @@ impl ControlProof {
             .map_err(|e| ControlError::NoProof(e.to_string()))
     }
 
-    /// Puts the proof into `request` (a JSON object).
-    pub fn attach(&self, request: &mut Value) {
-        if let Some(o) = request.as_object_mut() {
-            o.insert(PROOF_MEMBER.into(), Value::String(self.0.clone()));
-        }
+    /// The proof for requests to the socket at `socket` (its directory canonical, its own
+    /// name as is: both ends name the same socket the same way).
+    fn for_socket(&self, socket: &Path) -> String {
+        use std::os::unix::ffi::OsStrExt;
+        let named = socket
+            .parent()
+            .and_then(|d| crate::base::beneath::followed::canonicalize(d).ok())
+            .zip(socket.file_name())
+            .map(|(d, n)| d.join(n))
+            .unwrap_or_else(|| socket.to_path_buf());
+        let mut message = PROOF_DOMAIN.to_vec();
+        message.extend_from_slice(named.as_os_str().as_bytes());
+        crate::audit::chain::keyed_digest(&self.0, &message)
     }
 
-    /// Whether `request` carries this proof (compared without an early exit). The member is
-    /// taken out either way: what follows parses the request without it.
-    fn admits(&self, request: &mut Value) -> bool {
-        let given = request.as_object_mut().and_then(|o| o.remove(PROOF_MEMBER));
-        let given = given.as_ref().and_then(Value::as_str).unwrap_or("");
-        given.len() == self.0.len()
-            && given
-                .bytes()
-                .zip(self.0.bytes())
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                == 0
+    /// Puts the proof for the socket at `socket` into `request` (a JSON object).
+    pub fn attach(&self, socket: &Path, request: &mut Value) {
+        if let Some(o) = request.as_object_mut() {
+            o.insert(PROOF_MEMBER.into(), Value::String(self.for_socket(socket)));
+        }
     }
+}
+
+/// Whether `request` carries `expected` (compared without an early exit). The member is taken
+/// out either way: what follows parses the request without it.
+fn admits(expected: &str, request: &mut Value) -> bool {
+    let given = request.as_object_mut().and_then(|o| o.remove(PROOF_MEMBER));
+    let given = given.as_ref().and_then(Value::as_str).unwrap_or("");
+    given.len() == expected.len()
+        && given
+            .bytes()
+            .zip(expected.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
 }
 
 impl std::fmt::Debug for ControlProof {
@@ -208,7 +226,7 @@ pub fn socket_dir() -> PathBuf {
     socket_dirs().into_iter().next().expect("at least /tmp")
 }
 
-fn socket_dirs() -> Vec<PathBuf> {
+pub fn socket_dirs() -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     if let Some(home) = std::env::var_os("CARGO_MCP_DEV_HOME").filter(|h| !h.is_empty()) {
         dirs.push(PathBuf::from(home).join("run"));
@@ -349,6 +367,8 @@ pub fn serve(
         path: path.to_path_buf(),
     })?;
     ensure_private_dir(dir)?;
+    // What a request to this socket must carry (the directory exists now: canonical).
+    let proof: Arc<str> = proof.for_socket(path).into();
     let bound = Arc::new(Mutex::new(None));
     match try_bind(path)? {
         Bind::Bound(listener, id) => {
@@ -451,7 +471,7 @@ const CLIENT_WAIT: Duration = Duration::from_secs(20);
 fn spawn_acceptor(
     listener: UnixListener,
     events: Sender<ControlCall>,
-    proof: ControlProof,
+    proof: Arc<str>,
 ) -> Result<(), ControlError> {
     let own = current_uid();
     let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -493,7 +513,7 @@ fn spawn_acceptor(
     Ok(())
 }
 
-fn handle(stream: UnixStream, own: u32, events: Sender<ControlCall>, proof: &ControlProof) {
+fn handle(stream: UnixStream, own: u32, events: Sender<ControlCall>, proof: &str) {
     let mut writer = match stream.try_clone() {
         Ok(w) => w,
         Err(_) => return,
@@ -511,7 +531,7 @@ fn handle(stream: UnixStream, own: u32, events: Sender<ControlCall>, proof: &Con
         _ => return,
     };
     let parsed = serde_json::from_str::<Value>(&line).map(|mut request| {
-        let proven = proof.admits(&mut request);
+        let proven = admits(proof, &mut request);
         (request, proven)
     });
     let answer = match parsed {
@@ -628,7 +648,7 @@ fn request_proven(
     proof: &ControlProof,
 ) -> Result<Value, ControlError> {
     let mut request = request.clone();
-    proof.attach(&mut request);
+    proof.attach(path, &mut request);
     stream.set_write_timeout(Some(WRITE_WITHIN)).ok();
     writeln!(stream, "{request}").map_err(io_err("write to", path))?;
     let line = read_line_within(stream, MAX_ANSWER, CLIENT_WAIT)
@@ -654,17 +674,18 @@ mod tests {
         let path = d.path().join("s/p.sock");
         let (tx, rx) = crossbeam_channel::unbounded::<ControlCall>();
         let served = serve(&path, tx, test_proof()).unwrap();
+        let at = path.clone();
         let raw = move |line: String| {
-            let mut stream = UnixStream::connect(&path).unwrap();
+            let mut stream = UnixStream::connect(&at).unwrap();
             writeln!(stream, "{line}").unwrap();
             read_line_within(stream, MAX_ANSWER, CLIENT_WAIT).unwrap()
         };
         let other = ControlProof::from_key(&crate::audit::AuditKey::from_bytes([8; 32]));
         let approve = json!({"op": "approve", "epoch": "E", "tools": ["w"]});
         let mut wrong = approve.clone();
-        other.attach(&mut wrong);
+        other.attach(&path, &mut wrong);
         let mut short = approve.clone();
-        short[PROOF_MEMBER] = json!(&test_proof().0[..10]);
+        short[PROOF_MEMBER] = json!(&test_proof().for_socket(&path)[..10]);
         let mut not_text = approve.clone();
         not_text[PROOF_MEMBER] = json!(12);
         let feed = json!({"op": crate::screen::stderr_feed::OP});
@@ -682,7 +703,7 @@ mod tests {
         );
         // With the proof: taken up by the session (answered here by the test).
         let mut proven = json!({"op": "status"});
-        test_proof().attach(&mut proven);
+        test_proof().attach(&path, &mut proven);
         let client = std::thread::spawn({
             let raw = raw.clone();
             move || raw(proven.to_string())

@@ -54,6 +54,11 @@ pub fn protected_dirs() -> Protected {
         )),
     }
     candidates.push(crate::face::control_socket::socket_dir());
+    // Every directory a client may send a request (and its proof) to, not only the first:
+    // the agent must not bind a socket in any of them (red team, issue 36).
+    candidates.extend(crate::face::control_socket::socket_dirs());
+    candidates
+        .push(std::env::temp_dir().join(format!("cmd-{}", crate::base::sys::unix::current_uid())));
     protected_from(candidates, problems)
 }
 
@@ -195,6 +200,12 @@ fn member_object(top: &[(String, String)], key: &str) -> Result<(Members, Option
     };
     let inner: OrderedMembers<'_> =
         serde_json::from_str(&top[i].1).map_err(|_| format!("its `{key}` is not a JSON object"))?;
+    // Claude Code reads the last of a repeated member; reading the first would find our values
+    // where they no longer count (red team, issue 36).
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some((twice, _)) = inner.0.iter().find(|(k, _)| !seen.insert(k.as_str())) {
+        return Err(format!("`{key}.{twice}` appears more than once"));
+    }
     Ok((inner.owned(), Some(i)))
 }
 
@@ -424,12 +435,32 @@ pub fn check_sources(sources: &[Source], rules: &[String], bwrap_on_path: bool) 
             .pointer("/sandbox/excludedCommands")
             .and_then(Value::as_array);
         for entry in excluded.into_iter().flatten() {
-            if let Some(text) = entry.as_str()
-                && excludes_cargo(text)
-            {
+            if entry.as_str().is_some_and(excludes_cargo) {
                 lines.push(format!(
                     "`sandbox.excludedCommands` in {name} has {}, which runs cargo outside Claude Code's sandbox (so `cargo mcp-dev approve` reaches the control socket): remove it",
                     shown(entry)
+                ));
+            } else {
+                // Any command run outside the sandbox runs whatever it is asked to (a shell,
+                // `make`, `npm run`, a git alias, `docker -v`), cargo among them (red team).
+                lines.push(format!(
+                    "`sandbox.excludedCommands` in {name} has {}, which runs outside Claude Code's sandbox, and so does anything it runs (`cargo mcp-dev approve`, a read of the audit key): remove it unless it can run nothing else",
+                    shown(entry)
+                ));
+            }
+        }
+        // A read allowance at or below a denied directory makes it readable again.
+        let protected = denied_dirs(rules);
+        let allowed = doc
+            .pointer("/sandbox/filesystem/allowRead")
+            .and_then(Value::as_array);
+        for entry in allowed.into_iter().flatten() {
+            let Some(text) = entry.as_str() else { continue };
+            if let Some(dir) = protected.iter().find(|d| reopens(text, d)) {
+                lines.push(format!(
+                    "`sandbox.filesystem.allowRead` in {name} has {}, which makes {} readable to the agent's commands again (the audit key among it): remove it",
+                    shown(entry),
+                    dir
                 ));
             }
         }
@@ -487,6 +518,30 @@ fn where_set(found: Option<(&str, &Value)>, shown: &dyn Fn(&Value) -> String) ->
         Some((name, v)) => format!("{} in {name}", shown(v)),
         None => "not set".to_string(),
     }
+}
+
+/// The directories our deny rules name (`Read(//dir/**)` -> `/dir`).
+fn denied_dirs(rules: &[String]) -> Vec<String> {
+    rules
+        .iter()
+        .filter_map(|r| r.strip_prefix("Read(/")?.strip_suffix("/**)"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Whether an `allowRead` path (absolute, `//`-absolute, with a trailing `/`, `/*` or `/**`)
+/// is `dir` or below it.
+fn reopens(entry: &str, dir: &str) -> bool {
+    let mut path = entry.trim();
+    if let Some(rest) = path.strip_prefix("//") {
+        path = &path[path.len() - rest.len() - 1..];
+    }
+    let path = path
+        .trim_end_matches("/**")
+        .trim_end_matches("/*")
+        .trim_end_matches('/');
+    let path = std::path::Path::new(path);
+    path.starts_with(dir)
 }
 
 /// Whether an `excludedCommands` entry (a command, a prefix with `:*` or ` *`, or a pattern)
@@ -668,11 +723,19 @@ mod tests {
         weak["sandbox"]["network"] = json!({"allowAllUnixSockets": true});
         weak["sandbox"]["excludedCommands"] = json!(["cargo:*", "docker", "*"]);
         let lines = check_sources(&[src("p", weak)], &rules(), false);
-        assert_eq!(lines.len(), 4, "{lines:?}");
+        assert_eq!(lines.len(), 5, "{lines:?}");
         assert!(lines[0].contains("allowAllUnixSockets"), "{lines:?}");
-        assert!(lines[1].contains("\"cargo:*\""), "{lines:?}");
-        assert!(lines[2].contains("\"*\""), "{lines:?}");
-        assert!(lines[3].contains("bwrap"), "{lines:?}");
+        assert!(
+            lines[1].contains("\"cargo:*\"") && lines[1].contains("runs cargo"),
+            "{lines:?}"
+        );
+        // Any excluded command runs what it is asked to outside the sandbox (red team).
+        assert!(
+            lines[2].contains("\"docker\"") && lines[2].contains("anything it runs"),
+            "{lines:?}"
+        );
+        assert!(lines[3].contains("\"*\""), "{lines:?}");
+        assert!(lines[4].contains("bwrap"), "{lines:?}");
 
         // A later (stronger-precedence) source turning it off wins; deny rules add up.
         let local = json!({"sandbox": {"enabled": false, "allowUnsandboxedCommands": true}});

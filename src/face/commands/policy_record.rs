@@ -23,7 +23,16 @@ const LARGEST_RECORD: u64 = 1 << 20;
 /// The manifest's canonical path, as records name it (as it is when it cannot be resolved: a
 /// path spelled another way then finds no record, and nothing counts as accepted).
 pub fn package_key(manifest: &Path) -> String {
-    crate::base::beneath::followed::canonicalize(manifest)
+    // The manifest's directory, canonical, and its own name, not followed: cargo builds the
+    // sources beside the name it was given, so a `Cargo.toml` linked to another package's
+    // manifest is another package and must not borrow its acceptance (red team, issue 36).
+    let name = manifest.file_name().unwrap_or_default();
+    let dir = manifest
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    crate::base::beneath::followed::canonicalize(dir)
+        .map(|d| d.join(name))
         .unwrap_or_else(|_| manifest.to_path_buf())
         .display()
         .to_string()

@@ -280,6 +280,33 @@ pub fn requested_policy(
 /// status lines to show (a weakening that waits, a refused record) and the audit records to
 /// write before the session starts (`policy_pending`, and `policy_accepted` for an acceptance
 /// the log does not hold yet: the record is then marked logged).
+/// The project folder (package, workspace or target directory) the state directory lies in,
+/// if it does (both compared canonical, links resolved).
+fn state_dir_in_project(
+    keys: &KeyStore,
+    resolved: &crate::identity::workspace::Resolved,
+) -> Option<std::path::PathBuf> {
+    let canonical = |p: &std::path::Path| crate::base::beneath::followed::canonicalize(p).ok();
+    // The state directory may not exist yet: its nearest existing ancestor decides.
+    let state = keys.dir().ancestors().find_map(|a| {
+        canonical(a).map(|c| {
+            c.join(
+                keys.dir()
+                    .strip_prefix(a)
+                    .unwrap_or(std::path::Path::new("")),
+            )
+        })
+    })?;
+    [
+        &resolved.package_root,
+        &resolved.workspace_root,
+        &resolved.target_dir,
+    ]
+    .into_iter()
+    .filter_map(|p| canonical(p))
+    .find(|root| state.starts_with(root))
+}
+
 pub(super) fn run_policy(
     args: &RunArgs,
     t: &crate::identity::workspace::ServerTarget,
@@ -289,7 +316,21 @@ pub(super) fn run_policy(
         requested_policy(&t.config, args.no_gating, &args.exempt, &args.per_call);
     let (config_only, _) = requested_policy(&t.config, false, &[], &[]);
     let manifest = &t.resolved.manifest_path;
-    let standing = policy_record::load(keys, manifest);
+    let mut standing = policy_record::load(keys, manifest);
+    // The state directory comes from `run`'s environment, which the host's configuration (a
+    // file the agent edits) sets: one inside the project is the agent's, and so is any record
+    // in it (red team, issue 36).
+    if let Some(inside) = state_dir_in_project(keys, &t.resolved) {
+        standing = policy_record::Standing {
+            record: None,
+            refused: Some(format!(
+                "the state directory {} lies inside {}, where the agent writes; a record there is not a human's, and the audit key and the control socket there are within the agent's reach too: point CARGO_MCP_DEV_HOME (or XDG_STATE_HOME) outside the project",
+                keys.dir().display(),
+                inside.display()
+            )),
+            path: standing.path,
+        };
+    }
     let mut records = Vec::new();
     if let Some(why) = &standing.refused {
         lines.push(format!(
