@@ -122,13 +122,7 @@ impl Checkpoint {
 
     fn signed_by(&self, key: &AuditKey) -> bool {
         let expected = keyed_digest(key, &self.signed_bytes());
-        // Both are lowercase hex of a fixed length: compare without an early exit.
-        expected.len() == self.mac.len()
-            && expected
-                .bytes()
-                .zip(self.mac.bytes())
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                == 0
+        crate::base::hashing::same_secret_text(expected.as_bytes(), self.mac.as_bytes())
     }
 
     /// Parses a checkpoint's text (one JSON object; surrounding whitespace allowed).

@@ -55,6 +55,13 @@ pub fn short(digest: &str) -> String {
     format!("sha256:{cut}…")
 }
 
+/// Whether two secrets-derived texts (MACs, proofs) are equal, compared without an early exit:
+/// the time taken says nothing about where they first differ. Only their lengths, which are
+/// fixed and public, show.
+pub fn same_secret_text(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// Streams a reader through SHA-256; returns (`sha256:<hex>`, bytes read).
 pub fn sha256_reader(mut reader: impl Read) -> io::Result<(String, u64)> {
     let mut hasher = Sha256::new();
@@ -109,6 +116,18 @@ pub fn sha256_json(value: &serde_json::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secret_texts_are_equal_only_when_every_byte_is() {
+        let mac = "9f".repeat(32);
+        assert!(same_secret_text(mac.as_bytes(), mac.clone().as_bytes()));
+        let mut last = mac.clone();
+        last.replace_range(63..64, "e");
+        assert!(!same_secret_text(mac.as_bytes(), last.as_bytes()));
+        assert!(!same_secret_text(mac.as_bytes(), &mac.as_bytes()[..63]));
+        assert!(!same_secret_text(mac.as_bytes(), b""));
+        assert!(same_secret_text(b"", b""));
+    }
 
     #[test]
     fn known_vector() {

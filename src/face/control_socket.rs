@@ -186,12 +186,7 @@ impl ControlProof {
 fn admits(expected: &str, request: &mut Value) -> bool {
     let given = request.as_object_mut().and_then(|o| o.remove(PROOF_MEMBER));
     let given = given.as_ref().and_then(Value::as_str).unwrap_or("");
-    given.len() == expected.len()
-        && given
-            .bytes()
-            .zip(expected.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+    crate::base::hashing::same_secret_text(given.as_bytes(), expected.as_bytes())
 }
 
 impl std::fmt::Debug for ControlProof {

@@ -328,7 +328,9 @@ impl AcceptedRecord {
             return Err(RecordError::Version(r.version));
         }
         let expected = r.expected_mac(key);
-        if expected.is_empty() || !constant_time_eq(expected.as_bytes(), r.mac.as_bytes()) {
+        if expected.is_empty()
+            || !crate::base::hashing::same_secret_text(expected.as_bytes(), r.mac.as_bytes())
+        {
             return Err(RecordError::BadSeal);
         }
         if r.manifest != manifest {
@@ -343,10 +345,6 @@ impl AcceptedRecord {
         out.push(b'\n');
         out
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]
