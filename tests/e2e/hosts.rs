@@ -828,6 +828,22 @@ fn epoch_of(s: &Scenario) -> Value {
     s.wait_ready(None)["server"]["epoch"].clone()
 }
 
+/// Whether the host fetched the current catalog (the status's `hostCatalog` names its digest)
+/// within `within`; never fails (what the model is then shown is the test's to judge).
+fn host_fetched_the_catalog(s: &Scenario, within: Duration) -> bool {
+    let until = Instant::now() + within;
+    loop {
+        let fetched = s.status_file().is_some_and(|st| {
+            st.pointer("/catalog/digest")
+                .is_some_and(|d| st.get("hostCatalog") == Some(d))
+        });
+        if fetched || Instant::now() >= until {
+            return fetched;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Waits until a server other than `old` serves with a catalog: seconds since `since`.
 fn wait_new_server(s: &Scenario, old: &Value, since: Instant) -> f64 {
     s.wait_status("a new server serves", s.within(secs(150)), |st| {
@@ -1035,6 +1051,11 @@ fn broken_then_fixed(name: &str, host: Host, server_extra: &[(&str, &str)]) {
     });
     let t = wait_new_server(&s, &before, fixed);
     eprintln!("{host:?}: fixed server up {t:.1}s after the fix");
+    // The host refetches on `list_changed` in the background; a prompt sent in the same moment
+    // races that refetch (seen once with 2.1.197 under load). A person types the next prompt
+    // seconds later: give the host up to 20 s to fetch, then prompt whatever it did.
+    let refetched = host_fetched_the_catalog(&s, secs(20));
+    eprintln!("{host:?}: host refetched before the second prompt: {refetched}");
     let (second, recs) = session.prompt(&s, &rig, &fm, "after the fix, same session", HOST_TIMEOUT);
     let second = second.unwrap_or_else(|| panic!("{host:?}: {}", model_got(&recs)));
     assert_real_answer(&second, "B", "after the fix");
